@@ -1,0 +1,382 @@
+// smol-bench.c++ - measures prompt processing (ppN) and token generation
+// (tgN) speed the way llama.cpp's llama-bench does, so the two tables can be
+// read side by side: pp decodes N random tokens in n_batch chunks, tg decodes
+// N single tokens after an empty cache; each test is warmed up once, then
+// repeated -r times and reported as mean +- standard deviation of tokens/s.
+// Prints a markdown table (rows as they finish) or a JSON array (--json).
+
+#include "smol.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct bench_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+void check(smol_status status, const std::string & what) {
+    if (status != SMOL_OK) throw bench_error(what + ": " + smol_last_error());
+}
+
+struct model_free {
+    void operator()(smol_model * m) const { smol_model_free(m); }
+};
+struct context_free {
+    void operator()(smol_context * c) const { smol_context_free(c); }
+};
+using model_ptr = std::unique_ptr<smol_model, model_free>;
+using context_ptr = std::unique_ptr<smol_context, context_free>;
+
+struct options {
+    std::vector<std::string> models;
+    std::vector<int> n_prompt{512};
+    std::vector<int> n_gen{128};
+    std::vector<int> n_batch{512};
+    std::vector<int> n_threads;
+    int reps = 5;
+    std::string output = "md";
+    bool json = false;
+    bool progress = false;
+};
+
+// One row of the table: a model, a configuration and one test.
+struct result {
+    std::string model_file;
+    std::string model_label;
+    std::string type;
+    uint64_t size = 0;
+    int64_t n_params = 0;
+    int n_batch = 0;
+    int n_threads = 0;
+    int n_prompt = 0;
+    int n_gen = 0;
+    std::string test_time;
+    std::vector<double> samples_ns;
+
+    int n_tokens() const { return n_prompt + n_gen; }
+    std::string test_name() const {
+        return n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
+    }
+    std::vector<double> samples_ts() const {
+        std::vector<double> ts;
+        for (double ns : samples_ns) ts.push_back(1e9 * n_tokens() / ns);
+        return ts;
+    }
+};
+
+double mean(const std::vector<double> & v) {
+    return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+}
+
+// The sample standard deviation, as llama-bench reports it.
+double stddev(const std::vector<double> & v) {
+    if (v.size() < 2) return 0.0;
+    const double m = mean(v);
+    double sq = 0;
+    for (double x : v) sq += (x - m) * (x - m);
+    return std::sqrt(sq / double(v.size() - 1));
+}
+
+// --- the two tests ------------------------------------------------------------
+
+struct bench_state {
+    smol_context * ctx;
+    smol_batch batch;
+    int32_t capacity;
+    int32_t n_vocab;
+    std::mt19937 rng{1234};
+
+    smol_token random_token() {
+        return std::uniform_int_distribution<smol_token>(0, n_vocab - 1)(rng);
+    }
+};
+
+// Prompt processing: n_prompt fresh random tokens in chunks of the batch
+// size, keeping the last token's logits as a generation would.
+void test_prompt(bench_state & b, int n_prompt) {
+    for (int done = 0; done < n_prompt;) {
+        const int n = std::min(n_prompt - done, b.capacity);
+        b.batch.n_tokens = 0;
+        for (int i = 0; i < n; i++)
+            smol_batch_add(&b.batch, b.capacity, b.random_token(), done + i, 0,
+                           done + i == n_prompt - 1);
+        check(smol_decode(b.ctx, &b.batch), "decode");
+        done += n;
+    }
+    // A device backend may still be running; reading the logits waits for it.
+    smol_get_logits(b.ctx, -1);
+}
+
+// Token generation: n_gen decodes of one token each, as sampling would do.
+void test_gen(bench_state & b, int n_gen) {
+    for (int i = 0; i < n_gen; i++) {
+        b.batch.n_tokens = 0;
+        smol_batch_add(&b.batch, b.capacity, b.random_token(), i, 0, true);
+        check(smol_decode(b.ctx, &b.batch), "decode");
+        smol_get_logits(b.ctx, -1);
+    }
+}
+
+std::string now_iso8601() {
+    const std::time_t t = std::time(nullptr);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+    return buf;
+}
+
+result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
+                int n_batch, int n_threads, int n_prompt, int n_gen, int reps, bool progress) {
+    result r;
+    r.model_file = file;
+    r.model_label = std::filesystem::path(file).stem().string();
+    const char * type = smol_type_name(info.ftype);
+    r.type = type ? type : "?";
+    r.size = info.n_bytes;
+    r.n_params = info.n_params;
+    r.n_batch = n_batch;
+    r.n_threads = n_threads;
+    r.n_prompt = n_prompt;
+    r.n_gen = n_gen;
+    r.test_time = now_iso8601();
+
+    smol_context_params cparams = smol_context_default_params();
+    cparams.n_ctx = uint32_t(n_prompt + n_gen);
+    cparams.n_batch = uint32_t(n_batch);
+    cparams.n_threads = n_threads;
+    smol_context * raw = nullptr;
+    check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
+    context_ptr ctx(raw);
+
+    bench_state b{ctx.get(), smol_batch_init(n_batch), n_batch, info.n_vocab};
+    struct batch_guard {
+        smol_batch * b;
+        ~batch_guard() { smol_batch_free(b); }
+    } guard{&b.batch};
+
+    // The warm-up brings weights into the caches and wakes the threads; as in
+    // llama-bench, tg warms up with a single token.
+    smol_kv_seq_rm(b.ctx, -1, 0, -1);
+    if (n_prompt > 0) test_prompt(b, n_prompt);
+    if (n_gen > 0) test_gen(b, 1);
+    for (int rep = 0; rep < reps; rep++) {
+        if (progress)
+            std::fprintf(stderr, "smol-bench: %s %s t=%d rep %d/%d\n", r.model_label.c_str(),
+                         r.test_name().c_str(), n_threads, rep + 1, reps);
+        smol_kv_seq_rm(b.ctx, -1, 0, -1);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (n_prompt > 0) test_prompt(b, n_prompt);
+        if (n_gen > 0) test_gen(b, n_gen);
+        const auto t1 = std::chrono::steady_clock::now();
+        r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    }
+    return r;
+}
+
+// --- output -------------------------------------------------------------------
+
+std::string format_size(uint64_t bytes) {
+    char buf[32];
+    if (bytes < (1ull << 30))
+        std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / (1 << 20));
+    else
+        std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / (1 << 30));
+    return buf;
+}
+
+std::string format_params(int64_t n) {
+    char buf[32];
+    if (n < 1000000000)
+        std::snprintf(buf, sizeof buf, "%.2f M", double(n) / 1e6);
+    else
+        std::snprintf(buf, sizeof buf, "%.2f B", double(n) / 1e9);
+    return buf;
+}
+
+struct markdown_table {
+    bool show_batch;
+
+    void header() const {
+        std::printf("| %-30s | %10s | %10s | %-6s | %7s |", "model", "size", "params", "type",
+                    "threads");
+        if (show_batch) std::printf(" %7s |", "n_batch");
+        std::printf(" %8s | %20s |\n", "test", "t/s");
+        std::printf("| %s | %s | %s | %s | %s |", std::string(30, '-').c_str(),
+                    "---------:", "---------:", "------", "------:");
+        if (show_batch) std::printf(" %s |", "------:");
+        std::printf(" %s | %s |\n", "-------:", "-------------------:");
+    }
+
+    void row(const result & r) const {
+        const std::vector<double> ts = r.samples_ts();
+        char tps[64];
+        std::snprintf(tps, sizeof tps, "%.2f ± %.2f", mean(ts), stddev(ts));
+        std::printf("| %-30s | %10s | %10s | %-6s | %7d |", r.model_label.c_str(),
+                    format_size(r.size).c_str(), format_params(r.n_params).c_str(),
+                    r.type.c_str(), r.n_threads);
+        if (show_batch) std::printf(" %7d |", r.n_batch);
+        // "±" is two bytes but one column: pad by hand to keep the table aligned.
+        std::printf(" %8s | %21s |\n", r.test_name().c_str(), tps);
+        std::fflush(stdout);
+    }
+};
+
+std::string json_string(const std::string & s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += char(c);
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += char(c);
+        }
+    }
+    return out + "\"";
+}
+
+std::string json_numbers(const std::vector<double> & v, int decimals) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); i++) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "%.*f", decimals, v[i]);
+        out += (i ? ", " : "") + std::string(buf);
+    }
+    return out + "]";
+}
+
+// Field names follow llama-bench's JSON so one script can read both.
+void print_json(const std::vector<result> & results) {
+    std::printf("[\n");
+    for (size_t i = 0; i < results.size(); i++) {
+        const result & r = results[i];
+        const std::vector<double> ts = r.samples_ts();
+        std::printf("  {\n");
+        std::printf("    \"engine\": \"smol\",\n");
+        std::printf("    \"smol_version\": %s,\n", json_string(smol_version()).c_str());
+        std::printf("    \"cpu_kernels\": %s,\n", json_string(smol_cpu_kernels_name()).c_str());
+        std::printf("    \"model_filename\": %s,\n", json_string(r.model_file).c_str());
+        std::printf("    \"model_type\": %s,\n", json_string(r.model_label + " " + r.type).c_str());
+        std::printf("    \"model_ftype\": %s,\n", json_string(r.type).c_str());
+        std::printf("    \"model_size\": %llu,\n", (unsigned long long)r.size);
+        std::printf("    \"model_n_params\": %lld,\n", (long long)r.n_params);
+        std::printf("    \"n_batch\": %d,\n", r.n_batch);
+        std::printf("    \"n_threads\": %d,\n", r.n_threads);
+        std::printf("    \"n_prompt\": %d,\n", r.n_prompt);
+        std::printf("    \"n_gen\": %d,\n", r.n_gen);
+        std::printf("    \"test_time\": %s,\n", json_string(r.test_time).c_str());
+        std::printf("    \"avg_ns\": %.0f,\n", mean(r.samples_ns));
+        std::printf("    \"stddev_ns\": %.0f,\n", stddev(r.samples_ns));
+        std::printf("    \"avg_ts\": %.6f,\n", mean(ts));
+        std::printf("    \"stddev_ts\": %.6f,\n", stddev(ts));
+        std::printf("    \"samples_ns\": %s,\n", json_numbers(r.samples_ns, 0).c_str());
+        std::printf("    \"samples_ts\": %s\n", json_numbers(ts, 6).c_str());
+        std::printf("  }%s\n", i + 1 < results.size() ? "," : "");
+    }
+    std::printf("]\n");
+}
+
+int run(options & o) {
+    if (o.json) o.output = "json";
+    if (o.n_threads.empty()) o.n_threads = {int(std::max(1u, std::thread::hardware_concurrency()))};
+    const bool md = o.output == "md";
+    const markdown_table table{o.n_batch.size() > 1 || o.n_batch[0] != 512};
+    std::vector<result> results;
+    if (md) table.header();
+    for (const std::string & file : o.models) {
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(file, ec))
+            throw bench_error("model file '" + file +
+                              "' does not exist; run scripts/fetch-model.sh for the default "
+                              "model, or check the path");
+        smol_model_params mparams = smol_model_default_params();
+        smol_model * raw = nullptr;
+        check(smol_model_load(file.c_str(), &mparams, &raw), "cannot load " + file);
+        model_ptr model(raw);
+        smol_model_info info;
+        smol_model_get_info(model.get(), &info);
+        for (int n_batch : o.n_batch)
+            for (int n_threads : o.n_threads) {
+                std::vector<std::pair<int, int>> tests;
+                for (int n : o.n_prompt)
+                    if (n > 0) tests.emplace_back(n, 0);
+                for (int n : o.n_gen)
+                    if (n > 0) tests.emplace_back(0, n);
+                for (auto [n_prompt, n_gen] : tests) {
+                    result r = run_test(model.get(), info, file, n_batch, n_threads, n_prompt,
+                                        n_gen, o.reps, o.progress);
+                    if (md) table.row(r);
+                    results.push_back(std::move(r));
+                }
+            }
+    }
+    if (md)
+        std::printf("\nsmol %s, CPU kernels: %s\n", smol_version(), smol_cpu_kernels_name());
+    else
+        print_json(results);
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    options o;
+    CLI::App app{"smol-bench: prompt processing and generation speed, like llama-bench.\n"
+                 "Lists are comma separated (-p 128,512 -t 1,2); every combination is run.",
+                 "smol-bench"};
+    app.add_option("-m,--model", o.models, "GGUF model files")
+        ->delimiter(',')
+        ->default_str("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    app.add_option("-p,--n-prompt", o.n_prompt, "prompt lengths (ppN tests; 0: none)")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("-n,--n-gen", o.n_gen, "generation lengths (tgN tests; 0: none)")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("-b,--batch-size", o.n_batch, "most tokens per decode")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("-t,--threads", o.n_threads, "CPU threads (default: all cores)")
+        ->delimiter(',')
+        ->check(CLI::PositiveNumber);
+    app.add_option("-r,--repetitions", o.reps, "repetitions of each test")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("-o,--output", o.output, "output format")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"md", "json"}));
+    app.add_flag("--json", o.json, "print a JSON array (same as -o json)");
+    app.add_flag("--progress", o.progress, "report each repetition on stderr");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        return app.exit(e);
+    }
+    if (o.models.empty()) o.models = {"models/SmolLM2-135M-Instruct.Q4_1.gguf"};
+    try {
+        return run(o);
+    } catch (const std::exception & e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "smol-bench: %s\n", e.what());
+    }
+    return 1;
+}

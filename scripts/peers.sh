@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Builds the peer engine (llama.cpp, as vendored by the llama-cpp-python sdist)
+# that smol is compared against, plus a Python venv with llama-cpp-python.
+#
+#   scripts/peers.sh [DIR]            # DIR defaults to /work/peers
+#   scripts/peers.sh --cuda [DIR]     # or PEERS_CUDA=1: add the CUDA backend (sm_90)
+#   scripts/peers.sh --no-venv [DIR]  # or PEERS_VENV=0: only the CMake build
+#
+# Environment: PEERS_JOBS (parallel build jobs, default 2), PEERS_CUDA_ARCH
+# (default 90). Every step is skipped when its output already exists.
+#
+# Results:
+#   DIR/llama-cpp-python-VERSION/vendor/llama.cpp   the llama.cpp sources
+#   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize}
+#   DIR/build-cuda/bin/...                          (with --cuda)
+#   DIR/venv/bin/python                             llama-cpp-python + numpy
+set -euo pipefail
+
+version=0.3.36
+cuda=${PEERS_CUDA:-0}
+venv=${PEERS_VENV:-1}
+jobs=${PEERS_JOBS:-2}
+cuda_arch=${PEERS_CUDA_ARCH:-90}
+dir=/work/peers
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --cuda) cuda=1 ;;
+        --no-venv) venv=0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -*) echo "peers: unknown option $1" >&2; exit 2 ;;
+        *) dir=$1 ;;
+    esac
+    shift
+done
+
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+sdist="$dir/llama_cpp_python-$version.tar.gz"
+src="$dir/llama_cpp_python-$version"
+vendor="$src/vendor/llama.cpp"
+
+log() { echo "peers: $*"; }
+
+# 1. The sdist.
+if [ ! -f "$sdist" ]; then
+    log "downloading llama-cpp-python==$version sdist from PyPI"
+    tmp=$(mktemp -d "$dir/dl.XXXXXX")
+    python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$tmp" \
+        "llama-cpp-python==$version"
+    found=$(ls "$tmp"/*.tar.gz | head -n1)
+    mv "$found" "$sdist"
+    rm -rf "$tmp"
+fi
+if [ ! -f "$vendor/CMakeLists.txt" ]; then
+    log "unpacking $(basename "$sdist")"
+    rm -rf "$src"
+    tar -xzf "$sdist" -C "$dir"
+    if [ ! -d "$src" ] && [ -d "$dir/llama-cpp-python-$version" ]; then
+        mv "$dir/llama-cpp-python-$version" "$src"
+    fi
+fi
+
+# 2. Which llama.cpp this is. The sdist ships the submodule's shallow git
+# metadata, so the commit is exact; the commit count (llama.cpp's "build
+# number") is not recoverable from a depth-1 clone and reads 1.
+describe_llama() {
+    local commit date subject
+    commit=$(git -C "$vendor" rev-parse --short=9 HEAD 2>/dev/null || echo unknown)
+    date=$(git -C "$vendor" log -1 --format=%cs 2>/dev/null || echo unknown)
+    subject=$(git -C "$vendor" log -1 --format=%s 2>/dev/null || echo unknown)
+    echo "llama-cpp-python $version; vendor llama.cpp commit $commit ($date, \"$subject\")"
+}
+
+# 3. The CMake build of the command-line tools.
+build_tools() {
+    local bdir=$1; shift
+    # llama-cli needs the server tree in this llama.cpp; llama-completion is
+    # the plain prompt-in, text-out tool, llama-tokenize dumps token ids.
+    local targets="llama-bench llama-completion llama-quantize llama-tokenize"
+    local missing=0 t
+    for t in $targets; do [ -x "$bdir/bin/$t" ] || missing=1; done
+    if [ "$missing" = 0 ]; then
+        log "$bdir is built ($targets)"
+        return
+    fi
+    log "configuring $bdir $*"
+    cmake -S "$vendor" -B "$bdir" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_OPENSSL=OFF \
+        "$@"
+    log "building $targets with $jobs jobs"
+    # shellcheck disable=SC2086
+    nice cmake --build "$bdir" --parallel "$jobs" --target $targets
+}
+
+command -v ninja >/dev/null || { echo "peers: ninja is required (apt-get install ninja-build)" >&2; exit 1; }
+build_tools "$dir/build-cpu"
+if [ "$cuda" = 1 ]; then
+    build_tools "$dir/build-cuda" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch"
+fi
+
+# 4. The venv with llama-cpp-python built from the same sdist.
+if [ "$venv" = 1 ]; then
+    if [ ! -x "$dir/venv/bin/python" ]; then
+        log "creating $dir/venv"
+        python3 -m venv "$dir/venv"
+    fi
+    if ! "$dir/venv/bin/python" -c "import llama_cpp, numpy, sys; sys.exit(llama_cpp.__version__ != '$version')" 2>/dev/null; then
+        log "installing llama-cpp-python $version from the sdist (several minutes on 2 cores)"
+        "$dir/venv/bin/python" -m pip install --quiet --upgrade pip
+        "$dir/venv/bin/python" -m pip install --quiet numpy
+        venv_args="-DGGML_NATIVE=ON"
+        [ "$cuda" = 1 ] && venv_args="$venv_args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch"
+        CMAKE_ARGS="${CMAKE_ARGS:-$venv_args}" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
+            nice "$dir/venv/bin/python" -m pip install --no-cache-dir --verbose "$sdist" \
+            > "$dir/venv-install.log" 2>&1 \
+            || { tail -n 40 "$dir/venv-install.log" >&2; exit 1; }
+    fi
+    log "venv: $dir/venv/bin/python (llama_cpp $("$dir/venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)'))"
+fi
+
+log "binaries: $dir/build-cpu/bin"
+[ "$cuda" = 1 ] && log "binaries (CUDA): $dir/build-cuda/bin"
+log "$(describe_llama)"

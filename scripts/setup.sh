@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Sets smol up on a fresh Debian machine and shows it working: installs the
+# build and test dependencies (Debian packages, two PyPI packages for the
+# cross-checks), builds smol in build/, fetches SmolLM2-135M-Instruct into
+# models/ and generates text with it.
+#
+#   scripts/setup.sh            everything, ending with a generated answer
+#   scripts/setup.sh --no-run   everything but the generation (CI uses this)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+run_demo=1
+[ "${1:-}" = "--no-run" ] && run_demo=0
+
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+
+packages=(build-essential cmake git python3 python3-pip python3-venv clang-format
+          cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The cross-check scripts read GGUF with the independent `gguf` package.
+if ! python3 -c "import gguf, numpy" 2>/dev/null; then
+    echo "setup: installing the Python packages gguf and numpy"
+    python3 -m pip install --quiet gguf numpy 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages gguf numpy
+fi
+
+scripts/fetch-model.sh
+
+echo "setup: building smol (Release) in build/"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${SMOL_CMAKE_ARGS:-} >/dev/null
+cmake --build build -j"$(nproc)"
+
+if [ "$run_demo" = 1 ]; then
+    echo
+    ./build/examples/smol-cli --chat -p "Write a haiku about small language models." -n 64
+fi

@@ -1,0 +1,110 @@
+// smol-cpu-kernels.h - the CPU backend's kernels: GGUF block layouts, f16 and
+// bf16 conversion, row (de)quantization, the matmul with on-the-fly
+// dequantization, and the vector primitives that attention and the small ops
+// use. One source (smol-cpu-kernels.c++) is compiled once per instruction set
+// (generic, AVX2+FMA+F16C, AVX-512 with VNNI and BF16); the best variant the
+// running CPU supports is chosen once at run time.
+
+#ifndef SMOL_CPU_KERNELS_H
+#define SMOL_CPU_KERNELS_H
+
+#include "smol.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace smol::cpu {
+
+// --- GGUF block layouts (bit-exact with the file format) -------------------
+
+constexpr int QK = 32; // elements per block of every quantized type here
+
+struct block_q4_0 {
+    uint16_t d;     // f16 scale
+    uint8_t qs[16]; // element i in the low nibble of qs[i], i+16 in the high
+};
+struct block_q4_1 {
+    uint16_t d;     // f16 scale
+    uint16_t m;     // f16 minimum
+    uint8_t qs[16]; // as q4_0, value = q * d + m
+};
+struct block_q8_0 {
+    uint16_t d; // f16 scale
+    int8_t qs[32];
+};
+static_assert(sizeof(block_q4_0) == 18);
+static_assert(sizeof(block_q4_1) == 20);
+static_assert(sizeof(block_q8_0) == 34);
+
+// Activations are quantized to this block before an integer dot product with
+// q4_0, q4_1 and q8_0 weights (not a file format; like ggml's q8_1).
+struct block_q8_act {
+    float d;       // scale: x ~= d * qs
+    float s;       // d * sum(qs), for the q4_1 minimum and the q4_0 offset
+    int8_t qs[32]; // round(x / d), |qs| <= 127
+};
+static_assert(sizeof(block_q8_act) == 40);
+
+// --- scalar conversions (exact, portable) -----------------------------------
+
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f); // round to nearest even, inf/nan kept
+float bf16_to_fp32(uint16_t h);
+uint16_t fp32_to_bf16(float f); // round to nearest even, nan kept
+
+// Bytes of one row of n elements of type t (n a multiple of the block size).
+size_t row_bytes(smol_type t, int64_t n);
+// Elements per block: 1 for f32/f16/bf16, 32 for the quantized types.
+int64_t block_elems(smol_type t);
+
+// --- the kernel table -------------------------------------------------------
+
+struct kernels {
+    const char * name; // "generic", "avx2", "avx512"
+
+    // Row conversions for type t: GGUF layout <-> f32 (n elements).
+    void (*row_to_f32)(smol_type t, const void * src, float * dst, int64_t n);
+    void (*row_from_f32)(smol_type t, const float * src, void * dst, int64_t n);
+
+    // Activations for weight type t: converts one row of K floats to the
+    // format matmul multiplies with t (f32 for f32/bf16, f16 for f16,
+    // block_q8_act for the quantized types). act_bytes(t, K) says its size.
+    void (*act_from_f32)(smol_type t, const float * x, void * act, int64_t K);
+
+    // y[i * ldy + r] = sum_k W[r][k] * X[i][k] for r in [r0, r1) and token i
+    // in [0, n_tok). W rows are w_row_bytes apart, activation rows
+    // act_row_bytes apart. Blocks over rows and tokens so weights are
+    // unpacked once per group of tokens. Must be safe to call concurrently
+    // on disjoint row ranges.
+    void (*matmul)(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
+                   int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
+                   int64_t ldy);
+
+    // Attention primitives over f16 K and V rows.
+    float (*dot_f16_f32)(const uint16_t * a, const float * b, int64_t n);
+    void (*axpy_f16)(float a, const uint16_t * x, float * y, int64_t n); // y += a * x
+    void (*f32_to_f16)(const float * x, uint16_t * y, int64_t n);
+
+    // f32 vector primitives.
+    float (*dot_f32)(const float * a, const float * b, int64_t n);
+    float (*sum_sq)(const float * x, int64_t n);
+    void (*scale)(float * y, const float * x, float s, int64_t n);          // y = s * x
+    void (*mul)(float * y, const float * a, const float * b, int64_t n);    // y = a * b
+    void (*add)(float * y, const float * a, const float * b, int64_t n);    // y = a + b
+    void (*swiglu)(float * y, const float * g, const float * u, int64_t n); // y = silu(g) * u
+    // y[i] = exp(x[i] - max) for i < n; returns the sum.
+    float (*softmax_exp)(float * y, const float * x, float max, int64_t n);
+};
+
+size_t act_bytes(smol_type t, int64_t K);
+
+// The best variant for this CPU, chosen once (SMOL_CPU_KERNELS=generic|avx2|
+// avx512 forces one, for tests and comparisons).
+const kernels & kernels_best();
+// Every variant this build has that the running CPU supports, generic first.
+std::vector<const kernels *> kernels_available();
+
+} // namespace smol::cpu
+
+#endif // SMOL_CPU_KERNELS_H

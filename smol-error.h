@@ -1,0 +1,56 @@
+// smol-error.h - the exception the library's C++ core throws for every
+// failure a caller must hear about; the C API turns it into a smol_status and
+// the thread's last-error message.
+
+#ifndef SMOL_ERROR_H
+#define SMOL_ERROR_H
+
+#include "smol.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace smol {
+
+struct error : std::runtime_error {
+    smol_status status;
+    error(smol_status s, const std::string & message) : std::runtime_error(message), status(s) {}
+};
+
+// Sets this thread's smol_last_error() message.
+void set_last_error(const std::string & message);
+
+// Runs f for a C API call: every exception becomes a status and a message,
+// so nothing throws across the C boundary.
+template <class F> smol_status guard(F && f) noexcept {
+    try {
+        f();
+        set_last_error("");
+        return SMOL_OK;
+    } catch (const error & e) {
+        set_last_error(e.what());
+        return e.status;
+    } catch (const std::bad_alloc &) {
+        set_last_error("out of memory");
+        return SMOL_ERR_OUT_OF_MEMORY;
+    } catch (const std::exception & e) {
+        set_last_error(e.what());
+        return SMOL_ERR_BACKEND;
+    }
+}
+
+} // namespace smol
+
+// For programmer errors only: conditions no input can cause.
+#define SMOL_ASSERT_MSG(cond, msg)                                                                 \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            std::fprintf(stderr, "smol: %s:%d: %s (%s)\n", __FILE__, __LINE__, msg, #cond);        \
+            std::abort();                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#endif // SMOL_ERROR_H

@@ -1,0 +1,199 @@
+// smol-graph.h - the core's data model: tensors (type, shape, byte strides,
+// placement), the ops a model is built from, the graph that records them,
+// the arena that places intermediate results, and the executor that runs a
+// graph on the CPU backend's thread pool. Model code builds graphs through
+// the op builders here and never touches memory placement itself.
+
+#ifndef SMOL_GRAPH_H
+#define SMOL_GRAPH_H
+
+#include "smol.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace smol {
+
+// --- tensors ----------------------------------------------------------------
+
+// Where a tensor's bytes live. host_pinned and device exist so that the KV
+// placement planner and copy nodes have somewhere to put things; the CPU
+// backend only reads host memory.
+enum class placement : uint8_t { host, host_pinned, device };
+const char * placement_name(placement p);
+
+enum op : uint8_t {
+    OP_NONE,      // a leaf: weights, inputs, the KV cache
+    OP_GET_ROWS,  // dst[i] = src0[ids[i]] as f32 (ids: int32 in src1)
+    OP_RMS_NORM,  // dst = src0 / rms(src0) * src1 (eps in fparams[0])
+    OP_MUL_MAT,   // dst[i][r] = dot(src0 row r, src1 row i)
+    OP_ADD,       // dst = src0 + src1
+    OP_ROPE,      // rotate pairs of each head by pos (src1 int32 positions)
+    OP_KV_STORE,  // write k (src0) and v (src1) rows into the cache cells
+    OP_ATTENTION, // causal, masked by sequence, over the cache (GQA)
+    OP_SWIGLU,    // dst = silu(src0) * src1
+    OP_COPY,      // dst = src0, across placements (prefetch / offload)
+    OP_COUNT,
+};
+extern const char * const op_names[OP_COUNT];
+
+constexpr int max_src = 3;
+
+struct tensor {
+    smol_type type = SMOL_TYPE_F32;
+    int64_t ne[4] = {1, 1, 1, 1}; // elements per dimension, 0 fastest
+    size_t nb[4] = {0, 0, 0, 0};  // byte strides
+    void * data = nullptr;
+    placement where = placement::host;
+
+    op kind = OP_NONE;
+    tensor * src[max_src] = {nullptr, nullptr, nullptr};
+    int32_t iparams[4] = {0, 0, 0, 0};
+    float fparams[2] = {0, 0};
+    const char * name = "";
+    int32_t node_index = -1; // position in its graph's node list
+
+    int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
+    size_t nbytes() const { return nb[3] * ne[3]; }
+};
+
+// Sets ne and contiguous strides for a tensor of type t.
+void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1,
+                      int64_t ne3 = 1);
+
+// --- KV cache ---------------------------------------------------------------
+
+// The cache is a set of cells shared by all sequences. Each (layer, kv-head)
+// slice of K and of V is [n_cells][head_dim] f16, contiguous, so one head's
+// history is one block of memory (and, later, one copy).
+struct kv_cache {
+    int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
+    std::vector<uint16_t> k, v;     // [layer][head][cell][head_dim]
+    std::vector<smol_pos> cell_pos; // -1: free
+    std::vector<smol_seq_id> cell_seq;
+    int32_t n_used = 0; // cells [0, n_used) may be occupied
+
+    void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells);
+    uint16_t * k_head(int32_t layer, int32_t head) {
+        return k.data() + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+    }
+    uint16_t * v_head(int32_t layer, int32_t head) {
+        return v.data() + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+    }
+    int32_t n_free() const;
+    void clear();
+    void seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1);
+    int32_t seq_len(smol_seq_id seq) const;
+};
+
+// What the cache and attention ops need to know about the batch in flight.
+struct batch_info {
+    const smol_pos * pos = nullptr;
+    const smol_seq_id * seq = nullptr;
+    const int32_t * cell = nullptr; // the cache cell of each token
+    int32_t n_tokens = 0;
+    kv_cache * kv = nullptr;
+};
+
+// --- graph ------------------------------------------------------------------
+
+// A graph owns its tensors (stable addresses: capacity fixed at reserve) and
+// lists the nodes to run in order.
+class graph {
+  public:
+    explicit graph(size_t capacity = 4096);
+    void clear();
+
+    tensor * new_tensor(smol_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1,
+                        int64_t ne3 = 1);
+    // A leaf whose bytes live elsewhere (weights, inputs).
+    tensor * leaf(smol_type type, void * data, int64_t ne0, int64_t ne1 = 1);
+    void add_node(tensor * t) {
+        t->node_index = int32_t(nodes_.size());
+        nodes_.push_back(t);
+    }
+
+    const std::vector<tensor *> & nodes() const { return nodes_; }
+    batch_info batch;
+
+  private:
+    std::vector<tensor> tensors_;
+    std::vector<tensor *> nodes_;
+};
+
+// Op builders: they only record op, sources and parameters.
+tensor * op_get_rows(graph & g, tensor * table, tensor * ids);
+tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps);
+tensor * op_mul_mat(graph & g, tensor * weight, tensor * x);
+tensor * op_add(graph & g, tensor * a, tensor * b);
+tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t head_dim,
+                 float freq_base);
+tensor * op_kv_store(graph & g, tensor * k, tensor * v, int32_t layer);
+tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
+                      int32_t n_head_kv, int32_t head_dim);
+tensor * op_swiglu(graph & g, tensor * gate, tensor * up);
+
+// --- thread pool ------------------------------------------------------------
+
+// Persistent workers that run one function on every thread at once; inside
+// it, barrier() separates the phases (ggml's model: one parallel region per
+// graph, a spin barrier between nodes, sleep between graphs).
+class thread_pool {
+  public:
+    explicit thread_pool(int n_threads);
+    ~thread_pool();
+    int size() const { return n_threads_; }
+    void run(const std::function<void(int ith, int nth)> & fn);
+    void barrier();
+
+  private:
+    void worker(int ith);
+    int n_threads_;
+    std::vector<std::thread> threads_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    const std::function<void(int, int)> * job_ = nullptr;
+    uint64_t job_gen_ = 0;
+    bool stop_ = false;
+    std::atomic<int> pending_{0};
+    alignas(64) std::atomic<int> bar_count_{0};
+    alignas(64) std::atomic<uint32_t> bar_gen_{0};
+};
+
+// --- executor ---------------------------------------------------------------
+
+// Places every intermediate tensor of a graph in one arena, reusing memory
+// once a result's last reader has run, and runs the nodes in order.
+class executor {
+  public:
+    explicit executor(int n_threads);
+    // Assigns data to intermediate tensors; grows the arena if this graph
+    // needs more than any before (only while a context warms up).
+    void plan(graph & g);
+    void run(graph & g);
+    size_t arena_bytes() const { return arena_.size; }
+    thread_pool & pool() { return pool_; }
+
+  private:
+    thread_pool pool_;
+    struct aligned_buffer {
+        uint8_t * data = nullptr;
+        size_t size = 0;
+        void reserve(size_t n); // grows, 64-byte aligned; contents not kept
+        ~aligned_buffer();
+    };
+    aligned_buffer arena_;
+    aligned_buffer work_;       // shared by all threads of one op
+    aligned_buffer scratch_;    // per-thread work space
+    size_t scratch_per_thread_ = 0;
+};
+
+} // namespace smol
+
+#endif // SMOL_GRAPH_H

@@ -1,0 +1,90 @@
+// smol-llama.h - the Llama architecture: hyper-parameters and weights read
+// from GGUF metadata (SmolLM2 135M/360M/1.7B and other llama files: GQA, RoPE
+// base, RMSNorm epsilon, tied or separate output), and the per-stream context
+// (KV cache, executor, logits) that builds and runs one graph per batch.
+
+#ifndef SMOL_LLAMA_H
+#define SMOL_LLAMA_H
+
+#include "gguf.h"
+#include "smol-graph.h"
+#include "smol-vocab.h"
+#include "smol.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace smol {
+
+struct llama_hparams {
+    int32_t n_vocab = 0;
+    int32_t n_ctx_train = 0;
+    int32_t n_embd = 0;
+    int32_t n_layer = 0;
+    int32_t n_head = 0;
+    int32_t n_head_kv = 0;
+    int32_t n_ff = 0;
+    int32_t head_dim = 0;
+    float rope_base = 10000.0f;
+    float rms_eps = 1e-5f;
+};
+
+// A weight as it lies in the file: no copy is made.
+struct weight {
+    smol_type type = SMOL_TYPE_F32;
+    int64_t ne0 = 0, ne1 = 1;
+    const void * data = nullptr;
+};
+
+struct llama_layer {
+    weight attn_norm, wq, wk, wv, wo;
+    weight ffn_norm, w_gate, w_up, w_down;
+};
+
+// Immutable once loaded; any number of contexts share it.
+struct llama_model {
+    std::unique_ptr<gguf::file> file;
+    llama_hparams hp;
+    smol::vocab vocab;
+    weight tok_embd, output_norm, output;
+    std::vector<llama_layer> layers;
+    smol_type ftype = SMOL_TYPE_F32;
+    int64_t n_params = 0;
+    uint64_t n_bytes = 0;
+    std::string name;
+    double t_load_ms = 0;
+
+    // Throws smol::error naming the file and the fault.
+    static std::unique_ptr<llama_model> load(const std::string & path,
+                                             const smol_model_params & params);
+};
+
+class llama_context {
+  public:
+    llama_context(const llama_model & model, const smol_context_params & params);
+
+    void decode(const smol_batch & batch); // throws smol::error
+    const float * logits(int32_t i) const;
+
+    const llama_model & model;
+    smol_context_params params;
+    kv_cache kv;
+    smol_perf perf{};
+
+  private:
+    void build_graph(int32_t n_tokens, int32_t n_outputs);
+
+    executor exec_;
+    graph graph_;
+    std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
+    std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
+    std::vector<smol_pos> seq_max_;
+    int32_t last_out_ = -1;
+    int32_t n_last_ = 0;
+    std::vector<float> logits_;
+};
+
+} // namespace smol
+
+#endif // SMOL_LLAMA_H

@@ -1,0 +1,62 @@
+// smol-vocab.h - the tokenizer: byte-level BPE read from a GGUF file's
+// tokenizer.ggml.* metadata (tokens, merges, token types, bos/eos/eot), the
+// pre-tokenizer the file names (SmolLM2's "smollm", GPT-2's, llama-bpe's),
+// special-token parsing, detokenization that round-trips bytes, and the chat
+// template the file carries.
+
+#ifndef SMOL_VOCAB_H
+#define SMOL_VOCAB_H
+
+#include "gguf.h"
+#include "smol.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <memory>
+#include <vector>
+
+namespace smol {
+
+struct chat_message {
+    std::string role;
+    std::string content;
+};
+
+class vocab {
+  public:
+    // Reads the tokenizer from GGUF metadata. Throws smol::error
+    // (SMOL_ERR_UNSUPPORTED for a tokenizer model or pre-tokenizer smol does
+    // not know, SMOL_ERR_FORMAT for inconsistent arrays), naming the key.
+    void load(const gguf::file & f);
+
+    int32_t n_tokens() const;
+    smol_token bos() const; // -1 if none
+    smol_token eos() const; // -1 if none
+    bool add_bos() const;   // tokenizer.ggml.add_bos_token
+    bool is_eog(smol_token t) const;
+    bool is_control(smol_token t) const;
+
+    // As llama.cpp's llama_tokenize: add_special prepends bos when add_bos();
+    // parse_special matches the text of control/user-defined tokens.
+    std::vector<smol_token> tokenize(std::string_view text, bool add_special,
+                                     bool parse_special) const;
+    // The bytes of a token; control tokens give "" unless special.
+    std::string token_to_piece(smol_token t, bool special) const;
+    std::string detokenize(const std::vector<smol_token> & tokens, bool special) const;
+
+    // Formats messages with the model's tokenizer.chat_template. Recognises
+    // ChatML (SmolLM2-Instruct's template, including its default system
+    // prompt when the first message is not a system one); throws smol::error
+    // SMOL_ERR_UNSUPPORTED for a template it does not know.
+    std::string apply_chat_template(const std::vector<chat_message> & messages,
+                                    bool add_assistant) const;
+
+  private:
+    struct impl;
+    std::shared_ptr<impl> impl_;
+};
+
+} // namespace smol
+
+#endif // SMOL_VOCAB_H

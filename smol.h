@@ -1,0 +1,239 @@
+// smol.h - the public C API of smol: load a Llama-architecture GGUF model,
+// tokenize, decode batches of tokens from one or more sequences, read logits
+// and sample. Plain C: opaque handles, fixed-width integers, status codes.
+// Every call that can fail returns a smol_status; smol_last_error() then
+// holds a message (per thread) naming what was wrong and what to do.
+
+#ifndef SMOL_H
+#define SMOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(SMOL_SHARED)
+#ifdef SMOL_BUILD
+#define SMOL_API __declspec(dllexport)
+#else
+#define SMOL_API __declspec(dllimport)
+#endif
+#elif defined(SMOL_SHARED)
+#define SMOL_API __attribute__((visibility("default")))
+#else
+#define SMOL_API
+#endif
+
+// --- status ---------------------------------------------------------------
+
+typedef enum smol_status {
+    SMOL_OK = 0,
+    SMOL_ERR_INVALID_ARGUMENT = 1, // a parameter is out of range or NULL
+    SMOL_ERR_IO = 2,               // a file could not be opened or read
+    SMOL_ERR_FORMAT = 3,           // a file is truncated, corrupt or hostile
+    SMOL_ERR_UNSUPPORTED = 4,      // valid, but smol cannot run it (yet)
+    SMOL_ERR_OUT_OF_MEMORY = 5,    // an allocation or a memory budget failed
+    SMOL_ERR_CONTEXT_FULL = 6,     // the KV cache has no room for the batch
+    SMOL_ERR_BUFFER_TOO_SMALL = 7, // an output buffer is too small; see n_out
+    SMOL_ERR_BACKEND = 8,          // a device backend reported an error
+} smol_status;
+
+// The message for the last failed call on this thread ("" if none).
+SMOL_API const char * smol_last_error(void);
+// A short constant name for a status, such as "SMOL_ERR_FORMAT".
+SMOL_API const char * smol_status_name(smol_status status);
+// The library version, such as "0.1.0".
+SMOL_API const char * smol_version(void);
+// The CPU kernels chosen at run time for this machine, such as "avx2".
+SMOL_API const char * smol_cpu_kernels_name(void);
+
+// --- types ----------------------------------------------------------------
+
+// Tensor element types; the values are GGUF's (ggml's) type ids.
+typedef enum smol_type {
+    SMOL_TYPE_F32 = 0,
+    SMOL_TYPE_F16 = 1,
+    SMOL_TYPE_Q4_0 = 2,
+    SMOL_TYPE_Q4_1 = 3,
+    SMOL_TYPE_Q8_0 = 8,
+    SMOL_TYPE_BF16 = 30,
+} smol_type;
+
+// "f32", "f16", "q4_0", ...; NULL for a type smol does not know.
+SMOL_API const char * smol_type_name(smol_type type);
+
+typedef int32_t smol_token;
+typedef int32_t smol_pos;
+typedef int32_t smol_seq_id;
+
+typedef struct smol_model smol_model;
+typedef struct smol_context smol_context;
+typedef struct smol_sampler smol_sampler;
+
+// --- model ----------------------------------------------------------------
+
+// Called while loading with a fraction in [0, 1]; return false to cancel.
+typedef bool (*smol_progress_fn)(float progress, void * user_data);
+
+typedef struct smol_model_params {
+    smol_progress_fn progress; // NULL: no progress reports
+    void * progress_user_data;
+    bool use_mmap; // map the file instead of reading it (default true)
+} smol_model_params;
+
+SMOL_API smol_model_params smol_model_default_params(void);
+
+// Loads a GGUF model. Tensors of a type smol does not support, a missing
+// tensor or an architecture other than llama are refused with a message.
+SMOL_API smol_status smol_model_load(const char * path, const smol_model_params * params,
+                                     smol_model ** out);
+SMOL_API void smol_model_free(smol_model * model);
+
+typedef struct smol_model_info {
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t n_ff;
+    int64_t n_params;
+    uint64_t n_bytes;    // bytes of all weight tensors
+    smol_type ftype;     // the type of most matmul weights
+    char name[128];      // general.name, or the file's base name
+} smol_model_info;
+
+SMOL_API void smol_model_get_info(const smol_model * model, smol_model_info * info);
+
+// Reads a string metadata value (other types are formatted as text).
+// Returns SMOL_ERR_INVALID_ARGUMENT if the key is absent.
+SMOL_API smol_status smol_model_meta(const smol_model * model, const char * key, char * buf,
+                                     size_t size);
+
+// --- vocabulary -----------------------------------------------------------
+
+SMOL_API smol_token smol_token_bos(const smol_model * model); // -1 if none
+SMOL_API smol_token smol_token_eos(const smol_model * model); // -1 if none
+// True for tokens that end generation (eos, eot, <|im_end|>, ...).
+SMOL_API bool smol_token_is_eog(const smol_model * model, smol_token token);
+
+// Tokenizes text. add_special prepends bos where the model asks for it;
+// parse_special turns "<|im_start|>" and the like into their tokens. On
+// success *n_out holds the count; if n_max is too small, returns
+// SMOL_ERR_BUFFER_TOO_SMALL with *n_out set to the count needed.
+SMOL_API smol_status smol_tokenize(const smol_model * model, const char * text, size_t len,
+                                   bool add_special, bool parse_special, smol_token * tokens,
+                                   int32_t n_max, int32_t * n_out);
+
+// The bytes of one token (possibly part of a UTF-8 character). Control
+// tokens give "" unless special is true.
+SMOL_API smol_status smol_token_to_piece(const smol_model * model, smol_token token,
+                                         bool special, char * buf, size_t size, size_t * n_out);
+
+typedef struct smol_chat_message {
+    const char * role; // "system", "user", "assistant"
+    const char * content;
+} smol_chat_message;
+
+// Formats a conversation with the model's chat template (ChatML for
+// SmolLM2-Instruct); add_assistant opens the assistant's turn. Too small a
+// buffer gives SMOL_ERR_BUFFER_TOO_SMALL with *n_out the bytes needed (the
+// text is NUL-terminated when it fits).
+SMOL_API smol_status smol_chat_apply_template(const smol_model * model,
+                                              const smol_chat_message * messages, size_t n,
+                                              bool add_assistant, char * buf, size_t size,
+                                              size_t * n_out);
+
+// --- context --------------------------------------------------------------
+
+typedef struct smol_context_params {
+    uint32_t n_ctx;     // KV cells shared by all sequences (0: 4096, capped at training)
+    uint32_t n_batch;   // most tokens one smol_decode call takes (default 512)
+    int32_t n_threads;  // CPU threads (0: all cores)
+    uint32_t n_seq_max; // most sequences at once (default 1)
+} smol_context_params;
+
+SMOL_API smol_context_params smol_context_default_params(void);
+
+SMOL_API smol_status smol_context_create(smol_model * model, const smol_context_params * params,
+                                         smol_context ** out);
+SMOL_API void smol_context_free(smol_context * ctx);
+SMOL_API uint32_t smol_context_n_ctx(const smol_context * ctx);
+SMOL_API uint32_t smol_context_n_batch(const smol_context * ctx);
+
+// A batch of tokens, each with its position and sequence, as in llama.cpp:
+// tokens of several sequences may be mixed, so a serving loop batches them.
+typedef struct smol_batch {
+    int32_t n_tokens;
+    smol_token * token;
+    smol_pos * pos;
+    smol_seq_id * seq_id;
+    int8_t * logits; // nonzero: keep the logits of this token
+} smol_batch;
+
+// Allocates arrays for n_tokens_max tokens (n_tokens starts at 0).
+SMOL_API smol_batch smol_batch_init(int32_t n_tokens_max);
+SMOL_API void smol_batch_free(smol_batch * batch);
+// Appends one token; returns false if the batch is full.
+SMOL_API bool smol_batch_add(smol_batch * batch, int32_t capacity, smol_token token, smol_pos pos,
+                             smol_seq_id seq_id, bool logits);
+
+// Runs the model over a batch: stores each token's K and V in the cache and
+// computes the logits of the tokens that asked for them. Positions of a
+// sequence must continue what the cache holds for it.
+SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
+
+// Logits (n_vocab floats) of batch token i of the last decode; i = -1 is
+// the last token that asked for logits. NULL if i kept none.
+SMOL_API const float * smol_get_logits(smol_context * ctx, int32_t i);
+
+// Drops the cached tokens of seq_id with positions in [p0, p1) (p1 < 0: to
+// the end); seq_id < 0 drops every sequence.
+SMOL_API void smol_kv_seq_rm(smol_context * ctx, smol_seq_id seq_id, smol_pos p0, smol_pos p1);
+// The number of tokens seq_id holds in the cache.
+SMOL_API int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq_id);
+// Free KV cells.
+SMOL_API int32_t smol_kv_free_cells(const smol_context * ctx);
+
+typedef struct smol_perf {
+    double t_load_ms;
+    double t_prompt_ms; // decode calls with more than one token
+    double t_eval_ms;   // decode calls with one token
+    int64_t n_prompt_tokens;
+    int64_t n_eval_tokens;
+} smol_perf;
+
+SMOL_API smol_perf smol_context_perf(const smol_context * ctx);
+SMOL_API void smol_context_perf_reset(smol_context * ctx);
+
+// --- sampler --------------------------------------------------------------
+
+typedef struct smol_sampler_params {
+    float temperature;    // <= 0: greedy
+    int32_t top_k;        // <= 0: off
+    float top_p;          // >= 1: off
+    float min_p;          // <= 0: off
+    float repeat_penalty; // 1: off
+    int32_t repeat_last_n;
+    uint64_t seed; // same seed, same output
+} smol_sampler_params;
+
+SMOL_API smol_sampler_params smol_sampler_default_params(void);
+SMOL_API smol_status smol_sampler_create(const smol_sampler_params * params, smol_sampler ** out);
+SMOL_API void smol_sampler_free(smol_sampler * sampler);
+
+// Picks a token from n_vocab logits (not changed). Penalties use the tokens
+// given to smol_sampler_accept.
+SMOL_API smol_token smol_sampler_sample(smol_sampler * sampler, const float * logits,
+                                        int32_t n_vocab);
+SMOL_API void smol_sampler_accept(smol_sampler * sampler, smol_token token);
+SMOL_API void smol_sampler_reset(smol_sampler * sampler);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // SMOL_H

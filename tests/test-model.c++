@@ -1,0 +1,332 @@
+// test-model.c++ - the forward pass through the C API: against a float64
+// reference on small random llama models, batching and cache behaviour, the
+// errors bad input gets, and the real SmolLM2-135M-Instruct against
+// llama.cpp's logits and greedy continuations.
+
+#include "smol.h"
+#include "tiny-model.h"
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct model_deleter {
+    void operator()(smol_model * m) const { smol_model_free(m); }
+};
+struct context_deleter {
+    void operator()(smol_context * c) const { smol_context_free(c); }
+};
+using model_ptr = std::unique_ptr<smol_model, model_deleter>;
+using context_ptr = std::unique_ptr<smol_context, context_deleter>;
+
+std::string temp_path(const std::string & name) {
+    return (std::filesystem::temp_directory_path() /
+            ("smol-test-" + std::to_string(::getpid()) + "-" + name))
+        .string();
+}
+
+model_ptr load(const std::string & path) {
+    smol_model * m = nullptr;
+    const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return model_ptr(m);
+}
+
+context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_batch = 512,
+                         uint32_t n_seq = 1, int threads = 2) {
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    p.n_seq_max = n_seq;
+    p.n_threads = threads;
+    smol_context * c = nullptr;
+    const smol_status st = smol_context_create(m, &p, &c);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return context_ptr(c);
+}
+
+// Decodes ids as one sequence in chunks of `chunk`, keeping every logit row.
+std::vector<std::vector<float>> decode_all(smol_context * c, const std::vector<int> & ids,
+                                           int n_vocab, int chunk, smol_seq_id seq = 0) {
+    std::vector<std::vector<float>> out;
+    smol_batch b = smol_batch_init(chunk);
+    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(chunk)) {
+        b.n_tokens = 0;
+        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(chunk)); ++i)
+            smol_batch_add(&b, chunk, ids[i], smol_pos(i), seq, true);
+        const smol_status st = smol_decode(c, &b);
+        INFO(smol_last_error());
+        REQUIRE(st == SMOL_OK);
+        for (int i = 0; i < b.n_tokens; ++i) {
+            const float * l = smol_get_logits(c, i);
+            REQUIRE(l != nullptr);
+            out.emplace_back(l, l + n_vocab);
+        }
+    }
+    smol_batch_free(&b);
+    return out;
+}
+
+// max |a - b| / max |b| over a row: errors relative to the logits' scale.
+double rel_err(const std::vector<float> & a, const std::vector<double> & b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+        num = std::max(num, std::fabs(double(a[i]) - b[i]));
+        den = std::max(den, std::fabs(b[i]));
+    }
+    return num / den;
+}
+
+std::vector<int> random_ids(std::mt19937 & rng, int n, int n_vocab) {
+    std::uniform_int_distribution<int> d(0, n_vocab - 1);
+    std::vector<int> v(size_t(n));
+    for (auto & x : v) x = d(rng);
+    return v;
+}
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+} // namespace
+
+TEST_CASE("logits of a random f32 llama match a float64 reference") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("f32.gguf");
+    tiny::shape s;
+    const tiny::model ref = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
+    const auto want = tiny::reference(ref, ids);
+    context_ptr c = make_context(m.get(), 128);
+    const auto got = decode_all(c.get(), ids, s.n_vocab, 16);
+    // f32 weights and activations; K and V are stored as f16 (rel. 2^-11),
+    // which bounds the error near 1e-3 of the logits' scale.
+    for (size_t t = 0; t < ids.size(); ++t) {
+        CAPTURE(t);
+        CHECK(rel_err(got[t], want[t]) < 5e-3);
+    }
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("logits of random quantized llamas match a float64 reference of their weights") {
+    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
+        const uint32_t seed = fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(smol_type_name(t));
+        const std::string path = temp_path("q.gguf");
+        tiny::shape s;
+        s.wtype = t;
+        const tiny::model ref = tiny::write(path, s, seed);
+        model_ptr m = load(path);
+        std::mt19937 rng(seed);
+        const std::vector<int> ids = random_ids(rng, 24, s.n_vocab);
+        const auto want = tiny::reference(ref, ids);
+        context_ptr c = make_context(m.get(), 64);
+        const auto got = decode_all(c.get(), ids, s.n_vocab, 24);
+        // The reference multiplies the file's own (dequantized) weights, so
+        // what is left is activation rounding: 8-bit for q types (about 1%
+        // per matmul), f16 for f16, none for bf16.
+        const double tol = t == SMOL_TYPE_F16 || t == SMOL_TYPE_BF16 ? 5e-3 : 5e-2;
+        for (size_t i = 0; i < ids.size(); ++i) {
+            CAPTURE(i);
+            CHECK(rel_err(got[i], want[i]) < tol);
+        }
+        std::filesystem::remove(path);
+    }
+}
+
+TEST_CASE("a prompt decoded in one batch or token by token gives the same logits") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("chunks.gguf");
+    tiny::shape s;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 33, s.n_vocab);
+    context_ptr a = make_context(m.get(), 64), b = make_context(m.get(), 64, 512, 1, 1);
+    const auto whole = decode_all(a.get(), ids, s.n_vocab, 33);
+    const auto single = decode_all(b.get(), ids, s.n_vocab, 1);
+    for (size_t t = 0; t < ids.size(); ++t) {
+        CAPTURE(t);
+        double d = 0;
+        for (int v = 0; v < s.n_vocab; ++v) d = std::max(d, double(std::fabs(whole[t][size_t(v)] - single[t][size_t(v)])));
+        CHECK(d < 1e-4);
+    }
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("sequences batched together give the logits each gives alone") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("seqs.gguf");
+    tiny::shape s;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> a = random_ids(rng, 12, s.n_vocab), b = random_ids(rng, 7, s.n_vocab);
+
+    context_ptr solo = make_context(m.get(), 64);
+    const auto la = decode_all(solo.get(), a, s.n_vocab, 64);
+    smol_kv_seq_rm(solo.get(), -1, 0, -1);
+    CHECK(smol_kv_free_cells(solo.get()) == 64);
+    const auto lb = decode_all(solo.get(), b, s.n_vocab, 64);
+
+    // Interleave the two sequences in one batch.
+    context_ptr both = make_context(m.get(), 64, 64, 2);
+    smol_batch batch = smol_batch_init(64);
+    size_t ia = 0, ib = 0;
+    std::vector<std::pair<int, size_t>> order;
+    while (ia < a.size() || ib < b.size()) {
+        if (ia < a.size()) {
+            smol_batch_add(&batch, 64, a[ia], smol_pos(ia), 0, true);
+            order.push_back({0, ia++});
+        }
+        if (ib < b.size()) {
+            smol_batch_add(&batch, 64, b[ib], smol_pos(ib), 1, true);
+            order.push_back({1, ib++});
+        }
+    }
+    REQUIRE(smol_decode(both.get(), &batch) == SMOL_OK);
+    for (size_t i = 0; i < order.size(); ++i) {
+        const auto & want = order[i].first == 0 ? la[order[i].second] : lb[order[i].second];
+        const float * got = smol_get_logits(both.get(), int32_t(i));
+        REQUIRE(got);
+        double d = 0;
+        for (int v = 0; v < s.n_vocab; ++v) d = std::max(d, double(std::fabs(got[v] - want[size_t(v)])));
+        CAPTURE(i);
+        CHECK(d < 1e-4);
+    }
+    CHECK(smol_kv_seq_len(both.get(), 0) == int32_t(a.size()));
+    CHECK(smol_kv_seq_len(both.get(), 1) == int32_t(b.size()));
+    smol_batch_free(&batch);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("removing the tail of a sequence and decoding it again reproduces the logits") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("rm.gguf");
+    tiny::shape s;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 20, s.n_vocab);
+    context_ptr c = make_context(m.get(), 64);
+    const auto first = decode_all(c.get(), ids, s.n_vocab, 20);
+    smol_kv_seq_rm(c.get(), 0, 10, -1);
+    CHECK(smol_kv_seq_len(c.get(), 0) == 10);
+    smol_batch b = smol_batch_init(10);
+    for (int i = 10; i < 20; ++i) smol_batch_add(&b, 10, ids[size_t(i)], i, 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    for (int i = 0; i < 10; ++i) {
+        const float * l = smol_get_logits(c.get(), i);
+        double d = 0;
+        for (int v = 0; v < s.n_vocab; ++v) d = std::max(d, double(std::fabs(l[v] - first[size_t(10 + i)][size_t(v)])));
+        CHECK(d < 1e-4);
+    }
+    smol_batch_free(&b);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("bad input to decode is refused with a clear message and the cache is untouched") {
+    const std::string path = temp_path("bad.gguf");
+    tiny::shape s;
+    tiny::write(path, s, fresh_seed());
+    model_ptr m = load(path);
+    context_ptr c = make_context(m.get(), 16, 8);
+    smol_batch b = smol_batch_init(32);
+
+    SUBCASE("a prompt longer than the context") {
+        context_ptr big = make_context(m.get(), 16, 16);
+        for (int i = 0; i < 16; ++i) smol_batch_add(&b, 32, 5, i, 0, false);
+        REQUIRE(smol_decode(big.get(), &b) == SMOL_OK);
+        b.n_tokens = 0;
+        smol_batch_add(&b, 32, 5, 16, 0, true);
+        CHECK(smol_decode(big.get(), &b) == SMOL_ERR_CONTEXT_FULL);
+        CHECK(std::string(smol_last_error()).find("KV cache is full") != std::string::npos);
+        CHECK(smol_kv_seq_len(big.get(), 0) == 16);
+    }
+    SUBCASE("more tokens than n_batch") {
+        for (int i = 0; i < 9; ++i) smol_batch_add(&b, 32, 5, i, 0, false);
+        CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(smol_last_error()).find("n_batch") != std::string::npos);
+    }
+    SUBCASE("a token outside the vocabulary") {
+        smol_batch_add(&b, 32, s.n_vocab, 0, 0, true);
+        CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(smol_last_error()).find("vocabulary") != std::string::npos);
+    }
+    SUBCASE("a sequence id beyond n_seq_max") {
+        smol_batch_add(&b, 32, 5, 0, 3, true);
+        CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(smol_last_error()).find("sequence id") != std::string::npos);
+    }
+    SUBCASE("a position the sequence already holds") {
+        smol_batch_add(&b, 32, 5, 0, 0, true);
+        REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+        CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(smol_last_error()).find("smol_kv_seq_rm") != std::string::npos);
+    }
+    CHECK(smol_kv_free_cells(c.get()) >= 15);
+    smol_batch_free(&b);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("loading refuses missing files, other architectures and unsupported tensor types") {
+    smol_model * m = nullptr;
+    CHECK(smol_model_load("/nonexistent/model.gguf", nullptr, &m) == SMOL_ERR_IO);
+    CHECK(m == nullptr);
+    CHECK(std::string(smol_last_error()).find("fetch-model") != std::string::npos);
+
+    const std::string path = temp_path("arch.gguf");
+    tiny::write(path, tiny::shape{}, 1, "qwen2");
+    CHECK(smol_model_load(path.c_str(), nullptr, &m) == SMOL_ERR_UNSUPPORTED);
+    CHECK(std::string(smol_last_error()).find("qwen2") != std::string::npos);
+
+    // A llama file whose q weight is q5_0 (ggml type 6, 22-byte blocks of
+    // 32): a valid GGUF that smol cannot run yet, refused by tensor name.
+    {
+        tiny::write(path, tiny::shape{}, 2);
+        auto f = gguf::file::open(path);
+        gguf::writer w;
+        for (const auto & kv : f->metadata()) w.set(kv.key, kv.val);
+        std::vector<uint8_t> q5(22 * 2 * 64, 0x11);
+        for (const auto & t : f->tensors()) {
+            if (t.name == "blk.0.attn_q.weight") {
+                w.add_tensor(t.name, 6, {64, 64}, q5.data(), q5.size());
+            } else {
+                w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data,
+                             t.nbytes);
+            }
+        }
+        w.write(path + ".q5");
+    }
+    CHECK(smol_model_load((path + ".q5").c_str(), nullptr, &m) == SMOL_ERR_UNSUPPORTED);
+    CHECK(std::string(smol_last_error()).find("blk.0.attn_q.weight") != std::string::npos);
+    CHECK(std::string(smol_last_error()).find("q5_0") != std::string::npos);
+
+    // A truncated file.
+    tiny::write(path, tiny::shape{}, 3);
+    std::filesystem::resize_file(path, std::filesystem::file_size(path) - 100);
+    CHECK(smol_model_load(path.c_str(), nullptr, &m) == SMOL_ERR_FORMAT);
+    CHECK(std::string(smol_last_error()).find(path) != std::string::npos);
+    CHECK(m == nullptr);
+    std::filesystem::remove(path);
+    std::filesystem::remove(path + ".q5");
+}

@@ -1,0 +1,164 @@
+// test-sampler.c++ - the sampler's behaviour: greedy picks the maximum, the
+// same seed gives the same draws, each filter keeps what it should, and the
+// draw frequencies follow the softmax at the given temperature.
+
+#include "smol.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace {
+
+struct sampler_deleter {
+    void operator()(smol_sampler * s) const { smol_sampler_free(s); }
+};
+using sampler_ptr = std::unique_ptr<smol_sampler, sampler_deleter>;
+
+sampler_ptr make(const smol_sampler_params & p) {
+    smol_sampler * s = nullptr;
+    REQUIRE(smol_sampler_create(&p, &s) == SMOL_OK);
+    return sampler_ptr(s);
+}
+
+smol_sampler_params plain(float temp) {
+    smol_sampler_params p = smol_sampler_default_params();
+    p.temperature = temp;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    return p;
+}
+
+std::vector<float> random_logits(std::mt19937 & rng, int n) {
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    std::vector<float> v(size_t(n));
+    for (auto & x : v) x = d(rng);
+    return v;
+}
+
+} // namespace
+
+TEST_CASE("greedy sampling picks the largest logit") {
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    auto s = make(plain(0.0f));
+    for (int trial = 0; trial < 20; ++trial) {
+        const auto l = random_logits(rng, 1000);
+        CHECK(smol_sampler_sample(s.get(), l.data(), 1000) ==
+              std::max_element(l.begin(), l.end()) - l.begin());
+    }
+}
+
+TEST_CASE("the same seed gives the same tokens and another seed other tokens") {
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const auto l = random_logits(rng, 500);
+    auto run = [&](uint64_t sd) {
+        smol_sampler_params p = smol_sampler_default_params();
+        p.temperature = 1.5f;
+        p.top_k = 0;
+        p.top_p = 1.0f;
+        p.min_p = 0.0f;
+        p.seed = sd;
+        auto s = make(p);
+        std::vector<smol_token> out;
+        for (int i = 0; i < 64; ++i) out.push_back(smol_sampler_sample(s.get(), l.data(), 500));
+        return out;
+    };
+    CHECK(run(seed) == run(seed));
+    CHECK(run(seed) != run(uint64_t(seed) + 1));
+}
+
+TEST_CASE("reset restarts the generator from the seed") {
+    std::mt19937 rng(std::random_device{}());
+    const auto l = random_logits(rng, 100);
+    auto s = make(plain(1.0f));
+    std::vector<smol_token> a, b;
+    for (int i = 0; i < 16; ++i) a.push_back(smol_sampler_sample(s.get(), l.data(), 100));
+    smol_sampler_reset(s.get());
+    for (int i = 0; i < 16; ++i) b.push_back(smol_sampler_sample(s.get(), l.data(), 100));
+    CHECK(a == b);
+}
+
+TEST_CASE("top-k keeps only the k largest logits") {
+    std::mt19937 rng(std::random_device{}());
+    const auto l = random_logits(rng, 300);
+    smol_sampler_params p = plain(5.0f); // hot, so all k are drawn
+    p.top_k = 3;
+    auto s = make(p);
+    std::vector<float> sorted = l;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    for (int i = 0; i < 300; ++i) CHECK(l[size_t(smol_sampler_sample(s.get(), l.data(), 300))] >= sorted[2]);
+}
+
+TEST_CASE("top-p keeps the smallest set whose probability reaches p") {
+    // Probabilities 0.5, 0.3, 0.2 at temperature 1: top_p 0.7 keeps two.
+    const std::vector<float> l = {std::log(0.2f), std::log(0.5f), std::log(0.3f)};
+    smol_sampler_params p = plain(1.0f);
+    p.top_p = 0.7f;
+    auto s = make(p);
+    std::map<smol_token, int> seen;
+    for (int i = 0; i < 2000; ++i) ++seen[smol_sampler_sample(s.get(), l.data(), 3)];
+    CHECK(seen.count(0) == 0);
+    CHECK(seen[1] > 0);
+    CHECK(seen[2] > 0);
+}
+
+TEST_CASE("min-p drops tokens below min_p times the top probability") {
+    const std::vector<float> l = {std::log(0.6f), std::log(0.35f), std::log(0.05f)};
+    smol_sampler_params p = plain(1.0f);
+    p.min_p = 0.1f; // floor 0.06: token 2 goes
+    auto s = make(p);
+    for (int i = 0; i < 2000; ++i) CHECK(smol_sampler_sample(s.get(), l.data(), 3) != 2);
+}
+
+TEST_CASE("draws follow the softmax of the logits divided by the temperature") {
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const int n = 8, draws = 40000;
+    const auto l = random_logits(rng, n);
+    const float temp = 0.7f;
+    smol_sampler_params p = plain(temp);
+    p.seed = seed;
+    auto s = make(p);
+    std::vector<int> count(n, 0);
+    for (int i = 0; i < draws; ++i) ++count[size_t(smol_sampler_sample(s.get(), l.data(), n))];
+    double mx = *std::max_element(l.begin(), l.end()), z = 0;
+    for (float x : l) z += std::exp((x - mx) / temp);
+    for (int i = 0; i < n; ++i) {
+        const double want = std::exp((l[size_t(i)] - mx) / temp) / z;
+        // Five standard deviations of a binomial proportion.
+        const double sd = std::sqrt(want * (1 - want) / draws);
+        CAPTURE(i);
+        CHECK(std::fabs(double(count[size_t(i)]) / draws - want) <= 5 * sd + 1e-4);
+    }
+}
+
+TEST_CASE("the repetition penalty makes recent tokens less likely") {
+    const std::vector<float> l = {2.0f, 1.9f, -1.0f};
+    smol_sampler_params p = plain(0.0f);
+    p.repeat_penalty = 1.5f;
+    auto s = make(p);
+    CHECK(smol_sampler_sample(s.get(), l.data(), 3) == 0);
+    smol_sampler_accept(s.get(), 0); // 2.0 / 1.5 < 1.9
+    CHECK(smol_sampler_sample(s.get(), l.data(), 3) == 1);
+}
+
+TEST_CASE("invalid sampler parameters are refused") {
+    smol_sampler_params p = smol_sampler_default_params();
+    p.repeat_penalty = 0.0f;
+    smol_sampler * s = nullptr;
+    CHECK(smol_sampler_create(&p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(s == nullptr);
+    CHECK(std::string(smol_last_error()).find("repeat_penalty") != std::string::npos);
+}
