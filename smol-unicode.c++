@@ -17,6 +17,9 @@ struct flag_range {
     uint16_t flags;
 };
 
+// The tables are laid out by this script, not by clang-format.
+// clang-format off
+
 // 2276 ranges covering U+0000..U+10FFFF.
 constexpr flag_range k_ranges[] = {
     {0x00000, 0x080}, {0x00009, 0x180}, {0x0000E, 0x080}, {0x00020, 0x108}, {0x00021, 0x020},
@@ -558,9 +561,13 @@ constexpr int16_t k_cpt_to_byte[324] = {
     150, 151, 152, 153, 154, 155, 156, 157, 158, 159, 160, 173,
 };
 
+// clang-format on
+
 } // namespace
 
-const char * version() { return "15.1.0"; }
+const char * version() {
+    return "15.1.0";
+}
 
 uint16_t flags(uint32_t cpt) {
     if (cpt < 256) return k_latin1[cpt];
@@ -570,7 +577,9 @@ uint16_t flags(uint32_t cpt) {
     return std::prev(it)->flags;
 }
 
-uint32_t byte_to_cpt(uint8_t byte) { return k_byte_to_cpt[byte]; }
+uint32_t byte_to_cpt(uint8_t byte) {
+    return k_byte_to_cpt[byte];
+}
 
 int byte_from_cpt(uint32_t cpt) {
     return cpt < std::size(k_cpt_to_byte) ? k_cpt_to_byte[cpt] : -1;

@@ -6,8 +6,10 @@
 // Invalid UTF-8 is the one place smol departs from llama.cpp on purpose:
 // llama.cpp replaces each bad byte by U+FFFD before BPE, so the text cannot
 // come back. smol splits the text exactly as llama.cpp does (a bad byte counts
-// as one U+FFFD while splitting) but runs BPE on the original bytes, so every
-// byte string tokenizes and detokenizes back to itself.
+// as one U+FFFD while splitting) but runs BPE on the original bytes, so any
+// byte string detokenizes back to itself. The exception is a byte value the
+// vocabulary has no token for (SmolLM2 lacks 21, such as 0xFF and 0xF1): no
+// id can carry it, and smol drops it as llama.cpp does.
 
 #include "smol-vocab.h"
 
@@ -15,12 +17,12 @@
 #include "smol-unicode.h"
 
 #include <algorithm>
-#include <cstring>
-#include <deque>
-#include <queue>
+#include <cctype>
+#include <cstdint>
+#include <memory>
 #include <string>
-#include <unordered_map>
-#include <unordered_set>
+#include <string_view>
+#include <vector>
 
 namespace smol {
 
@@ -42,10 +44,10 @@ enum token_type : int32_t {
 // The regex lists llama.cpp runs for each tokenizer.ggml.pre value smol
 // knows, as hand-written scanners.
 enum class pre_tokenizer {
-    gpt2,    // GPT-2's regex alone
-    smollm,  // \p{N} (each digit alone), then GPT-2's regex
+    gpt2,     // GPT-2's regex alone
+    smollm,   // \p{N} (each digit alone), then GPT-2's regex
     fallback, // llama.cpp's "default": punctuation runs, GPT-2, \p{N}+, [0-9]{3}
-    llama3,  // llama-3's regex (numbers in threes, newlines kept together)
+    llama3,   // llama-3's regex (numbers in threes, newlines kept together)
 };
 
 struct pre_name {
@@ -53,7 +55,8 @@ struct pre_name {
     pre_tokenizer kind;
 };
 
-// llama.cpp gives all of these the same regex list.
+// The tokenizer.ggml.pre values smol knows; llama.cpp runs the same regex
+// list for names of the same kind.
 constexpr pre_name k_pre_names[] = {
     {"default", pre_tokenizer::fallback}, {"gpt-2", pre_tokenizer::gpt2},
     {"gpt2", pre_tokenizer::gpt2},        {"smollm", pre_tokenizer::smollm},
@@ -65,14 +68,31 @@ constexpr pre_name k_pre_names[] = {
 // Tokens llama.cpp treats as ending generation, found by their text because
 // GGUF files do not list them.
 constexpr const char * k_eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>",  "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-    "<EOT>",      "_<EOT>",      "<|end_of_text|>", "<end_of_utterance>",
-};
-// llama.cpp also stops on fill-in-the-middle pad / repo / file-separator
-// tokens (a code model that starts a new file has finished the current one).
-constexpr const char * k_fim_eog_texts[] = {
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",  "<|fim_repo|>", "<|repo_name|>",
-    "<fim-repo>",  "<REPO>",    "<reponame>", "<|file_sep|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81"
+    "of\xe2\x96\x81"
+    "sentence\xef\xbd\x9c>", // DeepSeek's
+    "[e~[",
 };
 
 // A code point range [begin, end) of the fragment being pre-tokenized.
@@ -152,7 +172,8 @@ void split_gpt2(const decoded_text & t, const std::vector<span> & in, std::vecto
                     continue;
                 }
                 const uint32_t n2 = cpt_at(pos + 2);
-                if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+                if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') ||
+                    (n1 == 'l' && n2 == 'l')) {
                     emit(pos + 3);
                     continue;
                 }
@@ -189,7 +210,9 @@ void split_gpt2(const decoded_text & t, const std::vector<span> & in, std::vecto
     }
 }
 
-bool is_cr_lf(uint32_t c) { return c == '\r' || c == '\n'; }
+bool is_cr_lf(uint32_t c) {
+    return c == '\r' || c == '\n';
+}
 
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -219,7 +242,8 @@ void split_llama3(const decoded_text & t, const std::vector<span> & in, std::vec
                     continue;
                 }
                 const uint32_t n2 = lower_at(pos + 2);
-                if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') || (n1 == 'l' && n2 == 'l')) {
+                if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') ||
+                    (n1 == 'l' && n2 == 'l')) {
                     emit(pos + 3);
                     continue;
                 }
@@ -240,7 +264,7 @@ void split_llama3(const decoded_text & t, const std::vector<span> & in, std::vec
             const uint32_t start = pos + (c == ' ' ? 1 : 0);
             const uint16_t f2 = flg_at(start);
             constexpr uint16_t word = uc::WHITESPACE | uc::LETTER | uc::NUMBER;
-            if (!(f2 & word) && (c == ' ' || f2 != 0)) {
+            if (!(f2 & word)) {
                 uint32_t i = start;
                 while (flg_at(i) != 0 && !(flg_at(i) & word)) i++;
                 while (is_cr_lf(cpt_at(i))) i++;
@@ -307,7 +331,9 @@ class merge_map {
 
   private:
     static constexpr uint64_t k_empty = ~uint64_t(0);
-    static uint64_t key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+    static uint64_t key(int32_t a, int32_t b) {
+        return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+    }
     static size_t hash(uint64_t k) {
         k ^= k >> 33;
         k *= 0xff51afd7ed558ccdULL;
@@ -317,6 +343,76 @@ class merge_map {
     std::vector<uint64_t> keys_;
     std::vector<merge> vals_;
     size_t mask_ = 0;
+};
+
+// An open-addressing index from symbol text to symbol id, over texts kept
+// elsewhere: loading builds it for 49k tokens and looks up every merge's
+// parts, and a node-based map spends most of that time on cache misses.
+class string_index {
+  public:
+    explicit string_index(const std::vector<std::string> & texts) : texts_(texts) {}
+
+    void reserve(size_t n) {
+        size_t cap = 64;
+        while (cap < n * 2) cap *= 2;
+        rehash(cap);
+    }
+
+    int32_t find(std::string_view s) const {
+        if (slots_.empty()) return -1;
+        const uint64_t h = hash(s);
+        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+            const uint64_t slot = slots_[i];
+            if (slot == 0) return -1;
+            const int32_t id = int32_t(uint32_t(slot) - 1);
+            if ((slot >> 32) == (h >> 32) && texts_[id] == s) return id;
+        }
+    }
+
+    // Adds texts_[id]; returns the id already holding that text, or -1.
+    int32_t insert(int32_t id) {
+        if ((count_ + 1) * 2 > slots_.size()) rehash(std::max<size_t>(64, slots_.size() * 2));
+        const std::string & s = texts_[id];
+        const uint64_t h = hash(s);
+        for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+            const uint64_t slot = slots_[i];
+            if (slot == 0) {
+                slots_[i] = (h >> 32 << 32) | (uint32_t(id) + 1);
+                count_++;
+                return -1;
+            }
+            const int32_t other = int32_t(uint32_t(slot) - 1);
+            if ((slot >> 32) == (h >> 32) && texts_[other] == s) return other;
+        }
+    }
+
+  private:
+    static uint64_t hash(std::string_view s) {
+        // 64-bit FNV-1a, then a final mix so that low bits pick the slot.
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (const char c : s) h = (h ^ uint8_t(c)) * 0x100000001b3ULL;
+        h ^= h >> 29;
+        h *= 0xbf58476d1ce4e5b9ULL;
+        h ^= h >> 32;
+        return h;
+    }
+    void rehash(size_t cap) {
+        std::vector<uint64_t> old;
+        old.swap(slots_);
+        slots_.assign(cap, 0);
+        mask_ = cap - 1;
+        for (const uint64_t slot : old) {
+            if (slot == 0) continue;
+            const uint64_t h = hash(texts_[uint32_t(slot) - 1]);
+            size_t i = h & mask_;
+            while (slots_[i] != 0) i = (i + 1) & mask_;
+            slots_[i] = slot;
+        }
+    }
+    const std::vector<std::string> & texts_;
+    std::vector<uint64_t> slots_; // high 32 bits: hash; low: id + 1 (0 = empty)
+    size_t mask_ = 0;
+    size_t count_ = 0;
 };
 
 // One BPE symbol of a word: a symbol id (a token id, or an id past the vocab
@@ -373,18 +469,17 @@ std::string jinja_unescape(std::string_view s) {
 
 struct vocab::impl {
     // --- the vocabulary ---
-    std::vector<std::string> text;   // token text as stored (byte-mapped)
-    std::vector<int32_t> type;       // token_type per token
-    std::vector<std::string> piece;  // the bytes each token stands for
-    std::unordered_map<std::string_view, int32_t> text_to_id;
+    // Token text as stored (byte-mapped), then the BPE symbols that are no
+    // token (ids >= n_tokens): merge parts or results missing from the vocab.
+    std::vector<std::string> text;
+    std::vector<int32_t> type;      // token_type per token
+    std::vector<std::string> piece; // the bytes each token stands for
+    string_index text_to_id{text};
     int32_t n_tokens = 0;
 
     // --- BPE ---
-    // Symbol ids >= n_tokens name merge parts or results that are not tokens.
-    std::deque<std::string> extra_symbols;
-    std::unordered_map<std::string_view, int32_t> extra_to_id;
     merge_map merges;
-    int32_t byte_symbol[256];   // symbol of each raw byte's mapped character
+    int32_t byte_symbol[256]; // symbol of each raw byte's mapped character
     pre_tokenizer pre = pre_tokenizer::fallback;
     bool ignore_merges = false; // take a whole word that is a token as is (llama-3)
 
@@ -397,23 +492,21 @@ struct vocab::impl {
     std::vector<smol_token> special_by_length; // control / user-defined / unknown
 
     // --- chat template ---
-    bool has_template = false;
     bool template_chatml = false;
     std::string chat_template;
     std::string default_system; // ChatML's system prompt when none is given
 
-    int32_t symbol_id(std::string_view s) const {
-        if (auto it = text_to_id.find(s); it != text_to_id.end()) return it->second;
-        if (auto it = extra_to_id.find(s); it != extra_to_id.end()) return it->second;
-        return -1;
+    // The token id of a text, -1 if it is no token.
+    int32_t token_id(std::string_view s) const {
+        const int32_t id = text_to_id.find(s);
+        return id < n_tokens ? id : -1;
     }
     int32_t intern(std::string_view s) {
-        const int32_t id = symbol_id(s);
+        const int32_t id = text_to_id.find(s);
         if (id >= 0) return id;
-        extra_symbols.emplace_back(s);
-        const int32_t nid = n_tokens + int32_t(extra_symbols.size()) - 1;
-        extra_to_id.emplace(extra_symbols.back(), nid);
-        return nid;
+        text.emplace_back(s);
+        text_to_id.insert(int32_t(text.size()) - 1);
+        return int32_t(text.size()) - 1;
     }
 
     void load(const gguf::file & f);
@@ -436,11 +529,12 @@ namespace {
 const gguf::value * find_array(const gguf::file & f, const char * key, bool integer_elems) {
     const gguf::value * v = f.find(key);
     if (!v) return nullptr;
-    const bool ok = v->t == gguf::type::ARRAY &&
-                    (integer_elems ? (v->elem != gguf::type::STRING && v->elem != gguf::type::ARRAY &&
-                                      v->elem != gguf::type::FLOAT32 && v->elem != gguf::type::FLOAT64 &&
-                                      v->elem != gguf::type::BOOL)
-                                   : v->elem == gguf::type::STRING);
+    const bool ok =
+        v->t == gguf::type::ARRAY &&
+        (integer_elems ? (v->elem != gguf::type::STRING && v->elem != gguf::type::ARRAY &&
+                          v->elem != gguf::type::FLOAT32 && v->elem != gguf::type::FLOAT64 &&
+                          v->elem != gguf::type::BOOL)
+                       : v->elem == gguf::type::STRING);
     if (!ok) {
         throw error(SMOL_ERR_FORMAT,
                     std::string(f.path()) + ": " + key + " must be an array of " +
@@ -458,8 +552,10 @@ int64_t integer_of(const gguf::value & v) {
     case gguf::type::UINT8:
     case gguf::type::UINT16:
     case gguf::type::UINT32:
-    case gguf::type::UINT64: return int64_t(v.u);
-    default: return v.i;
+    case gguf::type::UINT64:
+        return int64_t(v.u);
+    default:
+        return v.i;
     }
 }
 
@@ -469,9 +565,9 @@ void vocab::impl::load(const gguf::file & f) {
     try {
         const auto model = f.get_str("tokenizer.ggml.model");
         if (!model) {
-            throw error(SMOL_ERR_FORMAT, f.path() +
-                                             ": tokenizer.ggml.model is missing, so the file has "
-                                             "no tokenizer; use a GGUF converted with its tokenizer");
+            throw error(SMOL_ERR_FORMAT,
+                        f.path() + ": tokenizer.ggml.model is missing, so the file has "
+                                   "no tokenizer; use a GGUF converted with its tokenizer");
         }
         if (*model != "gpt2") {
             throw error(SMOL_ERR_UNSUPPORTED,
@@ -489,10 +585,11 @@ void vocab::impl::load(const gguf::file & f) {
         }
         if (!known) {
             std::string names;
-            for (const auto & p : k_pre_names) names += std::string(names.empty() ? "" : ", ") + p.name;
-            throw error(SMOL_ERR_UNSUPPORTED, f.path() + ": tokenizer.ggml.pre is \"" + pre_name +
-                                                  "\", a pre-tokenizer smol does not know (it knows " +
-                                                  names + ")");
+            for (const auto & p : k_pre_names)
+                names += std::string(names.empty() ? "" : ", ") + p.name;
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        f.path() + ": tokenizer.ggml.pre is \"" + pre_name +
+                            "\", a pre-tokenizer smol does not know (it knows " + names + ")");
         }
         if (pre == pre_tokenizer::llama3) {
             ignore_merges = true;
@@ -524,26 +621,24 @@ void vocab::impl::load_tokens(const gguf::file & f) {
     const gguf::value * types = find_array(f, "tokenizer.ggml.token_type", true);
     if (types && types->arr.size() < tokens->arr.size()) {
         throw error(SMOL_ERR_FORMAT, f.path() + ": tokenizer.ggml.token_type has " +
-                                         std::to_string(types->arr.size()) +
-                                         " entries for " + std::to_string(n_tokens) +
+                                         std::to_string(types->arr.size()) + " entries for " +
+                                         std::to_string(n_tokens) +
                                          " tokens; convert the model again");
     }
 
     text.resize(n_tokens);
     type.resize(n_tokens);
-    text_to_id.reserve(size_t(n_tokens) * 2);
+    text_to_id.reserve(size_t(n_tokens) + 1024);
     for (int32_t i = 0; i < n_tokens; i++) {
         text[i] = tokens->arr[i].str;
         if (text[i].empty()) text[i] = "[EMPTY_" + std::to_string(i) + "]"; // as llama.cpp
         type[i] = types ? int32_t(integer_of(types->arr[i])) : TOKEN_NORMAL;
     }
     for (int32_t i = 0; i < n_tokens; i++) {
-        auto [it, fresh] = text_to_id.emplace(text[i], i);
-        if (!fresh) {
+        if (const int32_t other = text_to_id.insert(i); other >= 0) {
             throw error(SMOL_ERR_FORMAT, f.path() + ": tokenizer.ggml.tokens lists \"" + text[i] +
-                                             "\" twice (ids " + std::to_string(it->second) +
-                                             " and " + std::to_string(i) +
-                                             "); convert the model again");
+                                             "\" twice (ids " + std::to_string(other) + " and " +
+                                             std::to_string(i) + "); convert the model again");
         }
     }
 }
@@ -551,8 +646,9 @@ void vocab::impl::load_tokens(const gguf::file & f) {
 void vocab::impl::load_merges(const gguf::file & f) {
     const gguf::value * list = find_array(f, "tokenizer.ggml.merges", false);
     if (!list) {
-        throw error(SMOL_ERR_FORMAT, f.path() + ": tokenizer.ggml.merges is missing; a BPE "
-                                                "tokenizer needs its merges, convert the model again");
+        throw error(SMOL_ERR_FORMAT, f.path() +
+                                         ": tokenizer.ggml.merges is missing; a BPE "
+                                         "tokenizer needs its merges, convert the model again");
     }
     merges.reserve(list->arr.size());
     std::string joined;
@@ -573,7 +669,7 @@ void vocab::impl::load_merges(const gguf::file & f) {
     for (int i = 0; i < 256; i++) {
         std::string s;
         uc::append_utf8(s, uc::byte_to_cpt(uint8_t(i)));
-        byte_symbol[i] = symbol_id(s);
+        byte_symbol[i] = text_to_id.find(s);
     }
 }
 
@@ -581,7 +677,8 @@ std::string vocab::impl::decode_token_text(const std::string & s, int32_t t) con
     switch (t) {
     case TOKEN_CONTROL:
     case TOKEN_UNKNOWN:
-    case TOKEN_USER_DEFINED: return s; // stored as the text they stand for
+    case TOKEN_USER_DEFINED:
+        return s; // stored as the text they stand for
     case TOKEN_NORMAL: {
         std::string out;
         for (size_t i = 0; i < s.size();) {
@@ -597,11 +694,13 @@ std::string vocab::impl::decode_token_text(const std::string & s, int32_t t) con
         return out;
     }
     case TOKEN_BYTE: // "<0xAB>"
-        if (s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>') {
+        if (s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>' &&
+            std::isxdigit(uint8_t(s[3])) && std::isxdigit(uint8_t(s[4]))) {
             return std::string(1, char(std::stoi(s.substr(3, 2), nullptr, 16)));
         }
         return s;
-    default: return {}; // unused / undefined: nothing to print, as llama.cpp
+    default:
+        return {}; // unused / undefined: nothing to print, as llama.cpp
     }
 }
 
@@ -611,8 +710,7 @@ void vocab::impl::load_special(const gguf::file & f) {
         if (!v) return -1;
         if (*v < 0 || *v >= n_tokens) {
             throw error(SMOL_ERR_FORMAT, f.path() + ": " + key + " is " + std::to_string(*v) +
-                                             " but the vocabulary has " +
-                                             std::to_string(n_tokens) +
+                                             " but the vocabulary has " + std::to_string(n_tokens) +
                                              " tokens; fix the key or convert the model again");
         }
         return smol_token(*v);
@@ -640,20 +738,24 @@ void vocab::impl::load_special(const gguf::file & f) {
         if (type[t] != TOKEN_CONTROL) type[t] = TOKEN_CONTROL;
     };
     for (const char * s : k_eog_texts) {
-        if (auto it = text_to_id.find(s); it != text_to_id.end()) mark_eog(it->second);
+        mark_eog(token_id(s));
     }
-    // Only the first FIM token of each kind found counts in llama.cpp; the
-    // lists are by kind, so mark the first present of pad, repo and sep.
-    const auto first_of = [&](std::initializer_list<const char *> names) {
+    // Fill-in-the-middle pad, repo-name and file-separator tokens end
+    // generation too (a code model starting another file is done with this
+    // one): the ids the file gives, else the first token with a known name.
+    const auto fim = [&](const char * key, std::initializer_list<const char *> names) {
+        const smol_token id = read_id(key);
+        if (id >= 0) return id;
         for (const char * s : names) {
-            if (auto it = text_to_id.find(s); it != text_to_id.end()) return it->second;
+            if (const smol_token id = token_id(s); id >= 0) return id;
         }
-        return -1;
+        return smol_token(-1);
     };
-    mark_eog(first_of({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"}));
-    mark_eog(first_of({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}));
-    mark_eog(first_of({"<|file_sep|>"}));
-    (void)k_fim_eog_texts;
+    mark_eog(fim("tokenizer.ggml.fim_pad_token_id",
+                 {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}));
+    mark_eog(fim("tokenizer.ggml.fim_rep_token_id",
+                 {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}));
+    mark_eog(fim("tokenizer.ggml.fim_sep_token_id", {"<|file_sep|>"}));
     if (eos_id >= 0) eog[eos_id] = true;
     if (eot_id >= 0) eog[eot_id] = true;
     if (eom_id >= 0) eog[eom_id] = true;
@@ -672,11 +774,10 @@ void vocab::impl::load_special(const gguf::file & f) {
 
 void vocab::impl::load_template(const gguf::file & f) {
     const auto tmpl = f.get_str("tokenizer.chat_template");
-    has_template = tmpl.has_value();
     // llama.cpp falls back to ChatML for a file without a template.
     chat_template = tmpl.value_or("");
-    template_chatml = !has_template || (contains(chat_template, "<|im_start|>") &&
-                                        contains(chat_template, "<|im_end|>"));
+    template_chatml =
+        !tmpl || (contains(chat_template, "<|im_start|>") && contains(chat_template, "<|im_end|>"));
     if (!template_chatml) return;
     // SmolLM2 (and Qwen) insert a fixed system message when the conversation
     // does not start with one; its text is the template's literal
@@ -689,9 +790,17 @@ void vocab::impl::load_template(const gguf::file & f) {
         const size_t to = t.find("<|im_end|>", from);
         if (to == std::string_view::npos) continue;
         const std::string_view body = t.substr(from, to - from);
-        // A body made of template code (the caller's own system message) is
-        // not a default.
-        if (body.empty() || body.find_first_of("{}'\"+") != std::string_view::npos) continue;
+        // A body that leaves the string literal (template code building the
+        // caller's own system message) is not a default.
+        bool literal = !body.empty();
+        for (size_t i = 0; i < body.size() && literal; i++) {
+            if (body[i] == '\\') {
+                i++;
+            } else if (std::string_view("{}'\"+").find(body[i]) != std::string_view::npos) {
+                literal = false;
+            }
+        }
+        if (!literal) continue;
         if (!contains(t, "'system'") && !contains(t, "\"system\"")) continue;
         default_system = jinja_unescape(body);
         break;
@@ -775,9 +884,10 @@ void vocab::impl::bpe_word(scratch & s, std::string_view bytes, span word,
     }
     if (ignore_merges) {
         std::string mapped;
-        for (uint32_t i = b0; i < b1; i++) uc::append_utf8(mapped, uc::byte_to_cpt(uint8_t(bytes[i])));
-        if (auto it = text_to_id.find(mapped); it != text_to_id.end()) {
-            out.push_back(it->second);
+        for (uint32_t i = b0; i < b1; i++)
+            uc::append_utf8(mapped, uc::byte_to_cpt(uint8_t(bytes[i])));
+        if (const int32_t id = token_id(mapped); id >= 0) {
+            out.push_back(id);
             return;
         }
     }
@@ -818,7 +928,8 @@ void vocab::impl::bpe_word(scratch & s, std::string_view bytes, span word,
         consider(l.prev);
         consider(c.left);
     }
-    for (int32_t i = 0; i >= 0; i = sym[i].next) emit(sym[i].id, sym[i].byte_begin, sym[i].byte_end);
+    for (int32_t i = 0; i >= 0; i = sym[i].next)
+        emit(sym[i].id, sym[i].byte_begin, sym[i].byte_end);
 }
 
 void vocab::impl::tokenize_text(scratch & s, std::string_view bytes,
@@ -837,18 +948,31 @@ void vocab::load(const gguf::file & f) {
 }
 
 namespace {
-const char * k_not_loaded = "smol::vocab used before load(); load it from the model's GGUF file";
+
+// The loaded tokenizer, or an error for a vocab that was never loaded. (A
+// template, so that it can reach vocab's private impl type without naming it.)
+template <typename Impl> const Impl & loaded(const std::shared_ptr<Impl> & p) {
+    if (!p) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol::vocab used before load(); load it from the model's GGUF file first");
+    }
+    return *p;
 }
 
-#define SMOL_VOCAB_LOADED()                                                                        \
-    do {                                                                                           \
-        if (!impl_) throw error(SMOL_ERR_INVALID_ARGUMENT, k_not_loaded);                          \
-    } while (0)
+} // namespace
 
-int32_t vocab::n_tokens() const { return impl_ ? impl_->n_tokens : 0; }
-smol_token vocab::bos() const { return impl_ ? impl_->bos_id : -1; }
-smol_token vocab::eos() const { return impl_ ? impl_->eos_id : -1; }
-bool vocab::add_bos() const { return impl_ && impl_->add_bos; }
+int32_t vocab::n_tokens() const {
+    return impl_ ? impl_->n_tokens : 0;
+}
+smol_token vocab::bos() const {
+    return impl_ ? impl_->bos_id : -1;
+}
+smol_token vocab::eos() const {
+    return impl_ ? impl_->eos_id : -1;
+}
+bool vocab::add_bos() const {
+    return impl_ && impl_->add_bos;
+}
 
 bool vocab::is_eog(smol_token t) const {
     return impl_ && t >= 0 && t < impl_->n_tokens && impl_->eog[t];
@@ -860,8 +984,13 @@ bool vocab::is_control(smol_token t) const {
 
 std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
                                         bool parse_special) const {
-    SMOL_VOCAB_LOADED();
-    const impl & v = *impl_;
+    const impl & v = loaded(impl_);
+    if (text.size() >= UINT32_MAX) {
+        // Offsets inside a text are 32-bit; 4 GiB is far past any context.
+        throw error(SMOL_ERR_INVALID_ARGUMENT, "tokenize: the text is " +
+                                                   std::to_string(text.size()) +
+                                                   " bytes; split texts of 4 GiB or more");
+    }
     std::vector<smol_token> out;
     out.reserve(text.size() / 3 + 2);
     if (add_special && v.add_bos) out.push_back(v.bos_id);
@@ -882,7 +1011,8 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
         const std::string_view needle = v.text[sp];
         bool any = false;
         for (const fragment & fr : frags) {
-            if (fr.token < 0 && text.substr(fr.begin, fr.end - fr.begin).find(needle) != std::string_view::npos) {
+            if (fr.token < 0 &&
+                text.substr(fr.begin, fr.end - fr.begin).find(needle) != std::string_view::npos) {
                 any = true;
                 break;
             }
@@ -920,8 +1050,7 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
 }
 
 std::string vocab::token_to_piece(smol_token t, bool special) const {
-    SMOL_VOCAB_LOADED();
-    const impl & v = *impl_;
+    const impl & v = loaded(impl_);
     if (t < 0 || t >= v.n_tokens) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, "token id " + std::to_string(t) +
                                                    " is outside the vocabulary (0.." +
@@ -932,7 +1061,7 @@ std::string vocab::token_to_piece(smol_token t, bool special) const {
 }
 
 std::string vocab::detokenize(const std::vector<smol_token> & tokens, bool special) const {
-    SMOL_VOCAB_LOADED();
+    loaded(impl_);
     // No clean-up of spaces: the bytes come back as they went in.
     std::string out;
     for (const smol_token t : tokens) out += token_to_piece(t, special);
@@ -941,14 +1070,13 @@ std::string vocab::detokenize(const std::vector<smol_token> & tokens, bool speci
 
 std::string vocab::apply_chat_template(const std::vector<chat_message> & messages,
                                        bool add_assistant) const {
-    SMOL_VOCAB_LOADED();
-    const impl & v = *impl_;
+    const impl & v = loaded(impl_);
     if (!v.template_chatml) {
         std::string head = v.chat_template.substr(0, 120);
         throw error(SMOL_ERR_UNSUPPORTED,
                     "tokenizer.chat_template is not one smol knows: smol formats ChatML "
                     "templates, recognised by the markers <|im_start|> and <|im_end|>, and "
-                    "this template has not both (it begins \"" +
+                    "this template lacks them (it begins \"" +
                         head + (v.chat_template.size() > head.size() ? "...\")" : "\")") +
                         "; format the prompt yourself and tokenize it with parse_special");
     }

@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
+#include <iterator>
 #include <limits>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <type_traits>
 #include <unistd.h>
 #include <unordered_set>
 
@@ -796,7 +798,7 @@ void put_value(byte_sink & out, const value & v, const std::string & what, int d
         integer_range(v.t, lo, hi);
         const bool fits = is_unsigned_integer(v.t) ? v.u <= hi : (v.i >= lo && v.i <= int64_t(hi));
         if (!fits) {
-            throw error(cat("gguf writer: ", what, ": ", describe(v), " does not fit its type"));
+            throw error(cat(what, ": ", describe(v), " does not fit its type"));
         }
     }
     switch (v.t) {
@@ -838,26 +840,23 @@ void put_value(byte_sink & out, const value & v, const std::string & what, int d
         break;
     case type::ARRAY:
         if (static_cast<uint32_t>(v.elem) >= n_value_types) {
-            throw error(cat("gguf writer: ", what, ": unknown array element type ",
-                            static_cast<uint32_t>(v.elem)));
+            throw error(cat(what, ": unknown array element type ", static_cast<uint32_t>(v.elem)));
         }
         if (depth >= max_array_depth) {
-            throw error(
-                cat("gguf writer: ", what, ": arrays nested more than ", max_array_depth, " deep"));
+            throw error(cat(what, ": arrays nested more than ", max_array_depth, " deep"));
         }
         out.put(static_cast<uint32_t>(v.elem));
         out.put<uint64_t>(v.arr.size());
         for (const value & e : v.arr) {
             if (e.t != v.elem) {
-                throw error(cat("gguf writer: ", what, ": an array of ", type_name(v.elem),
-                                " holds a ", type_name(e.t)));
+                throw error(
+                    cat(what, ": an array of ", type_name(v.elem), " holds a ", type_name(e.t)));
             }
             put_value(out, e, what, depth + 1);
         }
         break;
     default:
-        throw error(
-            cat("gguf writer: ", what, ": unknown value type ", static_cast<uint32_t>(v.t)));
+        throw error(cat(what, ": unknown value type ", static_cast<uint32_t>(v.t)));
     }
 }
 
@@ -926,14 +925,13 @@ void writer::write(const std::string & path) const {
     uint64_t alignment = default_alignment;
     for (const kv & e : kvs_) {
         if (e.key != "general.alignment") continue;
+        // llama.cpp and the python gguf reader accept only a uint32 here.
         const value & a = e.val;
-        const bool ok = (is_unsigned_integer(a.t) && is_pow2(a.u)) ||
-                        (is_signed_integer(a.t) && a.i > 0 && is_pow2(uint64_t(a.i)));
-        if (!ok) {
+        if (a.t != type::UINT32 || !is_pow2(a.u) || a.u > UINT32_MAX) {
             throw error(cat(path, ": general.alignment is ", describe(a),
-                            "; it must be a nonzero power of two"));
+                            "; it must be a uint32 that is a nonzero power of two"));
         }
-        alignment = is_unsigned_integer(a.t) ? a.u : uint64_t(a.i);
+        alignment = a.u;
     }
     auto padding = [alignment](uint64_t at) { return (alignment - at % alignment) % alignment; };
 

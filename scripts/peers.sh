@@ -115,7 +115,8 @@ if [ "$venv" = 1 ]; then
         log "installing llama-cpp-python $version from the sdist (several minutes on 2 cores)"
         "$dir/venv/bin/python" -m pip install --quiet --upgrade pip
         "$dir/venv/bin/python" -m pip install --quiet numpy
-        venv_args="-DGGML_NATIVE=ON"
+        # LLAVA_BUILD=OFF: the multimodal library is not needed and only costs build time.
+        venv_args="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF"
         [ "$cuda" = 1 ] && venv_args="$venv_args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch"
         CMAKE_ARGS="${CMAKE_ARGS:-$venv_args}" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
             nice "$dir/venv/bin/python" -m pip install --no-cache-dir --verbose "$sdist" \

@@ -38,7 +38,7 @@ smol_sampler_params plain(float temp) {
 
 std::vector<float> random_logits(std::mt19937 & rng, int n) {
     std::normal_distribution<float> d(0.0f, 2.0f);
-    std::vector<float> v(size_t(n));
+    std::vector<float> v(static_cast<size_t>(n));
     for (auto & x : v) x = d(rng);
     return v;
 }

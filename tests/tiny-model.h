@@ -194,12 +194,12 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
                 b = a0 * std::sin(th) + b0 * std::cos(th);
             }
     };
-    std::vector<vec> x(size_t(T));
+    std::vector<vec> x(static_cast<size_t>(T));
     for (int t = 0; t < T; ++t)
         x[size_t(t)] = vec(m.tok_embd.begin() + long(ids[size_t(t)]) * E,
                            m.tok_embd.begin() + long(ids[size_t(t)] + 1) * E);
     for (const auto & L : m.layers) {
-        std::vector<vec> q(size_t(T)), k(size_t(T)), v(size_t(T));
+        std::vector<vec> q(static_cast<size_t>(T)), k(q), v(q);
         for (int t = 0; t < T; ++t) {
             const vec h = rmsnorm(x[size_t(t)], L.attn_norm);
             q[size_t(t)] = matvec(L.wq, h, E);
@@ -238,7 +238,7 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
             for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
         }
     }
-    std::vector<vec> logits(size_t(T));
+    std::vector<vec> logits(static_cast<size_t>(T));
     for (int t = 0; t < T; ++t) logits[size_t(t)] = matvec(m.tok_embd, rmsnorm(x[size_t(t)], m.out_norm), s.n_vocab);
     return logits;
 }

@@ -161,7 +161,9 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
 
-    bench_state b{ctx.get(), smol_batch_init(n_batch), n_batch, info.n_vocab};
+    // smol caps n_batch at n_ctx: chunk by what the context takes.
+    const int32_t capacity = int32_t(smol_context_n_batch(ctx.get()));
+    bench_state b{ctx.get(), smol_batch_init(capacity), capacity, info.n_vocab};
     struct batch_guard {
         smol_batch * b;
         ~batch_guard() { smol_batch_free(b); }
@@ -225,8 +227,8 @@ struct markdown_table {
         char tps[64];
         std::snprintf(tps, sizeof tps, "%.2f ± %.2f", mean(ts), stddev(ts));
         std::printf("| %-30s | %10s | %10s | %-6s | %7d |", r.model_label.c_str(),
-                    format_size(r.size).c_str(), format_params(r.n_params).c_str(),
-                    r.type.c_str(), r.n_threads);
+                    format_size(r.size).c_str(), format_params(r.n_params).c_str(), r.type.c_str(),
+                    r.n_threads);
         if (show_batch) std::printf(" %7d |", r.n_batch);
         // "±" is two bytes but one column: pad by hand to keep the table aligned.
         std::printf(" %8s | %21s |\n", r.test_name().c_str(), tps);
@@ -297,14 +299,16 @@ int run(options & o) {
     if (o.n_threads.empty()) o.n_threads = {int(std::max(1u, std::thread::hardware_concurrency()))};
     const bool md = o.output == "md";
     const markdown_table table{o.n_batch.size() > 1 || o.n_batch[0] != 512};
-    std::vector<result> results;
-    if (md) table.header();
     for (const std::string & file : o.models) {
         std::error_code ec;
         if (!std::filesystem::is_regular_file(file, ec))
             throw bench_error("model file '" + file +
                               "' does not exist; run scripts/fetch-model.sh for the default "
                               "model, or check the path");
+    }
+    std::vector<result> results;
+    if (md) table.header();
+    for (const std::string & file : o.models) {
         smol_model_params mparams = smol_model_default_params();
         smol_model * raw = nullptr;
         check(smol_model_load(file.c_str(), &mparams, &raw), "cannot load " + file);

@@ -166,8 +166,8 @@ std::string piece(const smol_model * model, smol_token token, bool special) {
     std::string out(64, '\0');
     size_t n = 0;
     smol_status st = smol_token_to_piece(model, token, special, out.data(), out.size(), &n);
-    if (st == SMOL_ERR_BUFFER_TOO_SMALL && n > out.size()) {
-        out.resize(n);
+    if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
+        out.resize(n + 1); // room for the NUL smol writes after the bytes
         st = smol_token_to_piece(model, token, special, out.data(), out.size(), &n);
     }
     check(st, "detokenize token " + std::to_string(token));
@@ -200,8 +200,16 @@ std::string apply_template(const smol_model * model, const std::vector<std::stri
 void print_tokens(const smol_model * model, const std::vector<smol_token> & tokens) {
     std::fprintf(stderr, "prompt: %zu tokens\n", tokens.size());
     for (smol_token t : tokens) {
-        std::string p = piece(model, t, true);
-        std::fprintf(stderr, "%6d -> '%s'\n", t, p.c_str());
+        std::string shown;
+        for (char c : piece(model, t, true)) {
+            if (c == '\n')
+                shown += "\\n";
+            else if (c == '\t')
+                shown += "\\t";
+            else
+                shown += c;
+        }
+        std::fprintf(stderr, "%6d -> '%s'\n", t, shown.c_str());
     }
 }
 
@@ -245,18 +253,18 @@ void decode(session & s, const std::vector<smol_token> & tokens) {
         const size_t n = std::min(tokens.size() - i, size_t(s.batch->capacity));
         s.batch->batch.n_tokens = 0;
         for (size_t j = 0; j < n; j++)
-            smol_batch_add(&s.batch->batch, s.batch->capacity, tokens[i + j],
-                           s.n_past + int32_t(j), 0, i + j + 1 == tokens.size());
+            smol_batch_add(&s.batch->batch, s.batch->capacity, tokens[i + j], s.n_past + int32_t(j),
+                           0, i + j + 1 == tokens.size());
         check(smol_decode(s.ctx, &s.batch->batch), "decode");
         s.n_past += int32_t(n);
     }
 }
 
 struct generation {
-    std::string text;     // what was shown (control tokens left out)
-    std::string cached;   // the text of the tokens decoded into the cache
-    bool eog = false;     // stopped at an end-of-generation token
-    bool full = false;    // stopped because the context was full
+    std::string text;   // what was shown (control tokens left out)
+    std::string cached; // the text of the tokens decoded into the cache
+    bool eog = false;   // stopped at an end-of-generation token
+    bool full = false;  // stopped because the context was full
 };
 
 // Samples and streams up to n_predict tokens (< 0: until the context is
@@ -306,10 +314,11 @@ int run_completion(session & s, const options & o, const std::string & prompt) {
     const std::vector<smol_token> tokens = tokenize(s.model, prompt, true, false);
     if (tokens.empty()) throw cli_error("the prompt is empty; give some text with -p or -f");
     if (int32_t(tokens.size()) > s.n_ctx)
-        throw cli_error("the prompt is " + std::to_string(tokens.size()) +
-                        " tokens, longer than the context of " + std::to_string(s.n_ctx) +
-                        "; use -c " + std::to_string(tokens.size() + size_t(std::max(o.n_predict, 0))) +
-                        " or a shorter prompt");
+        throw cli_error(
+            "the prompt is " + std::to_string(tokens.size()) +
+            " tokens, longer than the context of " + std::to_string(s.n_ctx) + "; use -c " +
+            std::to_string(tokens.size() + size_t(o.n_predict < 0 ? 512 : o.n_predict)) +
+            " or a shorter prompt");
     if (s.verbose_prompt) print_tokens(s.model, tokens);
     for (smol_token t : tokens) smol_sampler_accept(s.sampler, t);
     if (!o.no_display_prompt) {
@@ -319,6 +328,7 @@ int run_completion(session & s, const options & o, const std::string & prompt) {
     decode(s, tokens);
     const generation g = generate(s, o.n_predict, false);
     std::fputc('\n', stdout);
+    std::fflush(stdout);
     report_stop(g, s);
     return 0;
 }
@@ -376,6 +386,7 @@ void chat_turn(session & s, const options & o, chat_history & h) {
     }
     const generation g = generate(s, o.n_predict, true);
     std::fputc('\n', stdout);
+    std::fflush(stdout);
     report_stop(g, s);
     h.cached += g.cached;
     h.add("assistant", g.text);
@@ -431,9 +442,10 @@ void print_timings(const smol_context * ctx, double load_ms) {
     if (p.t_load_ms > 0) load_ms = p.t_load_ms;
     auto rate = [](int64_t n, double ms) { return ms > 0 ? 1e3 * double(n) / ms : 0.0; };
     std::fprintf(stderr, "\nsmol-cli: load %.1f ms\n", load_ms);
-    std::fprintf(stderr, "smol-cli: prompt %6lld tokens in %9.1f ms (%8.2f tokens/s)\n",
-                 (long long)p.n_prompt_tokens, p.t_prompt_ms, rate(p.n_prompt_tokens, p.t_prompt_ms));
-    std::fprintf(stderr, "smol-cli: generation %2lld tokens in %9.1f ms (%8.2f tokens/s)\n",
+    std::fprintf(stderr, "smol-cli: prompt     %6lld tokens in %9.1f ms (%8.2f tokens/s)\n",
+                 (long long)p.n_prompt_tokens, p.t_prompt_ms,
+                 rate(p.n_prompt_tokens, p.t_prompt_ms));
+    std::fprintf(stderr, "smol-cli: generation %6lld tokens in %9.1f ms (%8.2f tokens/s)\n",
                  (long long)p.n_eval_tokens, p.t_eval_ms, rate(p.n_eval_tokens, p.t_eval_ms));
 }
 
@@ -515,14 +527,16 @@ int main(int argc, char ** argv) {
         ->check(CLI::Range(-1, 1 << 30));
     app.add_option("-c,--ctx-size", o.n_ctx, "context size in tokens (0: the library's default)")
         ->capture_default_str();
-    app.add_option("-b,--batch-size", o.n_batch, "most tokens per decode (0: the library's default)")
+    app.add_option("-b,--batch-size", o.n_batch,
+                   "most tokens per decode (0: the library's default)")
         ->capture_default_str();
     app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     app.add_option("--temp", o.sampling.temperature, "temperature (<= 0: greedy)")
         ->capture_default_str();
-    app.add_option("--top-k", o.sampling.top_k, "top-k sampling (<= 0: off)")->capture_default_str();
+    app.add_option("--top-k", o.sampling.top_k, "top-k sampling (<= 0: off)")
+        ->capture_default_str();
     app.add_option("--top-p", o.sampling.top_p, "top-p sampling (1: off)")
         ->capture_default_str()
         ->check(CLI::Range(0.0f, 1.0f));

@@ -38,7 +38,7 @@ struct target {
     uint32_t ftype;
 };
 constexpr target targets[] = {
-    {"q8_0", SMOL_TYPE_Q8_0, 7}, {"q4_0", SMOL_TYPE_Q4_0, 2}, {"q4_1", SMOL_TYPE_Q4_1, 3},
+    {"q8_0", SMOL_TYPE_Q8_0, 7}, {"q4_0", SMOL_TYPE_Q4_0, 2},  {"q4_1", SMOL_TYPE_Q4_1, 3},
     {"f16", SMOL_TYPE_F16, 1},   {"bf16", SMOL_TYPE_BF16, 32}, {"f32", SMOL_TYPE_F32, 0},
 };
 
@@ -78,7 +78,8 @@ std::string ggml_type_name(uint32_t ggml_type) {
 
 bool is_matmul_weight(const gguf::tensor_info & t) {
     const std::string_view name = t.name;
-    return t.n_dims == 2 && name.ends_with(".weight") && name.find("norm") == std::string_view::npos;
+    return t.n_dims == 2 && name.ends_with(".weight") &&
+           name.find("norm") == std::string_view::npos;
 }
 
 // The type a tensor gets in the output. Quantized types pack rows in blocks
@@ -96,9 +97,8 @@ uint32_t output_type(const gguf::tensor_info & t, const target & to, bool & fell
 }
 
 // Converts rows [r0, r1) of a tensor through f32.
-void convert_rows(const smol::cpu::kernels & k, smol_type from, const uint8_t * src,
-                  size_t src_row, smol_type to, uint8_t * dst, size_t dst_row, int64_t n,
-                  int64_t r0, int64_t r1) {
+void convert_rows(const smol::cpu::kernels & k, smol_type from, const uint8_t * src, size_t src_row,
+                  smol_type to, uint8_t * dst, size_t dst_row, int64_t n, int64_t r0, int64_t r1) {
     std::vector<float> buf(static_cast<size_t>(n));
     for (int64_t r = r0; r < r1; r++) {
         k.row_to_f32(from, src + size_t(r) * src_row, buf.data(), n);
@@ -125,7 +125,9 @@ std::vector<uint8_t> convert(const gguf::tensor_info & t, uint32_t to, int n_thr
     return out;
 }
 
-double mib(uint64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+double mib(uint64_t bytes) {
+    return double(bytes) / (1024.0 * 1024.0);
+}
 
 std::string shape(const gguf::tensor_info & t) {
     std::string out;
@@ -141,6 +143,9 @@ int run(const std::string & in_path, const std::string & out_path, const std::st
         throw quantize_error("input '" + in_path +
                              "' does not exist (scripts/fetch-model.sh downloads the default "
                              "model)");
+    const fs::path out_dir = fs::absolute(out_path, ec).parent_path();
+    if (!fs::is_directory(out_dir, ec))
+        throw quantize_error("the output's folder '" + out_dir.string() + "' does not exist");
     if (fs::exists(out_path, ec) && fs::equivalent(in_path, out_path, ec))
         throw quantize_error("the output would overwrite the input '" + in_path +
                              "'; name another file");

@@ -1,0 +1,891 @@
+// test-cpu-kernels.c++ - the CPU kernels (smol-cpu-kernels.h) against
+// float64 references: every variant this CPU can run, every weight type,
+// the f16/bf16 conversions on every input, ggml's quantization rule on
+// hand-made blocks, and the vector primitives.
+//
+// Matmul errors are normalised squared errors in the spirit of llama.cpp's
+// test-backend-ops (NMSE), with ref computed in double from the dequantized
+// weights and the original f32 activations:
+//   err = sum_outputs (y - ref)^2 / sum_outputs sum_k (w_k * x_k)^2.
+// The denominator is the products' energy rather than sum ref^2: for many
+// independent outputs the two agree in expectation, but a single output that
+// is near zero by cancellation cannot blow this one up. Outputs are filled
+// with NaN before every call so an output a kernel forgot to write fails,
+// and an output it must not write stays NaN.
+
+#include "smol-cpu-kernels.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace smol::cpu;
+
+namespace {
+
+const smol_type all_types[] = {SMOL_TYPE_F32,  SMOL_TYPE_F16,  SMOL_TYPE_BF16,
+                               SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1};
+
+std::string type_name(smol_type t) {
+    switch (t) {
+    case SMOL_TYPE_F32: return "f32";
+    case SMOL_TYPE_F16: return "f16";
+    case SMOL_TYPE_BF16: return "bf16";
+    case SMOL_TYPE_Q8_0: return "q8_0";
+    case SMOL_TYPE_Q4_0: return "q4_0";
+    case SMOL_TYPE_Q4_1: return "q4_1";
+    }
+    return "?";
+}
+
+bool is_quantized(smol_type t) { return block_elems(t) == QK; }
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+uint32_t bits_of(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+float float_of(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+std::vector<float> gaussian(std::mt19937 & rng, size_t n, float mean = 0.0f, float sd = 1.0f) {
+    std::normal_distribution<float> dist(mean, sd);
+    std::vector<float> v(n);
+    for (float & x : v) x = dist(rng);
+    return v;
+}
+
+const kernels & generic_kernels() { return *kernels_available().front(); }
+
+// --- independent references --------------------------------------------------------
+
+// f16 -> double by the definition of the format.
+double ref_half(uint16_t h) {
+    const int sign = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v;
+    if (e == 0x1f)
+        v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+    else if (e == 0)
+        v = std::ldexp((double)m, -24);
+    else
+        v = std::ldexp(1024.0 + m, e - 25);
+    return sign ? -v : v;
+}
+
+// Value used for rounding decisions: the infinity code stands for the next
+// power of two, which is where IEEE rounding puts its boundary.
+double ref_half_for_rounding(uint16_t h) { return (h & 0x7fff) == 0x7c00 ? 65536.0 : ref_half(h); }
+
+// The nearest f16 by search over the codes, ties to the even code.
+uint16_t ref_to_half(float f) {
+    if (std::isnan(f)) return 0x7e00;
+    const double x = std::fabs((double)f);
+    uint16_t lo = 0, hi = 0x7c00; // codes of non-negative values are ordered
+    while (hi - lo > 1) {
+        const uint16_t mid = (uint16_t)((lo + hi) / 2);
+        if (ref_half_for_rounding(mid) <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    uint16_t r;
+    if (x >= 65536.0) {
+        r = 0x7c00;
+    } else {
+        const double dlo = x - ref_half_for_rounding(lo), dhi = ref_half_for_rounding(hi) - x;
+        r = dlo < dhi ? lo : dhi < dlo ? hi : ((lo & 1) ? hi : lo);
+    }
+    return (uint16_t)(r | (std::signbit(f) ? 0x8000 : 0));
+}
+
+// The nearest bf16, ties to even, from the two truncation candidates.
+uint16_t ref_to_bf16(float f) {
+    if (std::isnan(f)) return 0x7fc0;
+    const uint32_t u = bits_of(f);
+    const uint16_t t = (uint16_t)(u >> 16);
+    if ((u & 0xffff) == 0) return t;
+    auto value = [](uint16_t h) {
+        if ((h & 0x7fff) == 0x7f80) return std::ldexp(std::signbit(float_of((uint32_t)h << 16)) ? -1.0 : 1.0, 128);
+        return (double)float_of((uint32_t)h << 16);
+    };
+    const double x = (double)f;
+    const double d0 = std::fabs(x - value(t)), d1 = std::fabs(value((uint16_t)(t + 1)) - x);
+    if (d0 < d1) return t;
+    if (d1 < d0) return (uint16_t)(t + 1);
+    return (t & 1) ? (uint16_t)(t + 1) : t;
+}
+
+// Dequantization written from the block layouts, not from the kernels.
+std::vector<double> ref_dequant(smol_type t, const uint8_t * row, int64_t K) {
+    std::vector<double> v((size_t)K);
+    switch (t) {
+    case SMOL_TYPE_F32:
+        for (int64_t k = 0; k < K; k++) v[k] = ((const float *)row)[k];
+        break;
+    case SMOL_TYPE_F16:
+        for (int64_t k = 0; k < K; k++) v[k] = ref_half(((const uint16_t *)row)[k]);
+        break;
+    case SMOL_TYPE_BF16:
+        for (int64_t k = 0; k < K; k++) v[k] = float_of((uint32_t)((const uint16_t *)row)[k] << 16);
+        break;
+    case SMOL_TYPE_Q8_0:
+        for (int64_t b = 0; b < K / QK; b++) {
+            const block_q8_0 & blk = ((const block_q8_0 *)row)[b];
+            for (int j = 0; j < QK; j++) v[b * QK + j] = ref_half(blk.d) * blk.qs[j];
+        }
+        break;
+    case SMOL_TYPE_Q4_0:
+        for (int64_t b = 0; b < K / QK; b++) {
+            const block_q4_0 & blk = ((const block_q4_0 *)row)[b];
+            for (int j = 0; j < 16; j++) {
+                v[b * QK + j] = ref_half(blk.d) * ((blk.qs[j] & 15) - 8);
+                v[b * QK + j + 16] = ref_half(blk.d) * ((blk.qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    case SMOL_TYPE_Q4_1:
+        for (int64_t b = 0; b < K / QK; b++) {
+            const block_q4_1 & blk = ((const block_q4_1 *)row)[b];
+            for (int j = 0; j < 16; j++) {
+                v[b * QK + j] = ref_half(blk.d) * (blk.qs[j] & 15) + ref_half(blk.m);
+                v[b * QK + j + 16] = ref_half(blk.d) * (blk.qs[j] >> 4) + ref_half(blk.m);
+            }
+        }
+        break;
+    }
+    return v;
+}
+
+double squared_error(const std::vector<double> & ref, const std::vector<double> & got) {
+    double e = 0.0;
+    for (size_t i = 0; i < ref.size(); i++) e += (got[i] - ref[i]) * (got[i] - ref[i]);
+    return e;
+}
+
+double nmse(const std::vector<double> & ref, const std::vector<double> & got) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+// --- a matmul problem ------------------------------------------------------------------
+
+// Matmul error bounds against the float64 reference, per weight type. The
+// weights are exact (the reference dequantizes them); what is left is how
+// the activations are rounded before the dot product, plus f32 summation:
+// - f32, bf16: activations stay f32; only f32 accumulation over K <= ~4k
+//   (relative ~1e-6, NMSE ~1e-12).
+// - f16: activations are rounded to f16, a relative error up to 2^-11 per
+//   element, NMSE about (2^-11)^2 / 3 ~ 8e-8.
+// - q8_0, q4_0, q4_1: activations are quantized to 8 bits per block of 32
+//   (step max|x| / 127, error uniform in half a step), NMSE ~3e-5 for
+//   Gaussian activations. 5e-4 is test-backend-ops' bound for mul_mat.
+double matmul_bound(smol_type t) {
+    switch (t) {
+    case SMOL_TYPE_F32:
+    case SMOL_TYPE_BF16: return 1e-9;
+    case SMOL_TYPE_F16: return 1e-6;
+    default: return 5e-4;
+    }
+}
+
+struct problem {
+    smol_type type;
+    int64_t K, rows, r0, r1, n_tok;
+    size_t w_row_bytes, act_row_bytes;
+    int64_t ldy;
+    std::vector<uint8_t> w;   // rows x w_row_bytes
+    std::vector<float> x;     // n_tok x K, the original activations
+    std::vector<uint8_t> act; // n_tok x act_row_bytes
+
+    problem(smol_type t, int64_t K_, int64_t r0_, int64_t r1_, int64_t n_tok_, std::mt19937 & rng)
+        : type(t), K(K_), rows(r1_ + 3), r0(r0_), r1(r1_), n_tok(n_tok_) {
+        // Row and activation strides with padding, to catch kernels that
+        // assume packed rows.
+        w_row_bytes = row_bytes(t, K) + 64;
+        act_row_bytes = act_bytes(t, K) + 40;
+        ldy = rows + 5;
+        w.assign((size_t)rows * w_row_bytes, 0xa5);
+        for (int64_t r = 0; r < rows; r++) {
+            // Some rows with an offset, so q4_1's minimum matters.
+            const std::vector<float> v = gaussian(rng, (size_t)K, r % 3 == 0 ? 0.5f : 0.0f);
+            generic_kernels().row_from_f32(t, v.data(), w.data() + r * w_row_bytes, K);
+        }
+        x = gaussian(rng, (size_t)(n_tok * K));
+        act.assign((size_t)n_tok * act_row_bytes, 0x5a);
+    }
+
+    // Activations converted by k (every variant must convert identically).
+    void convert(const kernels & k) {
+        for (int64_t i = 0; i < n_tok; i++)
+            k.act_from_f32(type, x.data() + i * K, act.data() + i * act_row_bytes, K);
+    }
+
+    std::vector<float> run(const kernels & k) {
+        convert(k);
+        std::vector<float> y((size_t)(n_tok * ldy), std::numeric_limits<float>::quiet_NaN());
+        k.matmul(type, w.data(), w_row_bytes, K, r0, r1, act.data(), act_row_bytes, n_tok, y.data(), ldy);
+        return y;
+    }
+
+    // The float64 outputs in [r0, r1), token-major, and the energy of the
+    // products that make them up (the error's denominator).
+    std::vector<double> reference(double & energy) const {
+        std::vector<double> ref((size_t)((r1 - r0) * n_tok));
+        energy = 0.0;
+        for (int64_t r = r0; r < r1; r++) {
+            const std::vector<double> wr = ref_dequant(type, w.data() + r * w_row_bytes, K);
+            for (int64_t i = 0; i < n_tok; i++) {
+                double s = 0.0;
+                for (int64_t k = 0; k < K; k++) {
+                    const double p = wr[k] * (double)x[i * K + k];
+                    s += p;
+                    energy += p * p;
+                }
+                ref[(size_t)(i * (r1 - r0) + (r - r0))] = s;
+            }
+        }
+        return ref;
+    }
+
+    // The outputs in [r0, r1), in reference order; counts the outputs that
+    // are not finite inside the range and those written outside it.
+    std::vector<double> outputs(const std::vector<float> & y, int & not_finite, int & stray) const {
+        std::vector<double> got;
+        not_finite = stray = 0;
+        for (int64_t i = 0; i < n_tok; i++) {
+            for (int64_t r = 0; r < ldy; r++) {
+                const float v = y[(size_t)(i * ldy + r)];
+                if (r >= r0 && r < r1) {
+                    if (!std::isfinite(v)) not_finite++;
+                    got.push_back(v);
+                } else if (!std::isnan(v)) {
+                    stray++;
+                }
+            }
+        }
+        return got;
+    }
+};
+
+struct shape {
+    int64_t K, r0, r1, n_tok;
+};
+
+// Shapes of SmolLM2 (K = 576, 1536), K chunking (4160 = 130 blocks), odd
+// row counts, r0 != 0, token counts around every tile size, and a token
+// count past one L2 chunk (130 at K = 1536).
+const shape matmul_shapes[] = {
+    {64, 0, 1, 1},     {64, 3, 20, 3},     {64, 1, 12, 4},    {576, 5, 42, 5},  {576, 0, 64, 17},
+    {576, 7, 38, 64},  {576, 2, 19, 1},    {1536, 1, 14, 1},  {1536, 4, 33, 3}, {1536, 0, 9, 17},
+    {1536, 3, 12, 64}, {1536, 0, 5, 130},  {4160, 2, 11, 1},  {4160, 1, 8, 6},
+};
+
+} // namespace
+
+TEST_CASE("every variant's name is one of generic, avx2, avx512 and generic comes first") {
+    const std::vector<const kernels *> ks = kernels_available();
+    REQUIRE(!ks.empty());
+    CHECK(std::string(ks.front()->name) == "generic");
+    for (const kernels * k : ks) {
+        const std::string n = k->name;
+        CHECK((n == "generic" || n == "avx2" || n == "avx512"));
+    }
+    const std::string best = kernels_best().name;
+    bool found = false;
+    for (const kernels * k : ks) found = found || best == k->name;
+    CHECK(found);
+}
+
+TEST_CASE("row and activation sizes follow the GGUF block layouts") {
+    CHECK(row_bytes(SMOL_TYPE_F32, 576) == 576 * 4);
+    CHECK(row_bytes(SMOL_TYPE_F16, 576) == 576 * 2);
+    CHECK(row_bytes(SMOL_TYPE_BF16, 576) == 576 * 2);
+    CHECK(row_bytes(SMOL_TYPE_Q8_0, 576) == 18 * 34);
+    CHECK(row_bytes(SMOL_TYPE_Q4_0, 576) == 18 * 18);
+    CHECK(row_bytes(SMOL_TYPE_Q4_1, 576) == 18 * 20);
+    CHECK(block_elems(SMOL_TYPE_F16) == 1);
+    CHECK(block_elems(SMOL_TYPE_Q4_1) == 32);
+    CHECK(act_bytes(SMOL_TYPE_F32, 64) == 256);
+    CHECK(act_bytes(SMOL_TYPE_BF16, 64) == 256);
+    CHECK(act_bytes(SMOL_TYPE_F16, 64) == 128);
+    CHECK(act_bytes(SMOL_TYPE_Q8_0, 64) == 80);
+    CHECK(act_bytes(SMOL_TYPE_Q4_0, 64) == 80);
+}
+
+TEST_CASE("fp16_to_fp32 is exact on all 65536 inputs") {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float f = fp16_to_fp32((uint16_t)h);
+        const double r = ref_half((uint16_t)h);
+        if (std::isnan(r)) {
+            // NaN keeps its sign and payload.
+            const uint32_t want = ((h & 0x8000) << 16) | 0x7f800000 | ((h & 0x3ff) << 13);
+            if (bits_of(f) != want) bad++;
+        } else if ((double)f != r || std::signbit(f) != (bool)(h & 0x8000)) {
+            bad++;
+        }
+    }
+    CHECK(bad == 0);
+}
+
+TEST_CASE("bf16_to_fp32 is exact on all 65536 inputs") {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++)
+        if (bits_of(bf16_to_fp32((uint16_t)h)) != h << 16) bad++;
+    CHECK(bad == 0);
+}
+
+TEST_CASE("fp32_to_fp16 rounds to nearest even and keeps inf and nan") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    std::vector<float> in;
+    // Every f16 value, the midpoints between neighbours (ties) and the
+    // floats either side of each midpoint.
+    for (uint32_t h = 0; h < 0x7c00; h++) {
+        const float v = fp16_to_fp32((uint16_t)h);
+        const float mid = (float)((ref_half((uint16_t)h) + ref_half_for_rounding((uint16_t)(h + 1))) / 2);
+        for (float s : {1.0f, -1.0f}) {
+            in.push_back(s * v);
+            in.push_back(s * mid);
+            in.push_back(s * std::nextafter(mid, 0.0f));
+            in.push_back(s * std::nextafter(mid, 1e30f));
+        }
+    }
+    for (float v : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e10f, -1e10f, 1e-10f, 5.96e-8f, 2.98e-8f,
+                    2.99e-8f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::denorm_min()})
+        in.push_back(v);
+    std::uniform_int_distribution<uint32_t> any;
+    for (int i = 0; i < 1000000; i++) {
+        const float f = float_of(any(rng));
+        if (!std::isnan(f)) in.push_back(f);
+    }
+    int bad = 0;
+    for (float f : in)
+        if (fp32_to_fp16(f) != ref_to_half(f)) bad++;
+    CHECK(bad == 0);
+    // NaN stays NaN (quiet), with its sign.
+    for (uint32_t u : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu}) {
+        const uint16_t h = fp32_to_fp16(float_of(u));
+        CHECK((h & 0x7c00) == 0x7c00);
+        CHECK((h & 0x3ff) != 0);
+        CHECK((h >> 15) == (u >> 31));
+    }
+    // Every variant's vector conversion writes the same bits.
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        std::vector<uint16_t> out(in.size());
+        k->f32_to_f16(in.data(), out.data(), (int64_t)in.size());
+        int differ = 0;
+        for (size_t i = 0; i < in.size(); i++)
+            if (out[i] != fp32_to_fp16(in[i])) differ++;
+        CHECK(differ == 0);
+    }
+}
+
+TEST_CASE("fp32_to_bf16 rounds to nearest even and keeps inf and nan") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    std::vector<float> in;
+    for (uint32_t h = 0; h < 0x7f80; h++) {
+        const uint32_t u = h << 16;
+        for (uint32_t low : {0u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+            for (uint32_t s : {0u, 0x80000000u}) in.push_back(float_of(s | u | low));
+    }
+    std::uniform_int_distribution<uint32_t> any;
+    for (int i = 0; i < 1000000; i++) {
+        const float f = float_of(any(rng));
+        if (!std::isnan(f)) in.push_back(f);
+    }
+    int bad = 0;
+    for (float f : in)
+        if (fp32_to_bf16(f) != ref_to_bf16(f)) bad++;
+    CHECK(bad == 0);
+    CHECK(fp32_to_bf16(std::numeric_limits<float>::infinity()) == 0x7f80);
+    CHECK(fp32_to_bf16(-std::numeric_limits<float>::infinity()) == 0xff80);
+    for (uint32_t u : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu}) {
+        const uint16_t h = fp32_to_bf16(float_of(u));
+        CHECK((h & 0x7f80) == 0x7f80);
+        CHECK((h & 0x7f) != 0);
+    }
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        std::vector<uint16_t> out(in.size());
+        k->row_from_f32(SMOL_TYPE_BF16, in.data(), out.data(), (int64_t)in.size());
+        int differ = 0;
+        for (size_t i = 0; i < in.size(); i++)
+            if (out[i] != fp32_to_bf16(in[i])) differ++;
+        CHECK(differ == 0);
+    }
+}
+
+TEST_CASE("quantization follows ggml's reference rule on hand-made blocks") {
+    const kernels & k = generic_kernels();
+    SUBCASE("q8_0: d = amax / 127, q = round half away from zero of x / d") {
+        float x[32];
+        for (int j = 0; j < 32; j++) x[j] = (float)(j - 16);
+        x[0] = 127.0f; // amax 127: d = 1 exactly
+        x[1] = -2.5f;  // ties round away from zero
+        x[2] = 2.5f;
+        x[3] = 0.49f;
+        x[4] = -126.6f;
+        block_q8_0 b;
+        k.row_from_f32(SMOL_TYPE_Q8_0, x, &b, 32);
+        CHECK(b.d == 0x3c00);
+        CHECK(b.qs[0] == 127);
+        CHECK(b.qs[1] == -3);
+        CHECK(b.qs[2] == 3);
+        CHECK(b.qs[3] == 0);
+        CHECK(b.qs[4] == -127);
+        for (int j = 5; j < 32; j++) CHECK(b.qs[j] == j - 16);
+    }
+    SUBCASE("q4_0: d = -max / 8 where max has the largest magnitude, q = min(15, (int)(x / d + 8.5))") {
+        float x[32] = {};
+        x[0] = -8.0f; // largest magnitude, negative: d = 1
+        x[1] = 7.0f;  // 15
+        x[2] = 7.9f;  // 16.4 -> clamped to 15
+        x[3] = 0.49f; // 8.99 -> 8
+        x[4] = 0.5f;  // 9
+        x[5] = -0.5f; // 8
+        x[6] = -0.51f;
+        x[16] = -3.0f; // 5
+        x[17] = 2.0f;  // 10
+        block_q4_0 b;
+        k.row_from_f32(SMOL_TYPE_Q4_0, x, &b, 32);
+        CHECK(b.d == 0x3c00);
+        const int lo[16] = {0, 15, 15, 8, 9, 8, 7, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+        const int hi[16] = {5, 10, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+        for (int j = 0; j < 16; j++) {
+            CAPTURE(j);
+            CHECK((b.qs[j] & 15) == lo[j]);
+            CHECK((b.qs[j] >> 4) == hi[j]);
+        }
+        // A positive extreme gives a negative scale.
+        float y[32] = {};
+        y[0] = 8.0f;   // d = -1: 0
+        y[1] = -7.0f;  // 15 (15.5 truncates)
+        y[2] = 3.0f;   // 5
+        y[20] = -8.0f; // largest magnitude ties keep the first: 16.5 -> 15
+        k.row_from_f32(SMOL_TYPE_Q4_0, y, &b, 32);
+        CHECK(b.d == 0xbc00);
+        CHECK((b.qs[0] & 15) == 0);
+        CHECK((b.qs[1] & 15) == 15);
+        CHECK((b.qs[2] & 15) == 5);
+        CHECK((b.qs[4] >> 4) == 15);
+        CHECK((b.qs[3] & 15) == 8);
+    }
+    SUBCASE("q4_1: d = (max - min) / 15, m = min, q = min(15, (int)((x - min) / d + 0.5))") {
+        float x[32];
+        for (int j = 0; j < 32; j++) x[j] = 3.0f;
+        x[0] = -1.0f; // min: m = -1
+        x[1] = 14.0f; // max: d = 1, q = 15
+        x[2] = 0.49f; // 1.49 + 0.5 -> 1
+        x[3] = 0.5f;  // 1.5 + 0.5 -> 2
+        x[16] = -0.6f; // 0.4 + 0.5 -> 0
+        block_q4_1 b;
+        k.row_from_f32(SMOL_TYPE_Q4_1, x, &b, 32);
+        CHECK(b.d == 0x3c00);
+        CHECK(b.m == 0xbc00);
+        CHECK((b.qs[0] & 15) == 0);
+        CHECK((b.qs[1] & 15) == 15);
+        CHECK((b.qs[2] & 15) == 1);
+        CHECK((b.qs[3] & 15) == 2);
+        CHECK((b.qs[0] >> 4) == 0);
+        CHECK((b.qs[5] & 15) == 4);
+    }
+    SUBCASE("an all-zero block has zero scale and zero codes") {
+        float x[32] = {};
+        block_q8_0 b8;
+        k.row_from_f32(SMOL_TYPE_Q8_0, x, &b8, 32);
+        CHECK(b8.d == 0);
+        for (int j = 0; j < 32; j++) CHECK(b8.qs[j] == 0);
+        block_q4_0 b4;
+        k.row_from_f32(SMOL_TYPE_Q4_0, x, &b4, 32);
+        CHECK((b4.d & 0x7fff) == 0); // ggml writes -0: d = 0 / -8
+        for (int j = 0; j < 16; j++) CHECK(b4.qs[j] == 0x88);
+    }
+}
+
+TEST_CASE("every variant quantizes weights identically") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const int64_t n = 4096;
+    const std::vector<float> x = gaussian(rng, n, 0.1f, 2.0f);
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        std::vector<uint8_t> want(row_bytes(t, n));
+        generic_kernels().row_from_f32(t, x.data(), want.data(), n);
+        for (const kernels * k : kernels_available()) {
+            const std::string variant = k->name;
+        CAPTURE(variant);
+            std::vector<uint8_t> got(row_bytes(t, n), 0xee);
+            k->row_from_f32(t, x.data(), got.data(), n);
+            CHECK(got == want);
+        }
+    }
+}
+
+TEST_CASE("row_from_f32 then row_to_f32 loses no more than each type's rounding") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const int64_t n = 8192;
+    // Gaussian data, unit variance. Expected NMSE: f16 ~(2^-11)^2/3,
+    // bf16 ~(2^-8)^2/3; q8_0 (step amax/127 ~ 2.5/127) ~3e-5; q4_0 and q4_1
+    // (step ~5/15 or 2.5/8) ~1e-2.
+    const std::vector<float> x = gaussian(rng, n);
+    const struct {
+        smol_type t;
+        double bound;
+    } cases[] = {{SMOL_TYPE_F32, 0.0},   {SMOL_TYPE_F16, 2e-7},  {SMOL_TYPE_BF16, 1e-5},
+                 {SMOL_TYPE_Q8_0, 1e-4}, {SMOL_TYPE_Q4_0, 2e-2}, {SMOL_TYPE_Q4_1, 2e-2}};
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        for (const auto & c : cases) {
+            const std::string type = type_name(c.t);
+        CAPTURE(type);
+            std::vector<uint8_t> q(row_bytes(c.t, n));
+            k->row_from_f32(c.t, x.data(), q.data(), n);
+            std::vector<float> back(n, std::numeric_limits<float>::quiet_NaN());
+            k->row_to_f32(c.t, q.data(), back.data(), n);
+            std::vector<double> ref(x.begin(), x.end()), got(back.begin(), back.end());
+            CHECK(nmse(ref, got) <= c.bound);
+            // row_to_f32 agrees with the independent dequantization.
+            const std::vector<double> deq = ref_dequant(c.t, q.data(), n);
+            int differ = 0;
+            for (int64_t i = 0; i < n; i++)
+                if (std::fabs(deq[i] - back[i]) > 1e-6 * std::fabs(deq[i])) differ++;
+            CHECK(differ == 0);
+            // Per element: q8_0 is within half a step (plus the f16 scale's
+            // rounding); q4_0 within one step (its top code is clamped).
+            if (is_quantized(c.t)) {
+                int worse = 0;
+                for (int64_t b = 0; b < n / QK; b++) {
+                    float amax = 0.0f, mn = x[b * QK], mx = x[b * QK];
+                    for (int j = 0; j < QK; j++) {
+                        amax = std::max(amax, std::fabs(x[b * QK + j]));
+                        mn = std::min(mn, x[b * QK + j]);
+                        mx = std::max(mx, x[b * QK + j]);
+                    }
+                    double tol;
+                    if (c.t == SMOL_TYPE_Q8_0)
+                        tol = 0.6 * amax / 127;
+                    else if (c.t == SMOL_TYPE_Q4_0)
+                        tol = 1.01 * amax / 8;
+                    else
+                        tol = 0.51 * (mx - mn) / 15 + std::fabs(mn) * 1e-3 + (mx - mn) * 1e-2;
+                    for (int j = 0; j < QK; j++)
+                        if (std::fabs(back[b * QK + j] - x[b * QK + j]) > tol) worse++;
+                }
+                CHECK(worse == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("every variant converts activations to identical bytes") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const int64_t K = 1536;
+    std::vector<float> x = gaussian(rng, K);
+    x[5] = 0.0f;
+    for (int j = 64; j < 96; j++) x[j] = 0.0f; // an all-zero block
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        std::vector<uint8_t> want(act_bytes(t, K));
+        generic_kernels().act_from_f32(t, x.data(), want.data(), K);
+        for (const kernels * k : kernels_available()) {
+            const std::string variant = k->name;
+        CAPTURE(variant);
+            std::vector<uint8_t> got(act_bytes(t, K), 0xee);
+            k->act_from_f32(t, x.data(), got.data(), K);
+            CHECK(got == want);
+        }
+        if (is_quantized(t)) {
+            // d = max|x| / 127, |qs| <= 127 with the extreme at +-127, s = d * sum(qs).
+            const block_q8_act * a = (const block_q8_act *)want.data();
+            for (int64_t b = 0; b < K / QK; b++) {
+                float amax = 0.0f;
+                int sum = 0, qmax = 0;
+                for (int j = 0; j < QK; j++) {
+                    amax = std::max(amax, std::fabs(x[b * QK + j]));
+                    sum += a[b].qs[j];
+                    qmax = std::max(qmax, std::abs((int)a[b].qs[j]));
+                    CHECK(std::fabs(a[b].qs[j] * (double)a[b].d - x[b * QK + j]) <= 0.5001 * a[b].d);
+                }
+                CHECK(a[b].d == amax / 127.0f);
+                CHECK(a[b].s == a[b].d * (float)sum);
+                CHECK(qmax == (amax > 0.0f ? 127 : 0));
+            }
+        }
+    }
+}
+
+TEST_CASE("matmul matches a float64 reference for every variant, type and shape") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        for (const shape & s : matmul_shapes) {
+            CAPTURE(s.K);
+            CAPTURE(s.r0);
+            CAPTURE(s.r1);
+            CAPTURE(s.n_tok);
+            problem p(t, s.K, s.r0, s.r1, s.n_tok, rng);
+            double energy = 0.0;
+            const std::vector<double> ref = p.reference(energy);
+            for (const kernels * k : kernels_available()) {
+                const std::string variant = k->name;
+        CAPTURE(variant);
+                int not_finite = 0, stray = 0;
+                const std::vector<double> got = p.outputs(p.run(*k), not_finite, stray);
+                CHECK(not_finite == 0);
+                CHECK(stray == 0);
+                const double e = squared_error(ref, got) / energy;
+                CAPTURE(e);
+                CHECK(e <= matmul_bound(t));
+            }
+        }
+    }
+}
+
+TEST_CASE("matmul on float weights handles K that is not a multiple of 8") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16}) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        for (int64_t K : {1, 7, 13, 100, 1037, 2051}) {
+            for (int64_t n_tok : {1, 2, 5}) {
+                CAPTURE(K);
+                CAPTURE(n_tok);
+                problem p(t, K, 1, 12, n_tok, rng);
+                double energy = 0.0;
+                const std::vector<double> ref = p.reference(energy);
+                for (const kernels * k : kernels_available()) {
+                    const std::string variant = k->name;
+        CAPTURE(variant);
+                    int not_finite = 0, stray = 0;
+                    const std::vector<double> got = p.outputs(p.run(*k), not_finite, stray);
+                    CHECK(not_finite == 0);
+                    CHECK(stray == 0);
+                    CHECK(squared_error(ref, got) / energy <= matmul_bound(t));
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("every variant's matmul agrees closely with generic") {
+    // Same activations (checked bit-identical above) and same integer dot
+    // products; only the order of f32 additions differs, so the outputs
+    // differ by a few f32 roundings: an error far below 1e-10.
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        for (const shape & s : {shape{576, 3, 40, 1}, shape{1536, 0, 23, 7}, shape{576, 1, 30, 64}}) {
+            CAPTURE(s.K);
+            CAPTURE(s.n_tok);
+            problem p(t, s.K, s.r0, s.r1, s.n_tok, rng);
+            double energy = 0.0;
+            p.reference(energy);
+            int nf = 0, st = 0;
+            const std::vector<double> want = p.outputs(p.run(generic_kernels()), nf, st);
+            for (const kernels * k : kernels_available()) {
+                const std::string variant = k->name;
+        CAPTURE(variant);
+                const std::vector<double> got = p.outputs(p.run(*k), nf, st);
+                CHECK(nf == 0);
+                CHECK(st == 0);
+                CHECK(squared_error(want, got) / energy <= 1e-10);
+            }
+        }
+    }
+}
+
+TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const kernels & k = kernels_best();
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        for (int64_t n_tok : {1, 9}) {
+            problem p(t, 576, 0, 101, n_tok, rng);
+            const std::vector<float> whole = p.run(k);
+            std::vector<float> split((size_t)(p.n_tok * p.ldy), std::numeric_limits<float>::quiet_NaN());
+            auto part = [&](int64_t r0, int64_t r1) {
+                k.matmul(t, p.w.data(), p.w_row_bytes, p.K, r0, r1, p.act.data(), p.act_row_bytes, p.n_tok,
+                         split.data(), p.ldy);
+            };
+            std::thread a(part, 0, 37), b(part, 37, 70), c(part, 70, 101);
+            a.join();
+            b.join();
+            c.join();
+            int differ = 0;
+            for (size_t i = 0; i < whole.size(); i++)
+                if (bits_of(whole[i]) != bits_of(split[i])) differ++;
+            CHECK(differ == 0);
+        }
+    }
+}
+
+TEST_CASE("the attention primitives match float64 on f16 rows") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        for (int64_t n : {1, 7, 8, 16, 33, 64, 100, 1000}) {
+            CAPTURE(n);
+            const std::vector<float> xf = gaussian(rng, n), b = gaussian(rng, n), y0 = gaussian(rng, n);
+            std::vector<uint16_t> h(n);
+            k->f32_to_f16(xf.data(), h.data(), n);
+            for (int64_t i = 0; i < n; i++) CHECK(h[i] == fp32_to_fp16(xf[i]));
+
+            double ref = 0.0, mag = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                ref += ref_half(h[i]) * b[i];
+                mag += std::fabs(ref_half(h[i]) * b[i]);
+            }
+            // f32 accumulation: error bounded by ~n * 2^-24 times the sum of magnitudes.
+            CHECK(std::fabs(k->dot_f16_f32(h.data(), b.data(), n) - ref) <= 1e-6 * mag + 1e-30);
+
+            std::vector<float> y = y0;
+            const float a = 0.37f;
+            k->axpy_f16(a, h.data(), y.data(), n);
+            for (int64_t i = 0; i < n; i++) {
+                const double want = y0[i] + (double)a * ref_half(h[i]);
+                CHECK(std::fabs(y[i] - want) <= 1e-6 * (std::fabs(y0[i]) + std::fabs(a * ref_half(h[i]))));
+            }
+        }
+    }
+}
+
+TEST_CASE("the f32 vector primitives match float64") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        for (int64_t n : {1, 5, 8, 31, 32, 33, 100, 576, 1537}) {
+            CAPTURE(n);
+            const std::vector<float> a = gaussian(rng, n), b = gaussian(rng, n);
+            double dot = 0.0, mag = 0.0, ss = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                dot += (double)a[i] * b[i];
+                mag += std::fabs((double)a[i] * b[i]);
+                ss += (double)a[i] * a[i];
+            }
+            CHECK(std::fabs(k->dot_f32(a.data(), b.data(), n) - dot) <= 1e-6 * mag);
+            CHECK(std::fabs(k->sum_sq(a.data(), n) - ss) <= 1e-6 * ss);
+
+            // scale, mul and add are one f32 operation per element: exact.
+            std::vector<float> y(n, std::numeric_limits<float>::quiet_NaN());
+            k->scale(y.data(), a.data(), 0.125f * 3, n);
+            int bad = 0;
+            for (int64_t i = 0; i < n; i++) bad += y[i] != 0.375f * a[i];
+            std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+            k->mul(y.data(), a.data(), b.data(), n);
+            for (int64_t i = 0; i < n; i++) bad += y[i] != a[i] * b[i];
+            std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+            k->add(y.data(), a.data(), b.data(), n);
+            for (int64_t i = 0; i < n; i++) bad += y[i] != a[i] + b[i];
+            // In place, as the model uses them.
+            std::vector<float> z = a;
+            k->mul(z.data(), z.data(), b.data(), n);
+            for (int64_t i = 0; i < n; i++) bad += z[i] != a[i] * b[i];
+            CHECK(bad == 0);
+        }
+    }
+}
+
+TEST_CASE("swiglu and softmax_exp are accurate to about 1e-6 relative") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        for (int64_t n : {1, 7, 8, 9, 64, 1000}) {
+            CAPTURE(n);
+            std::vector<float> g = gaussian(rng, n, 0.0f, 4.0f), u = gaussian(rng, n);
+            if (n > 8) {
+                g[0] = 30.0f; // silu(g) = g
+                g[1] = -30.0f;
+                g[2] = 0.0f;
+                g[3] = -100.0f; // exp(100) overflows f32 inside a naive silu
+            }
+            std::vector<float> y(n, std::numeric_limits<float>::quiet_NaN());
+            k->swiglu(y.data(), g.data(), u.data(), n);
+            int bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const double want = g[i] / (1.0 + std::exp(-(double)g[i])) * u[i];
+                // Where exp(-g) leaves f32's range the result is ~0 either way.
+                if (!(std::fabs(y[i] - want) <= 2e-6 * std::fabs(want) + 1e-30)) bad++;
+            }
+            CHECK(bad == 0);
+
+            // Attention scores: the max, values far below it and masked (-inf)
+            // positions, which must give exactly 0.
+            std::vector<float> x = gaussian(rng, n, 0.0f, 5.0f);
+            if (n > 8) {
+                x[1] = -std::numeric_limits<float>::infinity();
+                x[2] = -200.0f;
+                x[3] = -80.0f;
+            }
+            const float mx = *std::max_element(x.begin(), x.end());
+            std::vector<float> e(n, std::numeric_limits<float>::quiet_NaN());
+            const float sum = k->softmax_exp(e.data(), x.data(), mx, n);
+            double want_sum = 0.0;
+            bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+                // The difference is taken in f32, as the primitive's contract says.
+                const double want = std::exp((double)(x[i] - mx));
+                want_sum += want;
+                // Below f32's normal range the result may be flushed to 0.
+                if (!(std::fabs(e[i] - want) <= 1e-6 * want + 1.2e-38)) bad++;
+            }
+            CHECK(bad == 0);
+            if (n > 8) CHECK(e[1] == 0.0f);
+            // A sum of n positive f32 terms: within n roundings.
+            CHECK(std::fabs(sum - want_sum) <= (1e-6 + n * 6e-8) * want_sum);
+        }
+    }
+}
