@@ -38,6 +38,9 @@
 #if SMOL_CPU_SHARED
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #endif
 
 namespace smol::cpu {
@@ -63,7 +66,7 @@ static inline float f32_from_bits(uint32_t u) {
 }
 
 // Portable f16 -> f32; exact for every input, NaN payloads kept.
-static inline float h2f_soft(uint16_t h) {
+[[maybe_unused]] static inline float h2f_soft(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     const uint32_t e = (h >> 10) & 0x1f;
     const uint32_t m = h & 0x3ff;
@@ -76,7 +79,7 @@ static inline float h2f_soft(uint16_t h) {
 
 // Portable f32 -> f16, round to nearest even. NaN becomes a quiet NaN with
 // the top payload bits, as F16C's vcvtps2ph does, so every variant agrees.
-static inline uint16_t f2h_soft(float f) {
+[[maybe_unused]] static inline uint16_t f2h_soft(float f) {
     const uint32_t x = f32_bits(f);
     const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
     const uint32_t a = x & 0x7fffffff;
@@ -114,7 +117,7 @@ static inline float h2f(uint16_t h) { return h2f_soft(h); }
 static inline uint16_t f2h(float f) { return f2h_soft(f); }
 #endif
 
-static inline uint16_t load_u16(const void * p) {
+[[maybe_unused]] static inline uint16_t load_u16(const void * p) {
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
@@ -122,13 +125,13 @@ static inline uint16_t load_u16(const void * p) {
 
 // Round half to even for |x| < 2^22 without a libm call; every variant uses
 // the same rule so their activations are bit-identical.
-static inline int round_even(float x) {
+[[maybe_unused]] static inline int round_even(float x) {
     const float magic = 12582912.0f; // 1.5 * 2^23
     return (int)((x + magic) - magic);
 }
 
-static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+[[maybe_unused]] static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+[[maybe_unused]] static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static inline size_t block_bytes(smol_type t) {
     switch (t) {
@@ -583,25 +586,59 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 
 // --- matmul: AVX2 (and AVX-512) -----------------------------------------------------
 //
-// Prefill: weights are unpacked once into a small row panel on the stack (4
-// rows of int8 codes for the quantized types, 3 rows of f32 for the float
-// types) and the panel is swept over every token of an L2-sized token chunk
-// with a register tile (4 rows x 2 tokens, or 3 rows x 4 tokens). Decode
-// (one token): the weights are streamed once, 8 rows at a time.
+// Prefill multiplies a packed weight panel with several tokens at once; the
+// panel is k-major so that each vector holds 8 rows and each token
+// contributes a broadcast scalar, an outer product. Nothing is reduced
+// horizontally (Zen 3 runs vphadd at a quarter of the rate of vpmaddubsw),
+// and a weight is unpacked once per call (per token chunk) however many
+// tokens use it.
 //
-// For the quantized types, the eight (row, token) dot products of a tile
-// are reduced together: per block, maddubs gives each pair's 16 products
-// sums, a tree of horizontal adds folds the eight pairs into one vector of
-// eight int32, and the block's scales are applied to all eight lanes with
-// one multiply and one FMA, instead of per pair.
+// Quantized types: a panel of 16 rows holds, per block and per group of 4
+// elements j, the rows' codes as bytes, 4 per 32-bit lane ("quads"). One
+// token's 4 activation codes are broadcast to every lane, vpmaddubsw gives
+// each row's two pair sums as int16, and these are summed over the block's
+// 8 quads in int16 (|codes| <= 15 * 127 * 16 < 32768). One vpmaddwd per
+// block and row vector then completes the row's int32 dot product, and the
+// block's scales are applied to 8 rows at once. q8_0 weights are split into
+// two nibbles of w + 128 so the same unsigned x signed products apply.
+//
+// Float types: 16 rows x 6 tokens of f32 FMAs over a panel converted to f32
+// once; f16 activations are widened per token tile.
+//
+// Decode (one token) streams each weight once, 8 rows at a time.
 
-// Aim the per-chunk activations at about half of a 512 KiB L2.
-constexpr int64_t act_chunk_bytes = 192 * 1024;
-// Blocks (of 32) per panel: K chunks of up to 2048 elements.
-constexpr int64_t q_panel_blocks = 64;
-// Floats per f32 panel row: 3 rows of 1024 = 12 KiB, with room in L1 for
-// the token tile's activations.
-constexpr int64_t f_panel_elems = 1024;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// vpdpbusd multiplies unsigned by signed bytes and adds into int32 lanes in
+// one instruction: q8_0 then needs no nibble split (w + 128 is the unsigned
+// operand) and a 512-bit vector holds all 16 rows of a quad.
+#define SMOL_CPU_VNNI 1
+#else
+#define SMOL_CPU_VNNI 0
+#endif
+
+constexpr int64_t q_panel_rows = 16;
+// Blocks per q panel: keeps a panel within ~16 KiB of L1 (q8_0 panels hold
+// two nibble planes, so they take half as many blocks).
+constexpr int64_t q_panel_blocks = 24;
+constexpr int64_t q8_panel_blocks = 18;
+// Activation bytes per token chunk: about half of Zen 3's 512 KiB L2.
+constexpr int64_t act_chunk_bytes = 256 * 1024;
+// f32 panels: 64 rows (4 micro-panels of 16) x up to 192 k = 48 KiB on the
+// stack, L2-resident, swept once per tile of 6 tokens.
+constexpr int64_t f_panel_rows = 64;
+constexpr int64_t f_panel_k = 192;
+constexpr int f_tile_tokens = 6;
+
+struct q_panel {
+    // q[b][j][v]: rows 8v..8v+7, elements 4j..4j+3 of block b (codes 0..15;
+    // for q8_0 the low nibble of w + 128, with the high nibble in h).
+    alignas(64) uint8_t q[q_panel_blocks][8][2][32];
+    alignas(64) uint8_t h[q_panel_blocks][8][2][32];
+    alignas(64) float d[q_panel_blocks][q_panel_rows];
+    // The coefficient of the activation sum s: -8 d (q4_0), m (q4_1),
+    // -128 d (q8_0).
+    alignas(64) float off[q_panel_blocks][q_panel_rows];
+};
 
 static inline __m256i unpack_nibbles(const uint8_t * qs) {
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
@@ -609,295 +646,492 @@ static inline __m256i unpack_nibbles(const uint8_t * qs) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
-// Eight vectors of 16 int16 (|value| <= 3810, so sums of four still fit) ->
-// one vector of the eight int32 totals, in order.
-static inline __m256i reduce8_i16(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4,
-                                  __m256i v5, __m256i v6, __m256i v7) {
+// 8 rows of 8 32-bit lanes -> 8 columns: r[j] lane i = old r[i] lane j.
+static inline void transpose8_epi32(__m256i r[8]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    const __m256i t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    const __m256i t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+    const __m256i t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+    const __m256i t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2);
+    const __m256i u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3);
+    const __m256i u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6);
+    const __m256i u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7);
+    const __m256i u7 = _mm256_unpackhi_epi64(t5, t7);
+    r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+// Packs blocks kb0..kb0+nbk of 16 rows into p.
+static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16], int64_t kb0, int64_t nbk) {
+    const size_t bs = block_bytes(t);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nbk; b++) {
+        const size_t o = (size_t)(kb0 + b) * bs;
+        for (int v = 0; v < 2; v++) {
+            __m256i lo[8], hi[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t * src = rows[8 * v + i] + o;
+                const float d = h2f(load_u16(src));
+                p->d[b][8 * v + i] = d;
+                if (t == SMOL_TYPE_Q8_0) {
+                    // w + 128, unsigned; without VNNI split into two nibbles
+                    // (w + 128 = 16 hi + lo).
+                    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + 2)), bias);
+                    if (SMOL_CPU_VNNI) {
+                        lo[i] = u;
+                    } else {
+                        lo[i] = _mm256_and_si256(u, m4);
+                        hi[i] = _mm256_and_si256(_mm256_srli_epi16(u, 4), m4);
+                    }
+                    p->off[b][8 * v + i] = -128.0f * d;
+                } else if (t == SMOL_TYPE_Q4_0) {
+                    lo[i] = unpack_nibbles(src + 2);
+                    p->off[b][8 * v + i] = -8.0f * d;
+                } else {
+                    lo[i] = unpack_nibbles(src + 4);
+                    p->off[b][8 * v + i] = h2f(load_u16(src + 2));
+                }
+            }
+            transpose8_epi32(lo);
+            for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)p->q[b][j][v], lo[j]);
+            if (t == SMOL_TYPE_Q8_0 && !SMOL_CPU_VNNI) {
+                transpose8_epi32(hi);
+                for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)p->h[b][j][v], hi[j]);
+            }
+        }
+    }
+}
+
+[[maybe_unused]] static inline __m256i bcast_quad(const int8_t * p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+// Row vectors v0..v0+NV-1 of the panel (8 rows each) x NT tokens over nbk
+// blocks; out[t * 16 + 8 * v + i] for row 8 v + i.
+template <smol_type T, int NT, int NV>
+static void q_tile(const q_panel * p, int v0, int64_t nbk, const block_q8_act * const a[NT], float * out) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i g0 = _mm256_hadd_epi16(_mm256_hadd_epi16(v0, v1), _mm256_hadd_epi16(v2, v3));
-    const __m256i g1 = _mm256_hadd_epi16(_mm256_hadd_epi16(v4, v5), _mm256_hadd_epi16(v6, v7));
-    // Per 128-bit half: the partial sums of pairs 0..3 (m0) and 4..7 (m1).
-    const __m256i m0 = _mm256_madd_epi16(g0, ones);
-    const __m256i m1 = _mm256_madd_epi16(g1, ones);
-    return _mm256_add_epi32(_mm256_blend_epi32(m0, m1, 0xf0), _mm256_permute2x128_si256(m0, m1, 0x21));
+    __m256 acc[NT][NV];
+    for (int t = 0; t < NT; t++)
+        for (int v = 0; v < NV; v++) acc[t][v] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nbk; b++) {
+        __m256i sl[NT][NV], sh[NT][NV];
+        for (int t = 0; t < NT; t++) {
+            for (int v = 0; v < NV; v++) {
+                sl[t][v] = _mm256_setzero_si256();
+                if (T == SMOL_TYPE_Q8_0) sh[t][v] = _mm256_setzero_si256();
+            }
+        }
+        // Not unrolled: unrolled, GCC sums the 8 quads as a tree and spills.
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; j++) {
+            __m256i wl[NV], wh[NV];
+            for (int v = 0; v < NV; v++) {
+                wl[v] = _mm256_load_si256((const __m256i *)p->q[b][j][v0 + v]);
+                if (T == SMOL_TYPE_Q8_0) wh[v] = _mm256_load_si256((const __m256i *)p->h[b][j][v0 + v]);
+            }
+            for (int t = 0; t < NT; t++) {
+                const __m256i x = bcast_quad(a[t][b].qs + 4 * j);
+                for (int v = 0; v < NV; v++) {
+                    sl[t][v] = _mm256_add_epi16(sl[t][v], _mm256_maddubs_epi16(wl[v], x));
+                    if (T == SMOL_TYPE_Q8_0) sh[t][v] = _mm256_add_epi16(sh[t][v], _mm256_maddubs_epi16(wh[v], x));
+                }
+            }
+        }
+        for (int v = 0; v < NV; v++) {
+            const __m256 d = _mm256_load_ps(p->d[b] + 8 * (v0 + v));
+            const __m256 o = _mm256_load_ps(p->off[b] + 8 * (v0 + v));
+            for (int t = 0; t < NT; t++) {
+                __m256i i = _mm256_madd_epi16(sl[t][v], ones);
+                if (T == SMOL_TYPE_Q8_0) i = _mm256_add_epi32(i, _mm256_madd_epi16(sh[t][v], _mm256_set1_epi16(16)));
+                const __m256 da = _mm256_broadcast_ss(&a[t][b].d);
+                const __m256 sa = _mm256_broadcast_ss(&a[t][b].s);
+                acc[t][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, da), acc[t][v]);
+                acc[t][v] = _mm256_fmadd_ps(o, sa, acc[t][v]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        for (int v = 0; v < NV; v++) _mm256_storeu_ps(out + t * 16 + 8 * (v0 + v), acc[t][v]);
 }
 
-// The same for eight vectors of 8 int32.
-static inline __m256i reduce8_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3, __m256i v4,
-                                  __m256i v5, __m256i v6, __m256i v7) {
-    const __m256i m0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-    const __m256i m1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v4, v5), _mm256_hadd_epi32(v6, v7));
-    return _mm256_add_epi32(_mm256_blend_epi32(m0, m1, 0xf0), _mm256_permute2x128_si256(m0, m1, 0x21));
+#if SMOL_CPU_VNNI
+// The panel's 16 rows x NT tokens with vpdpbusd on 512-bit vectors (the two
+// 8-row halves of a quad are adjacent in the panel); out[t * 16 + r].
+template <int NT>
+static void q_tile_vnni(const q_panel * p, int64_t nbk, const block_q8_act * const a[NT], float * out) {
+    __m512 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nbk; b++) {
+        __m512i s[NT];
+        for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const __m512i w = _mm512_load_si512((const void *)p->q[b][j]);
+            for (int t = 0; t < NT; t++) {
+                int32_t x;
+                memcpy(&x, a[t][b].qs + 4 * j, 4);
+                s[t] = _mm512_dpbusd_epi32(s[t], w, _mm512_set1_epi32(x));
+            }
+        }
+        const __m512 d = _mm512_load_ps(p->d[b]);
+        const __m512 o = _mm512_load_ps(p->off[b]);
+        for (int t = 0; t < NT; t++) {
+            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a[t][b].d));
+            // The maskz form: GCC 12 warns about the plain one's undefined
+            // pass-through operand.
+            const __m512 f = _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, s[t]);
+            acc[t] = _mm512_fmadd_ps(f, scale, acc[t]);
+            acc[t] = _mm512_fmadd_ps(o, _mm512_set1_ps(a[t][b].s), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(out + t * 16, acc[t]);
 }
-
-// The int32 dot product of one q8_0 block with activation codes: maddubs
-// wants one unsigned operand, so the weight's sign moves to the activation.
-static inline __m256i dot_q8_block(__m256i w_abs, __m256i w, __m256i a) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_abs, _mm256_sign_epi8(a, w));
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, w)), _mm256_set1_epi16(1));
 #endif
-}
 
-// A panel of 4 weight rows over up to q_panel_blocks blocks: codes as bytes
-// (q4: 0..15; q8: |w| in q and w in s), scales as floats.
-struct q_panel {
-    alignas(32) uint8_t q[q_panel_blocks][4][32];
-    alignas(32) int8_t s[q_panel_blocks][4][32];
-    alignas(16) float d[q_panel_blocks][4];
-    alignas(16) float off[q_panel_blocks][4];
-};
-
-static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[4], int64_t kb0,
-                         int64_t nbk) {
-    const size_t bs = block_bytes(t);
-    for (int i = 0; i < 4; i++) {
-        const uint8_t * src = rows[i] + (size_t)kb0 * bs;
-        for (int64_t b = 0; b < nbk; b++, src += bs) {
-            const float d = h2f(load_u16(src));
-            p->d[b][i] = d;
-            if (t == SMOL_TYPE_Q8_0) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(src + 2));
-                _mm256_store_si256((__m256i *)p->q[b][i], _mm256_sign_epi8(w, w));
-                _mm256_store_si256((__m256i *)p->s[b][i], w);
-                p->off[b][i] = 0.0f;
-            } else if (t == SMOL_TYPE_Q4_0) {
-                _mm256_store_si256((__m256i *)p->q[b][i], unpack_nibbles(src + 2));
-                p->off[b][i] = -8.0f * d;
-            } else {
-                _mm256_store_si256((__m256i *)p->q[b][i], unpack_nibbles(src + 4));
-                p->off[b][i] = h2f(load_u16(src + 2));
+// Writes (or, for later K chunks, adds) an nt x nr corner of a tile
+// (out[t * 16 + r]) into y.
+static void store_tile(const float * out, int64_t nt, int64_t nr, float * y, int64_t ldy, bool add) {
+    for (int64_t t = 0; t < nt; t++) {
+        float * yt = y + t * ldy;
+        const float * o = out + t * 16;
+        if (nr == 16) {
+            __m256 v0 = _mm256_loadu_ps(o), v1 = _mm256_loadu_ps(o + 8);
+            if (add) {
+                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yt));
+                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yt + 8));
             }
-        }
-    }
-}
-
-static inline __m256 pair_scalars(const float * t0, const float * t1) {
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(t0)), _mm_broadcast_ss(t1), 1);
-}
-
-// 4 rows x 2 tokens over nbk blocks of the panel. out[t * 4 + i] is row i,
-// token t.
-static void q_tile_4x2(smol_type t, const q_panel * p, int64_t nbk, const block_q8_act * a0,
-                       const block_q8_act * a1, float * out) {
-    __m256 acc = _mm256_setzero_ps();
-    __m256 acc_off = _mm256_setzero_ps();
-    if (t == SMOL_TYPE_Q8_0) {
-        for (int64_t b = 0; b < nbk; b++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)a0[b].qs);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)a1[b].qs);
-            const __m256i q0 = _mm256_load_si256((const __m256i *)p->q[b][0]);
-            const __m256i q1 = _mm256_load_si256((const __m256i *)p->q[b][1]);
-            const __m256i q2 = _mm256_load_si256((const __m256i *)p->q[b][2]);
-            const __m256i q3 = _mm256_load_si256((const __m256i *)p->q[b][3]);
-            const __m256i s0 = _mm256_load_si256((const __m256i *)p->s[b][0]);
-            const __m256i s1 = _mm256_load_si256((const __m256i *)p->s[b][1]);
-            const __m256i s2 = _mm256_load_si256((const __m256i *)p->s[b][2]);
-            const __m256i s3 = _mm256_load_si256((const __m256i *)p->s[b][3]);
-            const __m256i v = reduce8_i32(dot_q8_block(q0, s0, x0), dot_q8_block(q1, s1, x0),
-                                          dot_q8_block(q2, s2, x0), dot_q8_block(q3, s3, x0),
-                                          dot_q8_block(q0, s0, x1), dot_q8_block(q1, s1, x1),
-                                          dot_q8_block(q2, s2, x1), dot_q8_block(q3, s3, x1));
-            const __m256 dw = _mm256_broadcast_ps((const __m128 *)p->d[b]);
-            const __m256 da = pair_scalars(&a0[b].d, &a1[b].d);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, da), acc);
-        }
-    } else {
-        for (int64_t b = 0; b < nbk; b++) {
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)a0[b].qs);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)a1[b].qs);
-            const __m256i q0 = _mm256_load_si256((const __m256i *)p->q[b][0]);
-            const __m256i q1 = _mm256_load_si256((const __m256i *)p->q[b][1]);
-            const __m256i q2 = _mm256_load_si256((const __m256i *)p->q[b][2]);
-            const __m256i q3 = _mm256_load_si256((const __m256i *)p->q[b][3]);
-            const __m256i v = reduce8_i16(
-                _mm256_maddubs_epi16(q0, x0), _mm256_maddubs_epi16(q1, x0), _mm256_maddubs_epi16(q2, x0),
-                _mm256_maddubs_epi16(q3, x0), _mm256_maddubs_epi16(q0, x1), _mm256_maddubs_epi16(q1, x1),
-                _mm256_maddubs_epi16(q2, x1), _mm256_maddubs_epi16(q3, x1));
-            const __m256 dw = _mm256_broadcast_ps((const __m128 *)p->d[b]);
-            const __m256 da = pair_scalars(&a0[b].d, &a1[b].d);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, da), acc);
-            const __m256 ow = _mm256_broadcast_ps((const __m128 *)p->off[b]);
-            acc_off = _mm256_fmadd_ps(ow, pair_scalars(&a0[b].s, &a1[b].s), acc_off);
-        }
-    }
-    _mm256_storeu_ps(out, _mm256_add_ps(acc, acc_off));
-}
-
-// Decode: 8 rows x 1 token, streaming the weights.
-static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
-                     float * out) {
-    const size_t bs = block_bytes(t);
-    __m256 acc = _mm256_setzero_ps();
-    __m256 acc_off = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const size_t o = (size_t)b * bs;
-        const __m256i x = _mm256_loadu_si256((const __m256i *)a[b].qs);
-        const __m128i dh = _mm_setr_epi16(
-            (short)load_u16(rows[0] + o), (short)load_u16(rows[1] + o), (short)load_u16(rows[2] + o),
-            (short)load_u16(rows[3] + o), (short)load_u16(rows[4] + o), (short)load_u16(rows[5] + o),
-            (short)load_u16(rows[6] + o), (short)load_u16(rows[7] + o));
-        const __m256 dw = _mm256_cvtph_ps(dh);
-        __m256i v;
-        if (t == SMOL_TYPE_Q8_0) {
-            __m256i w[8];
-            for (int i = 0; i < 8; i++) w[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + o + 2));
-            v = reduce8_i32(dot_q8_block(_mm256_sign_epi8(w[0], w[0]), w[0], x),
-                            dot_q8_block(_mm256_sign_epi8(w[1], w[1]), w[1], x),
-                            dot_q8_block(_mm256_sign_epi8(w[2], w[2]), w[2], x),
-                            dot_q8_block(_mm256_sign_epi8(w[3], w[3]), w[3], x),
-                            dot_q8_block(_mm256_sign_epi8(w[4], w[4]), w[4], x),
-                            dot_q8_block(_mm256_sign_epi8(w[5], w[5]), w[5], x),
-                            dot_q8_block(_mm256_sign_epi8(w[6], w[6]), w[6], x),
-                            dot_q8_block(_mm256_sign_epi8(w[7], w[7]), w[7], x));
+            _mm256_storeu_ps(yt, v0);
+            _mm256_storeu_ps(yt + 8, v1);
+        } else if (add) {
+            for (int64_t r = 0; r < nr; r++) yt[r] += o[r];
         } else {
-            const size_t qo = o + (t == SMOL_TYPE_Q4_0 ? 2 : 4);
-            v = reduce8_i16(_mm256_maddubs_epi16(unpack_nibbles(rows[0] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[1] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[2] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[3] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[4] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[5] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[6] + qo), x),
-                            _mm256_maddubs_epi16(unpack_nibbles(rows[7] + qo), x));
-            __m256 ow;
-            if (t == SMOL_TYPE_Q4_0) {
-                ow = _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f));
-            } else {
-                const __m128i mh = _mm_setr_epi16(
-                    (short)load_u16(rows[0] + o + 2), (short)load_u16(rows[1] + o + 2),
-                    (short)load_u16(rows[2] + o + 2), (short)load_u16(rows[3] + o + 2),
-                    (short)load_u16(rows[4] + o + 2), (short)load_u16(rows[5] + o + 2),
-                    (short)load_u16(rows[6] + o + 2), (short)load_u16(rows[7] + o + 2));
-                ow = _mm256_cvtph_ps(mh);
-            }
-            acc_off = _mm256_fmadd_ps(ow, _mm256_set1_ps(a[b].s), acc_off);
+            for (int64_t r = 0; r < nr; r++) yt[r] = o[r];
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a[b].d)), acc);
     }
-    _mm256_storeu_ps(out, _mm256_add_ps(acc, acc_off));
 }
 
-static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
-                     const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
-    const uint8_t * wb = (const uint8_t *)w;
-    const uint8_t * ab = (const uint8_t *)act;
-    const int64_t nb = K / QK;
-    if (n_tok == 1) {
-        const block_q8_act * a = (const block_q8_act *)ab;
-        for (int64_t r = r0; r < r1; r += 8) {
-            // Rows past r1 repeat the last row, so the tile never reads past
-            // the matrix; their results are dropped.
-            const uint8_t * rows[8];
-            for (int i = 0; i < 8; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-            float out[8];
-            q_gemv_8(t, rows, a, nb, out);
-            const int64_t n = min_i64(8, r1 - r);
-            for (int64_t i = 0; i < n; i++) y[r + i] = out[i];
-        }
-        return;
-    }
+template <smol_type T>
+static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
+                           const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+    // Three tokens per tile for the 4-bit types; q8_0 keeps two nibble
+    // accumulators per row vector, so two tokens fit in the registers. With
+    // VNNI and 32 registers, six.
+    constexpr int NT = SMOL_CPU_VNNI ? 6 : T == SMOL_TYPE_Q8_0 ? 2 : 3;
     q_panel panel;
-    const int64_t n_kc = (nb + q_panel_blocks - 1) / q_panel_blocks;
+    const int64_t nb = K / QK;
+    constexpr int64_t max_kc = T == SMOL_TYPE_Q8_0 && !SMOL_CPU_VNNI ? q8_panel_blocks : q_panel_blocks;
+    const int64_t n_kc = (nb + max_kc - 1) / max_kc;
     const int64_t kc = (nb + n_kc - 1) / n_kc;
-    int64_t tc = act_chunk_bytes / (kc * (int64_t)sizeof(block_q8_act));
-    tc = max_i64(2, tc & ~(int64_t)1);
+    const int64_t tc = max_i64(NT, act_chunk_bytes / (nb * (int64_t)sizeof(block_q8_act)));
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = min_i64(n_tok, t0 + tc);
         for (int64_t kb0 = 0; kb0 < nb; kb0 += kc) {
             const int64_t nbk = min_i64(kc, nb - kb0);
-            for (int64_t r = r0; r < r1; r += 4) {
-                const uint8_t * rows[4];
-                for (int i = 0; i < 4; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-                q_panel_fill(t, &panel, rows, kb0, nbk);
-                const int64_t nr = min_i64(4, r1 - r);
-                for (int64_t i = t0; i < t1; i += 2) {
-                    const int64_t nt = min_i64(2, t1 - i);
-                    const block_q8_act * a0 = (const block_q8_act *)(ab + (size_t)i * act_row_bytes) + kb0;
-                    const block_q8_act * a1 =
-                        (const block_q8_act *)(ab + (size_t)(i + nt - 1) * act_row_bytes) + kb0;
-                    float out[8];
-                    q_tile_4x2(t, &panel, nbk, a0, a1, out);
-                    for (int64_t j = 0; j < nt; j++) {
-                        float * yj = y + (i + j) * ldy + r;
-                        if (kb0 == 0)
-                            for (int64_t k = 0; k < nr; k++) yj[k] = out[j * 4 + k];
-                        else
-                            for (int64_t k = 0; k < nr; k++) yj[k] += out[j * 4 + k];
-                    }
+            for (int64_t r = r0; r < r1; r += q_panel_rows) {
+                // Rows past r1 repeat the last row, so a tile never reads
+                // past the matrix; their results are dropped.
+                const uint8_t * rows[q_panel_rows];
+                for (int i = 0; i < q_panel_rows; i++)
+                    rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
+                q_panel_fill(T, &panel, rows, kb0, nbk);
+                const int64_t nr = min_i64(q_panel_rows, r1 - r);
+                for (int64_t i = t0; i < t1; i += NT) {
+                    const int64_t nt = min_i64(NT, t1 - i);
+                    const block_q8_act * a[NT];
+                    for (int j = 0; j < NT; j++)
+                        a[j] = (const block_q8_act *)(ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes) + kb0;
+                    float out[NT * 16];
+#if SMOL_CPU_VNNI
+                    q_tile_vnni<NT>(&panel, nbk, a, out);
+#else
+                    q_tile<T, NT, 2>(&panel, 0, nbk, a, out);
+#endif
+                    store_tile(out, nt, nr, y + i * ldy + r, ldy, kb0 > 0);
                 }
             }
         }
     }
 }
 
-// Float weights. Activations are f32, or f16 for f16 weights.
-static inline __m256 load8(const float * p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const uint16_t * p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-
-// Four vectors -> their four horizontal sums.
-static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-}
-
-// 3 panel rows (stride ws floats) x 4 tokens over n elements (a multiple of
-// 8). out[i * 4 + t] is row i, token t.
-template <class X>
-static void f_tile_3x4(const float * w, int64_t ws, const X * const x[4], int64_t n, float * out) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
-    __m256 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
-    __m256 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
-    const float * w0 = w;
-    const float * w1 = w + ws;
-    const float * w2 = w + 2 * ws;
-    const X * x0 = x[0];
-    const X * x1 = x[1];
-    const X * x2 = x[2];
-    const X * x3 = x[3];
-    for (int64_t k = 0; k < n; k += 8) {
-        const __m256 a0 = _mm256_loadu_ps(w0 + k);
-        const __m256 a1 = _mm256_loadu_ps(w1 + k);
-        const __m256 a2 = _mm256_loadu_ps(w2 + k);
-        __m256 b = load8(x0 + k);
-        c00 = _mm256_fmadd_ps(a0, b, c00);
-        c10 = _mm256_fmadd_ps(a1, b, c10);
-        c20 = _mm256_fmadd_ps(a2, b, c20);
-        b = load8(x1 + k);
-        c01 = _mm256_fmadd_ps(a0, b, c01);
-        c11 = _mm256_fmadd_ps(a1, b, c11);
-        c21 = _mm256_fmadd_ps(a2, b, c21);
-        b = load8(x2 + k);
-        c02 = _mm256_fmadd_ps(a0, b, c02);
-        c12 = _mm256_fmadd_ps(a1, b, c12);
-        c22 = _mm256_fmadd_ps(a2, b, c22);
-        b = load8(x3 + k);
-        c03 = _mm256_fmadd_ps(a0, b, c03);
-        c13 = _mm256_fmadd_ps(a1, b, c13);
-        c23 = _mm256_fmadd_ps(a2, b, c23);
+// Decode, quantized: 8 rows x 1 token, streaming the weights. Two rows
+// share each vpmaddubsw (row r's low-nibble half in the low 128 bits, row
+// r+1's in the high), and three vphaddd fold the four pair vectors into
+// the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
+static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
+                     float * out) {
+    const size_t bs = block_bytes(t);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    // Lane l of the result holds row order[l].
+    static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    __m256 acc = _mm256_setzero_ps();
+    __m256 acc_off = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const size_t o = (size_t)b * bs;
+        __m256i pr[4];
+        if (t == SMOL_TYPE_Q8_0) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)a[b].qs);
+            for (int k = 0; k < 4; k++) {
+                const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rows[2 * k] + o + 2));
+                const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rows[2 * k + 1] + o + 2));
+                const __m256i p0 =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x, w0)), ones);
+                const __m256i p1 =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x, w1)), ones);
+                // Row 2k's 4 partial sums in the low lane, row 2k+1's in the high.
+                pr[k] = _mm256_hadd_epi32(_mm256_permute2x128_si256(p0, p1, 0x20),
+                                          _mm256_permute2x128_si256(p0, p1, 0x31));
+            }
+        } else {
+            const __m128i xl = _mm_loadu_si128((const __m128i *)a[b].qs);
+            const __m128i xh = _mm_loadu_si128((const __m128i *)(a[b].qs + 16));
+            const __m256i x_lo = _mm256_insertf128_si256(_mm256_castsi128_si256(xl), xl, 1);
+            const __m256i x_hi = _mm256_insertf128_si256(_mm256_castsi128_si256(xh), xh, 1);
+            const size_t qo = o + (t == SMOL_TYPE_Q4_0 ? 2 : 4);
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = _mm256_insertf128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows[2 * k] + qo))),
+                    _mm_loadu_si128((const __m128i *)(rows[2 * k + 1] + qo)), 1);
+                const __m256i lo = _mm256_and_si256(v, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi));
+                pr[k] = _mm256_madd_epi16(s, ones);
+            }
+        }
+        // pr[k]: [row 2k: 4 partials | row 2k+1: 4 partials].
+        const __m256i v = _mm256_hadd_epi32(_mm256_hadd_epi32(pr[0], pr[1]), _mm256_hadd_epi32(pr[2], pr[3]));
+        const __m128i dh =
+            _mm_setr_epi16((short)load_u16(rows[order[0]] + o), (short)load_u16(rows[order[1]] + o),
+                           (short)load_u16(rows[order[2]] + o), (short)load_u16(rows[order[3]] + o),
+                           (short)load_u16(rows[order[4]] + o), (short)load_u16(rows[order[5]] + o),
+                           (short)load_u16(rows[order[6]] + o), (short)load_u16(rows[order[7]] + o));
+        const __m256 dw = _mm256_cvtph_ps(dh);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a[b].d)), acc);
+        if (t == SMOL_TYPE_Q4_1) {
+            const __m128i mh = _mm_setr_epi16(
+                (short)load_u16(rows[order[0]] + o + 2), (short)load_u16(rows[order[1]] + o + 2),
+                (short)load_u16(rows[order[2]] + o + 2), (short)load_u16(rows[order[3]] + o + 2),
+                (short)load_u16(rows[order[4]] + o + 2), (short)load_u16(rows[order[5]] + o + 2),
+                (short)load_u16(rows[order[6]] + o + 2), (short)load_u16(rows[order[7]] + o + 2));
+            acc_off = _mm256_fmadd_ps(_mm256_cvtph_ps(mh), _mm256_set1_ps(a[b].s), acc_off);
+        } else if (t == SMOL_TYPE_Q4_0) {
+            acc_off = _mm256_fmadd_ps(dw, _mm256_set1_ps(-8.0f * a[b].s), acc_off);
+        }
     }
-    _mm_storeu_ps(out + 0, hsum4(c00, c01, c02, c03));
-    _mm_storeu_ps(out + 4, hsum4(c10, c11, c12, c13));
-    _mm_storeu_ps(out + 8, hsum4(c20, c21, c22, c23));
+    float res[8];
+    _mm256_storeu_ps(res, _mm256_add_ps(acc, acc_off));
+    for (int l = 0; l < 8; l++) out[order[l]] = res[l];
 }
 
-static inline float to_f32(float v) { return v; }
-static inline float to_f32(uint16_t v) { return h2f(v); }
-
-// Weight row -> f32 panel row.
-static void f_panel_row(smol_type t, const uint8_t * src, int64_t k0, int64_t n, float * dst) {
-    if (t == SMOL_TYPE_F16)
-        f16_to_f32_row((const uint16_t *)src + k0, dst, n);
-    else if (t == SMOL_TYPE_BF16)
-        bf16_to_f32_row((const uint16_t *)src + k0, dst, n);
-    else
-        memcpy(dst, (const float *)src + k0, (size_t)n * sizeof(float));
+static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
+                     const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+    const uint8_t * wb = (const uint8_t *)w;
+    const uint8_t * ab = (const uint8_t *)act;
+    if (n_tok == 1) {
+        const block_q8_act * a = (const block_q8_act *)ab;
+        for (int64_t r = r0; r < r1; r += 8) {
+            const uint8_t * rows[8];
+            for (int i = 0; i < 8; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
+            float out[8];
+            q_gemv_8(t, rows, a, K / QK, out);
+            const int64_t n = min_i64(8, r1 - r);
+            for (int64_t i = 0; i < n; i++) y[r + i] = out[i];
+        }
+        return;
+    }
+    switch (t) {
+    case SMOL_TYPE_Q4_0:
+        matmul_q_tiles<SMOL_TYPE_Q4_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        break;
+    case SMOL_TYPE_Q4_1:
+        matmul_q_tiles<SMOL_TYPE_Q4_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        break;
+    default: matmul_q_tiles<SMOL_TYPE_Q8_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy); break;
+    }
 }
 
-// Decode for float weights: 8 rows x 1 token, x already f32.
+// --- float weights ---
+
+static inline __m256 load8(const float * p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const uint16_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 load8_bf16(const uint16_t * p) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+static inline __m256 load_w8(smol_type t, const uint8_t * row, int64_t k) {
+    if (t == SMOL_TYPE_F16) return load8((const uint16_t *)row + k);
+    if (t == SMOL_TYPE_BF16) return load8_bf16((const uint16_t *)row + k);
+    return load8((const float *)row + k);
+}
+
+static inline float load_w1(smol_type t, const uint8_t * row, int64_t k) {
+    if (t == SMOL_TYPE_F16) return h2f(((const uint16_t *)row)[k]);
+    if (t == SMOL_TYPE_BF16) return bf2f(((const uint16_t *)row)[k]);
+    return ((const float *)row)[k];
+}
+
+// Packs columns k0..k0+n of 16 rows as f32, k-major: dst[k * 16 + r].
+static void f_pack16(smol_type t, const uint8_t * const rows[16], int64_t k0, int64_t n, float * dst) {
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int v = 0; v < 2; v++) {
+            __m256i c[8];
+            for (int i = 0; i < 8; i++) c[i] = _mm256_castps_si256(load_w8(t, rows[8 * v + i], k0 + k));
+            transpose8_epi32(c);
+            for (int j = 0; j < 8; j++) _mm256_store_ps(dst + (k + j) * 16 + 8 * v, _mm256_castsi256_ps(c[j]));
+        }
+    }
+    for (; k < n; k++)
+        for (int i = 0; i < 16; i++) dst[k * 16 + i] = load_w1(t, rows[i], k0 + k);
+}
+
+// 16 packed rows x 6 tokens over n k; x[t] points at token t's f32 values.
+// out[t * 16 + r].
+// Not inlined: inlined into the loops around it, GCC runs out of general
+// registers and reloads the token pointers from the stack on every k.
+__attribute__((noinline)) static void f_tile_16x6(const float * w, const float * const x[6], int64_t n,
+                                                  float * out) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float * x0 = x[0];
+    const float * x1 = x[1];
+    const float * x2 = x[2];
+    const float * x3 = x[3];
+    const float * x4 = x[4];
+    const float * x5 = x[5];
+    for (int64_t k = 0; k < n; k++, w += 16) {
+        const __m256 a0 = _mm256_load_ps(w);
+        const __m256 a1 = _mm256_load_ps(w + 8);
+        __m256 b = _mm256_broadcast_ss(x0 + k);
+        c00 = _mm256_fmadd_ps(a0, b, c00);
+        c01 = _mm256_fmadd_ps(a1, b, c01);
+        b = _mm256_broadcast_ss(x1 + k);
+        c10 = _mm256_fmadd_ps(a0, b, c10);
+        c11 = _mm256_fmadd_ps(a1, b, c11);
+        b = _mm256_broadcast_ss(x2 + k);
+        c20 = _mm256_fmadd_ps(a0, b, c20);
+        c21 = _mm256_fmadd_ps(a1, b, c21);
+        b = _mm256_broadcast_ss(x3 + k);
+        c30 = _mm256_fmadd_ps(a0, b, c30);
+        c31 = _mm256_fmadd_ps(a1, b, c31);
+        b = _mm256_broadcast_ss(x4 + k);
+        c40 = _mm256_fmadd_ps(a0, b, c40);
+        c41 = _mm256_fmadd_ps(a1, b, c41);
+        b = _mm256_broadcast_ss(x5 + k);
+        c50 = _mm256_fmadd_ps(a0, b, c50);
+        c51 = _mm256_fmadd_ps(a1, b, c51);
+    }
+    _mm256_storeu_ps(out + 0, c00);
+    _mm256_storeu_ps(out + 8, c01);
+    _mm256_storeu_ps(out + 16, c10);
+    _mm256_storeu_ps(out + 24, c11);
+    _mm256_storeu_ps(out + 32, c20);
+    _mm256_storeu_ps(out + 40, c21);
+    _mm256_storeu_ps(out + 48, c30);
+    _mm256_storeu_ps(out + 56, c31);
+    _mm256_storeu_ps(out + 64, c40);
+    _mm256_storeu_ps(out + 72, c41);
+    _mm256_storeu_ps(out + 80, c50);
+    _mm256_storeu_ps(out + 88, c51);
+}
+
+#if defined(__AVX512F__)
+// Two adjacent 16-row panels (one 512-bit vector each per k) x 6 tokens;
+// out[t * 16 + r] for each panel.
+__attribute__((noinline)) static void f_tile_32x6(const float * w0, const float * w1, const float * const x[6],
+                                                  int64_t n, float * out0, float * out1) {
+    __m512 c[6][2];
+    for (int j = 0; j < 6; j++) c[j][0] = c[j][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        const __m512 a0 = _mm512_load_ps(w0 + 16 * k);
+        const __m512 a1 = _mm512_load_ps(w1 + 16 * k);
+        for (int j = 0; j < 6; j++) {
+            const __m512 b = _mm512_set1_ps(x[j][k]);
+            c[j][0] = _mm512_fmadd_ps(a0, b, c[j][0]);
+            c[j][1] = _mm512_fmadd_ps(a1, b, c[j][1]);
+        }
+    }
+    for (int j = 0; j < 6; j++) {
+        _mm512_storeu_ps(out0 + 16 * j, c[j][0]);
+        _mm512_storeu_ps(out1 + 16 * j, c[j][1]);
+    }
+}
+#endif
+
+static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
+                           const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+    alignas(64) float panel[f_panel_rows * f_panel_k];
+    alignas(32) float xbuf[f_tile_tokens * f_panel_k]; // f16 activations, widened
+    const int64_t n_kc = (K + f_panel_k - 1) / f_panel_k;
+    const int64_t kc = (K + n_kc - 1) / n_kc;
+    // Token chunks whose activations (this K chunk of them) stay in L2.
+    const int64_t x_bytes = t == SMOL_TYPE_F16 ? 2 : 4;
+    int64_t tc = act_chunk_bytes / 2 / (kc * x_bytes);
+    tc = max_i64(f_tile_tokens, tc - tc % f_tile_tokens);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+      const int64_t t1 = min_i64(n_tok, t0 + tc);
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t n = min_i64(kc, K - k0);
+        for (int64_t rb = r0; rb < r1; rb += f_panel_rows) {
+            const int64_t n_sub = (min_i64(f_panel_rows, r1 - rb) + 15) / 16;
+            for (int64_t s = 0; s < n_sub; s++) {
+                const uint8_t * rows[16];
+                for (int i = 0; i < 16; i++)
+                    rows[i] = wb + (size_t)min_i64(rb + 16 * s + i, r1 - 1) * w_row_bytes;
+                f_pack16(t, rows, k0, n, panel + s * 16 * kc);
+            }
+            for (int64_t i = t0; i < t1; i += f_tile_tokens) {
+                const int64_t nt = min_i64(f_tile_tokens, t1 - i);
+                const float * x[f_tile_tokens];
+                for (int j = 0; j < f_tile_tokens; j++) {
+                    const uint8_t * row = ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes;
+                    if (t == SMOL_TYPE_F16) {
+                        f16_to_f32_row((const uint16_t *)row + k0, xbuf + j * kc, n);
+                        x[j] = xbuf + j * kc;
+                    } else {
+                        x[j] = (const float *)row + k0;
+                    }
+                }
+                int64_t s = 0;
+#if defined(__AVX512F__)
+                for (; s + 2 <= n_sub; s += 2) {
+                    const int64_t r = rb + 16 * s;
+                    float out0[f_tile_tokens * 16], out1[f_tile_tokens * 16];
+                    f_tile_32x6(panel + s * 16 * kc, panel + (s + 1) * 16 * kc, x, n, out0, out1);
+                    store_tile(out0, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
+                    store_tile(out1, nt, min_i64(16, r1 - r - 16), y + i * ldy + r + 16, ldy, k0 > 0);
+                }
+#endif
+                for (; s < n_sub; s++) {
+                    const int64_t r = rb + 16 * s;
+                    float out[f_tile_tokens * 16];
+                    f_tile_16x6(panel + s * 16 * kc, x, n, out);
+                    store_tile(out, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
+                }
+            }
+        }
+      }
+    }
+}
+
+// Decode, float weights: 8 rows x 1 token, x already f32.
 static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, const float * x, int64_t n,
                      float * out) {
     __m256 c[8];
@@ -905,77 +1139,15 @@ static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, con
     const int64_t n8 = n & ~(int64_t)7;
     for (int64_t k = 0; k < n8; k += 8) {
         const __m256 xv = _mm256_loadu_ps(x + k);
-        for (int i = 0; i < 8; i++) {
-            __m256 wv;
-            if (t == SMOL_TYPE_F16) {
-                wv = load8((const uint16_t *)rows[i] + k0 + k);
-            } else if (t == SMOL_TYPE_BF16) {
-                const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)rows[i] + k0 + k));
-                wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-            } else {
-                wv = _mm256_loadu_ps((const float *)rows[i] + k0 + k);
-            }
-            c[i] = _mm256_fmadd_ps(wv, xv, c[i]);
-        }
+        for (int i = 0; i < 8; i++) c[i] = _mm256_fmadd_ps(load_w8(t, rows[i], k0 + k), xv, c[i]);
     }
-    __m128 lo = hsum4(c[0], c[1], c[2], c[3]);
-    __m128 hi = hsum4(c[4], c[5], c[6], c[7]);
-    _mm_storeu_ps(out, lo);
-    _mm_storeu_ps(out + 4, hi);
-    for (int64_t k = n8; k < n; k++) {
-        for (int i = 0; i < 8; i++) {
-            float wv;
-            if (t == SMOL_TYPE_F16)
-                wv = h2f(((const uint16_t *)rows[i])[k0 + k]);
-            else if (t == SMOL_TYPE_BF16)
-                wv = bf2f(((const uint16_t *)rows[i])[k0 + k]);
-            else
-                wv = ((const float *)rows[i])[k0 + k];
-            out[i] += wv * x[k];
-        }
-    }
-}
-
-template <class X>
-static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0,
-                           int64_t r1, const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y,
-                           int64_t ldy) {
-    alignas(32) float panel[3 * f_panel_elems];
-    const int64_t n_kc = (K + f_panel_elems - 1) / f_panel_elems;
-    const int64_t kc = (((K + n_kc - 1) / n_kc) + 7) & ~(int64_t)7;
-    int64_t tc = act_chunk_bytes / (kc * (int64_t)sizeof(X));
-    tc = max_i64(4, tc & ~(int64_t)3);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t t1 = min_i64(n_tok, t0 + tc);
-        for (int64_t k0 = 0; k0 < K; k0 += kc) {
-            const int64_t n = min_i64(kc, K - k0);
-            const int64_t n8 = n & ~(int64_t)7;
-            for (int64_t r = r0; r < r1; r += 3) {
-                const int64_t nr = min_i64(3, r1 - r);
-                const uint8_t * rows[3];
-                for (int i = 0; i < 3; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-                for (int i = 0; i < 3; i++) f_panel_row(t, rows[i], k0, n, panel + i * kc);
-                for (int64_t i = t0; i < t1; i += 4) {
-                    const int64_t nt = min_i64(4, t1 - i);
-                    const X * x[4];
-                    for (int j = 0; j < 4; j++)
-                        x[j] = (const X *)(ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes) + k0;
-                    float out[12];
-                    f_tile_3x4(panel, kc, x, n8, out);
-                    for (int64_t k = n8; k < n; k++)
-                        for (int ri = 0; ri < 3; ri++)
-                            for (int j = 0; j < 4; j++) out[ri * 4 + j] += panel[ri * kc + k] * to_f32(x[j][k]);
-                    for (int64_t j = 0; j < nt; j++) {
-                        float * yj = y + (i + j) * ldy + r;
-                        if (k0 == 0)
-                            for (int64_t ri = 0; ri < nr; ri++) yj[ri] = out[ri * 4 + j];
-                        else
-                            for (int64_t ri = 0; ri < nr; ri++) yj[ri] += out[ri * 4 + j];
-                    }
-                }
-            }
-        }
-    }
+    // Eight vectors -> their eight sums (once per call, so vphadd is fine).
+    const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(c[0], c[1]), _mm256_hadd_ps(c[2], c[3]));
+    const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(c[4], c[5]), _mm256_hadd_ps(c[6], c[7]));
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    _mm256_storeu_ps(out, s);
+    for (int64_t k = n8; k < n; k++)
+        for (int i = 0; i < 8; i++) out[i] += load_w1(t, rows[i], k0 + k) * x[k];
 }
 
 static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
@@ -1005,10 +1177,7 @@ static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
         }
         return;
     }
-    if (t == SMOL_TYPE_F16)
-        matmul_f_tiles<uint16_t>(t, wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
-    else
-        matmul_f_tiles<float>(t, wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+    matmul_f_tiles(t, wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
 }
 
 #endif // __AVX2__
@@ -1096,8 +1265,12 @@ size_t act_bytes(smol_type t, int64_t K) {
 static bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+    // does not know the name. The builtin checks that the OS saves AVX state.
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi2");
 #else
     return false;
 #endif

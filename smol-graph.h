@@ -74,17 +74,24 @@ void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1 = 1, 
 // history is one block of memory (and, later, one copy).
 struct kv_cache {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
-    std::vector<uint16_t> k, v;     // [layer][head][cell][head_dim]
+    // [layer][head][cell][head_dim] f16, in the memory of the backend that
+    // runs the attention (its owner allocates them).
+    uint16_t * k = nullptr;
+    uint16_t * v = nullptr;
     std::vector<smol_pos> cell_pos; // -1: free
     std::vector<smol_seq_id> cell_seq;
     int32_t n_used = 0; // cells [0, n_used) may be occupied
 
+    // Sets the shape and frees every cell; k and v are set by the owner.
     void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells);
-    uint16_t * k_head(int32_t layer, int32_t head) {
-        return k.data() + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+    size_t bytes_per_tensor() const {
+        return size_t(n_layer) * n_head_kv * n_cells * head_dim * sizeof(uint16_t);
     }
-    uint16_t * v_head(int32_t layer, int32_t head) {
-        return v.data() + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+    uint16_t * k_head(int32_t layer, int32_t head) const {
+        return k + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+    }
+    uint16_t * v_head(int32_t layer, int32_t head) const {
+        return v + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
     }
     int32_t n_free() const;
     void clear();
@@ -168,8 +175,19 @@ class thread_pool {
 
 // --- executor ---------------------------------------------------------------
 
-// Places every intermediate tensor of a graph in one arena, reusing memory
-// once a result's last reader has run, and runs the nodes in order.
+// Where each intermediate tensor of a graph goes in one arena: first fit,
+// reusing a result's bytes once its last reader has run. Every backend uses
+// it; offsets are aligned to `alignment`.
+struct arena_plan {
+    size_t arena_bytes = 0;
+    size_t work_bytes = 0;    // shared work space of the largest MUL_MAT
+    size_t scratch_bytes = 0; // per-thread work space of the attention
+    std::vector<size_t> offset; // per node; SIZE_MAX: has its own memory
+};
+arena_plan plan_arena(const graph & g, size_t alignment);
+
+// Runs graphs on the CPU: places intermediates in an arena and runs the
+// nodes in order on the thread pool.
 class executor {
   public:
     explicit executor(int n_threads);

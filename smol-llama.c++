@@ -210,19 +210,39 @@ static int default_threads() {
 }
 
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
-    : model(m), params(p), exec_(p.n_threads > 0 ? p.n_threads : default_threads()),
+    : model(m), params(p),
+      be_(make_backend(p.device ? p.device : "cpu", p.n_threads > 0 ? p.n_threads : default_threads())),
       graph_(64 + size_t(m.hp.n_layer) * 32) {
     const llama_hparams & hp = m.hp;
     if (params.n_ctx == 0) params.n_ctx = uint32_t(std::min(4096, hp.n_ctx_train));
     if (params.n_batch == 0) params.n_batch = 512;
     params.n_batch = std::min(params.n_batch, params.n_ctx);
     if (params.n_seq_max == 0) params.n_seq_max = 1;
-    if (params.n_threads <= 0) params.n_threads = exec_.pool().size();
+    if (params.n_threads <= 0) params.n_threads = default_threads();
+    params.device = nullptr; // not kept: the caller owns the string
     if (params.n_ctx > (1u << 24)) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "n_ctx " + std::to_string(params.n_ctx) + " is too large for the CPU cache");
     }
     kv.init(hp.n_layer, hp.n_head_kv, hp.head_dim, int32_t(params.n_ctx));
+    for (uint16_t ** half : {&kv.k, &kv.v}) {
+        *half = static_cast<uint16_t *>(be_->alloc(kv.bytes_per_tensor()));
+        owned_.push_back(*half);
+        be_->memset(*half, 0, kv.bytes_per_tensor());
+    }
+    // Weights stay in the mapped file for the CPU; other backends get a copy.
+    auto place = [&](const weight & w) {
+        weight c = w;
+        c.data = to_backend(w);
+        return c;
+    };
+    tok_embd_ = place(m.tok_embd);
+    output_norm_ = place(m.output_norm);
+    output_ = m.output.data == m.tok_embd.data ? tok_embd_ : place(m.output);
+    for (const llama_layer & L : m.layers) {
+        layers_.push_back({place(L.attn_norm), place(L.wq), place(L.wk), place(L.wv), place(L.wo),
+                           place(L.ffn_norm), place(L.w_gate), place(L.w_up), place(L.w_down)});
+    }
     const size_t nb = params.n_batch;
     tokens_.resize(nb);
     positions_.resize(nb);
@@ -237,25 +257,42 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     graph_.clear();
     graph_.batch.kv = &kv;
     build_graph(int32_t(nb), 1);
-    exec_.plan(graph_);
+    be_->reserve(graph_);
+}
+
+llama_context::~llama_context() {
+    for (void * p : owned_) be_->release(p);
+}
+
+void * llama_context::to_backend(const weight & w) {
+    if (be_->where() == placement::host) return const_cast<void *>(w.data);
+    const size_t n = cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1);
+    void * p = be_->alloc(n);
+    owned_.push_back(p);
+    be_->upload(p, w.data, n);
+    return p;
 }
 
 void llama_context::build_graph(int32_t n, int32_t n_out) {
     const llama_hparams & hp = model.hp;
     graph & g = graph_;
     auto W = [&](const weight & w) {
-        return g.leaf(w.type, const_cast<void *>(w.data), w.ne0, w.ne1);
+        tensor * t = g.leaf(w.type, const_cast<void *>(w.data), w.ne0, w.ne1);
+        t->where = be_->where();
+        return t;
     };
+    // Inputs stay in host memory; a device backend copies them in.
     auto ints = [&](std::vector<int32_t> & v, int32_t count) {
         tensor * t = g.new_tensor(SMOL_TYPE_F32, count);
         t->data = v.data(); // int32 ids travel in 4-byte elements
+        t->where = placement::host;
         return t;
     };
     tensor * tok = ints(tokens_, n);
     tensor * pos = ints(positions_, n);
-    tensor * x = op_get_rows(g, W(model.tok_embd), tok);
+    tensor * x = op_get_rows(g, W(tok_embd_), tok);
     for (int l = 0; l < hp.n_layer; ++l) {
-        const llama_layer & L = model.layers[size_t(l)];
+        const llama_layer & L = layers_[size_t(l)];
         tensor * cur = op_rms_norm(g, x, W(L.attn_norm), hp.rms_eps);
         tensor * q = op_mul_mat(g, W(L.wq), cur);
         tensor * k = op_mul_mat(g, W(L.wk), cur);
@@ -271,9 +308,9 @@ void llama_context::build_graph(int32_t n, int32_t n_out) {
     }
     if (n_out == 0) return;
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));
-    x = op_rms_norm(g, x, W(model.output_norm), hp.rms_eps);
-    tensor * logits = op_mul_mat(g, W(model.output), x);
-    logits->data = logits_.data();
+    x = op_rms_norm(g, x, W(output_norm_), hp.rms_eps);
+    logits_node_ = op_mul_mat(g, W(output_), x);
+    if (be_->where() == placement::host) logits_node_->data = logits_.data();
 }
 
 void llama_context::decode(const smol_batch & b) {
@@ -346,9 +383,12 @@ void llama_context::decode(const smol_batch & b) {
     const double t0 = now_ms();
     graph_.clear();
     graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
+    logits_node_ = nullptr;
     build_graph(n, n_out);
-    exec_.plan(graph_);
-    exec_.run(graph_);
+    be_->run(graph_);
+    if (logits_node_ && logits_node_->data != logits_.data()) {
+        be_->download(logits_.data(), logits_node_->data, logits_node_->nbytes());
+    }
     const double dt = now_ms() - t0;
     if (n > 1) {
         perf.t_prompt_ms += dt;

@@ -7,6 +7,7 @@
 #define SMOL_LLAMA_H
 
 #include "gguf.h"
+#include "smol-backend.h"
 #include "smol-graph.h"
 #include "smol-vocab.h"
 #include "smol.h"
@@ -63,6 +64,9 @@ struct llama_model {
 class llama_context {
   public:
     llama_context(const llama_model & model, const smol_context_params & params);
+    ~llama_context();
+    llama_context(const llama_context &) = delete;
+    llama_context & operator=(const llama_context &) = delete;
 
     void decode(const smol_batch & batch); // throws smol::error
     const float * logits(int32_t i) const;
@@ -75,7 +79,13 @@ class llama_context {
   private:
     void build_graph(int32_t n_tokens, int32_t n_outputs);
 
-    executor exec_;
+    void * to_backend(const weight & w);
+
+    std::unique_ptr<backend> be_;
+    std::vector<void *> owned_; // backend memory this context allocated
+    // The model's weights as this context's backend sees them.
+    weight tok_embd_, output_norm_, output_;
+    std::vector<llama_layer> layers_;
     graph graph_;
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
@@ -83,6 +93,7 @@ class llama_context {
     int32_t last_out_ = -1;
     int32_t n_last_ = 0;
     std::vector<float> logits_;
+    tensor * logits_node_ = nullptr;
 };
 
 } // namespace smol

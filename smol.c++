@@ -5,6 +5,8 @@
 
 #include "smol-graph.h"
 
+#include "smol-backend.h"
+
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-llama.h"
@@ -165,9 +167,6 @@ void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
     n_head_kv = heads;
     head_dim = dim;
     n_cells = cells;
-    const size_t n = size_t(layers) * heads * cells * dim;
-    k.assign(n, 0);
-    v.assign(n, 0);
     cell_pos.assign(cells, -1);
     cell_seq.assign(cells, -1);
     n_used = 0;
@@ -286,8 +285,9 @@ executor::executor(int n_threads) : pool_(n_threads) {}
 
 static size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
 
-void executor::plan(graph & g) {
+arena_plan plan_arena(const graph & g, size_t alignment) {
     const auto & nodes = g.nodes();
+    auto align = [alignment](size_t n) { return (n + alignment - 1) / alignment * alignment; };
     // Index of the last node that reads each node's result.
     std::vector<int> last_use(nodes.size(), -1);
     std::vector<int> src_index(nodes.size() * max_src, -1);
@@ -301,8 +301,7 @@ void executor::plan(graph & g) {
         }
     }
 
-    // First-fit over free ranges of one offset space; results whose last
-    // reader has run give their range back.
+    // First fit over the free ranges of one offset space.
     struct range {
         size_t off, size;
     };
@@ -323,51 +322,59 @@ void executor::plan(graph & g) {
         return off;
     };
     auto give = [&](size_t off, size_t n) {
-        free_list.push_back({off, n});
-        std::sort(free_list.begin(), free_list.end(),
-                  [](const range & a, const range & b) { return a.off < b.off; });
-        std::vector<range> merged;
-        for (const range & r : free_list) {
-            if (!merged.empty() && merged.back().off + merged.back().size == r.off) {
-                merged.back().size += r.size;
-            } else {
-                merged.push_back(r);
-            }
+        auto it = std::lower_bound(free_list.begin(), free_list.end(), off,
+                                   [](const range & r, size_t o) { return r.off < o; });
+        it = free_list.insert(it, {off, n});
+        // Merge with the neighbours on both sides.
+        if (it + 1 != free_list.end() && it->off + it->size == (it + 1)->off) {
+            it->size += (it + 1)->size;
+            free_list.erase(it + 1);
         }
-        free_list.swap(merged);
+        if (it != free_list.begin() && (it - 1)->off + (it - 1)->size == it->off) {
+            (it - 1)->size += it->size;
+            free_list.erase(it);
+        }
     };
 
-    size_t work = 0, scratch = 0;
-    std::vector<size_t> offset(nodes.size(), SIZE_MAX);
+    arena_plan p;
+    p.offset.assign(nodes.size(), SIZE_MAX);
     std::vector<bool> live(nodes.size(), false);
     for (size_t i = 0; i < nodes.size(); ++i) {
-        tensor * t = nodes[i];
+        const tensor * t = nodes[i];
         if (!t->data && t->nbytes() > 0) {
-            offset[i] = take(align64(t->nbytes()));
+            p.offset[i] = take(align(t->nbytes()));
             live[i] = true;
         }
         for (int s = 0; s < max_src; ++s) {
             const int j = src_index[i * max_src + s];
             if (j >= 0 && last_use[j] == int(i) && live[j]) {
-                give(offset[j], align64(nodes[j]->nbytes()));
+                give(p.offset[j], align(nodes[j]->nbytes()));
                 live[j] = false;
             }
         }
         if (t->kind == OP_MUL_MAT) {
-            work = std::max(work, cpu::act_bytes(t->src[0]->type, t->src[0]->ne[0]) *
-                                      size_t(t->src[1]->ne[1]));
+            p.work_bytes = std::max(p.work_bytes, cpu::act_bytes(t->src[0]->type, t->src[0]->ne[0]) *
+                                                      size_t(t->src[1]->ne[1]));
         }
         if (t->kind == OP_ATTENTION) {
             const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) : 0;
-            scratch = std::max(scratch, (cells + size_t(t->iparams[3])) * sizeof(float));
+            p.scratch_bytes =
+                std::max(p.scratch_bytes, (cells + size_t(t->iparams[3])) * sizeof(float));
         }
     }
-    arena_.reserve(top);
-    work_.reserve(work);
-    scratch_per_thread_ = align64(scratch);
+    p.arena_bytes = top;
+    return p;
+}
+
+void executor::plan(graph & g) {
+    const arena_plan p = plan_arena(g, 64);
+    arena_.reserve(p.arena_bytes);
+    work_.reserve(p.work_bytes);
+    scratch_per_thread_ = align64(p.scratch_bytes);
     scratch_.reserve(scratch_per_thread_ * size_t(pool_.size()));
+    const auto & nodes = g.nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
-        if (offset[i] != SIZE_MAX) nodes[i]->data = arena_.data + offset[i];
+        if (p.offset[i] != SIZE_MAX) nodes[i]->data = arena_.data + p.offset[i];
     }
 }
 
@@ -383,6 +390,10 @@ struct op_args {
     float * scratch; // this thread's
     int ith, nth;
 };
+
+inline float * row_f32(const tensor * x, int64_t i) {
+    return reinterpret_cast<float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
+}
 
 // Rows [r0, r1) of n for thread ith of nth.
 inline void split(int64_t n, int ith, int nth, int64_t & r0, int64_t & r1) {
@@ -402,6 +413,8 @@ void run_get_rows(tensor * t, const op_args & a) {
     }
 }
 
+// The sum of squares is taken in double, as ggml does, so the scale agrees
+// with llama.cpp's to the last bit for the same inputs.
 void run_rms_norm(tensor * t, const op_args & a) {
     const tensor * x = t->src[0];
     const float * w = static_cast<const float *>(t->src[1]->data);
@@ -409,10 +422,12 @@ void run_rms_norm(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(x->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const float * src = reinterpret_cast<const float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
-        float * dst = reinterpret_cast<float *>(static_cast<uint8_t *>(t->data) + i * t->nb[1]);
-        const float ms = a.k.sum_sq(src, n) / float(n);
-        a.k.scale(dst, src, 1.0f / std::sqrt(ms + t->fparams[0]), n);
+        const float * src = row_f32(x, i);
+        float * dst = row_f32(t, i);
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += double(src[j]) * double(src[j]);
+        const float mean = float(sum / double(n));
+        a.k.scale(dst, src, 1.0f / std::sqrt(mean + t->fparams[0]), n);
         a.k.mul(dst, dst, w, n);
     }
 }
@@ -462,22 +477,25 @@ void run_swiglu(tensor * t, const op_args & a) {
 
 // GGUF stores llama's Q and K rows so that rotary pairs are adjacent
 // (llama.cpp's "normal" rope): pair (2i, 2i+1) turns by pos * base^(-2i/d).
+// The angle is stepped in float, theta *= base^(-2/d), as ggml does, so the
+// rotation agrees with llama.cpp's bit for bit.
 void run_rope(tensor * t, const op_args & a) {
     const tensor * x = t->src[0];
     const int32_t * pos = static_cast<const int32_t *>(t->src[1]->data);
     const int n_head = t->iparams[0], hd = t->iparams[1];
-    const float base = t->fparams[0];
+    const float theta_scale = std::pow(t->fparams[0], -2.0f / float(hd));
     int64_t i0, i1;
     split(x->ne[1], a.ith, a.nth, i0, i1);
     float cs[512], sn[512];
     for (int64_t i = i0; i < i1; ++i) {
+        float theta = float(pos[i]);
         for (int j = 0; j < hd / 2; ++j) {
-            const double theta = double(pos[i]) * std::pow(double(base), -2.0 * j / hd);
-            cs[j] = float(std::cos(theta));
-            sn[j] = float(std::sin(theta));
+            cs[j] = std::cos(theta);
+            sn[j] = std::sin(theta);
+            theta *= theta_scale;
         }
-        const float * src = reinterpret_cast<const float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
-        float * dst = reinterpret_cast<float *>(static_cast<uint8_t *>(t->data) + i * t->nb[1]);
+        const float * src = row_f32(x, i);
+        float * dst = row_f32(t, i);
         for (int h = 0; h < n_head; ++h) {
             const float * s = src + h * hd;
             float * d = dst + h * hd;
@@ -508,6 +526,10 @@ void run_kv_store(tensor * t, const op_args & a) {
     }
 }
 
+// Per (token, head): scores over the visible cells, softmax, then the
+// weighted sum of V. The query and the normalised weights are rounded to f16
+// before they meet the f16 cache, and the softmax sum is kept in double, as
+// llama.cpp's attention does, so the two engines round alike.
 void run_attention(tensor * t, const op_args & a) {
     kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
@@ -518,6 +540,8 @@ void run_attention(tensor * t, const op_args & a) {
     const int64_t n_tok = q->ne[1];
     float * scores = a.scratch;
     float * acc = a.scratch + kv.n_cells;
+    uint16_t qh16[1024];
+    float qh[1024];
     int64_t w0, w1;
     split(n_tok * n_head, a.ith, a.nth, w0, w1);
     for (int64_t w = w0; w < w1; ++w) {
@@ -525,7 +549,8 @@ void run_attention(tensor * t, const op_args & a) {
         const int h = int(w % n_head), hk = h / group;
         const smol_pos p = a.batch.pos[i];
         const smol_seq_id s = a.batch.seq[i];
-        const float * qh = reinterpret_cast<const float *>(static_cast<uint8_t *>(q->data) + i * q->nb[1]) + h * hd;
+        a.k.f32_to_f16(row_f32(q, i) + h * hd, qh16, hd);
+        a.k.row_to_f32(SMOL_TYPE_F16, qh16, qh, hd);
         const uint16_t * K = kv.k_head(layer, hk);
         const uint16_t * V = kv.v_head(layer, hk);
         float mx = -INFINITY;
@@ -534,13 +559,17 @@ void run_attention(tensor * t, const op_args & a) {
             scores[c] = visible ? a.k.dot_f16_f32(K + size_t(c) * hd, qh, hd) * scale : -INFINITY;
             mx = std::max(mx, scores[c]);
         }
-        const float sum = a.k.softmax_exp(scores, scores, mx, kv.n_used);
+        a.k.softmax_exp(scores, scores, mx, kv.n_used);
+        double sum = 0;
+        for (int32_t c = 0; c < kv.n_used; ++c) sum += double(scores[c]);
+        const float inv = float(1.0 / sum);
         std::fill(acc, acc + hd, 0.0f);
         for (int32_t c = 0; c < kv.n_used; ++c) {
-            if (scores[c] != 0.0f) a.k.axpy_f16(scores[c], V + size_t(c) * hd, acc, hd);
+            if (scores[c] == 0.0f) continue;
+            const float pc = cpu::fp16_to_fp32(cpu::fp32_to_fp16(scores[c] * inv));
+            if (pc != 0.0f) a.k.axpy_f16(pc, V + size_t(c) * hd, acc, hd);
         }
-        float * dst = reinterpret_cast<float *>(static_cast<uint8_t *>(t->data) + i * t->nb[1]) + h * hd;
-        a.k.scale(dst, acc, 1.0f / sum, hd);
+        std::memcpy(row_f32(t, i) + h * hd, acc, size_t(hd) * sizeof(float));
     }
 }
 
@@ -570,6 +599,65 @@ void executor::run(graph & g) {
         }
     };
     pool_.run(body);
+}
+
+// --- the CPU backend ------------------------------------------------------------
+
+namespace {
+
+class cpu_backend final : public backend {
+  public:
+    explicit cpu_backend(int n_threads) : exec_(n_threads) {}
+    const char * name() const override { return "cpu"; }
+    placement where() const override { return placement::host; }
+    void * alloc(size_t bytes) override {
+        void * p = std::aligned_alloc(64, align64(std::max<size_t>(bytes, 1)));
+        if (!p) {
+            throw error(SMOL_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes >> 20) +
+                                                    " MiB of host memory");
+        }
+        return p;
+    }
+    void release(void * p) override { std::free(p); }
+    void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
+    void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
+    void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
+    void run(graph & g) override {
+        exec_.plan(g);
+        exec_.run(g);
+    }
+    void reserve(graph & g) override { exec_.plan(g); }
+
+  private:
+    executor exec_;
+};
+
+} // namespace
+
+#if !defined(SMOL_CUDA)
+std::unique_ptr<backend> make_cuda_backend(int) {
+    throw error(SMOL_ERR_UNSUPPORTED, "this smol was built without CUDA; configure it with "
+                                      "-DSMOL_CUDA=ON on a machine with the CUDA toolkit");
+}
+#endif
+
+std::unique_ptr<backend> make_backend(const std::string & device, int n_threads) {
+    if (device.empty() || device == "cpu") return std::make_unique<cpu_backend>(n_threads);
+    if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+        int index = 0;
+        if (device.size() > 5) {
+            char * end = nullptr;
+            const long v = std::strtol(device.c_str() + 5, &end, 10);
+            if (*end != '\0' || v < 0 || v > 255) {
+                throw error(SMOL_ERR_INVALID_ARGUMENT,
+                            "device '" + device + "': expected cuda:N with N a GPU index");
+            }
+            index = int(v);
+        }
+        return make_cuda_backend(index);
+    }
+    throw error(SMOL_ERR_INVALID_ARGUMENT,
+                "unknown device '" + device + "'; use cpu or cuda:N");
 }
 
 } // namespace smol
@@ -783,6 +871,7 @@ smol_context_params smol_context_default_params(void) {
     p.n_batch = 512;
     p.n_threads = 0;
     p.n_seq_max = 1;
+    p.device = nullptr;
     return p;
 }
 

@@ -154,6 +154,7 @@ typedef struct smol_context_params {
     uint32_t n_batch;   // most tokens one smol_decode call takes (default 512)
     int32_t n_threads;  // CPU threads (0: all cores)
     uint32_t n_seq_max; // most sequences at once (default 1)
+    const char * device; // "cpu" (default, NULL too) or "cuda:N"
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);

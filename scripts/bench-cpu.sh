@@ -66,83 +66,77 @@ for type in Q8_0 F16; do
     fi
     models+=("$dst")
 done
-model_list=$(IFS=,; echo "${models[*]}")
 
 # --- run both -----------------------------------------------------------------
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-say "CPU: ${cpu:-unknown}; $threads threads; pp$n_prompt and tg$n_gen, $reps repetitions"
-say "running smol-bench"
-"$bench" -m "$model_list" -p "$n_prompt" -n "$n_gen" -t "$threads" -r "$reps" -o json \
-    >"$out/cpu-smol.json"
-
+# Each tool writes JSON to stdout and its own markdown table to stderr (-oe),
+# so the tables shown below are the tools' own.
 have_llama=1
 if [ ! -x "$llama_bench" ]; then
     have_llama=0
-else
-    say "running llama-bench ($llama_bench)"
-    llama_models=()
-    for m in "${models[@]}"; do llama_models+=(-m "$m"); done
-    "$llama_bench" "${llama_models[@]}" -p "$n_prompt" -n "$n_gen" -t "$threads" -r "$reps" \
-        -o json >"$out/cpu-llama.cpp.json" 2>"$out/cpu-llama.cpp.log" || {
-        cat "$out/cpu-llama.cpp.log" >&2
-        say "llama-bench failed; its log is above"
-        exit 1
-    }
+    say "llama-bench is not at $llama_bench: build it with scripts/peers.sh or set LLAMA_BENCH;"
+    say "running smol alone for now"
 fi
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+say "CPU: ${cpu:-unknown}; $threads threads; pp$n_prompt and tg$n_gen, $reps repetitions each"
+llama_models=()
+for m in "${models[@]}"; do llama_models+=(-m "$m"); done
+
+# run NAME COMMAND...: JSON to $out/cpu-NAME.json, the table to cpu-NAME.md.
+run() {
+    local name=$1
+    shift
+    say "running $name: $*"
+    if ! "$@" -p "$n_prompt" -n "$n_gen" -t "$threads" -r "$reps" -o json -oe md \
+        >"$out/cpu-$name.json" 2>"$out/cpu-$name.md"; then
+        cat "$out/cpu-$name.md" >&2
+        say "$name failed; its output is above"
+        exit 1
+    fi
+}
+run smol "$bench" -m "$(IFS=,; echo "${models[*]}")"
+[ $have_llama = 1 ] && run llama.cpp "$llama_bench" "${llama_models[@]}"
 
 # --- tables -------------------------------------------------------------------
-llama_json=""
-[ $have_llama = 1 ] && llama_json="$out/cpu-llama.cpp.json"
-python3 - "$out/cpu-smol.json" "$llama_json" <<'PY'
+echo
+echo "## smol"
+echo
+cat "$out/cpu-smol.md"
+if [ $have_llama = 1 ]; then
+    echo
+    echo "## llama.cpp"
+    echo
+    cat "$out/cpu-llama.cpp.md"
+    python3 - "$out/cpu-smol.json" "$out/cpu-llama.cpp.json" <<'PY'
 import json, os, statistics, sys
 
 def load(path):
     rows = {}
-    if not path:
-        return rows
     for r in json.load(open(path)):
         test = f"pp{r['n_prompt']}" if r["n_prompt"] > 0 else f"tg{r['n_gen']}"
         rows[(os.path.basename(r["model_filename"]), r["n_threads"], test)] = r
     return rows
 
-def size(b):
-    return f"{b / 2**20:.2f} MiB" if b < 2**30 else f"{b / 2**30:.2f} GiB"
-
-def table(title, rows):
-    print(f"\n{title}\n")
-    print(f"| {'model':<36} | {'size':>10} | {'threads':>7} | {'test':>6} | {'t/s':>20} |")
-    print(f"| {'-' * 36} | {'-' * 9}: | {'-' * 6}: | {'-' * 5}: | {'-' * 19}: |")
-    for (model, threads, test), r in rows.items():
-        ts = f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"
-        print(f"| {model:<36} | {size(r['model_size']):>10} | {threads:>7} | {test:>6} | {ts:>20} |")
-
-smol, llama = load(sys.argv[1]), load(sys.argv[2] if len(sys.argv) > 2 else "")
-r0 = next(iter(smol.values()))
-table(f"smol {r0['smol_version']} (CPU kernels: {r0['cpu_kernels']})", smol)
-if llama:
-    l0 = next(iter(llama.values()))
-    table(f"llama.cpp {l0.get('build_commit', '?')} ({l0.get('backends', 'CPU')})", llama)
-    print("\nsmol / llama.cpp (tokens per second; above 1 means smol is faster)\n")
-    print(f"| {'model':<36} | {'test':>6} | {'smol t/s':>10} | {'llama.cpp t/s':>13} | {'ratio':>6} |")
-    print(f"| {'-' * 36} | {'-' * 5}: | {'-' * 9}: | {'-' * 12}: | {'-' * 5}: |")
-    ratios = []
-    for key, s in smol.items():
-        l = llama.get(key)
-        if not l:
-            continue
-        ratio = s["avg_ts"] / l["avg_ts"]
-        ratios.append(ratio)
-        print(f"| {key[0]:<36} | {key[2]:>6} | {s['avg_ts']:>10.2f} | {l['avg_ts']:>13.2f} | {ratio:>6.2f} |")
-    if ratios:
-        print(f"\ngeometric mean of the ratios: {statistics.geometric_mean(ratios):.2f}")
+smol, llama = load(sys.argv[1]), load(sys.argv[2])
+print("\n## smol / llama.cpp (tokens per second; above 1 means smol is faster)\n")
+print(f"| {'model':<36} | {'threads':>7} | {'test':>6} | {'smol t/s':>10} | {'llama.cpp t/s':>13} | {'ratio':>6} |")
+print(f"| {'-' * 36} | {'-' * 6}: | {'-' * 5}: | {'-' * 9}: | {'-' * 12}: | {'-' * 5}: |")
+ratios = []
+for key, s in smol.items():
+    l = llama.get(key)
+    if not l or l["avg_ts"] <= 0:
+        continue
+    ratio = s["avg_ts"] / l["avg_ts"]
+    ratios.append(ratio)
+    print(f"| {key[0]:<36} | {key[1]:>7} | {key[2]:>6} | {s['avg_ts']:>10.2f} | {l['avg_ts']:>13.2f} | {ratio:>6.2f} |")
+if ratios:
+    print(f"\ngeometric mean of the ratios: {statistics.geometric_mean(ratios):.2f}")
 PY
+fi
 echo
 if [ $have_llama = 1 ]; then
     say "raw JSON: $out/cpu-smol.json and $out/cpu-llama.cpp.json"
 else
     say "raw JSON: $out/cpu-smol.json"
-fi
-if [ $have_llama = 0 ]; then
     say "llama.cpp's llama-bench is not at $llama_bench, so there is nothing to compare with."
     say "Build it with scripts/peers.sh (it builds llama.cpp under /work/peers), or point"
     say "LLAMA_BENCH at an existing llama-bench binary, then run this script again."

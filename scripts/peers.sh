@@ -13,7 +13,7 @@
 #   DIR/llama-cpp-python-VERSION/vendor/llama.cpp   the llama.cpp sources
 #   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize}
 #   DIR/build-cuda/bin/...                          (with --cuda)
-#   DIR/venv/bin/python                             llama-cpp-python + numpy
+#   DIR/venv/bin/python                             llama-cpp-python, numpy, gguf
 set -euo pipefail
 
 version=0.3.36
@@ -122,6 +122,10 @@ if [ "$venv" = 1 ]; then
             nice "$dir/venv/bin/python" -m pip install --no-cache-dir --verbose "$sdist" \
             > "$dir/venv-install.log" 2>&1 \
             || { tail -n 40 "$dir/venv-install.log" >&2; exit 1; }
+    fi
+    if ! "$dir/venv/bin/python" -c "import gguf" 2>/dev/null; then
+        log "installing the vendored gguf-py (GGUF reader for the float64 reference)"
+        "$dir/venv/bin/python" -m pip install --quiet "$vendor/gguf-py"
     fi
     log "venv: $dir/venv/bin/python (llama_cpp $("$dir/venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)'))"
 fi

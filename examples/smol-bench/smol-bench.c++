@@ -3,7 +3,8 @@
 // read side by side: pp decodes N random tokens in n_batch chunks, tg decodes
 // N single tokens after an empty cache; each test is warmed up once, then
 // repeated -r times and reported as mean +- standard deviation of tokens/s.
-// Prints a markdown table (rows as they finish) or a JSON array (--json).
+// Prints a markdown table (rows as they finish) or a JSON array (-o json),
+// and either of them on stderr too (-oe), as llama-bench does.
 
 #include "smol.h"
 
@@ -19,6 +20,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -49,6 +51,8 @@ struct options {
     std::vector<int> n_threads;
     int reps = 5;
     std::string output = "md";
+    std::string output_err = "none";
+    std::string device;
     bool json = false;
     bool progress = false;
 };
@@ -58,6 +62,7 @@ struct result {
     std::string model_file;
     std::string model_label;
     std::string type;
+    std::string device;
     uint64_t size = 0;
     int64_t n_params = 0;
     int n_batch = 0;
@@ -139,7 +144,8 @@ std::string now_iso8601() {
 }
 
 result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
-                int n_batch, int n_threads, int n_prompt, int n_gen, int reps, bool progress) {
+                const std::string & device, int n_batch, int n_threads, int n_prompt, int n_gen,
+                int reps, bool progress) {
     result r;
     r.model_file = file;
     r.model_label = std::filesystem::path(file).stem().string();
@@ -147,6 +153,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     r.type = type ? type : "?";
     r.size = info.n_bytes;
     r.n_params = info.n_params;
+    r.device = device.empty() ? "cpu" : device;
     r.n_batch = n_batch;
     r.n_threads = n_threads;
     r.n_prompt = n_prompt;
@@ -157,6 +164,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     cparams.n_ctx = uint32_t(n_prompt + n_gen);
     cparams.n_batch = uint32_t(n_batch);
     cparams.n_threads = n_threads;
+    if (!device.empty()) cparams.device = device.c_str();
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
@@ -209,30 +217,36 @@ std::string format_params(int64_t n) {
 }
 
 struct markdown_table {
+    std::FILE * out;
     bool show_batch;
 
     void header() const {
-        std::printf("| %-30s | %10s | %10s | %-6s | %7s |", "model", "size", "params", "type",
-                    "threads");
-        if (show_batch) std::printf(" %7s |", "n_batch");
-        std::printf(" %8s | %20s |\n", "test", "t/s");
-        std::printf("| %s | %s | %s | %s | %s |", std::string(30, '-').c_str(),
-                    "---------:", "---------:", "------", "------:");
-        if (show_batch) std::printf(" %s |", "------:");
-        std::printf(" %s | %s |\n", "-------:", "-------------------:");
+        std::fprintf(out, "| %-30s | %10s | %10s | %-6s | %7s |", "model", "size", "params", "type",
+                     "threads");
+        if (show_batch) std::fprintf(out, " %7s |", "n_batch");
+        std::fprintf(out, " %8s | %20s |\n", "test", "t/s");
+        std::fprintf(out, "| %s | %s | %s | %s | %s |", std::string(30, '-').c_str(),
+                     "---------:", "---------:", "------", "------:");
+        if (show_batch) std::fprintf(out, " %s |", "------:");
+        std::fprintf(out, " %s | %s |\n", "-------:", "-------------------:");
+        std::fflush(out);
     }
 
     void row(const result & r) const {
         const std::vector<double> ts = r.samples_ts();
         char tps[64];
         std::snprintf(tps, sizeof tps, "%.2f ± %.2f", mean(ts), stddev(ts));
-        std::printf("| %-30s | %10s | %10s | %-6s | %7d |", r.model_label.c_str(),
-                    format_size(r.size).c_str(), format_params(r.n_params).c_str(), r.type.c_str(),
-                    r.n_threads);
-        if (show_batch) std::printf(" %7d |", r.n_batch);
+        std::fprintf(out, "| %-30s | %10s | %10s | %-6s | %7d |", r.model_label.c_str(),
+                     format_size(r.size).c_str(), format_params(r.n_params).c_str(), r.type.c_str(),
+                     r.n_threads);
+        if (show_batch) std::fprintf(out, " %7d |", r.n_batch);
         // "±" is two bytes but one column: pad by hand to keep the table aligned.
-        std::printf(" %8s | %21s |\n", r.test_name().c_str(), tps);
-        std::fflush(stdout);
+        std::fprintf(out, " %8s | %21s |\n", r.test_name().c_str(), tps);
+        std::fflush(out);
+    }
+
+    void footer() const {
+        std::fprintf(out, "\nsmol %s, CPU kernels: %s\n", smol_version(), smol_cpu_kernels_name());
     }
 };
 
@@ -264,41 +278,53 @@ std::string json_numbers(const std::vector<double> & v, int decimals) {
 }
 
 // Field names follow llama-bench's JSON so one script can read both.
-void print_json(const std::vector<result> & results) {
-    std::printf("[\n");
+void print_json(std::FILE * out, const std::vector<result> & results) {
+    std::fprintf(out, "[\n");
     for (size_t i = 0; i < results.size(); i++) {
         const result & r = results[i];
         const std::vector<double> ts = r.samples_ts();
-        std::printf("  {\n");
-        std::printf("    \"engine\": \"smol\",\n");
-        std::printf("    \"smol_version\": %s,\n", json_string(smol_version()).c_str());
-        std::printf("    \"cpu_kernels\": %s,\n", json_string(smol_cpu_kernels_name()).c_str());
-        std::printf("    \"model_filename\": %s,\n", json_string(r.model_file).c_str());
-        std::printf("    \"model_type\": %s,\n", json_string(r.model_label + " " + r.type).c_str());
-        std::printf("    \"model_ftype\": %s,\n", json_string(r.type).c_str());
-        std::printf("    \"model_size\": %llu,\n", (unsigned long long)r.size);
-        std::printf("    \"model_n_params\": %lld,\n", (long long)r.n_params);
-        std::printf("    \"n_batch\": %d,\n", r.n_batch);
-        std::printf("    \"n_threads\": %d,\n", r.n_threads);
-        std::printf("    \"n_prompt\": %d,\n", r.n_prompt);
-        std::printf("    \"n_gen\": %d,\n", r.n_gen);
-        std::printf("    \"test_time\": %s,\n", json_string(r.test_time).c_str());
-        std::printf("    \"avg_ns\": %.0f,\n", mean(r.samples_ns));
-        std::printf("    \"stddev_ns\": %.0f,\n", stddev(r.samples_ns));
-        std::printf("    \"avg_ts\": %.6f,\n", mean(ts));
-        std::printf("    \"stddev_ts\": %.6f,\n", stddev(ts));
-        std::printf("    \"samples_ns\": %s,\n", json_numbers(r.samples_ns, 0).c_str());
-        std::printf("    \"samples_ts\": %s\n", json_numbers(ts, 6).c_str());
-        std::printf("  }%s\n", i + 1 < results.size() ? "," : "");
+        std::fprintf(out, "  {\n");
+        std::fprintf(out, "    \"engine\": \"smol\",\n");
+        std::fprintf(out, "    \"smol_version\": %s,\n", json_string(smol_version()).c_str());
+        std::fprintf(out, "    \"cpu_kernels\": %s,\n",
+                     json_string(smol_cpu_kernels_name()).c_str());
+        std::fprintf(out, "    \"model_filename\": %s,\n", json_string(r.model_file).c_str());
+        std::fprintf(out, "    \"model_type\": %s,\n",
+                     json_string(r.model_label + " " + r.type).c_str());
+        std::fprintf(out, "    \"model_ftype\": %s,\n", json_string(r.type).c_str());
+        std::fprintf(out, "    \"model_size\": %llu,\n", (unsigned long long)r.size);
+        std::fprintf(out, "    \"model_n_params\": %lld,\n", (long long)r.n_params);
+        std::fprintf(out, "    \"device\": %s,\n", json_string(r.device).c_str());
+        std::fprintf(out, "    \"n_batch\": %d,\n", r.n_batch);
+        std::fprintf(out, "    \"n_threads\": %d,\n", r.n_threads);
+        std::fprintf(out, "    \"n_prompt\": %d,\n", r.n_prompt);
+        std::fprintf(out, "    \"n_gen\": %d,\n", r.n_gen);
+        std::fprintf(out, "    \"test_time\": %s,\n", json_string(r.test_time).c_str());
+        std::fprintf(out, "    \"avg_ns\": %.0f,\n", mean(r.samples_ns));
+        std::fprintf(out, "    \"stddev_ns\": %.0f,\n", stddev(r.samples_ns));
+        std::fprintf(out, "    \"avg_ts\": %.6f,\n", mean(ts));
+        std::fprintf(out, "    \"stddev_ts\": %.6f,\n", stddev(ts));
+        std::fprintf(out, "    \"samples_ns\": %s,\n", json_numbers(r.samples_ns, 0).c_str());
+        std::fprintf(out, "    \"samples_ts\": %s\n", json_numbers(ts, 6).c_str());
+        std::fprintf(out, "  }%s\n", i + 1 < results.size() ? "," : "");
     }
-    std::printf("]\n");
+    std::fprintf(out, "]\n");
 }
+
+// Writes results in one format to one stream: markdown rows as each test
+// finishes, JSON once at the end (llama-bench's -o and -oe).
+struct sink {
+    std::FILE * out;
+    std::string format; // "md", "json" or "none"
+    markdown_table table;
+};
 
 int run(options & o) {
     if (o.json) o.output = "json";
     if (o.n_threads.empty()) o.n_threads = {int(std::max(1u, std::thread::hardware_concurrency()))};
-    const bool md = o.output == "md";
-    const markdown_table table{o.n_batch.size() > 1 || o.n_batch[0] != 512};
+    const bool show_batch = o.n_batch.size() > 1 || o.n_batch[0] != 512;
+    const sink sinks[] = {{stdout, o.output, {stdout, show_batch}},
+                          {stderr, o.output_err, {stderr, show_batch}}};
     for (const std::string & file : o.models) {
         std::error_code ec;
         if (!std::filesystem::is_regular_file(file, ec))
@@ -307,7 +333,8 @@ int run(options & o) {
                               "model, or check the path");
     }
     std::vector<result> results;
-    if (md) table.header();
+    for (const sink & k : sinks)
+        if (k.format == "md") k.table.header();
     for (const std::string & file : o.models) {
         smol_model_params mparams = smol_model_default_params();
         smol_model * raw = nullptr;
@@ -323,17 +350,18 @@ int run(options & o) {
                 for (int n : o.n_gen)
                     if (n > 0) tests.emplace_back(0, n);
                 for (auto [n_prompt, n_gen] : tests) {
-                    result r = run_test(model.get(), info, file, n_batch, n_threads, n_prompt,
-                                        n_gen, o.reps, o.progress);
-                    if (md) table.row(r);
+                    result r = run_test(model.get(), info, file, o.device, n_batch, n_threads,
+                                        n_prompt, n_gen, o.reps, o.progress);
+                    for (const sink & k : sinks)
+                        if (k.format == "md") k.table.row(r);
                     results.push_back(std::move(r));
                 }
             }
     }
-    if (md)
-        std::printf("\nsmol %s, CPU kernels: %s\n", smol_version(), smol_cpu_kernels_name());
-    else
-        print_json(results);
+    for (const sink & k : sinks) {
+        if (k.format == "md") k.table.footer();
+        if (k.format == "json") print_json(k.out, results);
+    }
     return 0;
 }
 
@@ -368,10 +396,20 @@ int main(int argc, char ** argv) {
     app.add_option("-o,--output", o.output, "output format")
         ->capture_default_str()
         ->check(CLI::IsMember({"md", "json"}));
+    app.add_option("--output-err", o.output_err, "output format printed to stderr (also -oe)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "md", "json"}));
     app.add_flag("--json", o.json, "print a JSON array (same as -o json)");
+    app.add_option("--device", o.device, "where to run: cpu or cuda:N (default: cpu)");
     app.add_flag("--progress", o.progress, "report each repetition on stderr");
+    // CLI11 takes only one letter after a single dash; llama-bench users
+    // type -oe, so it is spelled out here.
+    std::vector<char *> args(argv, argv + argc);
+    std::string output_err = "--output-err";
+    for (char *& a : args)
+        if (std::string_view(a) == "-oe") a = output_err.data();
     try {
-        app.parse(argc, argv);
+        app.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError & e) {
         return app.exit(e);
     }

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,7 @@ struct options {
     uint32_t n_ctx = 0;
     uint32_t n_batch = 0;
     int32_t n_threads = 0;
+    std::string device;
     smol_sampler_params sampling = smol_sampler_default_params();
     int64_t seed = -1;
     bool chat = false;
@@ -248,7 +250,7 @@ struct session {
 
 // Decodes tokens after what the cache holds, in chunks of the batch size,
 // keeping only the last token's logits (all that sampling needs).
-void decode(session & s, const std::vector<smol_token> & tokens) {
+void decode(session & s, std::span<const smol_token> tokens) {
     for (size_t i = 0; i < tokens.size(); i += size_t(s.batch->capacity)) {
         const size_t n = std::min(tokens.size() - i, size_t(s.batch->capacity));
         s.batch->batch.n_tokens = 0;
@@ -273,7 +275,10 @@ struct generation {
 generation generate(session & s, int32_t n_predict, bool decode_last) {
     generation g;
     g_interrupted = 0;
-    g_generating = 1;
+    struct generating_scope {
+        generating_scope() { g_generating = 1; }
+        ~generating_scope() { g_generating = 0; }
+    } scope;
     for (int32_t n = 0; n_predict < 0 || n < n_predict; n++) {
         if (g_interrupted) break;
         const float * logits = smol_get_logits(s.ctx, -1);
@@ -293,10 +298,9 @@ generation generate(session & s, int32_t n_predict, bool decode_last) {
             g.full = true;
             break;
         }
-        decode(s, {t});
+        decode(s, {&t, 1});
         g.cached += piece(s.model, t, true);
     }
-    g_generating = 0;
     return g;
 }
 
@@ -476,6 +480,7 @@ int run(const options & o, const char * argv0) {
     if (o.n_ctx) cparams.n_ctx = o.n_ctx;
     if (o.n_batch) cparams.n_batch = o.n_batch;
     cparams.n_threads = o.n_threads;
+    if (!o.device.empty()) cparams.device = o.device.c_str();
     smol_context * raw_ctx = nullptr;
     check(smol_context_create(model.get(), &cparams, &raw_ctx), "cannot create the context");
     context_ptr ctx(raw_ctx);
@@ -533,6 +538,7 @@ int main(int argc, char ** argv) {
     app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    app.add_option("--device", o.device, "where to run: cpu or cuda:N (default: cpu)");
     app.add_option("--temp", o.sampling.temperature, "temperature (<= 0: greedy)")
         ->capture_default_str();
     app.add_option("--top-k", o.sampling.top_k, "top-k sampling (<= 0: off)")

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds smol with the CUDA backend on a machine with an NVIDIA GPU, runs the
+# whole suite there (the CPU tests too: GPU hosts often have AVX-512, which
+# exercises CPU kernels a laptop cannot), then times decode on the GPU.
+# Logs go to $OUT (the device tool's output folder) or build-gpu/logs.
+#
+#   scripts/test-gpu.sh                  build in build-gpu, test, time
+#   scripts/test-gpu.sh --pack-deps DIR  (on a machine with the packages) put
+#                                        doctest, nlohmann_json, CLI11 and the
+#                                        python gguf wheel in DIR, for a GPU
+#                                        machine that cannot download them
+#
+# Environment: SMOL_GPU_DEPS=DIR uses a packed DIR when the packages are not
+# installed; CMAKE_CUDA_ARCHITECTURES (default 90, Hopper); JOBS (all cores).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "${1:-}" = "--pack-deps" ]; then
+    dir=${2:?usage: test-gpu.sh --pack-deps DIR}
+    mkdir -p "$dir/include" "$dir/lib/cmake" "$dir/whl"
+    cp -r /usr/include/doctest /usr/include/nlohmann /usr/include/CLI "$dir/include/"
+    # Minimal package configs: header-only targets rooted in DIR.
+    for pkg in doctest:doctest nlohmann_json:nlohmann_json CLI11:CLI11; do
+        name=${pkg%%:*}
+        mkdir -p "$dir/lib/cmake/$name"
+        cat >"$dir/lib/cmake/$name/${name}Config.cmake" <<EOF
+if(NOT TARGET ${name}::${pkg##*:})
+  add_library(${name}::${pkg##*:} INTERFACE IMPORTED)
+  set_target_properties(${name}::${pkg##*:} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES
+                        "\${CMAKE_CURRENT_LIST_DIR}/../../../include")
+endif()
+EOF
+    done
+    python3 -m pip download --no-deps --only-binary=:all: -d "$dir/whl" gguf >/dev/null
+    du -sh "$dir"
+    exit 0
+fi
+
+out=${OUT:-$root/build-gpu/logs}
+build=$root/build-gpu
+jobs=${JOBS:-$(nproc)}
+mkdir -p "$out"
+log() { echo "== $*" | tee -a "$out/summary.txt"; }
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+    echo "nvcc: $(nvcc --version | tail -1)"
+    echo "cmake: $(cmake --version | head -1)"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
+    echo "cpu avx-512 flags: $(grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+} 2>&1 | tee "$out/machine.txt"
+
+prefix=()
+if [ -n "${SMOL_GPU_DEPS:-}" ]; then
+    deps=$(cd "$SMOL_GPU_DEPS" && pwd)
+    prefix=(-DCMAKE_PREFIX_PATH="$deps")
+    if ls "$deps"/whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import gguf' 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/smol-site "$deps"/whl/*.whl
+        export PYTHONPATH=/tmp/smol-site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+fi
+
+log "configure"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSMOL_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}" "${prefix[@]}" \
+    >"$out/configure.txt" 2>&1 || { tail -30 "$out/configure.txt"; exit 1; }
+log "build ($jobs jobs)"
+start=$(date +%s)
+cmake --build "$build" -j "$jobs" >"$out/build.txt" 2>&1 || { grep -B2 -A8 -m5 'error' "$out/build.txt"; exit 1; }
+log "built in $(($(date +%s) - start)) s"
+
+# The GPU test first and verbosely (its messages carry the numbers), then
+# everything. The format check needs clang-format and cmake-format, which
+# GPU machines usually lack; CI runs it.
+log "test-cuda"
+(cd "$build/tests" && ./test-cuda --duration=true) 2>&1 | tee "$out/test-cuda.txt" | tail -40
+log "test-cpu-kernels"
+(cd "$build/tests" && ./test-cpu-kernels) 2>&1 | tail -5 | tee -a "$out/summary.txt"
+log "ctest"
+(cd "$build" && ctest -E '^format$' --output-on-failure -j 4) >"$out/ctest.txt" 2>&1
+status=$?
+tail -25 "$out/ctest.txt" | tee -a "$out/summary.txt"
+
+# smol-bench on a random model of SmolLM2-135M's shape, when the bench can
+# choose its device.
+bench=$build/examples/smol-bench
+if [ -x "$bench" ] && "$bench" --help 2>&1 | grep -q -- '--device'; then
+    log "smol-bench"
+    for m in "$root"/models/*.gguf; do
+        [ -f "$m" ] || continue
+        "$bench" -m "$m" --device cuda:0 -p 512 -n 128 2>&1 | tee -a "$out/bench.txt"
+    done
+else
+    log "smol-bench has no --device option: decode timing is in test-cuda.txt"
+fi
+grep -h -E 'tokens/s|largest|variants|skipped' "$out/test-cuda.txt" | tee -a "$out/summary.txt"
+exit $status

@@ -1,0 +1,1635 @@
+// smol-cuda.cu - the CUDA backend: device memory, one stream, an arena for a
+// graph's intermediate results, staging of the host inputs a graph reads,
+// the kernels of every op (matmuls chosen by batch size that dequantize
+// GGUF blocks in registers, flash-decoding attention over the head-major
+// KV cache), fusion of the decode step's small ops, and replay of a repeated
+// step as a CUDA graph. smol-hip.cpp compiles this same file for ROCm with
+// smol-hip.h mapping the names; that build has no BLAS.
+
+#include "smol-backend.h"
+#include "smol-cpu-kernels.h"
+#include "smol-error.h"
+#include "smol-graph.h"
+
+#if defined(SMOL_HIP)
+#include "smol-hip.h"
+#else
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#define SMOL_GPU_VENDOR     "CUDA"
+#define SMOL_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), 32)
+#define SMOL_SHFL(v, l)     __shfl_sync(0xffffffffu, (v), (l), 32)
+#define SMOL_HAVE_BLAS      1
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace smol {
+
+namespace {
+
+// --- errors -----------------------------------------------------------------
+
+[[noreturn]] void gpu_fail(cudaError_t e, const char * what) {
+    (void)cudaGetLastError(); // clear it, so the next call does not see it again
+    throw error(SMOL_ERR_BACKEND, std::string(SMOL_GPU_VENDOR " error in ") + what + ": " +
+                                      cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+#define SMOL_GPU_CHECK(call)                                                                       \
+    do {                                                                                           \
+        const cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess) gpu_fail(e_, #call);                                                \
+    } while (0)
+
+#if defined(SMOL_HAVE_BLAS)
+#define SMOL_BLAS_CHECK(call)                                                                      \
+    do {                                                                                           \
+        const cublasStatus_t s_ = (call);                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            throw error(SMOL_ERR_BACKEND, std::string("cuBLAS error in " #call ": ") +            \
+                                              cublasGetStatusString(s_));                          \
+        }                                                                                          \
+    } while (0)
+#endif
+
+// --- device helpers ---------------------------------------------------------
+
+constexpr int warp_size = 32; // logical lanes; see smol-hip.h for AMD
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v += SMOL_SHFL_XOR(v, m);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, SMOL_SHFL_XOR(v, m));
+    return v;
+}
+
+__device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ uint16_t f32_to_f16(float f) {
+    return __half_as_ushort(__float2half_rn(f)); // round to nearest even, like the CPU
+}
+__device__ __forceinline__ float ld_f16(const uint8_t * p) {
+    return f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
+}
+
+// One element of a row of type t. Products are rounded before the q4_1
+// minimum is added, as the CPU does, so get_rows matches it bit for bit.
+__device__ float row_elem(int t, const uint8_t * row, int e) {
+    const int b = e / cpu::QK, j = e % cpu::QK;
+    switch (t) {
+    case SMOL_TYPE_F32: return reinterpret_cast<const float *>(row)[e];
+    case SMOL_TYPE_F16: return f16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
+    case SMOL_TYPE_BF16: return bf16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
+    case SMOL_TYPE_Q8_0: {
+        const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q8_0);
+        return __fmul_rn(float(int8_t(blk[2 + j])), ld_f16(blk));
+    }
+    case SMOL_TYPE_Q4_0: {
+        const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q4_0);
+        const uint8_t q = blk[2 + (j & 15)];
+        return __fmul_rn(float(int(j < 16 ? q & 15 : q >> 4) - 8), ld_f16(blk));
+    }
+    case SMOL_TYPE_Q4_1: {
+        const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q4_1);
+        const uint8_t q = blk[4 + (j & 15)];
+        return __fadd_rn(__fmul_rn(float(j < 16 ? q & 15 : q >> 4), ld_f16(blk)), ld_f16(blk + 2));
+    }
+    }
+    return 0.0f;
+}
+
+// Eight weights of chunk ch of a row (chunks of 8 elements; the quantized
+// types have 4 chunks per 32-element block) and where they meet the
+// activations: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
+// Quantized blocks are only 2-byte aligned, so they are read in 16 or 32-bit
+// pieces; float rows are read 16 bytes at a time.
+template <int T>
+__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
+                                           int & e0, int & e1) {
+    if constexpr (T == SMOL_TYPE_F32) {
+        const float4 a = reinterpret_cast<const float4 *>(row)[2 * ch];
+        const float4 b = reinterpret_cast<const float4 *>(row)[2 * ch + 1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        e0 = 8 * ch;
+        e1 = e0 + 4;
+    } else if constexpr (T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16) {
+        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (T == SMOL_TYPE_F16) {
+                v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
+                v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
+            } else {
+                v[2 * i] = __uint_as_float(w[i] << 16);
+                v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            }
+        }
+        e0 = 8 * ch;
+        e1 = e0 + 4;
+    } else if constexpr (T == SMOL_TYPE_Q8_0) {
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q8_0);
+        const float d = ld_f16(blk);
+        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t w = qs[i];
+            v[2 * i] = d * float(int8_t(w & 0xff));
+            v[2 * i + 1] = d * float(int8_t(w >> 8));
+        }
+        e0 = 32 * (ch >> 2) + 8 * q;
+        e1 = e0 + 4;
+    } else if constexpr (T == SMOL_TYPE_Q4_0) {
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_0);
+        const float d = ld_f16(blk);
+        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * q);
+        const uint32_t w = uint32_t(qs[0]) | (uint32_t(qs[1]) << 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t byte = (w >> (8 * i)) & 0xff;
+            v[i] = d * float(int(byte & 15) - 8);
+            v[4 + i] = d * float(int(byte >> 4) - 8);
+        }
+        e0 = 32 * (ch >> 2) + 4 * q;
+        e1 = e0 + 16;
+    } else { // SMOL_TYPE_Q4_1
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_1);
+        const float d = ld_f16(blk), m = ld_f16(blk + 2);
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t byte = (w >> (8 * i)) & 0xff;
+            v[i] = d * float(byte & 15) + m;
+            v[4 + i] = d * float(byte >> 4) + m;
+        }
+        e0 = 32 * (ch >> 2) + 4 * q;
+        e1 = e0 + 16;
+    }
+}
+
+// theta = pos * base^(-2j/d) in float64, exactly the CPU's expression, so
+// both backends turn each pair by the same float cos and sin.
+__device__ __forceinline__ void rope_cs(int pos, int j, int hd, float base, float & c, float & s) {
+    const double theta = double(pos) * pow(double(base), -2.0 * j / hd);
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    c = float(cd);
+    s = float(sd);
+}
+
+// Turns the pair (x0, x1) by the angle whose cos and sin are c and s, with
+// the CPU's roundings (no fused multiply-adds), so both give the same bits.
+__device__ __forceinline__ void rope_pair(float & x0, float & x1, float c, float s) {
+    const float r0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    const float r1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    x0 = r0;
+    x1 = r1;
+}
+
+// --- small ops ----------------------------------------------------------------
+
+__global__ void get_rows_kernel(int type, const uint8_t * table, size_t row_bytes,
+                                const int32_t * ids, float * dst, size_t ld_dst, int n) {
+    const size_t r = size_t(ids[blockIdx.x]);
+    const uint8_t * row = table + r * row_bytes;
+    float * d = dst + blockIdx.x * ld_dst;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = row_elem(type, row, e);
+}
+
+__device__ float block_sum(float v, float * red) {
+    const int lane = threadIdx.x % warp_size, warp = threadIdx.x / warp_size;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < int(blockDim.x / warp_size); ++w) s += red[w];
+    return s;
+}
+
+__global__ void rms_norm_kernel(const float * x, size_t ldx, const float * w, float * dst,
+                                size_t ld_dst, int n, float eps) {
+    __shared__ float red[32];
+    const float * xr = x + blockIdx.x * ldx;
+    float ss = 0.0f;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) ss += xr[e] * xr[e];
+    const float scale = 1.0f / sqrtf(block_sum(ss, red) / float(n) + eps);
+    float * d = dst + blockIdx.x * ld_dst;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = (xr[e] * scale) * w[e];
+}
+
+__global__ void add_kernel(const float * a, const float * b, float * dst, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        dst[i] = a[i] + b[i];
+    }
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+__global__ void swiglu_kernel(const float * g, const float * u, float * dst, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        dst[i] = silu_mul(g[i], u[i]);
+    }
+}
+
+// One block per token; pairs (2j, 2j+1) of every head.
+__global__ void rope_kernel(const float * x, size_t ldx, const int32_t * pos, float * dst,
+                            size_t ld_dst, int n_head, int hd, float base) {
+    const int half = hd / 2;
+    const float * src = x + blockIdx.x * ldx;
+    float * d = dst + blockIdx.x * ld_dst;
+    const int p = pos[blockIdx.x];
+    for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
+        const int h = e / half, j = e % half;
+        float c, s;
+        rope_cs(p, j, hd, base, c, s);
+        float x0 = src[h * hd + 2 * j], x1 = src[h * hd + 2 * j + 1];
+        rope_pair(x0, x1, c, s);
+        d[h * hd + 2 * j] = x0;
+        d[h * hd + 2 * j + 1] = x1;
+    }
+}
+
+struct kv_store_params {
+    const float * k;
+    const float * v;
+    size_t ldk, ldv;
+    uint16_t * K; // this layer's head 0
+    uint16_t * V;
+    size_t head_stride; // elements between heads: n_cells * hd
+    int hd, n_head_kv;
+    const int32_t * cell; // per token
+    const int32_t * rope_pos; // non-null: rotate k on the way in
+    float rope_base;
+};
+
+// One block per token: converts its k and v rows to f16 in its cache cell.
+__global__ void kv_store_kernel(const kv_store_params p) {
+    const int i = blockIdx.x, half = p.hd / 2;
+    const size_t cell = size_t(p.cell[i]);
+    const float * k = p.k + i * p.ldk;
+    const float * v = p.v + i * p.ldv;
+    const int rp = p.rope_pos ? p.rope_pos[i] : 0;
+    for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
+        const int h = e / half, j = e % half;
+        float k0 = k[h * p.hd + 2 * j], k1 = k[h * p.hd + 2 * j + 1];
+        if (p.rope_pos) {
+            float c, s;
+            rope_cs(rp, j, p.hd, p.rope_base, c, s);
+            rope_pair(k0, k1, c, s);
+        }
+        const size_t at = h * p.head_stride + cell * p.hd + 2 * j;
+        p.K[at] = f32_to_f16(k0);
+        p.K[at + 1] = f32_to_f16(k1);
+        p.V[at] = f32_to_f16(v[h * p.hd + 2 * j]);
+        p.V[at + 1] = f32_to_f16(v[h * p.hd + 2 * j + 1]);
+    }
+}
+
+// --- matmul: small batches ----------------------------------------------------
+
+// y[m][r] = dot(W row r, x[m]) for up to three weights that share x and K
+// (q, k and v), or silu(gate . x) * (up . x) when SWIGLU. Optionally x is
+// RMS-normalized on the fly (norm_w) and a residual is added to the result.
+struct mm_params {
+    const uint8_t * w[3];
+    float * y[3];
+    int rows[3];
+    int n_w;
+    size_t w_row_bytes;
+    int K, M;
+    const float * x;
+    size_t ldx;
+    const float * res;
+    size_t ldr;
+    const float * norm_w;
+    float eps;
+};
+
+constexpr int mm_warps = 4; // rows per block: one warp per weight row
+
+// One warp per weight row: its lanes split K in chunks of 8, dequantize the
+// chunk once and use it for all MT tokens of this block's column of the
+// batch, then reduce across the warp.
+template <int T, int MT, bool SWIGLU>
+__global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm_params p) {
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int m0 = blockIdx.y * MT;
+    __shared__ float inv_rms[MT];
+    if (p.norm_w) {
+        for (int m = warp; m < MT; m += mm_warps) {
+            float ss = 0.0f;
+            if (m0 + m < p.M) {
+                const float * xr = p.x + size_t(m0 + m) * p.ldx;
+                for (int k = lane; k < p.K; k += warp_size) ss += xr[k] * xr[k];
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(p.K) + p.eps);
+        }
+        __syncthreads();
+    }
+    // Which weight this warp's row belongs to. Selected with branches: a
+    // run-time index into the parameter arrays would copy them to local
+    // memory.
+    int r = blockIdx.x * mm_warps + warp;
+    const uint8_t * w = p.w[0];
+    float * y = p.y[0];
+    int rows = p.rows[0];
+    if (!SWIGLU && r >= rows && p.n_w > 1) {
+        r -= rows;
+        w = p.w[1];
+        y = p.y[1];
+        rows = p.rows[1];
+        if (r >= rows && p.n_w > 2) {
+            r -= rows;
+            w = p.w[2];
+            y = p.y[2];
+            rows = p.rows[2];
+        }
+    }
+    if (r >= rows) return;
+    const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
+    const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
+
+    float acc[MT], acc_u[SWIGLU ? MT : 1];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
+    if constexpr (SWIGLU) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc_u[m] = 0.0f;
+    }
+    const int n_ch = p.K / 8;
+    for (int ch = lane; ch < n_ch; ch += warp_size) {
+        float v[8], vu[8];
+        int e0, e1;
+        load_chunk<T>(wr, ch, v, e0, e1);
+        if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu, e0, e1);
+        float4 na = make_float4(1, 1, 1, 1), nb = na;
+        if (p.norm_w) {
+            na = *reinterpret_cast<const float4 *>(p.norm_w + e0);
+            nb = *reinterpret_cast<const float4 *>(p.norm_w + e1);
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (m0 + m < p.M) {
+                const float * xr = p.x + size_t(m0 + m) * p.ldx;
+                float4 a = *reinterpret_cast<const float4 *>(xr + e0);
+                float4 b = *reinterpret_cast<const float4 *>(xr + e1);
+                if (p.norm_w) {
+                    const float s = inv_rms[m];
+                    a = make_float4((a.x * s) * na.x, (a.y * s) * na.y, (a.z * s) * na.z,
+                                    (a.w * s) * na.w);
+                    b = make_float4((b.x * s) * nb.x, (b.y * s) * nb.y, (b.z * s) * nb.z,
+                                    (b.w * s) * nb.w);
+                }
+                acc[m] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                          v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                if constexpr (SWIGLU) {
+                    acc_u[m] += vu[0] * a.x + vu[1] * a.y + vu[2] * a.z + vu[3] * a.w +
+                                vu[4] * b.x + vu[5] * b.y + vu[6] * b.z + vu[7] * b.w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        acc[m] = warp_sum(acc[m]);
+        if constexpr (SWIGLU) acc_u[m] = warp_sum(acc_u[m]);
+    }
+    if (lane == 0) {
+        const size_t ldy = size_t(rows);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (m0 + m < p.M) {
+                float val = acc[m];
+                if constexpr (SWIGLU) val = silu_mul(acc[m], acc_u[m]);
+                if (p.res) val = p.res[size_t(m0 + m) * p.ldr + r] + val;
+                y[size_t(m0 + m) * ldy + r] = val;
+            }
+        }
+    }
+}
+
+// Any K and alignment: one warp per (row, token), element by element. Only
+// float weights whose K is not a multiple of 8 come here.
+__global__ void mm_scalar_kernel(int type, const uint8_t * w, size_t w_row_bytes, int K, int N,
+                                 const float * x, size_t ldx, float * y, int M) {
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int r = blockIdx.x * mm_warps + warp, m = blockIdx.y;
+    if (r >= N || m >= M) return;
+    const uint8_t * wr = w + size_t(r) * w_row_bytes;
+    const float * xr = x + size_t(m) * ldx;
+    float acc = 0.0f;
+    for (int k = lane; k < K; k += warp_size) acc += row_elem(type, wr, k) * xr[k];
+    acc = warp_sum(acc);
+    if (lane == 0) y[size_t(m) * N + r] = acc;
+}
+
+// --- matmul: large batches through cuBLAS ---------------------------------------
+
+#if defined(SMOL_HAVE_BLAS)
+template <int T>
+__global__ void dequant_f16_kernel(const uint8_t * w, size_t w_row_bytes, int K, int N,
+                                   __half * dst) {
+    const int n_ch = K / 8;
+    const size_t total = size_t(N) * n_ch;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+         i += size_t(gridDim.x) * blockDim.x) {
+        const size_t r = i / n_ch;
+        const int ch = int(i % n_ch);
+        float v[8];
+        int e0, e1;
+        load_chunk<T>(w + r * w_row_bytes, ch, v, e0, e1);
+        __half * d = dst + r * K;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            d[e0 + j] = __float2half_rn(v[j]);
+            d[e1 + j] = __float2half_rn(v[4 + j]);
+        }
+    }
+}
+
+__global__ void f32_to_f16_kernel(const float * x, size_t ldx, int K, int M, __half * dst) {
+    const size_t total = size_t(M) * K;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+         i += size_t(gridDim.x) * blockDim.x) {
+        dst[i] = __float2half_rn(x[(i / K) * ldx + i % K]);
+    }
+}
+#endif
+
+// --- attention ------------------------------------------------------------------
+
+struct attn_params {
+    const float * q;
+    size_t ldq;
+    float * out;
+    size_t ldo;
+    const uint16_t * K; // this layer's kv head 0
+    const uint16_t * V;
+    size_t head_stride;
+    int hd, n_head, group, n_tok;
+    float scale;
+    const int32_t * pos; // per token
+    const int32_t * seq;
+    const int32_t * cell_pos; // per cell, [0, n_used)
+    const int32_t * cell_seq;
+    const int32_t * n_used; // device scalar: graphs replayed later read the new value
+    int Q, W, S;            // queries per block, cell streams per query, splits over cells
+    float * part;           // S > 1: [token][head][split] of (max, sum, acc[hd])
+    const int32_t * rope_pos;
+    float rope_base;
+};
+
+// Block (query group, head, split). Warp w serves query w % Q and walks the
+// split's cells in tiles of 32 (tile t goes to stream w / Q): each lane
+// scores one cell, the warp keeps an online softmax, then accumulates V with
+// each lane owning NPL consecutive elements of the head. Streams of one
+// query are merged through shared memory; splits by a second kernel.
+template <int NPL>
+__global__ void attention_kernel(const attn_params p) {
+    extern __shared__ float sm[];
+    const int hd = p.hd, half = hd / 2;
+    float * qs = sm;                 // [Q][hd]
+    float * st = sm + p.Q * hd;      // [warps][hd + 2]
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int h = blockIdx.y, s = blockIdx.z, tok0 = blockIdx.x * p.Q;
+
+    for (int e = threadIdx.x; e < p.Q * half; e += blockDim.x) {
+        const int qi = e / half, j = e % half, tok = tok0 + qi;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (tok < p.n_tok) {
+            const float * src = p.q + tok * p.ldq + h * hd;
+            x0 = src[2 * j];
+            x1 = src[2 * j + 1];
+            if (p.rope_pos) {
+                float c, sn;
+                rope_cs(p.rope_pos[tok], j, hd, p.rope_base, c, sn);
+                rope_pair(x0, x1, c, sn);
+            }
+        }
+        qs[qi * hd + 2 * j] = x0;
+        qs[qi * hd + 2 * j + 1] = x1;
+    }
+    __syncthreads();
+
+    const int qi = warp % p.Q, ws = warp / p.Q, tok = tok0 + qi;
+    const bool active = tok < p.n_tok;
+    const int n_used = *p.n_used;
+    const int chunk = ((n_used + p.S - 1) / p.S + 31) & ~31;
+    const int c_begin = s * chunk, c_end = min(n_used, c_begin + chunk);
+    const int hk = h / p.group;
+    const uint16_t * K = p.K + hk * p.head_stride;
+    const uint16_t * V = p.V + hk * p.head_stride;
+    const int my_pos = active ? p.pos[tok] : -1, my_seq = active ? p.seq[tok] : -1;
+    const float * q = qs + qi * hd;
+    const bool vec16 = hd % 8 == 0;
+
+    float m = -INFINITY, l = 0.0f, acc[NPL];
+#pragma unroll
+    for (int e = 0; e < NPL; ++e) acc[e] = 0.0f;
+    const int e_base = lane * NPL;
+
+    if (active) {
+        for (int base = c_begin + ws * 32; base < c_end; base += p.W * 32) {
+            const int c = base + lane;
+            bool vis = false;
+            if (c < c_end) {
+                const int cp = p.cell_pos[c];
+                vis = p.cell_seq[c] == my_seq && cp >= 0 && cp <= my_pos;
+            }
+            float sc = -INFINITY;
+            if (vis) {
+                const uint16_t * kr = K + size_t(c) * hd;
+                float d = 0.0f;
+                if (vec16) {
+                    for (int j = 0; j < hd; j += 8) {
+                        const uint4 u = *reinterpret_cast<const uint4 *>(kr + j);
+                        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            d += f16_to_f32(uint16_t(w[i] & 0xffff)) * q[j + 2 * i] +
+                                 f16_to_f32(uint16_t(w[i] >> 16)) * q[j + 2 * i + 1];
+                        }
+                    }
+                } else {
+                    for (int j = 0; j < hd; ++j) d += f16_to_f32(kr[j]) * q[j];
+                }
+                sc = d * p.scale;
+            }
+            const float tmax = warp_max(sc);
+            if (tmax == -INFINITY) continue; // nothing visible in this tile
+            const float m_new = fmaxf(m, tmax);
+            const float corr = expf(m - m_new);
+            const float pr = vis ? expf(sc - m_new) : 0.0f;
+            l = l * corr + warp_sum(pr);
+#pragma unroll
+            for (int e = 0; e < NPL; ++e) acc[e] *= corr;
+            const int n_c = min(32, c_end - base);
+            for (int j = 0; j < n_c; ++j) {
+                const float pj = SMOL_SHFL(pr, j);
+                if (pj == 0.0f) continue;
+                const uint16_t * vr = V + size_t(base + j) * hd + e_base;
+                if (e_base + NPL <= hd) {
+                    if constexpr (NPL % 2 == 0) {
+#pragma unroll
+                        for (int e = 0; e < NPL; e += 2) {
+                            const uint32_t w = *reinterpret_cast<const uint32_t *>(vr + e);
+                            acc[e] += pj * f16_to_f32(uint16_t(w & 0xffff));
+                            acc[e + 1] += pj * f16_to_f32(uint16_t(w >> 16));
+                        }
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < NPL; ++e) acc[e] += pj * f16_to_f32(vr[e]);
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < NPL; ++e) {
+                        if (e_base + e < hd) acc[e] += pj * f16_to_f32(vr[e]);
+                    }
+                }
+            }
+            m = m_new;
+        }
+    }
+
+    if (p.W > 1) {
+        float * mine = st + warp * (hd + 2);
+        if (lane == 0) {
+            mine[0] = m;
+            mine[1] = l;
+        }
+#pragma unroll
+        for (int e = 0; e < NPL; ++e) {
+            if (e_base + e < hd) mine[2 + e_base + e] = acc[e];
+        }
+        __syncthreads();
+        if (ws != 0) return;
+        float mx = -INFINITY;
+        for (int w = 0; w < p.W; ++w) mx = fmaxf(mx, st[(qi + w * p.Q) * (hd + 2)]);
+        float L = 0.0f;
+#pragma unroll
+        for (int e = 0; e < NPL; ++e) acc[e] = 0.0f;
+        if (mx != -INFINITY) {
+            for (int w = 0; w < p.W; ++w) {
+                const float * o = st + (qi + w * p.Q) * (hd + 2);
+                if (o[0] == -INFINITY) continue;
+                const float f = expf(o[0] - mx);
+                L += o[1] * f;
+#pragma unroll
+                for (int e = 0; e < NPL; ++e) {
+                    if (e_base + e < hd) acc[e] += o[2 + e_base + e] * f;
+                }
+            }
+        }
+        m = mx;
+        l = L;
+    }
+    if (!active) return;
+    if (p.S == 1) {
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float * o = p.out + tok * p.ldo + h * hd;
+#pragma unroll
+        for (int e = 0; e < NPL; ++e) {
+            if (e_base + e < hd) o[e_base + e] = acc[e] * inv;
+        }
+    } else {
+        float * o = p.part + ((size_t(tok) * p.n_head + h) * p.S + s) * (hd + 2);
+        if (lane == 0) {
+            o[0] = m;
+            o[1] = l;
+        }
+#pragma unroll
+        for (int e = 0; e < NPL; ++e) {
+            if (e_base + e < hd) o[2 + e_base + e] = acc[e];
+        }
+    }
+}
+
+// Merges the S partial softmaxes of one (token, head).
+__global__ void attention_combine_kernel(const attn_params p) {
+    const int th = blockIdx.x, tok = th / p.n_head, h = th % p.n_head, hd = p.hd;
+    const float * part = p.part + size_t(th) * p.S * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < p.S; ++s) mx = fmaxf(mx, part[s * (hd + 2)]);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float L = 0.0f, a = 0.0f;
+        if (mx != -INFINITY) {
+            for (int s = 0; s < p.S; ++s) {
+                const float * o = part + s * (hd + 2);
+                if (o[0] == -INFINITY) continue;
+                const float f = expf(o[0] - mx);
+                L += o[1] * f;
+                a += o[2 + e] * f;
+            }
+        }
+        p.out[tok * p.ldo + h * hd + e] = L > 0.0f ? a * (1.0f / L) : 0.0f;
+    }
+}
+
+// --- the plan of one graph --------------------------------------------------------
+
+// What runs at one node. Fused steps stand at the last node of the group
+// they replace; the other nodes of the group are skipped.
+enum class step_kind : uint8_t { plain, mm, mm_swiglu, kv_store, attention };
+
+struct step {
+    step_kind kind = step_kind::plain;
+    tensor * t = nullptr;   // the node the step stands at; its output is the step's
+    tensor * mm[3] = {};    // mm: matmuls that share one input; mm_swiglu: gate, up
+    int n_mm = 0;
+    tensor * norm = nullptr; // an RMS_NORM folded into the matmuls' input
+    tensor * res = nullptr;  // a residual added to mm[0]'s result (t is the ADD)
+    tensor * rope = nullptr; // a ROPE folded into kv_store (of k) or attention (of q)
+    tensor * extra = nullptr; // a result t reads beyond its own sources
+    bool skip = false;        // computed inside another step
+};
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+int env_flag(const char * name, int fallback) {
+    const char * v = std::getenv(name);
+    return v && *v ? std::atoi(v) : fallback;
+}
+
+// --- the backend ----------------------------------------------------------------
+
+class cuda_backend final : public backend {
+  public:
+    explicit cuda_backend(int device);
+    ~cuda_backend() override;
+    const char * name() const override { return name_.c_str(); }
+    placement where() const override { return placement::device; }
+    void * alloc(size_t bytes) override;
+    void release(void * p) override;
+    void upload(void * dst, const void * src, size_t bytes) override;
+    void download(void * dst, const void * src, size_t bytes) override;
+    void memset(void * dst, int value, size_t bytes) override;
+    void run(graph & g) override;
+    void reserve(graph & g) override;
+
+  private:
+    struct buffer {
+        void * p = nullptr;
+        size_t size = 0;
+    };
+    void grow(buffer & b, size_t bytes, const char * what);
+    void grow_host(size_t bytes);
+    void activate() const { SMOL_GPU_CHECK(cudaSetDevice(device_)); }
+
+    void make_steps(graph & g);
+    void prepare(graph & g);
+    void stage(graph & g);
+    void restore_leaves();
+    void signature(const graph & g);
+    void launch_all(graph & g);
+    void launch(const step & s, const batch_info & b);
+
+    void run_mm(const step & s);
+    void run_attention(const step & s, const batch_info & b);
+    void run_kv_store(const step & s, const batch_info & b);
+    bool small_mm(const tensor * mm) const;
+    size_t attn_splits(const tensor * t, int & Q, int & W) const;
+    void check_launch(const char * what) const {
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) gpu_fail(e, what);
+    }
+
+    int device_;
+    std::string name_;
+    int n_sm_ = 1;
+    bool fuse_ = true;
+    bool graphs_ = true;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t staged_ = nullptr; // the last staging copies are done with the pinned buffer
+
+    buffer arena_, work_, dyn_, cells_;
+    void * host_stage_ = nullptr;
+    size_t host_stage_size_ = 0;
+
+    // Device addresses of the batch, valid during run.
+    int32_t * d_params_ = nullptr; // [0] = n_used
+    int32_t * d_pos_ = nullptr;
+    int32_t * d_seq_ = nullptr;
+    int32_t * d_cell_ = nullptr;
+    int32_t * d_cell_pos_ = nullptr;
+    int32_t * d_cell_seq_ = nullptr;
+
+    // What the device holds of the cache's cell table, to upload only changes.
+    const kv_cache * shadow_kv_ = nullptr;
+    std::vector<int32_t> shadow_pos_, shadow_seq_;
+
+    std::vector<step> steps_;
+    std::vector<std::pair<tensor *, void *>> swapped_; // host leaves and their host data
+    std::vector<uint64_t> sig_, prev_sig_;
+    struct captured {
+        std::vector<uint64_t> sig;
+        cudaGraphExec_t exec;
+        uint64_t last_used;
+    };
+    std::vector<captured> execs_;
+    uint64_t clock_ = 0;
+    void drop_graphs();
+
+#if defined(SMOL_HAVE_BLAS)
+    cublasHandle_t blas_ = nullptr;
+    buffer blas_ws_;
+#endif
+};
+
+cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
+    activate();
+    SMOL_GPU_CHECK(cudaDeviceGetAttribute(&n_sm_, cudaDevAttrMultiProcessorCount, device_));
+    fuse_ = env_flag("SMOL_CUDA_FUSE", 1) != 0;
+#if defined(SMOL_HIP)
+    graphs_ = false; // not yet tried on ROCm
+#else
+    graphs_ = env_flag("SMOL_CUDA_GRAPHS", 1) != 0;
+#endif
+    SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SMOL_GPU_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    SMOL_GPU_CHECK(cudaEventRecord(staged_, stream_));
+    // Attention's partial results for decode-sized batches need well under
+    // this; having it from the start keeps the first decode from allocating.
+    grow(work_, size_t(4) << 20, "work space");
+#if defined(SMOL_HAVE_BLAS)
+    SMOL_BLAS_CHECK(cublasCreate(&blas_));
+    SMOL_BLAS_CHECK(cublasSetStream(blas_, stream_));
+    // A workspace of our own keeps cuBLAS from allocating inside a graph
+    // capture.
+    grow(blas_ws_, size_t(32) << 20, "cuBLAS workspace");
+    SMOL_BLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.size));
+#endif
+}
+
+cuda_backend::~cuda_backend() {
+    // Errors here cannot be reported; free what can be freed.
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (auto & c : execs_) cudaGraphExecDestroy(c.exec);
+#if defined(SMOL_HAVE_BLAS)
+    if (blas_) cublasDestroy(blas_);
+    cudaFree(blas_ws_.p);
+#endif
+    for (buffer * b : {&arena_, &work_, &dyn_, &cells_}) cudaFree(b->p);
+    if (host_stage_) cudaFreeHost(host_stage_);
+    if (staged_) cudaEventDestroy(staged_);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+void cuda_backend::drop_graphs() {
+    for (auto & c : execs_) cudaGraphExecDestroy(c.exec);
+    execs_.clear();
+    prev_sig_.clear();
+}
+
+void * cuda_backend::alloc(size_t bytes) {
+    activate();
+    void * p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        throw error(SMOL_ERR_OUT_OF_MEMORY,
+                    name_ + ": cannot allocate " + std::to_string(bytes >> 20) +
+                        " MiB of device memory (" + std::to_string(free_b >> 20) + " of " +
+                        std::to_string(total_b >> 20) +
+                        " MiB free); use a smaller context or model");
+    }
+    return p;
+}
+
+void cuda_backend::release(void * p) {
+    if (!p) return;
+    activate();
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    SMOL_GPU_CHECK(cudaFree(p));
+}
+
+// Copies go through the backend's stream, so they are ordered after any
+// graph still running, and wait for completion before returning.
+void cuda_backend::upload(void * dst, const void * src, size_t bytes) {
+    activate();
+    SMOL_GPU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void cuda_backend::download(void * dst, const void * src, size_t bytes) {
+    activate();
+    SMOL_GPU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void cuda_backend::memset(void * dst, int value, size_t bytes) {
+    activate();
+    SMOL_GPU_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void cuda_backend::grow(buffer & b, size_t bytes, const char * what) {
+    if (bytes <= b.size) return;
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    // Captured graphs may point into the old buffer.
+    drop_graphs();
+    if (b.p) SMOL_GPU_CHECK(cudaFree(b.p));
+    b.p = nullptr;
+    b.size = 0;
+    const size_t n = align_up(bytes, size_t(1) << 16);
+    const cudaError_t e = cudaMalloc(&b.p, n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        b.p = nullptr;
+        throw error(SMOL_ERR_OUT_OF_MEMORY, name_ + ": cannot allocate " +
+                                                std::to_string(n >> 20) + " MiB of " + what);
+    }
+    b.size = n;
+}
+
+void cuda_backend::grow_host(size_t bytes) {
+    if (bytes <= host_stage_size_) return;
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    if (host_stage_) SMOL_GPU_CHECK(cudaFreeHost(host_stage_));
+    host_stage_ = nullptr;
+    host_stage_size_ = 0;
+    const size_t n = align_up(bytes, size_t(1) << 16);
+    SMOL_GPU_CHECK(cudaMallocHost(&host_stage_, n));
+    host_stage_size_ = n;
+}
+
+// M up to 32 goes to the kernel that reuses each dequantized weight for all
+// tokens; beyond that cuBLAS, where there is one. Odd K (float weights only)
+// takes the scalar kernel.
+bool cuda_backend::small_mm(const tensor * mm) const {
+    const tensor * w = mm->src[0];
+    const tensor * x = mm->src[1];
+    const bool vec = w->ne[0] % 8 == 0 && x->nb[1] % 16 == 0 && w->nb[1] % 4 == 0;
+#if defined(SMOL_HAVE_BLAS)
+    return vec && x->ne[1] <= 32;
+#else
+    return vec;
+#endif
+}
+
+// The split of one attention node: queries per block Q, cell streams per
+// query W, and S splits over the cells (S > 1 only when the heads and
+// tokens alone do not fill the GPU).
+size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
+    const int64_t n_tok = t->ne[1], n_head = t->iparams[1];
+    if (n_tok <= 8) {
+        Q = 1;
+        W = 4;
+    } else {
+        Q = 4;
+        W = 1;
+    }
+    const int64_t blocks = (n_tok + Q - 1) / Q * n_head;
+    if (blocks >= n_sm_) return 1;
+    return size_t(std::min<int64_t>(64, (2 * n_sm_ + blocks - 1) / blocks));
+}
+
+void cuda_backend::make_steps(graph & g) {
+    const auto & nodes = g.nodes();
+    const size_t n = nodes.size();
+    std::vector<int> uses(n, 0);
+    for (const tensor * t : nodes) {
+        for (const tensor * s : t->src) {
+            if (s && s->kind != OP_NONE && s->node_index >= 0) ++uses[size_t(s->node_index)];
+        }
+    }
+    if (n > 0) ++uses[n - 1]; // the caller reads the last node
+    steps_.assign(n, step{});
+    for (size_t i = 0; i < n; ++i) steps_[i].t = nodes[i];
+    for (size_t i = 0; i < n; ++i) {
+        if (nodes[i]->kind == OP_MUL_MAT) {
+            steps_[i].kind = step_kind::mm;
+            steps_[i].mm[0] = nodes[i];
+            steps_[i].n_mm = 1;
+        }
+    }
+    if (!fuse_) return;
+
+    auto is = [&](const tensor * x, op k) { return x && x->kind == k && x->node_index >= 0; };
+    auto only_use = [&](const tensor * x, int n_uses) {
+        return uses[size_t(x->node_index)] == n_uses && !steps_[size_t(x->node_index)].skip;
+    };
+    auto fold_norm = [&](step & s, tensor * x, int n_uses) {
+        if (is(x, OP_RMS_NORM) && only_use(x, n_uses) && !x->data &&
+            x->src[0]->ne[0] == s.mm[0]->src[0]->ne[0] && x->src[0]->nb[1] % 16 == 0) {
+            s.norm = x;
+            steps_[size_t(x->node_index)].skip = true;
+        }
+    };
+    auto same_shape = [](const tensor * a, const tensor * b) {
+        return a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] && a->nb[1] == b->nb[1];
+    };
+
+    for (size_t i = 0; i < n; ++i) {
+        tensor * t = nodes[i];
+        step & s = steps_[i];
+        if (t->src[2]) continue;
+        if ((t->kind == OP_KV_STORE || t->kind == OP_ATTENTION) && is(t->src[0], OP_ROPE) &&
+            only_use(t->src[0], 1) && !t->src[0]->data) {
+            // kv_store rotates k on its way into the cache, attention rotates
+            // q as it loads it.
+            s.kind = t->kind == OP_KV_STORE ? step_kind::kv_store : step_kind::attention;
+            s.rope = t->src[0];
+            s.extra = s.rope->src[0];
+            steps_[size_t(s.rope->node_index)].skip = true;
+        } else if (t->kind == OP_SWIGLU && is(t->src[0], OP_MUL_MAT) && is(t->src[1], OP_MUL_MAT)) {
+            tensor * gt = t->src[0];
+            tensor * up = t->src[1];
+            if (only_use(gt, 1) && only_use(up, 1) && gt->src[1] == up->src[1] &&
+                gt->src[0]->type == up->src[0]->type && same_shape(gt->src[0], up->src[0]) &&
+                small_mm(gt) && !gt->data && !up->data) {
+                s.kind = step_kind::mm_swiglu;
+                s.mm[0] = gt;
+                s.mm[1] = up;
+                s.n_mm = 2;
+                for (tensor * m : {gt, up}) {
+                    steps_[size_t(m->node_index)].skip = true;
+                    steps_[size_t(m->node_index)].kind = step_kind::plain;
+                }
+                fold_norm(s, gt->src[1], 2);
+                s.extra = s.norm ? s.norm->src[0] : gt->src[1];
+            }
+        } else if (t->kind == OP_ADD) {
+            for (int which : {1, 0}) {
+                tensor * m = t->src[which];
+                if (is(m, OP_MUL_MAT) && only_use(m, 1) && small_mm(m) && !m->data &&
+                    same_shape(m, t) && same_shape(m, t->src[1 - which])) {
+                    s.kind = step_kind::mm;
+                    s.mm[0] = m;
+                    s.n_mm = 1;
+                    s.res = t->src[1 - which];
+                    steps_[size_t(m->node_index)].skip = true;
+                    steps_[size_t(m->node_index)].kind = step_kind::plain;
+                    fold_norm(s, m->src[1], 1);
+                    s.extra = s.norm ? s.norm->src[0] : m->src[1];
+                    break;
+                }
+            }
+        }
+    }
+    // Matmuls next to each other that read one input (q, k, v) run as one
+    // launch; a lone matmul may still take its input's RMS norm.
+    for (size_t i = 0; i < n; ++i) {
+        tensor * t = nodes[i];
+        if (steps_[i].kind != step_kind::mm || steps_[i].skip || steps_[i].res || !small_mm(t) ||
+            t->src[2]) {
+            continue;
+        }
+        size_t j = i + 1;
+        while (j < n && j < i + 3) {
+            const tensor * u = nodes[j];
+            if (steps_[j].kind != step_kind::mm || steps_[j].skip || steps_[j].res ||
+                u->src[1] != t->src[1] || u->src[0]->type != t->src[0]->type ||
+                u->src[0]->ne[0] != t->src[0]->ne[0] || u->src[0]->nb[1] != t->src[0]->nb[1] ||
+                u->src[2] || nodes[j - 1]->data) {
+                break;
+            }
+            ++j;
+        }
+        step & s = steps_[j - 1];
+        s.n_mm = int(j - i);
+        for (size_t k = i; k < j; ++k) {
+            s.mm[k - i] = nodes[k];
+            if (k + 1 < j) {
+                steps_[k].skip = true;
+                steps_[k].kind = step_kind::plain;
+            }
+        }
+        fold_norm(s, t->src[1], s.n_mm);
+        if (s.norm) s.extra = s.norm->src[0];
+        i = j - 1;
+    }
+}
+
+// Plans the arena. A fused step reads tensors its node does not list as
+// sources (the input of a folded norm or rope, say); it is given them as an
+// extra source while plan_arena runs, so their memory lives long enough.
+void cuda_backend::prepare(graph & g) {
+    make_steps(g);
+    const auto & nodes = g.nodes();
+    for (step & s : steps_) {
+        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
+    }
+    const arena_plan p = plan_arena(g, 256);
+    for (step & s : steps_) {
+        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
+    }
+    grow(arena_, p.arena_bytes, "compute memory");
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (p.offset[i] != SIZE_MAX) nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
+    }
+    size_t work = 0;
+    for (const step & s : steps_) {
+        if (s.skip) continue;
+        const tensor * t = s.t;
+        if (t->kind == OP_ATTENTION) {
+            int Q, W;
+            const size_t S = attn_splits(t, Q, W);
+            if (S > 1) {
+                work = std::max(work, size_t(t->ne[1]) * size_t(t->iparams[1]) * S *
+                                          size_t(t->iparams[3] + 2) * sizeof(float));
+            }
+        }
+#if defined(SMOL_HAVE_BLAS)
+        if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
+            const tensor * w = s.mm[0]->src[0];
+            const tensor * x = s.mm[0]->src[1];
+            const size_t wb = w->type == SMOL_TYPE_F32 || w->type == SMOL_TYPE_F16
+                                  ? 0
+                                  : align_up(size_t(w->ne[0]) * size_t(w->ne[1]) * 2, 256);
+            work = std::max(work, wb + size_t(x->ne[0]) * size_t(x->ne[1]) * 2);
+        }
+#endif
+    }
+    grow(work_, work, "work space");
+    if (g.batch.kv) {
+        const size_t n = size_t(g.batch.kv->n_cells) * 2 * sizeof(int32_t);
+        if (n > cells_.size) {
+            grow(cells_, n, "cache cell table");
+            shadow_kv_ = nullptr; // the device copy of the table is gone
+        }
+    }
+}
+
+// Copies what the graph reads from host memory into one device block: the
+// batch (positions, sequences, cells), n_used, and every leaf that lives in
+// host memory, whose data pointer is swapped for the copy's until run ends.
+// Only the cells of the cache table that changed since the last run travel.
+void cuda_backend::stage(graph & g) {
+    const batch_info & b = g.batch;
+    const int32_t n_tok = b.pos ? b.n_tokens : 0;
+    std::vector<tensor *> leaves;
+    for (tensor * t : g.nodes()) {
+        for (tensor * s : t->src) {
+            if (s && s->kind == OP_NONE && s->where == placement::host && s->data &&
+                std::find(leaves.begin(), leaves.end(), s) == leaves.end()) {
+                leaves.push_back(s);
+            }
+        }
+    }
+    const size_t tok_bytes = align_up(size_t(n_tok) * sizeof(int32_t), 256);
+    size_t off = 256 + 3 * tok_bytes;
+    std::vector<size_t> leaf_off(leaves.size());
+    for (size_t i = 0; i < leaves.size(); ++i) {
+        leaf_off[i] = off;
+        off = align_up(off + leaves[i]->nbytes(), 256);
+    }
+    const size_t dyn_bytes = off;
+
+    // The cache cells [lo, hi) whose position or sequence changed.
+    const kv_cache * kv = b.kv;
+    int32_t lo = 0, hi = 0;
+    if (kv) {
+        if (shadow_kv_ != kv || shadow_pos_.size() != size_t(kv->n_cells)) {
+            shadow_kv_ = kv;
+            shadow_pos_.assign(size_t(kv->n_cells), INT32_MIN);
+            shadow_seq_.assign(size_t(kv->n_cells), INT32_MIN);
+        }
+        lo = kv->n_used;
+        for (int32_t c = 0; c < kv->n_used; ++c) {
+            if (kv->cell_pos[size_t(c)] != shadow_pos_[size_t(c)] ||
+                kv->cell_seq[size_t(c)] != shadow_seq_[size_t(c)]) {
+                lo = std::min(lo, c);
+                hi = c + 1;
+            }
+        }
+        if (hi < lo) hi = lo;
+    }
+    const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
+    grow(dyn_, dyn_bytes, "input staging");
+    SMOL_GPU_CHECK(cudaEventSynchronize(staged_)); // the pinned buffer is free again
+    grow_host(dyn_bytes + 2 * cell_bytes);
+
+    uint8_t * h = static_cast<uint8_t *>(host_stage_);
+    uint8_t * d = static_cast<uint8_t *>(dyn_.p);
+    int32_t * params = reinterpret_cast<int32_t *>(h);
+    params[0] = kv ? kv->n_used : 0;
+    params[1] = n_tok;
+    if (n_tok > 0) {
+        std::memcpy(h + 256, b.pos, size_t(n_tok) * sizeof(int32_t));
+        std::memcpy(h + 256 + tok_bytes, b.seq, size_t(n_tok) * sizeof(int32_t));
+        if (b.cell) std::memcpy(h + 256 + 2 * tok_bytes, b.cell, size_t(n_tok) * sizeof(int32_t));
+    }
+    for (size_t i = 0; i < leaves.size(); ++i) {
+        std::memcpy(h + leaf_off[i], leaves[i]->data, leaves[i]->nbytes());
+    }
+    SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, dyn_bytes, cudaMemcpyHostToDevice, stream_));
+    d_params_ = reinterpret_cast<int32_t *>(d);
+    d_pos_ = reinterpret_cast<int32_t *>(d + 256);
+    d_seq_ = reinterpret_cast<int32_t *>(d + 256 + tok_bytes);
+    d_cell_ = reinterpret_cast<int32_t *>(d + 256 + 2 * tok_bytes);
+    if (kv) {
+        d_cell_pos_ = static_cast<int32_t *>(cells_.p);
+        d_cell_seq_ = d_cell_pos_ + kv->n_cells;
+        if (hi > lo) {
+            uint8_t * hp = h + dyn_bytes;
+            std::memcpy(hp, kv->cell_pos.data() + lo, cell_bytes);
+            std::memcpy(hp + cell_bytes, kv->cell_seq.data() + lo, cell_bytes);
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_pos_ + lo, hp, cell_bytes,
+                                           cudaMemcpyHostToDevice, stream_));
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seq_ + lo, hp + cell_bytes, cell_bytes,
+                                           cudaMemcpyHostToDevice, stream_));
+            std::copy(kv->cell_pos.begin() + lo, kv->cell_pos.begin() + hi, shadow_pos_.begin() + lo);
+            std::copy(kv->cell_seq.begin() + lo, kv->cell_seq.begin() + hi, shadow_seq_.begin() + lo);
+        }
+    }
+    SMOL_GPU_CHECK(cudaEventRecord(staged_, stream_));
+    swapped_.clear();
+    for (size_t i = 0; i < leaves.size(); ++i) {
+        swapped_.push_back({leaves[i], leaves[i]->data});
+        leaves[i]->data = d + leaf_off[i];
+    }
+}
+
+void cuda_backend::restore_leaves() {
+    for (auto & [t, p] : swapped_) t->data = p;
+    swapped_.clear();
+}
+
+// Everything a captured graph depends on: the ops, shapes, parameters and
+// every address a kernel reads or writes. Values that change between decode
+// steps (tokens, positions, cells, n_used) live in device memory the graph
+// reads, so they are not part of it.
+void cuda_backend::signature(const graph & g) {
+    sig_.clear();
+    auto put = [&](uint64_t v) { sig_.push_back(v); };
+    auto ptr = [&](const void * p) { put(uint64_t(reinterpret_cast<uintptr_t>(p))); };
+    put(g.nodes().size());
+    for (const tensor * t : g.nodes()) {
+        put(uint64_t(t->kind) | uint64_t(t->type) << 8);
+        for (int d = 0; d < 4; ++d) put(uint64_t(t->ne[d]) ^ (uint64_t(t->nb[d]) << 40));
+        ptr(t->data);
+        for (const tensor * s : t->src) {
+            if (!s) {
+                put(0);
+                continue;
+            }
+            ptr(s->data);
+            put(uint64_t(s->type) | uint64_t(uint32_t(s->node_index)) << 8);
+            put(uint64_t(s->ne[0]) ^ (uint64_t(s->ne[1]) << 32));
+            put(s->nb[1]);
+        }
+        for (int32_t v : t->iparams) put(uint32_t(v));
+        for (float f : t->fparams) {
+            uint32_t u;
+            std::memcpy(&u, &f, 4);
+            put(u);
+        }
+    }
+    const kv_cache * kv = g.batch.kv;
+    ptr(kv ? kv->k : nullptr);
+    ptr(kv ? kv->v : nullptr);
+    put(kv ? uint64_t(kv->n_cells) : 0);
+    ptr(d_params_);
+    ptr(d_cell_pos_);
+    ptr(work_.p);
+}
+
+void cuda_backend::reserve(graph & g) {
+    activate();
+    prepare(g);
+    // The staging block of the largest batch this graph stands for.
+    int64_t n_tok = 0;
+    size_t host_bytes = 256;
+    std::vector<const tensor *> leaves;
+    for (tensor * t : g.nodes()) {
+        n_tok = std::max(n_tok, t->ne[1]);
+        for (tensor * s : t->src) {
+            if (s && s->kind == OP_NONE && s->where == placement::host &&
+                std::find(leaves.begin(), leaves.end(), s) == leaves.end()) {
+                leaves.push_back(s);
+                host_bytes += align_up(s->nbytes(), 256);
+            }
+        }
+    }
+    host_bytes += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
+    grow(dyn_, host_bytes, "input staging");
+    grow_host(host_bytes + (g.batch.kv ? size_t(g.batch.kv->n_cells) * 8 : 0));
+}
+
+void cuda_backend::run(graph & g) {
+    activate();
+    prepare(g);
+    stage(g);
+    try {
+        bool capture = false;
+        bool capturable = graphs_;
+        for (const tensor * t : g.nodes()) capturable = capturable && t->kind != OP_COPY;
+        if (capturable) {
+            signature(g);
+            for (captured & c : execs_) {
+                if (c.sig == sig_) {
+                    c.last_used = ++clock_;
+                    SMOL_GPU_CHECK(cudaGraphLaunch(c.exec, stream_));
+                    restore_leaves();
+                    prev_sig_.swap(sig_);
+                    return;
+                }
+            }
+            // Capture the second time a graph comes: a decode step repeats,
+            // a one-off prompt does not.
+            capture = sig_ == prev_sig_;
+        }
+        if (!capture) {
+            launch_all(g);
+        } else {
+            SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+            cudaGraph_t cg = nullptr;
+            try {
+                launch_all(g);
+            } catch (...) {
+                cudaStreamEndCapture(stream_, &cg);
+                if (cg) cudaGraphDestroy(cg);
+                (void)cudaGetLastError();
+                throw;
+            }
+            SMOL_GPU_CHECK(cudaStreamEndCapture(stream_, &cg));
+            cudaGraphExec_t exec = nullptr;
+            const cudaError_t e = cudaGraphInstantiate(&exec, cg, 0);
+            cudaGraphDestroy(cg);
+            if (e != cudaSuccess) gpu_fail(e, "cudaGraphInstantiate");
+            if (execs_.size() >= 4) {
+                auto old = std::min_element(execs_.begin(), execs_.end(),
+                                            [](const captured & a, const captured & b) {
+                                                return a.last_used < b.last_used;
+                                            });
+                cudaGraphExecDestroy(old->exec);
+                execs_.erase(old);
+            }
+            execs_.push_back({sig_, exec, ++clock_});
+            SMOL_GPU_CHECK(cudaGraphLaunch(exec, stream_));
+        }
+        prev_sig_.swap(sig_);
+    } catch (...) {
+        restore_leaves();
+        throw;
+    }
+    restore_leaves();
+}
+
+void cuda_backend::launch_all(graph & g) {
+    for (const step & s : steps_) {
+        if (!s.skip) launch(s, g.batch);
+    }
+}
+
+int grid_for(size_t n, int threads) {
+    return int(std::min<size_t>((n + threads - 1) / threads, 4096));
+}
+
+template <class T> T * data_of(const tensor * t) { return static_cast<T *>(t->data); }
+
+void cuda_backend::launch(const step & s, const batch_info & b) {
+    tensor * t = s.t;
+    switch (s.kind) {
+    case step_kind::mm:
+    case step_kind::mm_swiglu: run_mm(s); return;
+    case step_kind::kv_store: run_kv_store(s, b); return;
+    case step_kind::attention: run_attention(s, b); return;
+    case step_kind::plain: break;
+    }
+    const tensor * a = t->src[0];
+    if (t->kind != OP_KV_STORE && t->kind != OP_COPY && t->nbytes() == 0) return; // no work
+    switch (t->kind) {
+    case OP_NONE: return;
+    case OP_GET_ROWS: {
+        const int n = int(a->ne[0]);
+        get_rows_kernel<<<unsigned(t->ne[1]), 256, 0, stream_>>>(
+            int(a->type), data_of<const uint8_t>(a), a->nb[1], data_of<const int32_t>(t->src[1]),
+            data_of<float>(t), t->nb[1] / 4, n);
+        check_launch("get_rows");
+        return;
+    }
+    case OP_RMS_NORM:
+        rms_norm_kernel<<<unsigned(t->nrows()), 256, 0, stream_>>>(
+            data_of<const float>(a), a->nb[1] / 4, data_of<const float>(t->src[1]),
+            data_of<float>(t), t->nb[1] / 4, int(a->ne[0]), t->fparams[0]);
+        check_launch("rms_norm");
+        return;
+    case OP_ADD: {
+        const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
+        add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
+            data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n);
+        check_launch("add");
+        return;
+    }
+    case OP_SWIGLU: {
+        const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
+        swiglu_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
+            data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n);
+        check_launch("swiglu");
+        return;
+    }
+    case OP_ROPE:
+        rope_kernel<<<unsigned(t->ne[1]), 128, 0, stream_>>>(
+            data_of<const float>(a), a->nb[1] / 4, data_of<const int32_t>(t->src[1]),
+            data_of<float>(t), t->nb[1] / 4, t->iparams[0], t->iparams[1], t->fparams[0]);
+        check_launch("rope");
+        return;
+    case OP_KV_STORE: run_kv_store(s, b); return;
+    case OP_ATTENTION: run_attention(s, b); return;
+    case OP_COPY:
+        SMOL_GPU_CHECK(
+            cudaMemcpyAsync(t->data, a->data, a->nbytes(), cudaMemcpyDefault, stream_));
+        return;
+    case OP_MUL_MAT:
+    case OP_COUNT: break;
+    }
+    throw error(SMOL_ERR_UNSUPPORTED, std::string(name_) + ": no kernel for op " + op_names[t->kind]);
+}
+
+void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
+    const tensor * t = s.t;
+    const kv_cache & kv = *b.kv;
+    const tensor * k = s.rope ? s.rope->src[0] : t->src[0];
+    const tensor * v = t->src[1];
+    kv_store_params p;
+    p.k = data_of<const float>(k);
+    p.v = data_of<const float>(v);
+    p.ldk = k->nb[1] / 4;
+    p.ldv = v->nb[1] / 4;
+    p.K = kv.k_head(t->iparams[0], 0);
+    p.V = kv.v_head(t->iparams[0], 0);
+    p.head_stride = size_t(kv.n_cells) * kv.head_dim;
+    p.hd = kv.head_dim;
+    p.n_head_kv = kv.n_head_kv;
+    p.cell = d_cell_;
+    p.rope_pos = s.rope ? data_of<const int32_t>(s.rope->src[1]) : nullptr;
+    p.rope_base = s.rope ? s.rope->fparams[0] : 0.0f;
+    kv_store_kernel<<<unsigned(k->ne[1]), 128, 0, stream_>>>(p);
+    check_launch("kv_store");
+}
+
+void cuda_backend::run_attention(const step & s, const batch_info & b) {
+    const tensor * t = s.t;
+    const kv_cache & kv = *b.kv;
+    const tensor * q = s.rope ? s.rope->src[0] : t->src[0];
+    attn_params p;
+    p.q = data_of<const float>(q);
+    p.ldq = q->nb[1] / 4;
+    p.out = data_of<float>(t);
+    p.ldo = t->nb[1] / 4;
+    p.K = kv.k_head(t->iparams[0], 0);
+    p.V = kv.v_head(t->iparams[0], 0);
+    p.head_stride = size_t(kv.n_cells) * kv.head_dim;
+    p.n_head = t->iparams[1];
+    p.group = t->iparams[1] / t->iparams[2];
+    p.hd = t->iparams[3];
+    p.n_tok = int(t->ne[1]);
+    p.scale = 1.0f / std::sqrt(float(p.hd));
+    p.pos = d_pos_;
+    p.seq = d_seq_;
+    p.cell_pos = d_cell_pos_;
+    p.cell_seq = d_cell_seq_;
+    p.n_used = d_params_;
+    p.S = int(attn_splits(t, p.Q, p.W));
+    p.part = static_cast<float *>(work_.p);
+    p.rope_pos = s.rope ? data_of<const int32_t>(s.rope->src[1]) : nullptr;
+    p.rope_base = s.rope ? s.rope->fparams[0] : 0.0f;
+    const dim3 grid(unsigned((p.n_tok + p.Q - 1) / p.Q), unsigned(p.n_head), unsigned(p.S));
+    const int threads = p.Q * p.W * warp_size;
+    const size_t smem = size_t(p.Q * p.hd + p.Q * p.W * (p.hd + 2)) * sizeof(float);
+    const int npl = (p.hd + 31) / 32;
+    if (npl <= 1) {
+        attention_kernel<1><<<grid, threads, smem, stream_>>>(p);
+    } else if (npl <= 2) {
+        attention_kernel<2><<<grid, threads, smem, stream_>>>(p);
+    } else if (npl <= 4) {
+        attention_kernel<4><<<grid, threads, smem, stream_>>>(p);
+    } else if (npl <= 8) {
+        attention_kernel<8><<<grid, threads, smem, stream_>>>(p);
+    } else {
+        throw error(SMOL_ERR_UNSUPPORTED, name_ + ": attention with head size " +
+                                              std::to_string(p.hd) +
+                                              " is not supported (at most 256)");
+    }
+    check_launch("attention");
+    if (p.S > 1) {
+        attention_combine_kernel<<<unsigned(p.n_tok * p.n_head), (p.hd + 31) / 32 * 32, 0,
+                                   stream_>>>(p);
+        check_launch("attention_combine");
+    }
+}
+
+// Launches mm_small_kernel for weight type T with the token tile MT that
+// fits M (HIP: tiles of 32 tokens for larger M).
+template <int T, bool SWIGLU>
+void launch_mm_small(const mm_params & p, int total_rows, cudaStream_t stream) {
+    const unsigned gx = unsigned((total_rows + mm_warps - 1) / mm_warps);
+    const int threads = mm_warps * warp_size;
+    auto go = [&](auto mt) {
+        constexpr int MT = decltype(mt)::value;
+        const dim3 grid(gx, unsigned((p.M + MT - 1) / MT));
+        mm_small_kernel<T, MT, SWIGLU><<<grid, threads, 0, stream>>>(p);
+    };
+    if (p.M <= 1) {
+        go(std::integral_constant<int, 1>{});
+    } else if (p.M <= 2) {
+        go(std::integral_constant<int, 2>{});
+    } else if (p.M <= 4) {
+        go(std::integral_constant<int, 4>{});
+    } else if (p.M <= 8) {
+        go(std::integral_constant<int, 8>{});
+    } else if (p.M <= 16) {
+        go(std::integral_constant<int, 16>{});
+    } else {
+        go(std::integral_constant<int, 32>{});
+    }
+}
+
+template <bool SWIGLU> void launch_mm_type(int type, const mm_params & p, int rows, cudaStream_t st) {
+    switch (type) {
+    case SMOL_TYPE_F32: launch_mm_small<SMOL_TYPE_F32, SWIGLU>(p, rows, st); break;
+    case SMOL_TYPE_F16: launch_mm_small<SMOL_TYPE_F16, SWIGLU>(p, rows, st); break;
+    case SMOL_TYPE_BF16: launch_mm_small<SMOL_TYPE_BF16, SWIGLU>(p, rows, st); break;
+    case SMOL_TYPE_Q8_0: launch_mm_small<SMOL_TYPE_Q8_0, SWIGLU>(p, rows, st); break;
+    case SMOL_TYPE_Q4_0: launch_mm_small<SMOL_TYPE_Q4_0, SWIGLU>(p, rows, st); break;
+    case SMOL_TYPE_Q4_1: launch_mm_small<SMOL_TYPE_Q4_1, SWIGLU>(p, rows, st); break;
+    }
+}
+
+void cuda_backend::run_mm(const step & s) {
+    const tensor * m0 = s.mm[0];
+    const tensor * w = m0->src[0];
+    const tensor * x = s.norm ? s.norm->src[0] : m0->src[1];
+    const int K = int(w->ne[0]), M = int(m0->src[1]->ne[1]);
+    if (!small_mm(m0)) {
+#if defined(SMOL_HAVE_BLAS)
+        if (w->ne[0] % 8 == 0 && x->nb[1] % 16 == 0 && w->nb[1] % 4 == 0) {
+            // Tensor cores: f16 operands (weights dequantized into the work
+            // space), f32 accumulation and result.
+            const int N = int(w->ne[1]);
+            const float one = 1.0f, zero = 0.0f;
+            float * y = data_of<float>(s.t);
+            if (w->type == SMOL_TYPE_F32) {
+                SMOL_BLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one,
+                                            data_of<const float>(w), int(w->nb[1] / 4),
+                                            data_of<const float>(x), int(x->nb[1] / 4), &zero, y,
+                                            int(s.t->nb[1] / 4)));
+                return;
+            }
+            uint8_t * ws = static_cast<uint8_t *>(work_.p);
+            const __half * wh = data_of<const __half>(w);
+            int ldw = int(w->nb[1] / 2);
+            if (w->type != SMOL_TYPE_F16) {
+                __half * dq = reinterpret_cast<__half *>(ws);
+                const size_t chunks = size_t(N) * size_t(K / 8);
+                switch (w->type) {
+                case SMOL_TYPE_BF16:
+                    dequant_f16_kernel<SMOL_TYPE_BF16><<<grid_for(chunks, 256), 256, 0, stream_>>>(
+                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
+                    break;
+                case SMOL_TYPE_Q8_0:
+                    dequant_f16_kernel<SMOL_TYPE_Q8_0><<<grid_for(chunks, 256), 256, 0, stream_>>>(
+                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
+                    break;
+                case SMOL_TYPE_Q4_0:
+                    dequant_f16_kernel<SMOL_TYPE_Q4_0><<<grid_for(chunks, 256), 256, 0, stream_>>>(
+                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
+                    break;
+                case SMOL_TYPE_Q4_1:
+                    dequant_f16_kernel<SMOL_TYPE_Q4_1><<<grid_for(chunks, 256), 256, 0, stream_>>>(
+                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
+                    break;
+                default: break;
+                }
+                check_launch("dequant_f16");
+                wh = dq;
+                ldw = K;
+                ws += align_up(size_t(N) * size_t(K) * 2, 256);
+            }
+            __half * xh = reinterpret_cast<__half *>(ws);
+            f32_to_f16_kernel<<<grid_for(size_t(M) * K, 256), 256, 0, stream_>>>(
+                data_of<const float>(x), x->nb[1] / 4, K, M, xh);
+            check_launch("f32_to_f16");
+            SMOL_BLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, wh,
+                                         CUDA_R_16F, ldw, xh, CUDA_R_16F, K, &zero, y, CUDA_R_32F,
+                                         int(s.t->nb[1] / 4), CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+            return;
+        }
+#endif
+        // Odd shapes: the scalar kernel, one launch per matmul.
+        for (int i = 0; i < s.n_mm; ++i) {
+            const tensor * mi = s.mm[i];
+            const tensor * wi = mi->src[0];
+            const dim3 grid(unsigned((wi->ne[1] + mm_warps - 1) / mm_warps), unsigned(M));
+            mm_scalar_kernel<<<grid, mm_warps * warp_size, 0, stream_>>>(
+                int(wi->type), data_of<const uint8_t>(wi), wi->nb[1], K, int(wi->ne[1]),
+                data_of<const float>(mi->src[1]), mi->src[1]->nb[1] / 4, data_of<float>(mi), M);
+            check_launch("mm_scalar");
+        }
+        return;
+    }
+    mm_params p{};
+    p.n_w = s.kind == step_kind::mm_swiglu ? 2 : s.n_mm;
+    int total_rows = 0;
+    for (int i = 0; i < p.n_w; ++i) {
+        p.w[i] = data_of<const uint8_t>(s.mm[i]->src[0]);
+        p.rows[i] = int(s.mm[i]->src[0]->ne[1]);
+        p.y[i] = data_of<float>(s.mm[i]);
+        total_rows += p.rows[i];
+    }
+    if (s.kind == step_kind::mm_swiglu || s.res) p.y[0] = data_of<float>(s.t);
+    p.w_row_bytes = w->nb[1];
+    p.K = K;
+    p.M = M;
+    p.x = data_of<const float>(x);
+    p.ldx = x->nb[1] / 4;
+    p.res = s.res ? data_of<const float>(s.res) : nullptr;
+    p.ldr = s.res ? s.res->nb[1] / 4 : 0;
+    p.norm_w = s.norm ? data_of<const float>(s.norm->src[1]) : nullptr;
+    p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
+    if (s.kind == step_kind::mm_swiglu) {
+        launch_mm_type<true>(int(w->type), p, p.rows[0], stream_);
+    } else {
+        launch_mm_type<false>(int(w->type), p, total_rows, stream_);
+    }
+    check_launch("mul_mat");
+}
+
+} // namespace
+
+std::unique_ptr<backend> make_cuda_backend(int device) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        throw error(SMOL_ERR_BACKEND,
+                    std::string("no " SMOL_GPU_VENDOR " device is available (") +
+                        (e != cudaSuccess ? cudaGetErrorString(e) : "none found") +
+                        "); run on the CPU with device \"cpu\"");
+    }
+    if (device < 0 || device >= n) {
+        throw error(SMOL_ERR_BACKEND, "cuda:" + std::to_string(device) +
+                                          " does not exist: this machine has " +
+                                          std::to_string(n) + " " SMOL_GPU_VENDOR " device(s)");
+    }
+    return std::make_unique<cuda_backend>(device);
+}
+
+} // namespace smol
