@@ -101,7 +101,9 @@ static inline float f32_from_bits(uint32_t u) {
     return sign | (uint16_t)q;
 }
 
-static inline float bf2f(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+static inline float bf2f(uint16_t h) {
+    return f32_from_bits((uint32_t)h << 16);
+}
 
 static inline uint16_t f2bf(float f) {
     const uint32_t x = f32_bits(f);
@@ -110,11 +112,19 @@ static inline uint16_t f2bf(float f) {
 }
 
 #if defined(__F16C__)
-static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-static inline uint16_t f2h(float f) { return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+static inline float h2f(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+static inline uint16_t f2h(float f) {
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
 #else
-static inline float h2f(uint16_t h) { return h2f_soft(h); }
-static inline uint16_t f2h(float f) { return f2h_soft(f); }
+static inline float h2f(uint16_t h) {
+    return h2f_soft(h);
+}
+static inline uint16_t f2h(float f) {
+    return f2h_soft(f);
+}
 #endif
 
 [[maybe_unused]] static inline uint16_t load_u16(const void * p) {
@@ -130,15 +140,23 @@ static inline uint16_t f2h(float f) { return f2h_soft(f); }
     return (int)((x + magic) - magic);
 }
 
-[[maybe_unused]] static inline int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-[[maybe_unused]] static inline int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+[[maybe_unused]] static inline int64_t min_i64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+[[maybe_unused]] static inline int64_t max_i64(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
 
 static inline size_t block_bytes(smol_type t) {
     switch (t) {
-    case SMOL_TYPE_Q4_0: return sizeof(block_q4_0);
-    case SMOL_TYPE_Q4_1: return sizeof(block_q4_1);
-    case SMOL_TYPE_Q8_0: return sizeof(block_q8_0);
-    default: return 0;
+    case SMOL_TYPE_Q4_0:
+        return sizeof(block_q4_0);
+    case SMOL_TYPE_Q4_1:
+        return sizeof(block_q4_1);
+    case SMOL_TYPE_Q8_0:
+        return sizeof(block_q8_0);
+    default:
+        return 0;
     }
 }
 
@@ -208,6 +226,19 @@ static void f32_to_bf16_row(const float * x, uint16_t * y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = f2bf(x[i]);
 }
 
+// A product rounded to f32 before it is used: in the AVX2 copies GCC would
+// otherwise fuse x * id + 8.5 into one FMA (C++ allows contraction), which
+// rounds differently from ggml's reference and from the generic copy.
+static inline float rounded(float v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#else
+    volatile float t = v;
+    v = t;
+#endif
+    return v;
+}
+
 // ggml's reference quantizers (quantize_row_q*_ref), so that the files smol
 // writes are the files llama.cpp would write.
 static void quant_q8_0(const float * x, block_q8_0 * y, int64_t nb) {
@@ -234,8 +265,8 @@ static void quant_q4_0(const float * x, block_q4_0 * y, int64_t nb) {
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = f2h(d);
         for (int j = 0; j < 16; j++) {
-            const float x0 = x[j] * id;
-            const float x1 = x[j + 16] * id;
+            const float x0 = rounded(x[j] * id);
+            const float x1 = rounded(x[j + 16] * id);
             int q0 = (int8_t)(x0 + 8.5f);
             int q1 = (int8_t)(x1 + 8.5f);
             q0 = q0 < 15 ? q0 : 15;
@@ -257,8 +288,8 @@ static void quant_q4_1(const float * x, block_q4_1 * y, int64_t nb) {
         y[i].d = f2h(d);
         y[i].m = f2h(min);
         for (int j = 0; j < 16; j++) {
-            const float x0 = (x[j] - min) * id;
-            const float x1 = (x[j + 16] - min) * id;
+            const float x0 = rounded((x[j] - min) * id);
+            const float x1 = rounded((x[j + 16] - min) * id);
             int q0 = (int8_t)(x0 + 0.5f);
             int q1 = (int8_t)(x1 + 0.5f);
             q0 = q0 < 15 ? q0 : 15;
@@ -270,31 +301,56 @@ static void quant_q4_1(const float * x, block_q4_1 * y, int64_t nb) {
 
 static void row_to_f32(smol_type t, const void * src, float * dst, int64_t n) {
     switch (t) {
-    case SMOL_TYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case SMOL_TYPE_F16: f16_to_f32_row((const uint16_t *)src, dst, n); break;
-    case SMOL_TYPE_BF16: bf16_to_f32_row((const uint16_t *)src, dst, n); break;
-    case SMOL_TYPE_Q4_0: dequant_q4_0((const block_q4_0 *)src, n / QK, dst); break;
-    case SMOL_TYPE_Q4_1: dequant_q4_1((const block_q4_1 *)src, n / QK, dst); break;
-    case SMOL_TYPE_Q8_0: dequant_q8_0((const block_q8_0 *)src, n / QK, dst); break;
+    case SMOL_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case SMOL_TYPE_F16:
+        f16_to_f32_row((const uint16_t *)src, dst, n);
+        break;
+    case SMOL_TYPE_BF16:
+        bf16_to_f32_row((const uint16_t *)src, dst, n);
+        break;
+    case SMOL_TYPE_Q4_0:
+        dequant_q4_0((const block_q4_0 *)src, n / QK, dst);
+        break;
+    case SMOL_TYPE_Q4_1:
+        dequant_q4_1((const block_q4_1 *)src, n / QK, dst);
+        break;
+    case SMOL_TYPE_Q8_0:
+        dequant_q8_0((const block_q8_0 *)src, n / QK, dst);
+        break;
     }
 }
 
 static void row_from_f32(smol_type t, const float * src, void * dst, int64_t n) {
     switch (t) {
-    case SMOL_TYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    case SMOL_TYPE_F16: f32_to_f16_row(src, (uint16_t *)dst, n); break;
-    case SMOL_TYPE_BF16: f32_to_bf16_row(src, (uint16_t *)dst, n); break;
-    case SMOL_TYPE_Q4_0: quant_q4_0(src, (block_q4_0 *)dst, n / QK); break;
-    case SMOL_TYPE_Q4_1: quant_q4_1(src, (block_q4_1 *)dst, n / QK); break;
-    case SMOL_TYPE_Q8_0: quant_q8_0(src, (block_q8_0 *)dst, n / QK); break;
+    case SMOL_TYPE_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
+    case SMOL_TYPE_F16:
+        f32_to_f16_row(src, (uint16_t *)dst, n);
+        break;
+    case SMOL_TYPE_BF16:
+        f32_to_bf16_row(src, (uint16_t *)dst, n);
+        break;
+    case SMOL_TYPE_Q4_0:
+        quant_q4_0(src, (block_q4_0 *)dst, n / QK);
+        break;
+    case SMOL_TYPE_Q4_1:
+        quant_q4_1(src, (block_q4_1 *)dst, n / QK);
+        break;
+    case SMOL_TYPE_Q8_0:
+        quant_q8_0(src, (block_q8_0 *)dst, n / QK);
+        break;
     }
 }
 
 // --- activations ------------------------------------------------------------------
 
-// d = max|x| / 127, qs = round_even(x / d) computed as x * (1 / d), and
-// s = d * sum(qs). The SIMD path performs the same operations in the same
-// order, so every variant produces the same bytes.
+// d = max|x| / 127, qs = round_even(x * (127 / max|x|)) and s = d * sum(qs),
+// with d and s then rounded to f16 (ggml's quantize_row_q8_1). The SIMD path
+// performs the same operations in the same order, so every variant produces
+// the same bytes.
 static void quant_act(const float * x, block_q8_act * y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK) {
 #if defined(__AVX2__)
@@ -303,14 +359,15 @@ static void quant_act(const float * x, block_q8_act * y, int64_t nb) {
         __m256 v1 = _mm256_loadu_ps(x + 8);
         __m256 v2 = _mm256_loadu_ps(x + 16);
         __m256 v3 = _mm256_loadu_ps(x + 24);
-        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m256 m =
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                          _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         const float amax = _mm_cvtss_f32(m4);
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f; // as ggml's AVX2 path
         const __m256 vid = _mm256_set1_ps(id);
         const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
         __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, vid), rn));
@@ -330,7 +387,7 @@ static void quant_act(const float * x, block_q8_act * y, int64_t nb) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < QK; j++) {
             const int q = round_even(x[j] * id);
@@ -338,19 +395,27 @@ static void quant_act(const float * x, block_q8_act * y, int64_t nb) {
             sum += q;
         }
 #endif
-        y[i].d = d;
-        y[i].s = d * (float)sum;
+        // The scale and the sum are kept at f16 precision, as in ggml's q8_1
+        // blocks, so the products match llama.cpp's for the same inputs.
+        y[i].d = h2f_soft(f2h_soft(d));
+        y[i].s = h2f_soft(f2h_soft(d * (float)sum));
     }
 }
 
 static void act_from_f32(smol_type t, const float * x, void * act, int64_t K) {
     switch (t) {
     case SMOL_TYPE_F32:
-    case SMOL_TYPE_BF16: memcpy(act, x, (size_t)K * sizeof(float)); break;
-    case SMOL_TYPE_F16: f32_to_f16_row(x, (uint16_t *)act, K); break;
+    case SMOL_TYPE_BF16:
+        memcpy(act, x, (size_t)K * sizeof(float));
+        break;
+    case SMOL_TYPE_F16:
+        f32_to_f16_row(x, (uint16_t *)act, K);
+        break;
     case SMOL_TYPE_Q4_0:
     case SMOL_TYPE_Q4_1:
-    case SMOL_TYPE_Q8_0: quant_act(x, (block_q8_act *)act, K / QK); break;
+    case SMOL_TYPE_Q8_0:
+        quant_act(x, (block_q8_act *)act, K / QK);
+        break;
     }
 }
 
@@ -383,7 +448,8 @@ static inline __m256 exp256(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
     return _mm256_andnot_ps(underflow, p);
 }
@@ -421,7 +487,9 @@ static void axpy_f16(float a, const uint16_t * x, float * y, int64_t n) {
     for (; i < n; i++) y[i] += a * h2f(x[i]);
 }
 
-static void f32_to_f16(const float * x, uint16_t * y, int64_t n) { f32_to_f16_row(x, y, n); }
+static void f32_to_f16(const float * x, uint16_t * y, int64_t n) {
+    f32_to_f16_row(x, y, n);
+}
 
 static float dot_f32(const float * a, const float * b, int64_t n) {
     int64_t i = 0;
@@ -443,7 +511,9 @@ static float dot_f32(const float * a, const float * b, int64_t n) {
     return sum;
 }
 
-static float sum_sq(const float * x, int64_t n) { return dot_f32(x, x, n); }
+static float sum_sq(const float * x, int64_t n) {
+    return dot_f32(x, x, n);
+}
 
 static void scale(float * y, const float * x, float s, int64_t n) {
     int64_t i = 0;
@@ -575,7 +645,9 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
                 for (int64_t k = 0; k < K; k++) sum += h2f(v[k]) * h2f(x[k]);
                 break;
             }
-            default: sum = dot_q_scalar(t, wr, (const block_q8_act *)ai, K / QK); break;
+            default:
+                sum = dot_q_scalar(t, wr, (const block_q8_act *)ai, K / QK);
+                break;
             }
             y[i * ldy + r] = sum;
         }
@@ -597,15 +669,18 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 // elements j, the rows' codes as bytes, 4 per 32-bit lane ("quads"). One
 // token's 4 activation codes are broadcast to every lane, vpmaddubsw gives
 // each row's two pair sums as int16, and these are summed over the block's
-// 8 quads in int16 (|codes| <= 15 * 127 * 16 < 32768). One vpmaddwd per
-// block and row vector then completes the row's int32 dot product, and the
-// block's scales are applied to 8 rows at once. q8_0 weights are split into
-// two nibbles of w + 128 so the same unsigned x signed products apply.
+// 8 quads in int16 (at most 16 products of 15 * 127: 30480 < 32768). One
+// vpmaddwd per block and row vector then completes the row's int32 dot
+// product, and the block's scales are applied to 8 rows at once. q8_0
+// weights are split into two nibbles of w + 128 so the same unsigned x
+// signed products apply. With AVX-512 VNNI, vpdpbusd does both steps on all
+// 16 rows at once.
 //
-// Float types: 16 rows x 6 tokens of f32 FMAs over a panel converted to f32
-// once; f16 activations are widened per token tile.
+// Float types: 16 rows x 6 tokens of f32 FMAs (32 x 6 with AVX-512) over a
+// panel converted to f32 once; f16 activations are widened per token tile.
 //
-// Decode (one token) streams each weight once, 8 rows at a time.
+// Decode and small batches stream each weight once, 8 rows at a time, with
+// software prefetch. Scratch lives on the stack: at most ~56 KiB per call.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // vpdpbusd multiplies unsigned by signed bytes and adds into int32 lanes in
@@ -616,9 +691,16 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 #define SMOL_CPU_VNNI 0
 #endif
 
+// Up to this many tokens, matmul streams the weights row group by row group
+// (decode, small batches) instead of packing panels (measured crossovers on
+// Zen 3; f32 panels cost more to pack and their tiles are 6 tokens wide).
+constexpr int64_t gemv_max_tokens_q = 4;
+constexpr int64_t gemv_max_tokens_f = 8;
+
 constexpr int64_t q_panel_rows = 16;
-// Blocks per q panel: keeps a panel within ~16 KiB of L1 (q8_0 panels hold
-// two nibble planes, so they take half as many blocks).
+// Blocks per q panel: 24 keeps a 4-bit panel within ~15 KiB of L1; q8_0
+// panels hold two nibble planes, and 18 blocks (all of K = 576) measured
+// better than splitting K further.
 constexpr int64_t q_panel_blocks = 24;
 constexpr int64_t q8_panel_blocks = 18;
 // Activation bytes per token chunk: about half of Zen 3's 512 KiB L2.
@@ -631,7 +713,8 @@ constexpr int f_tile_tokens = 6;
 
 struct q_panel {
     // q[b][j][v]: rows 8v..8v+7, elements 4j..4j+3 of block b (codes 0..15;
-    // for q8_0 the low nibble of w + 128, with the high nibble in h).
+    // for q8_0 the low nibble of w + 128, with the high nibble in h, or with
+    // VNNI all of w + 128).
     alignas(64) uint8_t q[q_panel_blocks][8][2][32];
     alignas(64) uint8_t h[q_panel_blocks][8][2][32];
     alignas(64) float d[q_panel_blocks][q_panel_rows];
@@ -675,7 +758,8 @@ static inline void transpose8_epi32(__m256i r[8]) {
 }
 
 // Packs blocks kb0..kb0+nbk of 16 rows into p.
-static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16], int64_t kb0, int64_t nbk) {
+static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16], int64_t kb0,
+                         int64_t nbk) {
     const size_t bs = block_bytes(t);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i bias = _mm256_set1_epi8((char)0x80);
@@ -690,7 +774,8 @@ static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16
                 if (t == SMOL_TYPE_Q8_0) {
                     // w + 128, unsigned; without VNNI split into two nibbles
                     // (w + 128 = 16 hi + lo).
-                    const __m256i u = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + 2)), bias);
+                    const __m256i u =
+                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + 2)), bias);
                     if (SMOL_CPU_VNNI) {
                         lo[i] = u;
                     } else {
@@ -725,7 +810,8 @@ static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16
 // Row vectors v0..v0+NV-1 of the panel (8 rows each) x NT tokens over nbk
 // blocks; out[t * 16 + 8 * v + i] for row 8 v + i.
 template <smol_type T, int NT, int NV>
-static void q_tile(const q_panel * p, int v0, int64_t nbk, const block_q8_act * const a[NT], float * out) {
+__attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t nbk,
+                                             const block_q8_act * const a[NT], float * out) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[NT][NV];
     for (int t = 0; t < NT; t++)
@@ -744,13 +830,15 @@ static void q_tile(const q_panel * p, int v0, int64_t nbk, const block_q8_act * 
             __m256i wl[NV], wh[NV];
             for (int v = 0; v < NV; v++) {
                 wl[v] = _mm256_load_si256((const __m256i *)p->q[b][j][v0 + v]);
-                if (T == SMOL_TYPE_Q8_0) wh[v] = _mm256_load_si256((const __m256i *)p->h[b][j][v0 + v]);
+                if (T == SMOL_TYPE_Q8_0)
+                    wh[v] = _mm256_load_si256((const __m256i *)p->h[b][j][v0 + v]);
             }
             for (int t = 0; t < NT; t++) {
                 const __m256i x = bcast_quad(a[t][b].qs + 4 * j);
                 for (int v = 0; v < NV; v++) {
                     sl[t][v] = _mm256_add_epi16(sl[t][v], _mm256_maddubs_epi16(wl[v], x));
-                    if (T == SMOL_TYPE_Q8_0) sh[t][v] = _mm256_add_epi16(sh[t][v], _mm256_maddubs_epi16(wh[v], x));
+                    if (T == SMOL_TYPE_Q8_0)
+                        sh[t][v] = _mm256_add_epi16(sh[t][v], _mm256_maddubs_epi16(wh[v], x));
                 }
             }
         }
@@ -759,7 +847,8 @@ static void q_tile(const q_panel * p, int v0, int64_t nbk, const block_q8_act * 
             const __m256 o = _mm256_load_ps(p->off[b] + 8 * (v0 + v));
             for (int t = 0; t < NT; t++) {
                 __m256i i = _mm256_madd_epi16(sl[t][v], ones);
-                if (T == SMOL_TYPE_Q8_0) i = _mm256_add_epi32(i, _mm256_madd_epi16(sh[t][v], _mm256_set1_epi16(16)));
+                if (T == SMOL_TYPE_Q8_0)
+                    i = _mm256_add_epi32(i, _mm256_madd_epi16(sh[t][v], _mm256_set1_epi16(16)));
                 const __m256 da = _mm256_broadcast_ss(&a[t][b].d);
                 const __m256 sa = _mm256_broadcast_ss(&a[t][b].s);
                 acc[t][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, da), acc[t][v]);
@@ -775,7 +864,8 @@ static void q_tile(const q_panel * p, int v0, int64_t nbk, const block_q8_act * 
 // The panel's 16 rows x NT tokens with vpdpbusd on 512-bit vectors (the two
 // 8-row halves of a quad are adjacent in the panel); out[t * 16 + r].
 template <int NT>
-static void q_tile_vnni(const q_panel * p, int64_t nbk, const block_q8_act * const a[NT], float * out) {
+__attribute__((noinline)) static void q_tile_vnni(const q_panel * p, int64_t nbk,
+                                                  const block_q8_act * const a[NT], float * out) {
     __m512 acc[NT];
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nbk; b++) {
@@ -806,7 +896,8 @@ static void q_tile_vnni(const q_panel * p, int64_t nbk, const block_q8_act * con
 
 // Writes (or, for later K chunks, adds) an nt x nr corner of a tile
 // (out[t * 16 + r]) into y.
-static void store_tile(const float * out, int64_t nt, int64_t nr, float * y, int64_t ldy, bool add) {
+static void store_tile(const float * out, int64_t nt, int64_t nr, float * y, int64_t ldy,
+                       bool add) {
     for (int64_t t = 0; t < nt; t++) {
         float * yt = y + t * ldy;
         const float * o = out + t * 16;
@@ -827,15 +918,17 @@ static void store_tile(const float * out, int64_t nt, int64_t nr, float * y, int
 }
 
 template <smol_type T>
-static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
-                           const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0,
+                           int64_t r1, const uint8_t * ab, size_t act_row_bytes, int64_t n_tok,
+                           float * y, int64_t ldy) {
     // Three tokens per tile for the 4-bit types; q8_0 keeps two nibble
     // accumulators per row vector, so two tokens fit in the registers. With
     // VNNI and 32 registers, six.
     constexpr int NT = SMOL_CPU_VNNI ? 6 : T == SMOL_TYPE_Q8_0 ? 2 : 3;
     q_panel panel;
     const int64_t nb = K / QK;
-    constexpr int64_t max_kc = T == SMOL_TYPE_Q8_0 && !SMOL_CPU_VNNI ? q8_panel_blocks : q_panel_blocks;
+    constexpr int64_t max_kc =
+        T == SMOL_TYPE_Q8_0 && !SMOL_CPU_VNNI ? q8_panel_blocks : q_panel_blocks;
     const int64_t n_kc = (nb + max_kc - 1) / max_kc;
     const int64_t kc = (nb + n_kc - 1) / n_kc;
     const int64_t tc = max_i64(NT, act_chunk_bytes / (nb * (int64_t)sizeof(block_q8_act)));
@@ -855,7 +948,9 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
                     const int64_t nt = min_i64(NT, t1 - i);
                     const block_q8_act * a[NT];
                     for (int j = 0; j < NT; j++)
-                        a[j] = (const block_q8_act *)(ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes) + kb0;
+                        a[j] = (const block_q8_act *)(ab + (size_t)min_i64(i + j, t1 - 1) *
+                                                               act_row_bytes) +
+                               kb0;
                     float out[NT * 16];
 #if SMOL_CPU_VNNI
                     q_tile_vnni<NT>(&panel, nbk, a, out);
@@ -873,6 +968,17 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
 // share each vpmaddubsw (row r's low-nibble half in the low 128 bits, row
 // r+1's in the high), and three vphaddd fold the four pair vectors into
 // the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
+// Decode reads each weight once, from memory: asking for the rows two
+// groups ahead keeps more cache-line fills in flight than the hardware
+// prefetcher does on its own.
+static inline void prefetch_rows(const uint8_t * w, size_t w_row_bytes, int64_t r, int64_t r1,
+                                 size_t bytes) {
+    for (int64_t i = r; i < r + 8 && i < r1; i++) {
+        const uint8_t * p = w + (size_t)i * w_row_bytes;
+        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+    }
+}
+
 static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
                      float * out) {
     const size_t bs = block_bytes(t);
@@ -890,10 +996,10 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
             for (int k = 0; k < 4; k++) {
                 const __m256i w0 = _mm256_loadu_si256((const __m256i *)(rows[2 * k] + o + 2));
                 const __m256i w1 = _mm256_loadu_si256((const __m256i *)(rows[2 * k + 1] + o + 2));
-                const __m256i p0 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x, w0)), ones);
-                const __m256i p1 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x, w1)), ones);
+                const __m256i p0 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(x, w0)), ones);
+                const __m256i p1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(w1, w1), _mm256_sign_epi8(x, w1)), ones);
                 // Row 2k's 4 partial sums in the low lane, row 2k+1's in the high.
                 pr[k] = _mm256_hadd_epi32(_mm256_permute2x128_si256(p0, p1, 0x20),
                                           _mm256_permute2x128_si256(p0, p1, 0x31));
@@ -910,19 +1016,22 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
                     _mm_loadu_si128((const __m128i *)(rows[2 * k + 1] + qo)), 1);
                 const __m256i lo = _mm256_and_si256(v, m4);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo), _mm256_maddubs_epi16(hi, x_hi));
+                const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo),
+                                                   _mm256_maddubs_epi16(hi, x_hi));
                 pr[k] = _mm256_madd_epi16(s, ones);
             }
         }
         // pr[k]: [row 2k: 4 partials | row 2k+1: 4 partials].
-        const __m256i v = _mm256_hadd_epi32(_mm256_hadd_epi32(pr[0], pr[1]), _mm256_hadd_epi32(pr[2], pr[3]));
-        const __m128i dh =
-            _mm_setr_epi16((short)load_u16(rows[order[0]] + o), (short)load_u16(rows[order[1]] + o),
-                           (short)load_u16(rows[order[2]] + o), (short)load_u16(rows[order[3]] + o),
-                           (short)load_u16(rows[order[4]] + o), (short)load_u16(rows[order[5]] + o),
-                           (short)load_u16(rows[order[6]] + o), (short)load_u16(rows[order[7]] + o));
+        const __m256i v =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(pr[0], pr[1]), _mm256_hadd_epi32(pr[2], pr[3]));
+        const __m128i dh = _mm_setr_epi16(
+            (short)load_u16(rows[order[0]] + o), (short)load_u16(rows[order[1]] + o),
+            (short)load_u16(rows[order[2]] + o), (short)load_u16(rows[order[3]] + o),
+            (short)load_u16(rows[order[4]] + o), (short)load_u16(rows[order[5]] + o),
+            (short)load_u16(rows[order[6]] + o), (short)load_u16(rows[order[7]] + o));
         const __m256 dw = _mm256_cvtph_ps(dh);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a[b].d)), acc);
+        acc =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a[b].d)), acc);
         if (t == SMOL_TYPE_Q4_1) {
             const __m128i mh = _mm_setr_epi16(
                 (short)load_u16(rows[order[0]] + o + 2), (short)load_u16(rows[order[1]] + o + 2),
@@ -939,37 +1048,52 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
     for (int l = 0; l < 8; l++) out[order[l]] = res[l];
 }
 
-static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
-                     const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
+                     int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
+                     int64_t ldy) {
     const uint8_t * wb = (const uint8_t *)w;
     const uint8_t * ab = (const uint8_t *)act;
-    if (n_tok == 1) {
-        const block_q8_act * a = (const block_q8_act *)ab;
+    if (n_tok <= gemv_max_tokens_q) {
+        // Few tokens: packing a panel would cost more than it saves; each
+        // token reads the group's rows again, from L1.
         for (int64_t r = r0; r < r1; r += 8) {
             const uint8_t * rows[8];
             for (int i = 0; i < 8; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-            float out[8];
-            q_gemv_8(t, rows, a, K / QK, out);
+            prefetch_rows(wb, w_row_bytes, r + 16, r1, row_bytes(t, K));
             const int64_t n = min_i64(8, r1 - r);
-            for (int64_t i = 0; i < n; i++) y[r + i] = out[i];
+            for (int64_t j = 0; j < n_tok; j++) {
+                float out[8];
+                q_gemv_8(t, rows, (const block_q8_act *)(ab + (size_t)j * act_row_bytes), K / QK,
+                         out);
+                for (int64_t i = 0; i < n; i++) y[j * ldy + r + i] = out[i];
+            }
         }
         return;
     }
     switch (t) {
     case SMOL_TYPE_Q4_0:
-        matmul_q_tiles<SMOL_TYPE_Q4_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        matmul_q_tiles<SMOL_TYPE_Q4_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
+                                       ldy);
         break;
     case SMOL_TYPE_Q4_1:
-        matmul_q_tiles<SMOL_TYPE_Q4_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        matmul_q_tiles<SMOL_TYPE_Q4_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
+                                       ldy);
         break;
-    default: matmul_q_tiles<SMOL_TYPE_Q8_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy); break;
+    default:
+        matmul_q_tiles<SMOL_TYPE_Q8_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
+                                       ldy);
+        break;
     }
 }
 
 // --- float weights ---
 
-static inline __m256 load8(const float * p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const uint16_t * p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 load8(const float * p) {
+    return _mm256_loadu_ps(p);
+}
+static inline __m256 load8(const uint16_t * p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
 static inline __m256 load8_bf16(const uint16_t * p) {
     const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -988,14 +1112,17 @@ static inline float load_w1(smol_type t, const uint8_t * row, int64_t k) {
 }
 
 // Packs columns k0..k0+n of 16 rows as f32, k-major: dst[k * 16 + r].
-static void f_pack16(smol_type t, const uint8_t * const rows[16], int64_t k0, int64_t n, float * dst) {
+static void f_pack16(smol_type t, const uint8_t * const rows[16], int64_t k0, int64_t n,
+                     float * dst) {
     int64_t k = 0;
     for (; k + 8 <= n; k += 8) {
         for (int v = 0; v < 2; v++) {
             __m256i c[8];
-            for (int i = 0; i < 8; i++) c[i] = _mm256_castps_si256(load_w8(t, rows[8 * v + i], k0 + k));
+            for (int i = 0; i < 8; i++)
+                c[i] = _mm256_castps_si256(load_w8(t, rows[8 * v + i], k0 + k));
             transpose8_epi32(c);
-            for (int j = 0; j < 8; j++) _mm256_store_ps(dst + (k + j) * 16 + 8 * v, _mm256_castsi256_ps(c[j]));
+            for (int j = 0; j < 8; j++)
+                _mm256_store_ps(dst + (k + j) * 16 + 8 * v, _mm256_castsi256_ps(c[j]));
         }
     }
     for (; k < n; k++)
@@ -1006,8 +1133,8 @@ static void f_pack16(smol_type t, const uint8_t * const rows[16], int64_t k0, in
 // out[t * 16 + r].
 // Not inlined: inlined into the loops around it, GCC runs out of general
 // registers and reloads the token pointers from the stack on every k.
-__attribute__((noinline)) static void f_tile_16x6(const float * w, const float * const x[6], int64_t n,
-                                                  float * out) {
+__attribute__((noinline)) static void f_tile_16x6(const float * w, const float * const x[6],
+                                                  int64_t n, float * out) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float * x0 = x[0];
@@ -1055,8 +1182,9 @@ __attribute__((noinline)) static void f_tile_16x6(const float * w, const float *
 #if defined(__AVX512F__)
 // Two adjacent 16-row panels (one 512-bit vector each per k) x 6 tokens;
 // out[t * 16 + r] for each panel.
-__attribute__((noinline)) static void f_tile_32x6(const float * w0, const float * w1, const float * const x[6],
-                                                  int64_t n, float * out0, float * out1) {
+__attribute__((noinline)) static void f_tile_32x6(const float * w0, const float * w1,
+                                                  const float * const x[6], int64_t n, float * out0,
+                                                  float * out1) {
     __m512 c[6][2];
     for (int j = 0; j < 6; j++) c[j][0] = c[j][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < n; k++) {
@@ -1075,8 +1203,9 @@ __attribute__((noinline)) static void f_tile_32x6(const float * w0, const float 
 }
 #endif
 
-static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
-                           const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, int64_t K,
+                           int64_t r0, int64_t r1, const uint8_t * ab, size_t act_row_bytes,
+                           int64_t n_tok, float * y, int64_t ldy) {
     alignas(64) float panel[f_panel_rows * f_panel_k];
     alignas(32) float xbuf[f_tile_tokens * f_panel_k]; // f16 activations, widened
     const int64_t n_kc = (K + f_panel_k - 1) / f_panel_k;
@@ -1086,54 +1215,56 @@ static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, 
     int64_t tc = act_chunk_bytes / 2 / (kc * x_bytes);
     tc = max_i64(f_tile_tokens, tc - tc % f_tile_tokens);
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-      const int64_t t1 = min_i64(n_tok, t0 + tc);
-      for (int64_t k0 = 0; k0 < K; k0 += kc) {
-        const int64_t n = min_i64(kc, K - k0);
-        for (int64_t rb = r0; rb < r1; rb += f_panel_rows) {
-            const int64_t n_sub = (min_i64(f_panel_rows, r1 - rb) + 15) / 16;
-            for (int64_t s = 0; s < n_sub; s++) {
-                const uint8_t * rows[16];
-                for (int i = 0; i < 16; i++)
-                    rows[i] = wb + (size_t)min_i64(rb + 16 * s + i, r1 - 1) * w_row_bytes;
-                f_pack16(t, rows, k0, n, panel + s * 16 * kc);
-            }
-            for (int64_t i = t0; i < t1; i += f_tile_tokens) {
-                const int64_t nt = min_i64(f_tile_tokens, t1 - i);
-                const float * x[f_tile_tokens];
-                for (int j = 0; j < f_tile_tokens; j++) {
-                    const uint8_t * row = ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes;
-                    if (t == SMOL_TYPE_F16) {
-                        f16_to_f32_row((const uint16_t *)row + k0, xbuf + j * kc, n);
-                        x[j] = xbuf + j * kc;
-                    } else {
-                        x[j] = (const float *)row + k0;
+        const int64_t t1 = min_i64(n_tok, t0 + tc);
+        for (int64_t k0 = 0; k0 < K; k0 += kc) {
+            const int64_t n = min_i64(kc, K - k0);
+            for (int64_t rb = r0; rb < r1; rb += f_panel_rows) {
+                const int64_t n_sub = (min_i64(f_panel_rows, r1 - rb) + 15) / 16;
+                for (int64_t s = 0; s < n_sub; s++) {
+                    const uint8_t * rows[16];
+                    for (int i = 0; i < 16; i++)
+                        rows[i] = wb + (size_t)min_i64(rb + 16 * s + i, r1 - 1) * w_row_bytes;
+                    f_pack16(t, rows, k0, n, panel + s * 16 * kc);
+                }
+                for (int64_t i = t0; i < t1; i += f_tile_tokens) {
+                    const int64_t nt = min_i64(f_tile_tokens, t1 - i);
+                    const float * x[f_tile_tokens];
+                    for (int j = 0; j < f_tile_tokens; j++) {
+                        const uint8_t * row = ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes;
+                        if (t == SMOL_TYPE_F16) {
+                            f16_to_f32_row((const uint16_t *)row + k0, xbuf + j * kc, n);
+                            x[j] = xbuf + j * kc;
+                        } else {
+                            x[j] = (const float *)row + k0;
+                        }
                     }
-                }
-                int64_t s = 0;
+                    int64_t s = 0;
 #if defined(__AVX512F__)
-                for (; s + 2 <= n_sub; s += 2) {
-                    const int64_t r = rb + 16 * s;
-                    float out0[f_tile_tokens * 16], out1[f_tile_tokens * 16];
-                    f_tile_32x6(panel + s * 16 * kc, panel + (s + 1) * 16 * kc, x, n, out0, out1);
-                    store_tile(out0, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
-                    store_tile(out1, nt, min_i64(16, r1 - r - 16), y + i * ldy + r + 16, ldy, k0 > 0);
-                }
+                    for (; s + 2 <= n_sub; s += 2) {
+                        const int64_t r = rb + 16 * s;
+                        float out0[f_tile_tokens * 16], out1[f_tile_tokens * 16];
+                        f_tile_32x6(panel + s * 16 * kc, panel + (s + 1) * 16 * kc, x, n, out0,
+                                    out1);
+                        store_tile(out0, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
+                        store_tile(out1, nt, min_i64(16, r1 - r - 16), y + i * ldy + r + 16, ldy,
+                                   k0 > 0);
+                    }
 #endif
-                for (; s < n_sub; s++) {
-                    const int64_t r = rb + 16 * s;
-                    float out[f_tile_tokens * 16];
-                    f_tile_16x6(panel + s * 16 * kc, x, n, out);
-                    store_tile(out, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
+                    for (; s < n_sub; s++) {
+                        const int64_t r = rb + 16 * s;
+                        float out[f_tile_tokens * 16];
+                        f_tile_16x6(panel + s * 16 * kc, x, n, out);
+                        store_tile(out, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
+                    }
                 }
             }
         }
-      }
     }
 }
 
 // Decode, float weights: 8 rows x 1 token, x already f32.
-static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, const float * x, int64_t n,
-                     float * out) {
+static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, const float * x,
+                     int64_t n, float * out) {
     __m256 c[8];
     for (int i = 0; i < 8; i++) c[i] = _mm256_setzero_ps();
     const int64_t n8 = n & ~(int64_t)7;
@@ -1144,35 +1275,46 @@ static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, con
     // Eight vectors -> their eight sums (once per call, so vphadd is fine).
     const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(c[0], c[1]), _mm256_hadd_ps(c[2], c[3]));
     const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(c[4], c[5]), _mm256_hadd_ps(c[6], c[7]));
-    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+    const __m256 s =
+        _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
     _mm256_storeu_ps(out, s);
     for (int64_t k = n8; k < n; k++)
         for (int i = 0; i < 8; i++) out[i] += load_w1(t, rows[i], k0 + k) * x[k];
 }
 
-static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
-                     const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
+                     int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
+                     int64_t ldy) {
     const uint8_t * wb = (const uint8_t *)w;
     const uint8_t * ab = (const uint8_t *)act;
-    if (n_tok == 1) {
-        constexpr int64_t xc = 4096; // f16 activations are widened in chunks
-        alignas(32) float xbuf[xc];
+    if (n_tok <= gemv_max_tokens_f) {
+        constexpr int64_t xc = 1024; // f16 activations are widened in chunks
+        alignas(32) float xbuf[gemv_max_tokens_f][xc];
         for (int64_t k0 = 0; k0 < K; k0 += xc) {
             const int64_t n = min_i64(xc, K - k0);
-            const float * x;
-            if (t == SMOL_TYPE_F16) {
-                f16_to_f32_row((const uint16_t *)ab + k0, xbuf, n);
-                x = xbuf;
-            } else {
-                x = (const float *)ab + k0;
+            const float * x[gemv_max_tokens_f];
+            for (int64_t j = 0; j < n_tok; j++) {
+                const uint8_t * row = ab + (size_t)j * act_row_bytes;
+                if (t == SMOL_TYPE_F16) {
+                    f16_to_f32_row((const uint16_t *)row + k0, xbuf[j], n);
+                    x[j] = xbuf[j];
+                } else {
+                    x[j] = (const float *)row + k0;
+                }
             }
+            const size_t el = t == SMOL_TYPE_F32 ? 4 : 2;
             for (int64_t r = r0; r < r1; r += 8) {
                 const uint8_t * rows[8];
-                for (int i = 0; i < 8; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-                float out[8];
-                f_gemv_8(t, rows, k0, x, n, out);
+                for (int i = 0; i < 8; i++)
+                    rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
+                prefetch_rows(wb + k0 * el, w_row_bytes, r + 16, r1, (size_t)n * el);
                 const int64_t nr = min_i64(8, r1 - r);
-                for (int64_t i = 0; i < nr; i++) y[r + i] = k0 == 0 ? out[i] : y[r + i] + out[i];
+                for (int64_t j = 0; j < n_tok; j++) {
+                    float out[8];
+                    f_gemv_8(t, rows, k0, x[j], n, out);
+                    float * yj = y + j * ldy + r;
+                    for (int64_t i = 0; i < nr; i++) yj[i] = k0 == 0 ? out[i] : yj[i] + out[i];
+                }
             }
         }
         return;
@@ -1182,8 +1324,9 @@ static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
 
 #endif // __AVX2__
 
-static void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
-                   const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
+static void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
+                   int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
+                   int64_t ldy) {
     if (r1 <= r0 || n_tok <= 0) return;
 #if defined(__AVX2__)
     switch (t) {
@@ -1230,35 +1373,51 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
 
 // --- the parts that exist once ------------------------------------------------------
 
-float fp16_to_fp32(uint16_t h) { return generic::h2f_soft(h); }
-uint16_t fp32_to_fp16(float f) { return generic::f2h_soft(f); }
-float bf16_to_fp32(uint16_t h) { return generic::bf2f(h); }
-uint16_t fp32_to_bf16(float f) { return generic::f2bf(f); }
+float fp16_to_fp32(uint16_t h) {
+    return generic::h2f_soft(h);
+}
+uint16_t fp32_to_fp16(float f) {
+    return generic::f2h_soft(f);
+}
+float bf16_to_fp32(uint16_t h) {
+    return generic::bf2f(h);
+}
+uint16_t fp32_to_bf16(float f) {
+    return generic::f2bf(f);
+}
 
 int64_t block_elems(smol_type t) {
     switch (t) {
     case SMOL_TYPE_Q4_0:
     case SMOL_TYPE_Q4_1:
-    case SMOL_TYPE_Q8_0: return QK;
-    default: return 1;
+    case SMOL_TYPE_Q8_0:
+        return QK;
+    default:
+        return 1;
     }
 }
 
 size_t row_bytes(smol_type t, int64_t n) {
     switch (t) {
-    case SMOL_TYPE_F32: return (size_t)n * 4;
+    case SMOL_TYPE_F32:
+        return (size_t)n * 4;
     case SMOL_TYPE_F16:
-    case SMOL_TYPE_BF16: return (size_t)n * 2;
-    default: return (size_t)(n / QK) * generic::block_bytes(t);
+    case SMOL_TYPE_BF16:
+        return (size_t)n * 2;
+    default:
+        return (size_t)(n / QK) * generic::block_bytes(t);
     }
 }
 
 size_t act_bytes(smol_type t, int64_t K) {
     switch (t) {
     case SMOL_TYPE_F32:
-    case SMOL_TYPE_BF16: return (size_t)K * sizeof(float);
-    case SMOL_TYPE_F16: return (size_t)K * sizeof(uint16_t);
-    default: return (size_t)(K / QK) * sizeof(block_q8_act);
+    case SMOL_TYPE_BF16:
+        return (size_t)K * sizeof(float);
+    case SMOL_TYPE_F16:
+        return (size_t)K * sizeof(uint16_t);
+    default:
+        return (size_t)(K / QK) * sizeof(block_q8_act);
     }
 }
 
@@ -1278,9 +1437,10 @@ static bool cpu_has_avx2() {
 
 static bool cpu_has_avx512() {
 #if defined(__x86_64__) || defined(__i386__)
-    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512bf16");
 #else
     return false;
 #endif

@@ -56,8 +56,8 @@ namespace {
     do {                                                                                           \
         const cublasStatus_t s_ = (call);                                                          \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            throw error(SMOL_ERR_BACKEND, std::string("cuBLAS error in " #call ": ") +            \
-                                              cublasGetStatusString(s_));                          \
+            throw error(SMOL_ERR_BACKEND,                                                          \
+                        std::string("cuBLAS error in " #call ": ") + cublasGetStatusString(s_));   \
         }                                                                                          \
     } while (0)
 #endif
@@ -78,8 +78,12 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-__device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ float f16_to_f32(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
+    return __uint_as_float(uint32_t(h) << 16);
+}
 __device__ __forceinline__ uint16_t f32_to_f16(float f) {
     return __half_as_ushort(__float2half_rn(f)); // round to nearest even, like the CPU
 }
@@ -92,9 +96,12 @@ __device__ __forceinline__ float ld_f16(const uint8_t * p) {
 __device__ float row_elem(int t, const uint8_t * row, int e) {
     const int b = e / cpu::QK, j = e % cpu::QK;
     switch (t) {
-    case SMOL_TYPE_F32: return reinterpret_cast<const float *>(row)[e];
-    case SMOL_TYPE_F16: return f16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
-    case SMOL_TYPE_BF16: return bf16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
+    case SMOL_TYPE_F32:
+        return reinterpret_cast<const float *>(row)[e];
+    case SMOL_TYPE_F16:
+        return f16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
+    case SMOL_TYPE_BF16:
+        return bf16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
     case SMOL_TYPE_Q8_0: {
         const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q8_0);
         return __fmul_rn(float(int8_t(blk[2 + j])), ld_f16(blk));
@@ -186,14 +193,50 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
     }
 }
 
-// theta = pos * base^(-2j/d) in float64, exactly the CPU's expression, so
-// both backends turn each pair by the same float cos and sin.
-__device__ __forceinline__ void rope_cs(int pos, int j, int hd, float base, float & c, float & s) {
-    const double theta = double(pos) * pow(double(base), -2.0 * j / hd);
+// The angle of pair j is the CPU's (and ggml's): theta = pos, multiplied j
+// times by theta_scale = base^(-2/d) in float, so both backends get the same
+// float angle. Its cos and sin are taken in double and rounded, which matches
+// the CPU's cosf and sinf except where those miss the correct rounding.
+__device__ __forceinline__ void rope_cs(int pos, int j, float theta_scale, float & c, float & s) {
+    float theta = float(pos);
+    for (int k = 0; k < j; ++k) theta *= theta_scale;
     double sd, cd;
-    sincos(theta, &sd, &cd);
+    sincos(double(theta), &sd, &cd);
     c = float(cd);
     s = float(sd);
+}
+
+float rope_theta_scale(float base, int hd) {
+    return std::pow(base, -2.0f / float(hd));
+}
+
+// Where a kernel finds the angles of a rope: the graph's table of (cos,
+// sin) per token and pair when it has one (computed once per run, not once
+// per layer), else computed on the spot.
+struct rope_params {
+    const int32_t * pos = nullptr; // per token; null: no rope
+    const float2 * table = nullptr;
+    float theta_scale = 0.0f;
+    int half = 0;
+};
+
+__device__ __forceinline__ void rope_get(const rope_params & r, int tok, int j, float & c,
+                                         float & s) {
+    if (r.table) {
+        const float2 cs = r.table[size_t(tok) * r.half + j];
+        c = cs.x;
+        s = cs.y;
+    } else {
+        rope_cs(r.pos[tok], j, r.theta_scale, c, s);
+    }
+}
+
+__global__ void rope_table_kernel(const rope_params r, float2 * table) {
+    for (int j = threadIdx.x; j < r.half; j += blockDim.x) {
+        float c, s;
+        rope_cs(r.pos[blockIdx.x], j, r.theta_scale, c, s);
+        table[size_t(blockIdx.x) * r.half + j] = make_float2(c, s);
+    }
 }
 
 // Turns the pair (x0, x1) by the angle whose cos and sin are c and s, with
@@ -215,23 +258,31 @@ __global__ void get_rows_kernel(int type, const uint8_t * table, size_t row_byte
     for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = row_elem(type, row, e);
 }
 
-__device__ float block_sum(float v, float * red) {
-    const int lane = threadIdx.x % warp_size, warp = threadIdx.x / warp_size;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int w = 0; w < int(blockDim.x / warp_size); ++w) s += red[w];
-    return s;
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v += SMOL_SHFL_XOR(v, m);
+    return v;
+}
+
+// 1 / rms of a row from its sum of squares, which is taken in double as the
+// CPU (and ggml) do, so the scale agrees to the last bit.
+__device__ __forceinline__ float rms_scale(double sum_sq, int n, float eps) {
+    const float mean = float(sum_sq / double(n));
+    return 1.0f / sqrtf(mean + eps);
 }
 
 __global__ void rms_norm_kernel(const float * x, size_t ldx, const float * w, float * dst,
                                 size_t ld_dst, int n, float eps) {
-    __shared__ float red[32];
+    __shared__ double red[32];
     const float * xr = x + blockIdx.x * ldx;
-    float ss = 0.0f;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) ss += xr[e] * xr[e];
-    const float scale = 1.0f / sqrtf(block_sum(ss, red) / float(n) + eps);
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) ss += double(xr[e]) * double(xr[e]);
+    ss = warp_sum_f64(ss);
+    if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = ss;
+    __syncthreads();
+    double sum = 0.0;
+    for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
+    const float scale = rms_scale(sum, n, eps);
     float * d = dst + blockIdx.x * ld_dst;
     for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = (xr[e] * scale) * w[e];
 }
@@ -243,7 +294,9 @@ __global__ void add_kernel(const float * a, const float * b, float * dst, size_t
     }
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
 
 __global__ void swiglu_kernel(const float * g, const float * u, float * dst, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -253,16 +306,15 @@ __global__ void swiglu_kernel(const float * g, const float * u, float * dst, siz
 }
 
 // One block per token; pairs (2j, 2j+1) of every head.
-__global__ void rope_kernel(const float * x, size_t ldx, const int32_t * pos, float * dst,
-                            size_t ld_dst, int n_head, int hd, float base) {
+__global__ void rope_kernel(const float * x, size_t ldx, const rope_params r, float * dst,
+                            size_t ld_dst, int n_head, int hd) {
     const int half = hd / 2;
     const float * src = x + blockIdx.x * ldx;
     float * d = dst + blockIdx.x * ld_dst;
-    const int p = pos[blockIdx.x];
     for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
         const int h = e / half, j = e % half;
         float c, s;
-        rope_cs(p, j, hd, base, c, s);
+        rope_get(r, int(blockIdx.x), j, c, s);
         float x0 = src[h * hd + 2 * j], x1 = src[h * hd + 2 * j + 1];
         rope_pair(x0, x1, c, s);
         d[h * hd + 2 * j] = x0;
@@ -279,8 +331,7 @@ struct kv_store_params {
     size_t head_stride; // elements between heads: n_cells * hd
     int hd, n_head_kv;
     const int32_t * cell; // per token
-    const int32_t * rope_pos; // non-null: rotate k on the way in
-    float rope_base;
+    rope_params rope;     // non-null pos: rotate k on the way in
 };
 
 // One block per token: converts its k and v rows to f16 in its cache cell.
@@ -289,13 +340,12 @@ __global__ void kv_store_kernel(const kv_store_params p) {
     const size_t cell = size_t(p.cell[i]);
     const float * k = p.k + i * p.ldk;
     const float * v = p.v + i * p.ldv;
-    const int rp = p.rope_pos ? p.rope_pos[i] : 0;
     for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
         const int h = e / half, j = e % half;
         float k0 = k[h * p.hd + 2 * j], k1 = k[h * p.hd + 2 * j + 1];
-        if (p.rope_pos) {
+        if (p.rope.pos) {
             float c, s;
-            rope_cs(rp, j, p.hd, p.rope_base, c, s);
+            rope_get(p.rope, i, j, c, s);
             rope_pair(k0, k1, c, s);
         }
         const size_t at = h * p.head_stride + cell * p.hd + 2 * j;
@@ -338,13 +388,13 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     __shared__ float inv_rms[MT];
     if (p.norm_w) {
         for (int m = warp; m < MT; m += mm_warps) {
-            float ss = 0.0f;
+            double ss = 0.0;
             if (m0 + m < p.M) {
                 const float * xr = p.x + size_t(m0 + m) * p.ldx;
-                for (int k = lane; k < p.K; k += warp_size) ss += xr[k] * xr[k];
+                for (int k = lane; k < p.K; k += warp_size) ss += double(xr[k]) * double(xr[k]);
             }
-            ss = warp_sum(ss);
-            if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(p.K) + p.eps);
+            ss = warp_sum_f64(ss);
+            if (lane == 0) inv_rms[m] = rms_scale(ss, p.K, p.eps);
         }
         __syncthreads();
     }
@@ -497,21 +547,22 @@ struct attn_params {
     const int32_t * n_used; // device scalar: graphs replayed later read the new value
     int Q, W, S;            // queries per block, cell streams per query, splits over cells
     float * part;           // S > 1: [token][head][split] of (max, sum, acc[hd])
-    const int32_t * rope_pos;
-    float rope_base;
+    int * done;             // S > 1: splits finished per (token, head); left at zero
+    rope_params rope;       // non-null pos: rotate q as it is loaded
 };
 
 // Block (query group, head, split). Warp w serves query w % Q and walks the
 // split's cells in tiles of 32 (tile t goes to stream w / Q): each lane
 // scores one cell, the warp keeps an online softmax, then accumulates V with
 // each lane owning NPL consecutive elements of the head. Streams of one
-// query are merged through shared memory; splits by a second kernel.
-template <int NPL>
-__global__ void attention_kernel(const attn_params p) {
+// query are merged through shared memory. With S splits (decode, Q = 1),
+// each block leaves a partial result and the last one to finish merges them.
+template <int NPL> __global__ void attention_kernel(const attn_params p) {
     extern __shared__ float sm[];
+    __shared__ int last_split;
     const int hd = p.hd, half = hd / 2;
-    float * qs = sm;                 // [Q][hd]
-    float * st = sm + p.Q * hd;      // [warps][hd + 2]
+    float * qs = sm;            // [Q][hd]
+    float * st = sm + p.Q * hd; // [warps][hd + 2]
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int h = blockIdx.y, s = blockIdx.z, tok0 = blockIdx.x * p.Q;
 
@@ -522,11 +573,14 @@ __global__ void attention_kernel(const attn_params p) {
             const float * src = p.q + tok * p.ldq + h * hd;
             x0 = src[2 * j];
             x1 = src[2 * j + 1];
-            if (p.rope_pos) {
+            if (p.rope.pos) {
                 float c, sn;
-                rope_cs(p.rope_pos[tok], j, hd, p.rope_base, c, sn);
+                rope_get(p.rope, tok, j, c, sn);
                 rope_pair(x0, x1, c, sn);
             }
+            // The query meets the f16 cache as f16, as on the CPU.
+            x0 = f16_to_f32(f32_to_f16(x0));
+            x1 = f16_to_f32(f32_to_f16(x1));
         }
         qs[qi * hd + 2 * j] = x0;
         qs[qi * hd + 2 * j + 1] = x1;
@@ -544,11 +598,12 @@ __global__ void attention_kernel(const attn_params p) {
     const int my_pos = active ? p.pos[tok] : -1, my_seq = active ? p.seq[tok] : -1;
     const float * q = qs + qi * hd;
     const bool vec16 = hd % 8 == 0;
+    const int e_base = lane * NPL;
+    const bool lane_full = e_base + NPL <= hd;
 
     float m = -INFINITY, l = 0.0f, acc[NPL];
 #pragma unroll
     for (int e = 0; e < NPL; ++e) acc[e] = 0.0f;
-    const int e_base = lane * NPL;
 
     if (active) {
         for (int base = c_begin + ws * 32; base < c_end; base += p.W * 32) {
@@ -585,34 +640,48 @@ __global__ void attention_kernel(const attn_params p) {
             l = l * corr + warp_sum(pr);
 #pragma unroll
             for (int e = 0; e < NPL; ++e) acc[e] *= corr;
-            const int n_c = min(32, c_end - base);
-            for (int j = 0; j < n_c; ++j) {
+            const uint16_t * vr = V + size_t(base) * hd + e_base;
+            auto add_row = [&](int j) {
                 const float pj = SMOL_SHFL(pr, j);
-                if (pj == 0.0f) continue;
-                const uint16_t * vr = V + size_t(base + j) * hd + e_base;
-                if (e_base + NPL <= hd) {
+                float v[NPL];
+                if (lane_full) {
                     if constexpr (NPL % 2 == 0) {
 #pragma unroll
                         for (int e = 0; e < NPL; e += 2) {
-                            const uint32_t w = *reinterpret_cast<const uint32_t *>(vr + e);
-                            acc[e] += pj * f16_to_f32(uint16_t(w & 0xffff));
-                            acc[e + 1] += pj * f16_to_f32(uint16_t(w >> 16));
+                            const uint32_t w =
+                                *reinterpret_cast<const uint32_t *>(vr + size_t(j) * hd + e);
+                            v[e] = f16_to_f32(uint16_t(w & 0xffff));
+                            v[e + 1] = f16_to_f32(uint16_t(w >> 16));
                         }
                     } else {
 #pragma unroll
-                        for (int e = 0; e < NPL; ++e) acc[e] += pj * f16_to_f32(vr[e]);
+                        for (int e = 0; e < NPL; ++e) v[e] = f16_to_f32(vr[size_t(j) * hd + e]);
                     }
                 } else {
 #pragma unroll
                     for (int e = 0; e < NPL; ++e) {
-                        if (e_base + e < hd) acc[e] += pj * f16_to_f32(vr[e]);
+                        v[e] = e_base + e < hd ? f16_to_f32(vr[size_t(j) * hd + e]) : 0.0f;
                     }
                 }
+#pragma unroll
+                for (int e = 0; e < NPL; ++e) acc[e] = pj != 0.0f ? acc[e] + pj * v[e] : acc[e];
+            };
+            // No branch on the weight, so the loads of several rows of V are
+            // in flight at once; a zero weight adds nothing (and skips the
+            // row's value, as the CPU does, should it not be finite).
+            const int n_c = min(32, c_end - base);
+            if (n_c == 32) {
+#pragma unroll 8
+                for (int j = 0; j < 32; ++j) add_row(j);
+            } else {
+                for (int j = 0; j < n_c; ++j) add_row(j);
             }
             m = m_new;
         }
     }
 
+    // Merge the W streams of each query; warp qi (stream 0) keeps the result.
+    bool holder = active;
     if (p.W > 1) {
         float * mine = st + warp * (hd + 2);
         if (lane == 0) {
@@ -624,37 +693,48 @@ __global__ void attention_kernel(const attn_params p) {
             if (e_base + e < hd) mine[2 + e_base + e] = acc[e];
         }
         __syncthreads();
-        if (ws != 0) return;
-        float mx = -INFINITY;
-        for (int w = 0; w < p.W; ++w) mx = fmaxf(mx, st[(qi + w * p.Q) * (hd + 2)]);
-        float L = 0.0f;
+        if (ws == 0) {
+            float mx = -INFINITY;
+            for (int w = 0; w < p.W; ++w) mx = fmaxf(mx, st[(qi + w * p.Q) * (hd + 2)]);
+            float L = 0.0f;
 #pragma unroll
-        for (int e = 0; e < NPL; ++e) acc[e] = 0.0f;
-        if (mx != -INFINITY) {
-            for (int w = 0; w < p.W; ++w) {
-                const float * o = st + (qi + w * p.Q) * (hd + 2);
-                if (o[0] == -INFINITY) continue;
-                const float f = expf(o[0] - mx);
-                L += o[1] * f;
+            for (int e = 0; e < NPL; ++e) acc[e] = 0.0f;
+            if (mx != -INFINITY) {
+                for (int w = 0; w < p.W; ++w) {
+                    const float * o = st + (qi + w * p.Q) * (hd + 2);
+                    if (o[0] == -INFINITY) continue;
+                    const float f = expf(o[0] - mx);
+                    L += o[1] * f;
 #pragma unroll
-                for (int e = 0; e < NPL; ++e) {
-                    if (e_base + e < hd) acc[e] += o[2 + e_base + e] * f;
+                    for (int e = 0; e < NPL; ++e) {
+                        if (e_base + e < hd) acc[e] += o[2 + e_base + e] * f;
+                    }
                 }
             }
+            m = mx;
+            l = L;
+        } else {
+            holder = false;
         }
-        m = mx;
-        l = L;
     }
-    if (!active) return;
     if (p.S == 1) {
+        if (!holder) return;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         float * o = p.out + tok * p.ldo + h * hd;
 #pragma unroll
         for (int e = 0; e < NPL; ++e) {
             if (e_base + e < hd) o[e_base + e] = acc[e] * inv;
         }
-    } else {
-        float * o = p.part + ((size_t(tok) * p.n_head + h) * p.S + s) * (hd + 2);
+        return;
+    }
+
+    // S > 1 (and Q = 1): leave this split's partial result; the block that
+    // finishes last for this (token, head) merges all of them, so no second
+    // launch is needed (the counter is reset for the next launch or replay).
+    const size_t th = size_t(tok0) * p.n_head + h;
+    float * part = p.part + th * p.S * (hd + 2);
+    if (holder) {
+        float * o = part + s * (hd + 2);
         if (lane == 0) {
             o[0] = m;
             o[1] = l;
@@ -664,27 +744,29 @@ __global__ void attention_kernel(const attn_params p) {
             if (e_base + e < hd) o[2 + e_base + e] = acc[e];
         }
     }
-}
-
-// Merges the S partial softmaxes of one (token, head).
-__global__ void attention_combine_kernel(const attn_params p) {
-    const int th = blockIdx.x, tok = th / p.n_head, h = th % p.n_head, hd = p.hd;
-    const float * part = p.part + size_t(th) * p.S * (hd + 2);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_split = atomicAdd(p.done + th, 1) == p.S - 1;
+    __syncthreads();
+    if (!last_split) return;
+    __threadfence();
+    const volatile float * vp = part; // written by other blocks: read through L2
     float mx = -INFINITY;
-    for (int s = 0; s < p.S; ++s) mx = fmaxf(mx, part[s * (hd + 2)]);
+    for (int i = 0; i < p.S; ++i) mx = fmaxf(mx, vp[i * (hd + 2)]);
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float L = 0.0f, a = 0.0f;
         if (mx != -INFINITY) {
-            for (int s = 0; s < p.S; ++s) {
-                const float * o = part + s * (hd + 2);
-                if (o[0] == -INFINITY) continue;
-                const float f = expf(o[0] - mx);
-                L += o[1] * f;
-                a += o[2 + e] * f;
+            for (int i = 0; i < p.S; ++i) {
+                const float mi = vp[i * (hd + 2)];
+                if (mi == -INFINITY) continue;
+                const float f = expf(mi - mx);
+                L += vp[i * (hd + 2) + 1] * f;
+                a += vp[i * (hd + 2) + 2 + e] * f;
             }
         }
-        p.out[tok * p.ldo + h * hd + e] = L > 0.0f ? a * (1.0f / L) : 0.0f;
+        p.out[tok0 * p.ldo + h * hd + e] = L > 0.0f ? a * (1.0f / L) : 0.0f;
     }
+    if (threadIdx.x == 0) p.done[th] = 0;
 }
 
 // --- the plan of one graph --------------------------------------------------------
@@ -695,17 +777,19 @@ enum class step_kind : uint8_t { plain, mm, mm_swiglu, kv_store, attention };
 
 struct step {
     step_kind kind = step_kind::plain;
-    tensor * t = nullptr;   // the node the step stands at; its output is the step's
-    tensor * mm[3] = {};    // mm: matmuls that share one input; mm_swiglu: gate, up
+    tensor * t = nullptr; // the node the step stands at; its output is the step's
+    tensor * mm[3] = {};  // mm: matmuls that share one input; mm_swiglu: gate, up
     int n_mm = 0;
-    tensor * norm = nullptr; // an RMS_NORM folded into the matmuls' input
-    tensor * res = nullptr;  // a residual added to mm[0]'s result (t is the ADD)
-    tensor * rope = nullptr; // a ROPE folded into kv_store (of k) or attention (of q)
+    tensor * norm = nullptr;  // an RMS_NORM folded into the matmuls' input
+    tensor * res = nullptr;   // a residual added to mm[0]'s result (t is the ADD)
+    tensor * rope = nullptr;  // a ROPE folded into kv_store (of k) or attention (of q)
     tensor * extra = nullptr; // a result t reads beyond its own sources
     bool skip = false;        // computed inside another step
 };
 
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t align_up(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
+}
 
 int env_flag(const char * name, int fallback) {
     const char * v = std::getenv(name);
@@ -746,6 +830,7 @@ class cuda_backend final : public backend {
     void launch(const step & s, const batch_info & b);
 
     void run_mm(const step & s);
+    rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
     void run_kv_store(const step & s, const batch_info & b);
     bool small_mm(const tensor * mm) const;
@@ -764,6 +849,9 @@ class cuda_backend final : public backend {
     cudaEvent_t staged_ = nullptr; // the last staging copies are done with the pinned buffer
 
     buffer arena_, work_, dyn_, cells_;
+    buffer rope_;                       // the run's table of rope angles
+    const tensor * rope_key_ = nullptr; // the ROPE node whose angles it holds
+    buffer done_;                       // attention's split counters, zero between launches
     void * host_stage_ = nullptr;
     size_t host_stage_size_ = 0;
 
@@ -812,6 +900,8 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     // Attention's partial results for decode-sized batches need well under
     // this; having it from the start keeps the first decode from allocating.
     grow(work_, size_t(4) << 20, "work space");
+    grow(done_, 4096 * sizeof(int), "attention counters");
+    SMOL_GPU_CHECK(cudaMemsetAsync(done_.p, 0, done_.size, stream_));
 #if defined(SMOL_HAVE_BLAS)
     SMOL_BLAS_CHECK(cublasCreate(&blas_));
     SMOL_BLAS_CHECK(cublasSetStream(blas_, stream_));
@@ -824,21 +914,21 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
 
 cuda_backend::~cuda_backend() {
     // Errors here cannot be reported; free what can be freed.
-    cudaSetDevice(device_);
-    if (stream_) cudaStreamSynchronize(stream_);
-    for (auto & c : execs_) cudaGraphExecDestroy(c.exec);
+    (void)cudaSetDevice(device_);
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    for (auto & c : execs_) (void)cudaGraphExecDestroy(c.exec);
 #if defined(SMOL_HAVE_BLAS)
     if (blas_) cublasDestroy(blas_);
-    cudaFree(blas_ws_.p);
+    (void)cudaFree(blas_ws_.p);
 #endif
-    for (buffer * b : {&arena_, &work_, &dyn_, &cells_}) cudaFree(b->p);
-    if (host_stage_) cudaFreeHost(host_stage_);
-    if (staged_) cudaEventDestroy(staged_);
-    if (stream_) cudaStreamDestroy(stream_);
+    for (buffer * b : {&arena_, &work_, &dyn_, &cells_, &rope_, &done_}) (void)cudaFree(b->p);
+    if (host_stage_) (void)cudaFreeHost(host_stage_);
+    if (staged_) (void)cudaEventDestroy(staged_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
 void cuda_backend::drop_graphs() {
-    for (auto & c : execs_) cudaGraphExecDestroy(c.exec);
+    for (auto & c : execs_) (void)cudaGraphExecDestroy(c.exec);
     execs_.clear();
     prev_sig_.clear();
 }
@@ -850,7 +940,7 @@ void * cuda_backend::alloc(size_t bytes) {
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
+        (void)cudaMemGetInfo(&free_b, &total_b);
         throw error(SMOL_ERR_OUT_OF_MEMORY,
                     name_ + ": cannot allocate " + std::to_string(bytes >> 20) +
                         " MiB of device memory (" + std::to_string(free_b >> 20) + " of " +
@@ -900,8 +990,8 @@ void cuda_backend::grow(buffer & b, size_t bytes, const char * what) {
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         b.p = nullptr;
-        throw error(SMOL_ERR_OUT_OF_MEMORY, name_ + ": cannot allocate " +
-                                                std::to_string(n >> 20) + " MiB of " + what);
+        throw error(SMOL_ERR_OUT_OF_MEMORY,
+                    name_ + ": cannot allocate " + std::to_string(n >> 20) + " MiB of " + what);
     }
     b.size = n;
 }
@@ -935,17 +1025,13 @@ bool cuda_backend::small_mm(const tensor * mm) const {
 // query W, and S splits over the cells (S > 1 only when the heads and
 // tokens alone do not fill the GPU).
 size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
-    const int64_t n_tok = t->ne[1], n_head = t->iparams[1];
-    if (n_tok <= 8) {
-        Q = 1;
-        W = 4;
-    } else {
-        Q = 4;
-        W = 1;
-    }
-    const int64_t blocks = (n_tok + Q - 1) / Q * n_head;
-    if (blocks >= n_sm_) return 1;
-    return size_t(std::min<int64_t>(64, (2 * n_sm_ + blocks - 1) / blocks));
+    const int64_t n_tok = t->ne[1], n_head = t->iparams[1], queries = n_tok * n_head;
+    // Few queries: a block each, its four warps splitting the cells. Many:
+    // four queries a block, sharing the cells' loads through L1.
+    Q = queries < 4 * n_sm_ ? 1 : 4;
+    W = Q == 1 ? 4 : 1;
+    if (Q > 1 || queries >= n_sm_) return 1;
+    return size_t(std::min<int64_t>(64, (2 * n_sm_ + queries - 1) / queries));
 }
 
 void cuda_backend::make_steps(graph & g) {
@@ -1080,7 +1166,8 @@ void cuda_backend::prepare(graph & g) {
     }
     grow(arena_, p.arena_bytes, "compute memory");
     for (size_t i = 0; i < nodes.size(); ++i) {
-        if (p.offset[i] != SIZE_MAX) nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
+        if (p.offset[i] != SIZE_MAX)
+            nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
     }
     size_t work = 0;
     for (const step & s : steps_) {
@@ -1106,6 +1193,19 @@ void cuda_backend::prepare(graph & g) {
 #endif
     }
     grow(work_, work, "work space");
+    // One table of rope angles serves every ROPE node that shares the first
+    // one's positions, head size and base (in a llama, all of them).
+    rope_key_ = nullptr;
+    for (const tensor * t : nodes) {
+        if (t->kind == OP_ROPE) {
+            rope_key_ = t;
+            break;
+        }
+    }
+    if (rope_key_) {
+        grow(rope_, size_t(rope_key_->ne[1]) * size_t(rope_key_->iparams[1] / 2) * sizeof(float2),
+             "rope table");
+    }
     if (g.batch.kv) {
         const size_t n = size_t(g.batch.kv->n_cells) * 2 * sizeof(int32_t);
         if (n > cells_.size) {
@@ -1189,12 +1289,14 @@ void cuda_backend::stage(graph & g) {
             uint8_t * hp = h + dyn_bytes;
             std::memcpy(hp, kv->cell_pos.data() + lo, cell_bytes);
             std::memcpy(hp + cell_bytes, kv->cell_seq.data() + lo, cell_bytes);
-            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_pos_ + lo, hp, cell_bytes,
-                                           cudaMemcpyHostToDevice, stream_));
+            SMOL_GPU_CHECK(
+                cudaMemcpyAsync(d_cell_pos_ + lo, hp, cell_bytes, cudaMemcpyHostToDevice, stream_));
             SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seq_ + lo, hp + cell_bytes, cell_bytes,
                                            cudaMemcpyHostToDevice, stream_));
-            std::copy(kv->cell_pos.begin() + lo, kv->cell_pos.begin() + hi, shadow_pos_.begin() + lo);
-            std::copy(kv->cell_seq.begin() + lo, kv->cell_seq.begin() + hi, shadow_seq_.begin() + lo);
+            std::copy(kv->cell_pos.begin() + lo, kv->cell_pos.begin() + hi,
+                      shadow_pos_.begin() + lo);
+            std::copy(kv->cell_seq.begin() + lo, kv->cell_seq.begin() + hi,
+                      shadow_seq_.begin() + lo);
         }
     }
     SMOL_GPU_CHECK(cudaEventRecord(staged_, stream_));
@@ -1247,6 +1349,8 @@ void cuda_backend::signature(const graph & g) {
     ptr(d_params_);
     ptr(d_cell_pos_);
     ptr(work_.p);
+    ptr(rope_.p);
+    ptr(done_.p);
 }
 
 void cuda_backend::reserve(graph & g) {
@@ -1302,22 +1406,22 @@ void cuda_backend::run(graph & g) {
             try {
                 launch_all(g);
             } catch (...) {
-                cudaStreamEndCapture(stream_, &cg);
-                if (cg) cudaGraphDestroy(cg);
+                (void)cudaStreamEndCapture(stream_, &cg);
+                if (cg) (void)cudaGraphDestroy(cg);
                 (void)cudaGetLastError();
                 throw;
             }
             SMOL_GPU_CHECK(cudaStreamEndCapture(stream_, &cg));
             cudaGraphExec_t exec = nullptr;
             const cudaError_t e = cudaGraphInstantiate(&exec, cg, 0);
-            cudaGraphDestroy(cg);
+            (void)cudaGraphDestroy(cg);
             if (e != cudaSuccess) gpu_fail(e, "cudaGraphInstantiate");
             if (execs_.size() >= 4) {
                 auto old = std::min_element(execs_.begin(), execs_.end(),
                                             [](const captured & a, const captured & b) {
                                                 return a.last_used < b.last_used;
                                             });
-                cudaGraphExecDestroy(old->exec);
+                (void)cudaGraphExecDestroy(old->exec);
                 execs_.erase(old);
             }
             execs_.push_back({sig_, exec, ++clock_});
@@ -1332,6 +1436,13 @@ void cuda_backend::run(graph & g) {
 }
 
 void cuda_backend::launch_all(graph & g) {
+    if (rope_key_ && rope_key_->ne[1] > 0) {
+        rope_params r = rope_for(rope_key_);
+        r.table = nullptr;
+        rope_table_kernel<<<unsigned(rope_key_->ne[1]), 64, 0, stream_>>>(
+            r, static_cast<float2 *>(rope_.p));
+        check_launch("rope_table");
+    }
     for (const step & s : steps_) {
         if (!s.skip) launch(s, g.batch);
     }
@@ -1341,21 +1452,31 @@ int grid_for(size_t n, int threads) {
     return int(std::min<size_t>((n + threads - 1) / threads, 4096));
 }
 
-template <class T> T * data_of(const tensor * t) { return static_cast<T *>(t->data); }
+template <class T> T * data_of(const tensor * t) {
+    return static_cast<T *>(t->data);
+}
 
 void cuda_backend::launch(const step & s, const batch_info & b) {
     tensor * t = s.t;
     switch (s.kind) {
     case step_kind::mm:
-    case step_kind::mm_swiglu: run_mm(s); return;
-    case step_kind::kv_store: run_kv_store(s, b); return;
-    case step_kind::attention: run_attention(s, b); return;
-    case step_kind::plain: break;
+    case step_kind::mm_swiglu:
+        run_mm(s);
+        return;
+    case step_kind::kv_store:
+        run_kv_store(s, b);
+        return;
+    case step_kind::attention:
+        run_attention(s, b);
+        return;
+    case step_kind::plain:
+        break;
     }
     const tensor * a = t->src[0];
     if (t->kind != OP_KV_STORE && t->kind != OP_COPY && t->nbytes() == 0) return; // no work
     switch (t->kind) {
-    case OP_NONE: return;
+    case OP_NONE:
+        return;
     case OP_GET_ROWS: {
         const int n = int(a->ne[0]);
         get_rows_kernel<<<unsigned(t->ne[1]), 256, 0, stream_>>>(
@@ -1386,20 +1507,25 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     }
     case OP_ROPE:
         rope_kernel<<<unsigned(t->ne[1]), 128, 0, stream_>>>(
-            data_of<const float>(a), a->nb[1] / 4, data_of<const int32_t>(t->src[1]),
-            data_of<float>(t), t->nb[1] / 4, t->iparams[0], t->iparams[1], t->fparams[0]);
+            data_of<const float>(a), a->nb[1] / 4, rope_for(t), data_of<float>(t), t->nb[1] / 4,
+            t->iparams[0], t->iparams[1]);
         check_launch("rope");
         return;
-    case OP_KV_STORE: run_kv_store(s, b); return;
-    case OP_ATTENTION: run_attention(s, b); return;
+    case OP_KV_STORE:
+        run_kv_store(s, b);
+        return;
+    case OP_ATTENTION:
+        run_attention(s, b);
+        return;
     case OP_COPY:
-        SMOL_GPU_CHECK(
-            cudaMemcpyAsync(t->data, a->data, a->nbytes(), cudaMemcpyDefault, stream_));
+        SMOL_GPU_CHECK(cudaMemcpyAsync(t->data, a->data, a->nbytes(), cudaMemcpyDefault, stream_));
         return;
     case OP_MUL_MAT:
-    case OP_COUNT: break;
+    case OP_COUNT:
+        break;
     }
-    throw error(SMOL_ERR_UNSUPPORTED, std::string(name_) + ": no kernel for op " + op_names[t->kind]);
+    throw error(SMOL_ERR_UNSUPPORTED,
+                std::string(name_) + ": no kernel for op " + op_names[t->kind]);
 }
 
 void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
@@ -1418,8 +1544,7 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
     p.hd = kv.head_dim;
     p.n_head_kv = kv.n_head_kv;
     p.cell = d_cell_;
-    p.rope_pos = s.rope ? data_of<const int32_t>(s.rope->src[1]) : nullptr;
-    p.rope_base = s.rope ? s.rope->fparams[0] : 0.0f;
+    p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     kv_store_kernel<<<unsigned(k->ne[1]), 128, 0, stream_>>>(p);
     check_launch("kv_store");
 }
@@ -1448,8 +1573,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.n_used = d_params_;
     p.S = int(attn_splits(t, p.Q, p.W));
     p.part = static_cast<float *>(work_.p);
-    p.rope_pos = s.rope ? data_of<const int32_t>(s.rope->src[1]) : nullptr;
-    p.rope_base = s.rope ? s.rope->fparams[0] : 0.0f;
+    p.done = static_cast<int *>(done_.p);
+    p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const dim3 grid(unsigned((p.n_tok + p.Q - 1) / p.Q), unsigned(p.n_head), unsigned(p.S));
     const int threads = p.Q * p.W * warp_size;
     const size_t smem = size_t(p.Q * p.hd + p.Q * p.W * (p.hd + 2)) * sizeof(float);
@@ -1468,11 +1593,20 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
                                               " is not supported (at most 256)");
     }
     check_launch("attention");
-    if (p.S > 1) {
-        attention_combine_kernel<<<unsigned(p.n_tok * p.n_head), (p.hd + 31) / 32 * 32, 0,
-                                   stream_>>>(p);
-        check_launch("attention_combine");
+}
+
+// The angles of a ROPE node: from the run's table when the node's positions,
+// head size and base are the table's.
+rope_params cuda_backend::rope_for(const tensor * rope) const {
+    rope_params r;
+    r.pos = data_of<const int32_t>(rope->src[1]);
+    r.half = rope->iparams[1] / 2;
+    r.theta_scale = rope_theta_scale(rope->fparams[0], rope->iparams[1]);
+    if (rope_key_ && rope->src[1] == rope_key_->src[1] &&
+        rope->iparams[1] == rope_key_->iparams[1] && rope->fparams[0] == rope_key_->fparams[0]) {
+        r.table = static_cast<const float2 *>(rope_.p);
     }
+    return r;
 }
 
 // Launches mm_small_kernel for weight type T with the token tile MT that
@@ -1501,14 +1635,27 @@ void launch_mm_small(const mm_params & p, int total_rows, cudaStream_t stream) {
     }
 }
 
-template <bool SWIGLU> void launch_mm_type(int type, const mm_params & p, int rows, cudaStream_t st) {
+template <bool SWIGLU>
+void launch_mm_type(int type, const mm_params & p, int rows, cudaStream_t st) {
     switch (type) {
-    case SMOL_TYPE_F32: launch_mm_small<SMOL_TYPE_F32, SWIGLU>(p, rows, st); break;
-    case SMOL_TYPE_F16: launch_mm_small<SMOL_TYPE_F16, SWIGLU>(p, rows, st); break;
-    case SMOL_TYPE_BF16: launch_mm_small<SMOL_TYPE_BF16, SWIGLU>(p, rows, st); break;
-    case SMOL_TYPE_Q8_0: launch_mm_small<SMOL_TYPE_Q8_0, SWIGLU>(p, rows, st); break;
-    case SMOL_TYPE_Q4_0: launch_mm_small<SMOL_TYPE_Q4_0, SWIGLU>(p, rows, st); break;
-    case SMOL_TYPE_Q4_1: launch_mm_small<SMOL_TYPE_Q4_1, SWIGLU>(p, rows, st); break;
+    case SMOL_TYPE_F32:
+        launch_mm_small<SMOL_TYPE_F32, SWIGLU>(p, rows, st);
+        break;
+    case SMOL_TYPE_F16:
+        launch_mm_small<SMOL_TYPE_F16, SWIGLU>(p, rows, st);
+        break;
+    case SMOL_TYPE_BF16:
+        launch_mm_small<SMOL_TYPE_BF16, SWIGLU>(p, rows, st);
+        break;
+    case SMOL_TYPE_Q8_0:
+        launch_mm_small<SMOL_TYPE_Q8_0, SWIGLU>(p, rows, st);
+        break;
+    case SMOL_TYPE_Q4_0:
+        launch_mm_small<SMOL_TYPE_Q4_0, SWIGLU>(p, rows, st);
+        break;
+    case SMOL_TYPE_Q4_1:
+        launch_mm_small<SMOL_TYPE_Q4_1, SWIGLU>(p, rows, st);
+        break;
     }
 }
 
@@ -1555,7 +1702,8 @@ void cuda_backend::run_mm(const step & s) {
                     dequant_f16_kernel<SMOL_TYPE_Q4_1><<<grid_for(chunks, 256), 256, 0, stream_>>>(
                         data_of<const uint8_t>(w), w->nb[1], K, N, dq);
                     break;
-                default: break;
+                default:
+                    break;
                 }
                 check_launch("dequant_f16");
                 wh = dq;
@@ -1626,8 +1774,8 @@ std::unique_ptr<backend> make_cuda_backend(int device) {
     }
     if (device < 0 || device >= n) {
         throw error(SMOL_ERR_BACKEND, "cuda:" + std::to_string(device) +
-                                          " does not exist: this machine has " +
-                                          std::to_string(n) + " " SMOL_GPU_VENDOR " device(s)");
+                                          " does not exist: this machine has " + std::to_string(n) +
+                                          " " SMOL_GPU_VENDOR " device(s)");
     }
     return std::make_unique<cuda_backend>(device);
 }

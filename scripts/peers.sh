@@ -2,36 +2,48 @@
 # Builds the peer engine (llama.cpp, as vendored by the llama-cpp-python sdist)
 # that smol is compared against, plus a Python venv with llama-cpp-python.
 #
-#   scripts/peers.sh [DIR]            # DIR defaults to /work/peers
-#   scripts/peers.sh --cuda [DIR]     # or PEERS_CUDA=1: add the CUDA backend (sm_90)
-#   scripts/peers.sh --no-venv [DIR]  # or PEERS_VENV=0: only the CMake build
+#   scripts/peers.sh [DIR]             # DIR defaults to /work/peers
+#   scripts/peers.sh --cuda [DIR]      # or PEERS_CUDA=1: add the CUDA backend (sm_90)
+#   scripts/peers.sh --no-venv [DIR]   # or PEERS_VENV=0: only the CMake build
+#   scripts/peers.sh --pack FILE       # also write a trimmed llama.cpp source
+#                                      # tarball (~10 MB) for an offline machine
+#   scripts/peers.sh --src FILE [DIR]  # build from such a tarball (or a source
+#                                      # directory) instead of the sdist; no venv
 #
-# Environment: PEERS_JOBS (parallel build jobs, default 2), PEERS_CUDA_ARCH
-# (default 90). Every step is skipped when its output already exists.
+# Environment: PEERS_JOBS (parallel build jobs, default 2; raise it on a
+# bigger machine), PEERS_CUDA_ARCH (default 90). Every step is skipped when its
+# output already exists; a venv made without CUDA is not rebuilt by --cuda.
 #
 # Results:
-#   DIR/llama-cpp-python-VERSION/vendor/llama.cpp   the llama.cpp sources
+#   DIR/llama_cpp_python-VERSION/vendor/llama.cpp   the llama.cpp sources
 #   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize}
 #   DIR/build-cuda/bin/...                          (with --cuda)
 #   DIR/venv/bin/python                             llama-cpp-python, numpy, gguf
 set -euo pipefail
 
 version=0.3.36
+commit_pin=0c1e57098  # the llama.cpp commit vendored by llama-cpp-python 0.3.36
 cuda=${PEERS_CUDA:-0}
 venv=${PEERS_VENV:-1}
 jobs=${PEERS_JOBS:-2}
 cuda_arch=${PEERS_CUDA_ARCH:-90}
 dir=/work/peers
+pack=""
+from=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --cuda) cuda=1 ;;
         --no-venv) venv=0 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --pack) pack=$2; shift ;;
+        --src) from=$2; venv=0; shift ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         -*) echo "peers: unknown option $1" >&2; exit 2 ;;
         *) dir=$1 ;;
     esac
     shift
 done
+
+log() { echo "peers: $*"; }
 
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
@@ -39,37 +51,65 @@ sdist="$dir/llama_cpp_python-$version.tar.gz"
 src="$dir/llama_cpp_python-$version"
 vendor="$src/vendor/llama.cpp"
 
-log() { echo "peers: $*"; }
-
-# 1. The sdist.
-if [ ! -f "$sdist" ]; then
-    log "downloading llama-cpp-python==$version sdist from PyPI"
-    tmp=$(mktemp -d "$dir/dl.XXXXXX")
-    python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$tmp" \
-        "llama-cpp-python==$version"
-    found=$(ls "$tmp"/*.tar.gz | head -n1)
-    mv "$found" "$sdist"
-    rm -rf "$tmp"
-fi
-if [ ! -f "$vendor/CMakeLists.txt" ]; then
-    log "unpacking $(basename "$sdist")"
-    rm -rf "$src"
-    tar -xzf "$sdist" -C "$dir"
-    if [ ! -d "$src" ] && [ -d "$dir/llama-cpp-python-$version" ]; then
-        mv "$dir/llama-cpp-python-$version" "$src"
+# 1. The sources: the sdist from PyPI, or a tree/tarball given with --src.
+if [ -n "$from" ]; then
+    if [ -d "$from" ]; then
+        vendor=$(cd "$from" && pwd)
+    else
+        vendor="$dir/llama.cpp-src"
+        if [ ! -f "$vendor/CMakeLists.txt" ]; then
+            log "unpacking $from"
+            rm -rf "$vendor"
+            mkdir -p "$vendor"
+            tar -xzf "$from" -C "$vendor"
+        fi
+    fi
+else
+    if [ ! -f "$sdist" ]; then
+        log "downloading llama-cpp-python==$version sdist from PyPI"
+        tmp=$(mktemp -d "$dir/dl.XXXXXX")
+        python3 -m pip download --quiet --no-deps --no-binary :all: --dest "$tmp" \
+            "llama-cpp-python==$version"
+        found=$(ls "$tmp"/*.tar.gz | head -n1)
+        mv "$found" "$sdist"
+        rm -rf "$tmp"
+    fi
+    if [ ! -f "$vendor/CMakeLists.txt" ]; then
+        log "unpacking $(basename "$sdist")"
+        rm -rf "$src"
+        tar -xzf "$sdist" -C "$dir"
+        if [ ! -d "$src" ] && [ -d "$dir/llama-cpp-python-$version" ]; then
+            mv "$dir/llama-cpp-python-$version" "$src"
+        fi
     fi
 fi
 
 # 2. Which llama.cpp this is. The sdist ships the submodule's shallow git
 # metadata, so the commit is exact; the commit count (llama.cpp's "build
-# number") is not recoverable from a depth-1 clone and reads 1.
+# number") is not recoverable from a depth-1 clone and reads 1. A tarball made
+# by --pack carries the same facts in PEER_VERSION.
 describe_llama() {
+    if [ -f "$vendor/PEER_VERSION" ]; then
+        cat "$vendor/PEER_VERSION"
+        return
+    fi
     local commit date subject
-    commit=$(git -C "$vendor" rev-parse --short=9 HEAD 2>/dev/null || echo unknown)
+    commit=$(git -C "$vendor" rev-parse --short=9 HEAD 2>/dev/null || echo "$commit_pin?")
     date=$(git -C "$vendor" log -1 --format=%cs 2>/dev/null || echo unknown)
     subject=$(git -C "$vendor" log -1 --format=%s 2>/dev/null || echo unknown)
     echo "llama-cpp-python $version; vendor llama.cpp commit $commit ($date, \"$subject\")"
 }
+
+if [ -n "$pack" ]; then
+    log "writing the trimmed source tarball $pack"
+    describe_llama > "$dir/PEER_VERSION"
+    tar -czf "$pack" -C "$vendor" \
+        --exclude=./.git --exclude=./models --exclude=./docs --exclude=./media \
+        --exclude=./tools/ui --exclude=./PEER_VERSION . \
+        -C "$dir" PEER_VERSION
+    rm -f "$dir/PEER_VERSION"
+    log "$pack: $(du -h "$pack" | cut -f1)"
+fi
 
 # 3. The CMake build of the command-line tools.
 build_tools() {
@@ -84,7 +124,9 @@ build_tools() {
         return
     fi
     log "configuring $bdir $*"
-    cmake -S "$vendor" -B "$bdir" -G Ninja \
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    cmake -S "$vendor" -B "$bdir" "${gen[@]}" \
         -DCMAKE_BUILD_TYPE=Release \
         -DGGML_NATIVE=ON \
         -DLLAMA_CURL=OFF \
@@ -99,7 +141,9 @@ build_tools() {
     nice cmake --build "$bdir" --parallel "$jobs" --target $targets
 }
 
-command -v ninja >/dev/null || { echo "peers: ninja is required (apt-get install ninja-build)" >&2; exit 1; }
+if [ "$cuda" = 1 ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+fi
 build_tools "$dir/build-cpu"
 if [ "$cuda" = 1 ]; then
     build_tools "$dir/build-cuda" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch"
@@ -112,12 +156,14 @@ if [ "$venv" = 1 ]; then
         python3 -m venv "$dir/venv"
     fi
     if ! "$dir/venv/bin/python" -c "import llama_cpp, numpy, sys; sys.exit(llama_cpp.__version__ != '$version')" 2>/dev/null; then
-        log "installing llama-cpp-python $version from the sdist (several minutes on 2 cores)"
+        log "installing llama-cpp-python $version from the sdist (30+ minutes on 2 busy cores)"
         "$dir/venv/bin/python" -m pip install --quiet --upgrade pip
         "$dir/venv/bin/python" -m pip install --quiet numpy
         # LLAVA_BUILD=OFF: the multimodal library is not needed and only costs build time.
         venv_args="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF"
-        [ "$cuda" = 1 ] && venv_args="$venv_args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch"
+        if [ "$cuda" = 1 ]; then
+            venv_args="$venv_args -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$cuda_arch"
+        fi
         CMAKE_ARGS="${CMAKE_ARGS:-$venv_args}" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
             nice "$dir/venv/bin/python" -m pip install --no-cache-dir --verbose "$sdist" \
             > "$dir/venv-install.log" 2>&1 \
@@ -131,5 +177,7 @@ if [ "$venv" = 1 ]; then
 fi
 
 log "binaries: $dir/build-cpu/bin"
-[ "$cuda" = 1 ] && log "binaries (CUDA): $dir/build-cuda/bin"
+if [ "$cuda" = 1 ]; then
+    log "binaries (CUDA): $dir/build-cuda/bin"
+fi
 log "$(describe_llama)"

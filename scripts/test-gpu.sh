@@ -74,11 +74,23 @@ log "built in $(($(date +%s) - start)) s"
 # GPU machines usually lack; CI runs it.
 log "test-cuda"
 (cd "$build/tests" && ./test-cuda --duration=true) 2>&1 | tee "$out/test-cuda.txt" | tail -40
+# Kernel times of two decode steps of the 135M-shaped model (launches from
+# 6000 on fall in its timed decode loop, where the captured graph replays).
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$ncu" ]; then
+    log "ncu: kernels of two decode steps"
+    (cd "$build/tests" && timeout 300 "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+        --launch-skip 6000 --launch-count 450 --print-summary per-kernel \
+        ./test-cuda -tc='*135M*') >"$out/ncu.txt" 2>&1
+    grep -E 'kernel|gpu__time_duration' "$out/ncu.txt" | head -80
+fi
 log "test-cpu-kernels"
 (cd "$build/tests" && ./test-cpu-kernels) 2>&1 | tail -5 | tee -a "$out/summary.txt"
-log "ctest"
-(cd "$build" && ctest -E '^format$' --output-on-failure -j 4) >"$out/ctest.txt" 2>&1
+log "ctest (all but test-cuda, which ran above)"
+(cd "$build" && ctest -E '^(format|test-cuda)$' --output-on-failure -j 8 --timeout 300) \
+    >"$out/ctest.txt" 2>&1
 status=$?
+grep -q 'Status: SUCCESS' "$out/test-cuda.txt" || status=1
 tail -25 "$out/ctest.txt" | tee -a "$out/summary.txt"
 
 # smol-bench on a random model of SmolLM2-135M's shape, when the bench can

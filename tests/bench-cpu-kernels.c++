@@ -47,12 +47,18 @@ const smol_type all_types[] = {SMOL_TYPE_F32,  SMOL_TYPE_F16,  SMOL_TYPE_BF16,
 
 const char * type_name(smol_type t) {
     switch (t) {
-    case SMOL_TYPE_F32: return "f32";
-    case SMOL_TYPE_F16: return "f16";
-    case SMOL_TYPE_BF16: return "bf16";
-    case SMOL_TYPE_Q8_0: return "q8_0";
-    case SMOL_TYPE_Q4_0: return "q4_0";
-    case SMOL_TYPE_Q4_1: return "q4_1";
+    case SMOL_TYPE_F32:
+        return "f32";
+    case SMOL_TYPE_F16:
+        return "f16";
+    case SMOL_TYPE_BF16:
+        return "bf16";
+    case SMOL_TYPE_Q8_0:
+        return "q8_0";
+    case SMOL_TYPE_Q4_0:
+        return "q4_0";
+    case SMOL_TYPE_Q4_1:
+        return "q4_1";
     }
     return "?";
 }
@@ -68,7 +74,8 @@ double now() {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
         return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 
 // One weight matrix of the model and the input it reads.
@@ -127,7 +134,10 @@ void bench_shapes(const kernels & k, smol_type t, const options & o) {
     const struct {
         const char * name;
         int64_t rows, K;
-    } shapes[] = {{"attn_q", 576, 576}, {"ffn_up", 1536, 576}, {"ffn_down", 576, 1536}, {"head/8", 6144, 576}};
+    } shapes[] = {{"attn_q", 576, 576},
+                  {"ffn_up", 1536, 576},
+                  {"ffn_down", 576, 1536},
+                  {"head/8", 6144, 576}};
     std::mt19937 rng(4321);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     for (const auto & s : shapes) {
@@ -155,14 +165,16 @@ void bench_shapes(const kernels & k, smol_type t, const options & o) {
             for (int r = 0; r < 5 * o.reps; r++) {
                 const double t0 = now();
                 for (int c = 0; c < calls; c++)
-                    k.matmul(t, w.data(), row_bytes(t, s.K), s.K, 0, s.rows, act.data(), act_bytes(t, s.K),
-                             n_tok, y.data(), s.rows);
+                    k.matmul(t, w.data(), row_bytes(t, s.K), s.K, 0, s.rows, act.data(),
+                             act_bytes(t, s.K), n_tok, y.data(), s.rows);
                 best = std::min(best, (now() - t0) / calls);
             }
             gflops[ti] = flop / best / 1e9;
         }
-        std::printf("%-8s %-5s %-9s %5lld x %-5lld  n_tok=%-4d %7.1f GFLOP/s   n_tok=1 %7.1f GFLOP/s\n", k.name,
-                    type_name(t), s.name, (long long)s.rows, (long long)s.K, o.n_tok, gflops[0], gflops[1]);
+        std::printf(
+            "%-8s %-5s %-9s %5lld x %-5lld  n_tok=%-4d %7.1f GFLOP/s   n_tok=1 %7.1f GFLOP/s\n",
+            k.name, type_name(t), s.name, (long long)s.rows, (long long)s.K, o.n_tok, gflops[0],
+            gflops[1]);
         std::fflush(stdout);
     }
 }
@@ -200,7 +212,8 @@ void bench_type(const kernels & k, smol_type t, const options & o, team & pool) 
     for (int i = 0; i < 2; i++) {
         act[i].resize(act_bytes(t, in_K[i]) * n_tok);
         for (int64_t j = 0; j < n_tok; j++)
-            k.act_from_f32(t, x.data() + j * in_K[i], act[i].data() + j * act_bytes(t, in_K[i]), in_K[i]);
+            k.act_from_f32(t, x.data() + j * in_K[i], act[i].data() + j * act_bytes(t, in_K[i]),
+                           in_K[i]);
     }
     std::vector<float> y((size_t)(n_tok * vocab));
 
@@ -243,7 +256,8 @@ void bench_type(const kernels & k, smol_type t, const options & o, team & pool) 
     for (const matrix & m : layers) bytes += (double)m.w.size();
     const double tg_tps = 1.0 / tg_best; // a full model only with --layers 30
 
-    std::printf("%-8s %-5s %7.1f GFLOP/s  pp%-4lld %8.1f tok/s | tg1 %6.1f GFLOP/s %7.1f tok/s %6.1f GB/s\n",
+    std::printf("%-8s %-5s %7.1f GFLOP/s  pp%-4lld %8.1f tok/s | tg1 %6.1f GFLOP/s %7.1f tok/s "
+                "%6.1f GB/s\n",
                 k.name, type_name(t), pp_gflops, (long long)n_tok, pp_tps, tg_gflops, tg_tps,
                 bytes / tg_best / 1e9);
     std::fflush(stdout);
@@ -277,11 +291,12 @@ int main(int argc, char ** argv) {
         else if (a == "--reps")
             o.reps = std::atoi(next());
         else {
-            std::fprintf(stderr,
-                         "usage: %s [--variant generic|avx2|avx512] [--type f32|f16|bf16|q8_0|q4_0|q4_1]\n"
-                         "          [--threads N] [--n-tok N] [--layers N] [--reps N]\n"
-                         "          [--mode all|shapes|model]\n",
-                         argv[0]);
+            std::fprintf(
+                stderr,
+                "usage: %s [--variant generic|avx2|avx512] [--type f32|f16|bf16|q8_0|q4_0|q4_1]\n"
+                "          [--threads N] [--n-tok N] [--layers N] [--reps N]\n"
+                "          [--mode all|shapes|model]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -289,14 +304,16 @@ int main(int argc, char ** argv) {
     o.n_tok = std::max(1, o.n_tok);
     o.layers = std::max(1, o.layers);
     o.reps = std::max(1, o.reps);
-    std::printf("SmolLM2-135M matmuls, %d layer(s), %d thread(s), %s time; pp tok/s scaled to 30 layers\n",
-                o.layers, o.threads, o.threads == 1 ? "CPU" : "wall");
+    std::printf(
+        "SmolLM2-135M matmuls, %d layer(s), %d thread(s), %s time; pp tok/s scaled to 30 layers\n",
+        o.layers, o.threads, o.threads == 1 ? "CPU" : "wall");
     use_cpu_clock = o.threads == 1;
     team pool(o.threads);
     for (const char * part : {"shapes", "model"}) {
         if (o.mode != "all" && o.mode != part) continue;
         for (const kernels * k : kernels_available()) {
-            if (!o.variant.empty() ? o.variant != k->name : std::string(k->name) == "generic") continue;
+            if (!o.variant.empty() ? o.variant != k->name : std::string(k->name) == "generic")
+                continue;
             for (smol_type t : all_types) {
                 if (!o.type.empty() && o.type != type_name(t)) continue;
                 if (std::string(part) == "shapes")

@@ -15,12 +15,11 @@
 
 #include "smol-cpu-kernels.h"
 
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <doctest/doctest.h>
 #include <limits>
 #include <random>
 #include <string>
@@ -36,19 +35,29 @@ const smol_type all_types[] = {SMOL_TYPE_F32,  SMOL_TYPE_F16,  SMOL_TYPE_BF16,
 
 std::string type_name(smol_type t) {
     switch (t) {
-    case SMOL_TYPE_F32: return "f32";
-    case SMOL_TYPE_F16: return "f16";
-    case SMOL_TYPE_BF16: return "bf16";
-    case SMOL_TYPE_Q8_0: return "q8_0";
-    case SMOL_TYPE_Q4_0: return "q4_0";
-    case SMOL_TYPE_Q4_1: return "q4_1";
+    case SMOL_TYPE_F32:
+        return "f32";
+    case SMOL_TYPE_F16:
+        return "f16";
+    case SMOL_TYPE_BF16:
+        return "bf16";
+    case SMOL_TYPE_Q8_0:
+        return "q8_0";
+    case SMOL_TYPE_Q4_0:
+        return "q4_0";
+    case SMOL_TYPE_Q4_1:
+        return "q4_1";
     }
     return "?";
 }
 
-bool is_quantized(smol_type t) { return block_elems(t) == QK; }
+bool is_quantized(smol_type t) {
+    return block_elems(t) == QK;
+}
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+uint32_t fresh_seed() {
+    return std::random_device{}();
+}
 
 uint32_t bits_of(float f) {
     uint32_t u;
@@ -69,7 +78,9 @@ std::vector<float> gaussian(std::mt19937 & rng, size_t n, float mean = 0.0f, flo
     return v;
 }
 
-const kernels & generic_kernels() { return *kernels_available().front(); }
+const kernels & generic_kernels() {
+    return *kernels_available().front();
+}
 
 // --- independent references --------------------------------------------------------
 
@@ -88,7 +99,9 @@ double ref_half(uint16_t h) {
 
 // Value used for rounding decisions: the infinity code stands for the next
 // power of two, which is where IEEE rounding puts its boundary.
-double ref_half_for_rounding(uint16_t h) { return (h & 0x7fff) == 0x7c00 ? 65536.0 : ref_half(h); }
+double ref_half_for_rounding(uint16_t h) {
+    return (h & 0x7fff) == 0x7c00 ? 65536.0 : ref_half(h);
+}
 
 // The nearest f16 by search over the codes, ties to the even code.
 uint16_t ref_to_half(float f) {
@@ -119,7 +132,8 @@ uint16_t ref_to_bf16(float f) {
     const uint16_t t = (uint16_t)(u >> 16);
     if ((u & 0xffff) == 0) return t;
     auto value = [](uint16_t h) {
-        if ((h & 0x7fff) == 0x7f80) return std::ldexp(std::signbit(float_of((uint32_t)h << 16)) ? -1.0 : 1.0, 128);
+        if ((h & 0x7fff) == 0x7f80)
+            return std::ldexp(std::signbit(float_of((uint32_t)h << 16)) ? -1.0 : 1.0, 128);
         return (double)float_of((uint32_t)h << 16);
     };
     const double x = (double)f;
@@ -200,9 +214,12 @@ double nmse(const std::vector<double> & ref, const std::vector<double> & got) {
 double matmul_bound(smol_type t) {
     switch (t) {
     case SMOL_TYPE_F32:
-    case SMOL_TYPE_BF16: return 1e-9;
-    case SMOL_TYPE_F16: return 1e-6;
-    default: return 5e-4;
+    case SMOL_TYPE_BF16:
+        return 1e-9;
+    case SMOL_TYPE_F16:
+        return 1e-6;
+    default:
+        return 5e-4;
     }
 }
 
@@ -241,7 +258,8 @@ struct problem {
     std::vector<float> run(const kernels & k) {
         convert(k);
         std::vector<float> y((size_t)(n_tok * ldy), std::numeric_limits<float>::quiet_NaN());
-        k.matmul(type, w.data(), w_row_bytes, K, r0, r1, act.data(), act_row_bytes, n_tok, y.data(), ldy);
+        k.matmul(type, w.data(), w_row_bytes, K, r0, r1, act.data(), act_row_bytes, n_tok, y.data(),
+                 ldy);
         return y;
     }
 
@@ -290,12 +308,14 @@ struct shape {
 };
 
 // Shapes of SmolLM2 (K = 576, 1536), K chunking (4160 = 130 blocks), odd
-// row counts, r0 != 0, token counts around every tile size, and a token
+// row counts, r0 != 0, token counts on both sides of the switch from
+// streaming rows to packed panels and around every tile size, and a token
 // count past one L2 chunk (130 at K = 1536).
 const shape matmul_shapes[] = {
-    {64, 0, 1, 1},     {64, 3, 20, 3},     {64, 1, 12, 4},    {576, 5, 42, 5},  {576, 0, 64, 17},
-    {576, 7, 38, 64},  {576, 2, 19, 1},    {1536, 1, 14, 1},  {1536, 4, 33, 3}, {1536, 0, 9, 17},
-    {1536, 3, 12, 64}, {1536, 0, 5, 130},  {4160, 2, 11, 1},  {4160, 1, 8, 6},
+    {64, 0, 1, 1},     {64, 3, 20, 3},    {64, 1, 12, 4},   {576, 5, 42, 5},  {576, 0, 64, 17},
+    {576, 7, 38, 64},  {576, 2, 19, 1},   {1536, 1, 14, 1}, {1536, 4, 33, 3}, {1536, 0, 9, 17},
+    {1536, 3, 12, 64}, {1536, 0, 5, 130}, {4160, 2, 11, 1}, {4160, 1, 8, 6},  {4160, 1, 8, 9},
+    {576, 3, 150, 17}, {1536, 2, 99, 7},
 };
 
 } // namespace
@@ -362,7 +382,8 @@ TEST_CASE("fp32_to_fp16 rounds to nearest even and keeps inf and nan") {
     // floats either side of each midpoint.
     for (uint32_t h = 0; h < 0x7c00; h++) {
         const float v = fp16_to_fp32((uint16_t)h);
-        const float mid = (float)((ref_half((uint16_t)h) + ref_half_for_rounding((uint16_t)(h + 1))) / 2);
+        const float mid =
+            (float)((ref_half((uint16_t)h) + ref_half_for_rounding((uint16_t)(h + 1))) / 2);
         for (float s : {1.0f, -1.0f}) {
             in.push_back(s * v);
             in.push_back(s * mid);
@@ -370,9 +391,10 @@ TEST_CASE("fp32_to_fp16 rounds to nearest even and keeps inf and nan") {
             in.push_back(s * std::nextafter(mid, 1e30f));
         }
     }
-    for (float v : {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e10f, -1e10f, 1e-10f, 5.96e-8f, 2.98e-8f,
-                    2.99e-8f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                    std::numeric_limits<float>::denorm_min()})
+    for (float v :
+         {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e10f, -1e10f, 1e-10f, 5.96e-8f, 2.98e-8f,
+          2.99e-8f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+          std::numeric_limits<float>::denorm_min()})
         in.push_back(v);
     std::uniform_int_distribution<uint32_t> any;
     for (int i = 0; i < 1000000; i++) {
@@ -461,7 +483,8 @@ TEST_CASE("quantization follows ggml's reference rule on hand-made blocks") {
         CHECK(b.qs[4] == -127);
         for (int j = 5; j < 32; j++) CHECK(b.qs[j] == j - 16);
     }
-    SUBCASE("q4_0: d = -max / 8 where max has the largest magnitude, q = min(15, (int)(x / d + 8.5))") {
+    SUBCASE(
+        "q4_0: d = -max / 8 where max has the largest magnitude, q = min(15, (int)(x / d + 8.5))") {
         float x[32] = {};
         x[0] = -8.0f; // largest magnitude, negative: d = 1
         x[1] = 7.0f;  // 15
@@ -499,10 +522,10 @@ TEST_CASE("quantization follows ggml's reference rule on hand-made blocks") {
     SUBCASE("q4_1: d = (max - min) / 15, m = min, q = min(15, (int)((x - min) / d + 0.5))") {
         float x[32];
         for (int j = 0; j < 32; j++) x[j] = 3.0f;
-        x[0] = -1.0f; // min: m = -1
-        x[1] = 14.0f; // max: d = 1, q = 15
-        x[2] = 0.49f; // 1.49 + 0.5 -> 1
-        x[3] = 0.5f;  // 1.5 + 0.5 -> 2
+        x[0] = -1.0f;  // min: m = -1
+        x[1] = 14.0f;  // max: d = 1, q = 15
+        x[2] = 0.49f;  // 1.49 + 0.5 -> 1
+        x[3] = 0.5f;   // 1.5 + 0.5 -> 2
         x[16] = -0.6f; // 0.4 + 0.5 -> 0
         block_q4_1 b;
         k.row_from_f32(SMOL_TYPE_Q4_1, x, &b, 32);
@@ -541,7 +564,7 @@ TEST_CASE("every variant quantizes weights identically") {
         generic_kernels().row_from_f32(t, x.data(), want.data(), n);
         for (const kernels * k : kernels_available()) {
             const std::string variant = k->name;
-        CAPTURE(variant);
+            CAPTURE(variant);
             std::vector<uint8_t> got(row_bytes(t, n), 0xee);
             k->row_from_f32(t, x.data(), got.data(), n);
             CHECK(got == want);
@@ -568,18 +591,20 @@ TEST_CASE("row_from_f32 then row_to_f32 loses no more than each type's rounding"
         CAPTURE(variant);
         for (const auto & c : cases) {
             const std::string type = type_name(c.t);
-        CAPTURE(type);
+            CAPTURE(type);
             std::vector<uint8_t> q(row_bytes(c.t, n));
             k->row_from_f32(c.t, x.data(), q.data(), n);
             std::vector<float> back(n, std::numeric_limits<float>::quiet_NaN());
             k->row_to_f32(c.t, q.data(), back.data(), n);
             std::vector<double> ref(x.begin(), x.end()), got(back.begin(), back.end());
             CHECK(nmse(ref, got) <= c.bound);
-            // row_to_f32 agrees with the independent dequantization.
+            // row_to_f32 agrees with the independent dequantization, up to
+            // f32 rounding of q * d + m (terms of about unit size here, and
+            // their sum may cancel).
             const std::vector<double> deq = ref_dequant(c.t, q.data(), n);
             int differ = 0;
             for (int64_t i = 0; i < n; i++)
-                if (std::fabs(deq[i] - back[i]) > 1e-6 * std::fabs(deq[i])) differ++;
+                if (std::fabs(deq[i] - back[i]) > 1e-6 * (std::fabs(deq[i]) + 1.0)) differ++;
             CHECK(differ == 0);
             // Per element: q8_0 is within half a step (plus the f16 scale's
             // rounding); q4_0 within one step (its top code is clamped).
@@ -623,14 +648,18 @@ TEST_CASE("every variant converts activations to identical bytes") {
         generic_kernels().act_from_f32(t, x.data(), want.data(), K);
         for (const kernels * k : kernels_available()) {
             const std::string variant = k->name;
-        CAPTURE(variant);
+            CAPTURE(variant);
             std::vector<uint8_t> got(act_bytes(t, K), 0xee);
             k->act_from_f32(t, x.data(), got.data(), K);
             CHECK(got == want);
         }
         if (is_quantized(t)) {
-            // d = max|x| / 127, |qs| <= 127 with the extreme at +-127, s = d * sum(qs).
+            // d = max|x| / 127 and s = d * sum(qs), both kept at f16 precision
+            // as in ggml's q8_1; |qs| <= 127 with the extreme at +-127. Each
+            // code is within half a step of x, plus the f16 rounding of d
+            // times |qs| <= 127 (127 * 2^-11 < 0.07 steps).
             const block_q8_act * a = (const block_q8_act *)want.data();
+            auto f16 = [](float v) { return fp16_to_fp32(fp32_to_fp16(v)); };
             for (int64_t b = 0; b < K / QK; b++) {
                 float amax = 0.0f;
                 int sum = 0, qmax = 0;
@@ -638,10 +667,10 @@ TEST_CASE("every variant converts activations to identical bytes") {
                     amax = std::max(amax, std::fabs(x[b * QK + j]));
                     sum += a[b].qs[j];
                     qmax = std::max(qmax, std::abs((int)a[b].qs[j]));
-                    CHECK(std::fabs(a[b].qs[j] * (double)a[b].d - x[b * QK + j]) <= 0.5001 * a[b].d);
+                    CHECK(std::fabs(a[b].qs[j] * (double)a[b].d - x[b * QK + j]) <= 0.57 * a[b].d);
                 }
-                CHECK(a[b].d == amax / 127.0f);
-                CHECK(a[b].s == a[b].d * (float)sum);
+                CHECK(a[b].d == f16(amax / 127.0f));
+                CHECK(a[b].s == f16(amax / 127.0f * (float)sum));
                 CHECK(qmax == (amax > 0.0f ? 127 : 0));
             }
         }
@@ -665,7 +694,7 @@ TEST_CASE("matmul matches a float64 reference for every variant, type and shape"
             const std::vector<double> ref = p.reference(energy);
             for (const kernels * k : kernels_available()) {
                 const std::string variant = k->name;
-        CAPTURE(variant);
+                CAPTURE(variant);
                 int not_finite = 0, stray = 0;
                 const std::vector<double> got = p.outputs(p.run(*k), not_finite, stray);
                 CHECK(not_finite == 0);
@@ -686,7 +715,7 @@ TEST_CASE("matmul on float weights handles K that is not a multiple of 8") {
         const std::string type = type_name(t);
         CAPTURE(type);
         for (int64_t K : {1, 7, 13, 100, 1037, 2051}) {
-            for (int64_t n_tok : {1, 2, 5}) {
+            for (int64_t n_tok : {1, 2, 5, 13}) {
                 CAPTURE(K);
                 CAPTURE(n_tok);
                 problem p(t, K, 1, 12, n_tok, rng);
@@ -694,7 +723,7 @@ TEST_CASE("matmul on float weights handles K that is not a multiple of 8") {
                 const std::vector<double> ref = p.reference(energy);
                 for (const kernels * k : kernels_available()) {
                     const std::string variant = k->name;
-        CAPTURE(variant);
+                    CAPTURE(variant);
                     int not_finite = 0, stray = 0;
                     const std::vector<double> got = p.outputs(p.run(*k), not_finite, stray);
                     CHECK(not_finite == 0);
@@ -716,7 +745,8 @@ TEST_CASE("every variant's matmul agrees closely with generic") {
     for (smol_type t : all_types) {
         const std::string type = type_name(t);
         CAPTURE(type);
-        for (const shape & s : {shape{576, 3, 40, 1}, shape{1536, 0, 23, 7}, shape{576, 1, 30, 64}}) {
+        for (const shape & s :
+             {shape{576, 3, 40, 1}, shape{1536, 0, 23, 7}, shape{576, 1, 30, 64}}) {
             CAPTURE(s.K);
             CAPTURE(s.n_tok);
             problem p(t, s.K, s.r0, s.r1, s.n_tok, rng);
@@ -726,7 +756,7 @@ TEST_CASE("every variant's matmul agrees closely with generic") {
             const std::vector<double> want = p.outputs(p.run(generic_kernels()), nf, st);
             for (const kernels * k : kernels_available()) {
                 const std::string variant = k->name;
-        CAPTURE(variant);
+                CAPTURE(variant);
                 const std::vector<double> got = p.outputs(p.run(*k), nf, st);
                 CHECK(nf == 0);
                 CHECK(st == 0);
@@ -747,10 +777,11 @@ TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
         for (int64_t n_tok : {1, 9}) {
             problem p(t, 576, 0, 101, n_tok, rng);
             const std::vector<float> whole = p.run(k);
-            std::vector<float> split((size_t)(p.n_tok * p.ldy), std::numeric_limits<float>::quiet_NaN());
+            std::vector<float> split((size_t)(p.n_tok * p.ldy),
+                                     std::numeric_limits<float>::quiet_NaN());
             auto part = [&](int64_t r0, int64_t r1) {
-                k.matmul(t, p.w.data(), p.w_row_bytes, p.K, r0, r1, p.act.data(), p.act_row_bytes, p.n_tok,
-                         split.data(), p.ldy);
+                k.matmul(t, p.w.data(), p.w_row_bytes, p.K, r0, r1, p.act.data(), p.act_row_bytes,
+                         p.n_tok, split.data(), p.ldy);
             };
             std::thread a(part, 0, 37), b(part, 37, 70), c(part, 70, 101);
             a.join();
@@ -773,7 +804,8 @@ TEST_CASE("the attention primitives match float64 on f16 rows") {
         CAPTURE(variant);
         for (int64_t n : {1, 7, 8, 16, 33, 64, 100, 1000}) {
             CAPTURE(n);
-            const std::vector<float> xf = gaussian(rng, n), b = gaussian(rng, n), y0 = gaussian(rng, n);
+            const std::vector<float> xf = gaussian(rng, n), b = gaussian(rng, n),
+                                     y0 = gaussian(rng, n);
             std::vector<uint16_t> h(n);
             k->f32_to_f16(xf.data(), h.data(), n);
             for (int64_t i = 0; i < n; i++) CHECK(h[i] == fp32_to_fp16(xf[i]));
@@ -783,15 +815,18 @@ TEST_CASE("the attention primitives match float64 on f16 rows") {
                 ref += ref_half(h[i]) * b[i];
                 mag += std::fabs(ref_half(h[i]) * b[i]);
             }
-            // f32 accumulation: error bounded by ~n * 2^-24 times the sum of magnitudes.
-            CHECK(std::fabs(k->dot_f16_f32(h.data(), b.data(), n) - ref) <= 1e-6 * mag + 1e-30);
+            // f32 accumulation of n products: within n roundings of the sum of
+            // magnitudes (the worst case of a serial sum; SIMD sums do better).
+            CHECK(std::fabs(k->dot_f16_f32(h.data(), b.data(), n) - ref) <=
+                  (n + 1) * 6e-8 * mag + 1e-30);
 
             std::vector<float> y = y0;
             const float a = 0.37f;
             k->axpy_f16(a, h.data(), y.data(), n);
             for (int64_t i = 0; i < n; i++) {
                 const double want = y0[i] + (double)a * ref_half(h[i]);
-                CHECK(std::fabs(y[i] - want) <= 1e-6 * (std::fabs(y0[i]) + std::fabs(a * ref_half(h[i]))));
+                CHECK(std::fabs(y[i] - want) <=
+                      1e-6 * (std::fabs(y0[i]) + std::fabs(a * ref_half(h[i]))));
             }
         }
     }
@@ -813,8 +848,9 @@ TEST_CASE("the f32 vector primitives match float64") {
                 mag += std::fabs((double)a[i] * b[i]);
                 ss += (double)a[i] * a[i];
             }
-            CHECK(std::fabs(k->dot_f32(a.data(), b.data(), n) - dot) <= 1e-6 * mag);
-            CHECK(std::fabs(k->sum_sq(a.data(), n) - ss) <= 1e-6 * ss);
+            // Within n roundings of the sum of magnitudes, as above.
+            CHECK(std::fabs(k->dot_f32(a.data(), b.data(), n) - dot) <= (n + 1) * 6e-8 * mag);
+            CHECK(std::fabs(k->sum_sq(a.data(), n) - ss) <= (n + 1) * 6e-8 * ss);
 
             // scale, mul and add are one f32 operation per element: exact.
             std::vector<float> y(n, std::numeric_limits<float>::quiet_NaN());

@@ -12,17 +12,16 @@
 #include "smol.h"
 #include "tiny-model.h"
 
-#include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,7 +36,9 @@ using smol::tensor;
 constexpr smol_type all_types[] = {SMOL_TYPE_F32,  SMOL_TYPE_F16,  SMOL_TYPE_BF16,
                                    SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1};
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+uint32_t fresh_seed() {
+    return std::random_device{}();
+}
 
 // The GPU backend, or null (and a note why) where there is none.
 std::unique_ptr<backend> gpu(const char * fuse = nullptr, const char * graphs = nullptr) {
@@ -47,14 +48,16 @@ std::unique_ptr<backend> gpu(const char * fuse = nullptr, const char * graphs = 
     try {
         be = smol::make_cuda_backend(0);
     } catch (const smol::error & e) {
-        MESSAGE("skipped, no GPU: " << e.what());
+        MESSAGE("skipped, no GPU: " << std::string(e.what()));
     }
     unsetenv("SMOL_CUDA_FUSE");
     unsetenv("SMOL_CUDA_GRAPHS");
     return be;
 }
 
-std::unique_ptr<backend> cpu() { return smol::make_backend("cpu", 4); }
+std::unique_ptr<backend> cpu() {
+    return smol::make_backend("cpu", 4);
+}
 
 // One graph built the same way for any backend: leaves are copied into the
 // backend's memory, int32 inputs stay in host memory (as the model's do) and
@@ -113,15 +116,18 @@ std::vector<uint8_t> to_type(smol_type t, const std::vector<float> & x, int64_t 
     const int64_t rows = int64_t(x.size()) / ne0;
     const size_t rb = smol::cpu::row_bytes(t, ne0);
     std::vector<uint8_t> out(rb * size_t(rows));
-    for (int64_t r = 0; r < rows; ++r) k.row_from_f32(t, x.data() + r * ne0, out.data() + r * rb, ne0);
+    for (int64_t r = 0; r < rows; ++r)
+        k.row_from_f32(t, x.data() + r * ne0, out.data() + r * rb, ne0);
     return out;
 }
 
-std::vector<float> from_type(smol_type t, const std::vector<uint8_t> & b, int64_t ne0, int64_t rows) {
+std::vector<float> from_type(smol_type t, const std::vector<uint8_t> & b, int64_t ne0,
+                             int64_t rows) {
     const auto & k = smol::cpu::kernels_best();
     const size_t rb = smol::cpu::row_bytes(t, ne0);
     std::vector<float> out(size_t(ne0 * rows));
-    for (int64_t r = 0; r < rows; ++r) k.row_to_f32(t, b.data() + r * rb, out.data() + r * ne0, ne0);
+    for (int64_t r = 0; r < rows; ++r)
+        k.row_to_f32(t, b.data() + r * rb, out.data() + r * ne0, ne0);
     return out;
 }
 
@@ -159,7 +165,7 @@ TEST_CASE("cuda:0 is a device backend, or asking for it says why there is none")
     } catch (const smol::error & e) {
         CHECK(e.status == SMOL_ERR_BACKEND);
         CHECK(std::string(e.what()).find("device") != std::string::npos);
-        MESSAGE("no GPU here: " << e.what());
+        MESSAGE("no GPU here: " << std::string(e.what()));
     }
     CHECK_THROWS_AS(smol::make_backend("cuda:99", 1), smol::error);
     std::string variants;
@@ -191,7 +197,8 @@ TEST_CASE("get_rows dequantizes rows of every type as the CPU does") {
     for (smol_type t : all_types) {
         const uint32_t seed = fresh_seed();
         CAPTURE(seed);
-        CAPTURE(smol_type_name(t));
+        const std::string type = smol_type_name(t);
+        CAPTURE(type);
         std::mt19937 rng(seed);
         const int64_t K = 576, rows = 50;
         const auto table = to_type(t, random_floats(rng, size_t(K * rows)), K);
@@ -224,9 +231,10 @@ TEST_CASE("rms_norm, add and swiglu match the CPU to float rounding") {
             side s(be);
             tensor * x = s.leaf(SMOL_TYPE_F32, a.data(), n, rows);
             tensor * y = s.leaf(SMOL_TYPE_F32, b.data(), n, rows);
-            tensor * out = which == 0   ? smol::op_rms_norm(s.g, x, s.leaf(SMOL_TYPE_F32, w.data(), n), 1e-5f)
-                           : which == 1 ? smol::op_add(s.g, x, y)
-                                        : smol::op_swiglu(s.g, x, y);
+            tensor * out =
+                which == 0   ? smol::op_rms_norm(s.g, x, s.leaf(SMOL_TYPE_F32, w.data(), n), 1e-5f)
+                : which == 1 ? smol::op_add(s.g, x, y)
+                             : smol::op_swiglu(s.g, x, y);
             s.poison(out);
             be.run(s.g);
             return s.read(out);
@@ -349,8 +357,8 @@ TEST_CASE("kv_store and attention match the CPU for decode and prefill shapes") 
     };
     // SmolLM2-135M's heads for decode, a few tokens and a prompt; the tiny
     // test models' 16-wide heads; 128 and 256-wide heads without GQA.
-    const shape shapes[] = {{9, 3, 64, 300, 1},   {9, 3, 64, 300, 7},  {9, 3, 64, 700, 64},
-                            {4, 2, 16, 64, 5},    {8, 8, 128, 1000, 1}, {4, 1, 256, 200, 3},
+    const shape shapes[] = {{9, 3, 64, 300, 1}, {9, 3, 64, 300, 7},   {9, 3, 64, 700, 64},
+                            {4, 2, 16, 64, 5},  {8, 8, 128, 1000, 1}, {4, 1, 256, 200, 3},
                             {9, 3, 64, 4000, 1}};
     for (const shape & sh : shapes) {
         for (bool rope : {false, true}) {
@@ -372,7 +380,9 @@ TEST_CASE("kv_store and attention match the CPU for decode and prefill shapes") 
             } else {
                 CHECK(got.K == want.K);
             }
-            CHECK(rel_err(got.out, want.out) <= 1e-4);
+            // The CPU rounds the softmax weights to f16 (as llama.cpp does);
+            // the GPU keeps them in f32.
+            CHECK(rel_err(got.out, want.out) <= 2e-3);
         }
     }
 }
@@ -387,7 +397,8 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
             for (int64_t M : {1, 2, 7, 32, 33, 128}) {
                 const uint32_t seed = fresh_seed();
                 CAPTURE(seed);
-                CAPTURE(smol_type_name(t));
+                const std::string type = smol_type_name(t);
+                CAPTURE(type);
                 CAPTURE(K);
                 CAPTURE(M);
                 std::mt19937 rng(seed);
@@ -419,18 +430,20 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
                 // tensor cores take them as f16 (f32 weights stay f32).
                 const bool f16_act = M > 32 && t != SMOL_TYPE_F32;
                 CHECK(e <= (f16_act ? 2e-3 : 2e-5));
-                (M > 32 ? worst_large : worst_small) = std::max(M > 32 ? worst_large : worst_small, e);
+                (M > 32 ? worst_large : worst_small) =
+                    std::max(M > 32 ? worst_large : worst_small, e);
                 // The CPU rounds activations to f16 (f16 weights) or 8 bits
                 // (quantized weights); against it the bound is its own error.
-                const double cpu_tol = t == SMOL_TYPE_F32 || t == SMOL_TYPE_BF16 ? 1e-4
-                                       : t == SMOL_TYPE_F16                       ? 3e-3
-                                                                                  : 3e-2;
+                double cpu_tol = t == SMOL_TYPE_F32 || t == SMOL_TYPE_BF16 ? 1e-4
+                                 : t == SMOL_TYPE_F16                      ? 3e-3
+                                                                           : 3e-2;
+                if (f16_act) cpu_tol = std::max(cpu_tol, 3e-3);
                 CHECK(rel_err(got, run(*c_be)) <= cpu_tol);
             }
         }
     }
     MESSAGE("largest error against float64: " << worst_small << " (M <= 32), " << worst_large
-                                               << " (M > 32)");
+                                              << " (M > 32)");
 }
 
 TEST_CASE("mul_mat handles float weights whose width is not a multiple of 8") {
@@ -440,7 +453,8 @@ TEST_CASE("mul_mat handles float weights whose width is not a multiple of 8") {
         for (int64_t M : {1, 40}) {
             const uint32_t seed = fresh_seed();
             CAPTURE(seed);
-            CAPTURE(smol_type_name(t));
+            const std::string type = smol_type_name(t);
+            CAPTURE(type);
             CAPTURE(M);
             std::mt19937 rng(seed);
             const int64_t K = 100, N = 37;
@@ -451,7 +465,8 @@ TEST_CASE("mul_mat handles float weights whose width is not a multiple of 8") {
             for (int64_t m = 0; m < M; ++m)
                 for (int64_t r = 0; r < N; ++r)
                     for (int64_t k = 0; k < K; ++k)
-                        want[size_t(m * N + r)] += double(w[size_t(r * K + k)]) * x[size_t(m * K + k)];
+                        want[size_t(m * N + r)] +=
+                            double(w[size_t(r * K + k)]) * x[size_t(m * K + k)];
             side s(*g_be);
             tensor * out = smol::op_mul_mat(s.g, s.leaf(t, wq.data(), K, N),
                                             s.leaf(SMOL_TYPE_F32, x.data(), K, M));
@@ -473,8 +488,7 @@ struct layer_setup {
     std::vector<float> n1, n2, n3, x;
     attn_setup a;
 
-    layer_setup(std::mt19937 & rng, smol_type t, int n_tok)
-        : wt(t), a(rng, 9, 3, 64, 400, n_tok) {
+    layer_setup(std::mt19937 & rng, smol_type t, int n_tok) : wt(t), a(rng, 9, 3, 64, 400, n_tok) {
         const float s = 1.0f / std::sqrt(float(E));
         wq = to_type(t, random_floats(rng, size_t(E * E), s), E);
         wk = to_type(t, random_floats(rng, size_t(E * 192), s), E);
@@ -535,14 +549,15 @@ TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CP
         for (int n_tok : {1, 5, 32, 40}) {
             const uint32_t seed = fresh_seed();
             CAPTURE(seed);
-            CAPTURE(smol_type_name(t));
+            const std::string type = smol_type_name(t);
+            CAPTURE(type);
             CAPTURE(n_tok);
             std::mt19937 rng(seed);
             layer_setup L(rng, t, n_tok);
             const auto a = L.run(*fused), b = L.run(*plain), c = L.run(*c_be);
             // Fusion only reorders the norm's sum of squares.
             CHECK(rel_err(a, b) <= 1e-5);
-            CHECK(rel_err(a, c) <= (t == SMOL_TYPE_F32 ? 1e-4 : 5e-2));
+            CHECK(rel_err(a, c) <= (t == SMOL_TYPE_F32 ? 5e-3 : 5e-2));
         }
     }
 }
@@ -634,7 +649,8 @@ TEST_CASE("random llamas of every weight type decode on the GPU to the float64 l
     for (smol_type t : all_types) {
         const uint32_t seed = fresh_seed();
         CAPTURE(seed);
-        CAPTURE(smol_type_name(t));
+        const std::string type = smol_type_name(t);
+        CAPTURE(type);
         const std::string path = temp_path("tiny.gguf");
         tiny::shape s;
         s.wtype = t;
@@ -646,7 +662,8 @@ TEST_CASE("random llamas of every weight type decode on the GPU to the float64 l
         context_ptr c = make_context(m.get(), "cuda:0", 128);
         // A 40-token prompt (tensor cores), a 16-token chunk (the small-batch
         // kernel), then single tokens (GEMV, captured and replayed graphs).
-        auto got = decode_all(c.get(), std::vector<int>(ids.begin(), ids.begin() + 40), s.n_vocab, 40);
+        auto got =
+            decode_all(c.get(), std::vector<int>(ids.begin(), ids.begin() + 40), s.n_vocab, 40);
         smol_batch b = smol_batch_init(16);
         for (size_t i = 40; i < ids.size(); ++i) {
             const size_t n = i < 56 ? 16 : 1;
@@ -777,29 +794,54 @@ TEST_CASE("a random llama of SmolLM2-135M's shape decodes on the GPU to the floa
     MESSAGE("135M-shaped q4_1: largest logit error against float64: GPU " << worst << ", CPU "
                                                                           << worst_cpu);
 
-    // Throughput, reported rather than bounded: a 512-token prompt, then
-    // single-token steps (on the GPU, replayed graphs).
-    for (const char * dev : {"cuda:0", "cpu"}) {
+    // Throughput, reported rather than bounded: a 512-token prompt (timed
+    // the second time, once kernels are loaded), then single-token steps
+    // after a few untimed ones (on the GPU, replays of a captured graph).
+    struct variant {
+        const char * device;
+        const char * graphs;
+        const char * fuse;
+        const char * label;
+    };
+    const variant variants[] = {
+        {"cuda:0", nullptr, nullptr, "GPU"},
+        {"cuda:0", "0", nullptr, "GPU without CUDA graphs"},
+        {"cuda:0", "0", "0", "GPU without graphs or fusion"},
+        {"cpu", nullptr, nullptr, "CPU, all cores"},
+    };
+    for (const variant & v : variants) {
         using clock = std::chrono::steady_clock;
-        context_ptr t = make_context(m.get(), dev, 1024, 512, 1, 0);
+        if (v.graphs) setenv("SMOL_CUDA_GRAPHS", v.graphs, 1);
+        if (v.fuse) setenv("SMOL_CUDA_FUSE", v.fuse, 1);
+        context_ptr t = make_context(m.get(), v.device, 1024, 512, 1, 0);
+        unsetenv("SMOL_CUDA_GRAPHS");
+        unsetenv("SMOL_CUDA_FUSE");
+        const bool cpu_side = std::string(v.device) == "cpu";
         const std::vector<int> prompt = random_ids(rng, 512, s.n_vocab);
         smol_batch b = smol_batch_init(512);
-        for (size_t i = 0; i < prompt.size(); ++i)
-            smol_batch_add(&b, 512, prompt[i], smol_pos(i), 0, i + 1 == prompt.size());
+        double pp = 0;
+        for (int rep = 0; rep < 2; ++rep) {
+            smol_kv_seq_rm(t.get(), -1, 0, -1);
+            b.n_tokens = 0;
+            for (size_t i = 0; i < prompt.size(); ++i)
+                smol_batch_add(&b, 512, prompt[i], smol_pos(i), 0, i + 1 == prompt.size());
+            const auto t0 = clock::now();
+            REQUIRE(smol_decode(t.get(), &b) == SMOL_OK);
+            pp = std::chrono::duration<double>(clock::now() - t0).count();
+        }
+        const int n_warm = 8, n_gen = cpu_side ? 16 : 128;
         auto t0 = clock::now();
-        REQUIRE(smol_decode(t.get(), &b) == SMOL_OK);
-        const double pp = std::chrono::duration<double>(clock::now() - t0).count();
-        const int n_gen = std::string(dev) == "cpu" ? 32 : 256;
-        t0 = clock::now();
-        for (int i = 0; i < n_gen; ++i) {
+        for (int i = 0; i < n_warm + n_gen; ++i) {
+            if (i == n_warm) t0 = clock::now();
             b.n_tokens = 0;
             smol_batch_add(&b, 512, prompt[size_t(i)], smol_pos(512 + i), 0, true);
             REQUIRE(smol_decode(t.get(), &b) == SMOL_OK);
             REQUIRE(smol_get_logits(t.get(), -1));
         }
         const double tg = std::chrono::duration<double>(clock::now() - t0).count();
-        MESSAGE(dev << " (135M-shaped random q4_1): prompt of 512 at " << 512 / pp
-                    << " tokens/s, decode at " << n_gen / tg << " tokens/s");
+        MESSAGE(std::string(v.label)
+                << " (135M-shaped random q4_1): prompt of 512 at " << 512 / pp
+                << " tokens/s, decode at " << n_gen / tg << " tokens/s (context 512-650)");
         smol_batch_free(&b);
     }
     std::filesystem::remove(path);
@@ -815,8 +857,8 @@ TEST_CASE("SmolLM2-135M gives the CPU's logits and llama.cpp's greedy continuati
     model_ptr m = load(SMOL_MODEL);
     smol_model_info info;
     smol_model_get_info(m.get(), &info);
-    const std::vector<int> prompt = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365,
-                                     3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2};
+    const std::vector<int> prompt = {1,    9690, 198,   2683, 359,  253, 5356, 5646,  11173, 3365,
+                                     3511, 308,  34519, 28,   7018, 411, 407,  19712, 8182,  2};
     context_ptr g = make_context(m.get(), "cuda:0", 2048);
     context_ptr c = make_context(m.get(), "cpu", 2048);
     const auto lg = decode_all(g.get(), prompt, info.n_vocab, 512);
