@@ -579,39 +579,32 @@ static float softmax_exp(float * y, const float * x, float max, int64_t n) {
 
 // --- matmul: the portable path ----------------------------------------------------
 //
-// Every variant computes a quantized dot product the same way: per block of
-// 32 an exact integer dot product of the weight codes with the activation
-// codes, then in float  d_w * d_a * isum + off_w * s_a,  where off_w is
-// -8 * d_w for q4_0 (codes are stored with a +8 bias), m for q4_1 and 0 for
-// q8_0. Only the order of the float additions differs between variants.
+// Every variant computes a quantized dot product the same way, as ggml does:
+// per block of 32 an exact integer dot product isum of the weight values
+// (q - 8 for q4_0, q for q4_1, w for q8_0) with the activation codes, then
+// in float  d_w * d_a * isum,  plus  m * s_a  for q4_1. Only the order of
+// the float additions differs between variants.
 
 static float dot_q_scalar(smol_type t, const uint8_t * w, const block_q8_act * a, int64_t nb) {
     float sum = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0;
-        float dw, off;
         if (t == SMOL_TYPE_Q8_0) {
             const block_q8_0 * blk = (const block_q8_0 *)w + b;
             for (int j = 0; j < QK; j++) isum += blk->qs[j] * a[b].qs[j];
-            dw = h2f(blk->d);
-            off = 0.0f;
-        } else {
-            const uint8_t * qs;
-            if (t == SMOL_TYPE_Q4_0) {
-                const block_q4_0 * blk = (const block_q4_0 *)w + b;
-                qs = blk->qs;
-                dw = h2f(blk->d);
-                off = -8.0f * dw;
-            } else {
-                const block_q4_1 * blk = (const block_q4_1 *)w + b;
-                qs = blk->qs;
-                dw = h2f(blk->d);
-                off = h2f(blk->m);
-            }
+            sum += (float)isum * (h2f(blk->d) * a[b].d);
+        } else if (t == SMOL_TYPE_Q4_0) {
+            const block_q4_0 * blk = (const block_q4_0 *)w + b;
             for (int j = 0; j < 16; j++)
-                isum += (qs[j] & 0x0f) * a[b].qs[j] + (qs[j] >> 4) * a[b].qs[j + 16];
+                isum += ((blk->qs[j] & 0x0f) - 8) * a[b].qs[j] +
+                        ((blk->qs[j] >> 4) - 8) * a[b].qs[j + 16];
+            sum += (float)isum * (h2f(blk->d) * a[b].d);
+        } else {
+            const block_q4_1 * blk = (const block_q4_1 *)w + b;
+            for (int j = 0; j < 16; j++)
+                isum += (blk->qs[j] & 0x0f) * a[b].qs[j] + (blk->qs[j] >> 4) * a[b].qs[j + 16];
+            sum += (float)isum * (h2f(blk->d) * a[b].d) + h2f(blk->m) * a[b].s;
         }
-        sum += (float)isum * (dw * a[b].d) + off * a[b].s;
     }
     return sum;
 }
@@ -669,12 +662,15 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 // elements j, the rows' codes as bytes, 4 per 32-bit lane ("quads"). One
 // token's 4 activation codes are broadcast to every lane, vpmaddubsw gives
 // each row's two pair sums as int16, and these are summed over the block's
-// 8 quads in int16 (at most 16 products of 15 * 127: 30480 < 32768). One
+// 8 quads in int16: one side of the product is at most 255 and the other is
+// held to 4 bits (at most 16 products of 255 * 8 or 127 * 15, < 32768). One
 // vpmaddwd per block and row vector then completes the row's int32 dot
-// product, and the block's scales are applied to 8 rows at once. q8_0
-// weights are split into two nibbles of w + 128 so the same unsigned x
-// signed products apply. With AVX-512 VNNI, vpdpbusd does both steps on all
-// 16 rows at once.
+// product, and the block's scales are applied to 8 rows at once. For q4_0
+// and q8_0 the weight codes are signed (q - 8; w split into two signed
+// nibble planes) and the activations, plus 128, are the unsigned side; the
+// 128 * sum(codes) this adds is a per-row constant of the panel, so the
+// integer dot products are exact, as in ggml. With AVX-512 VNNI, vpdpbusd
+// does the multiply and the int32 sum on all 16 rows at once.
 //
 // Float types: 16 rows x 6 tokens of f32 FMAs (32 x 6 with AVX-512) over a
 // panel converted to f32 once; f16 activations are widened per token tile.
@@ -711,18 +707,6 @@ constexpr int64_t f_panel_rows = 64;
 constexpr int64_t f_panel_k = 192;
 constexpr int f_tile_tokens = 6;
 
-struct q_panel {
-    // q[b][j][v]: rows 8v..8v+7, elements 4j..4j+3 of block b (codes 0..15;
-    // for q8_0 the low nibble of w + 128, with the high nibble in h, or with
-    // VNNI all of w + 128).
-    alignas(64) uint8_t q[q_panel_blocks][8][2][32];
-    alignas(64) uint8_t h[q_panel_blocks][8][2][32];
-    alignas(64) float d[q_panel_blocks][q_panel_rows];
-    // The coefficient of the activation sum s: -8 d (q4_0), m (q4_1),
-    // -128 d (q8_0).
-    alignas(64) float off[q_panel_blocks][q_panel_rows];
-};
-
 static inline __m256i unpack_nibbles(const uint8_t * qs) {
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
     const __m256i v = _mm256_insertf128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
@@ -757,38 +741,81 @@ static inline void transpose8_epi32(__m256i r[8]) {
     r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
 }
 
+struct q_panel {
+    // q[b][j][v]: rows 8v..8v+7, elements 4j..4j+3 of block b, as the
+    // operand vpmaddubsw / vpdpbusd multiplies with the activation codes.
+    // With AVX2 (int16 sums, so both sides must stay small):
+    //   q4_1: the codes 0..15 (unsigned; the activations are the signed side);
+    //   q4_0: q - 8 (signed; the activations, plus 128, the unsigned side);
+    //   q8_0: w = 16 h + l split into two signed planes, l = ((w + 8) mod 16)
+    //         - 8 in q and h in [-8, 8] in h, with the activations as q4_0.
+    // With VNNI (int32 sums; the activations stay signed so that they can be
+    // broadcast from memory): the codes 0..15, or w + 128 for q8_0.
+    alignas(64) int8_t q[q_panel_blocks][8][2][32];
+    alignas(64) int8_t h[q_panel_blocks][8][2][32];
+    alignas(64) float d[q_panel_blocks][q_panel_rows];
+    // q4_1: m, the coefficient of the activation sum s.
+    alignas(64) float m[q_panel_blocks][q_panel_rows];
+    // AVX2 q4_0, q8_0: 128 * (sum of the row's signed codes in the block),
+    // what the +128 on the activations added to the integer dot product.
+    alignas(64) int32_t corr[q_panel_blocks][q_panel_rows];
+};
+
+// True for the types whose panel holds signed codes (activations + 128 on
+// the unsigned side): their dot products are exact integers, as ggml's
+// q4_0 x q8_0 and q8_0 x q8_0, with no use of the rounded activation sum.
+constexpr bool signed_codes(smol_type t) {
+    return t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q8_0;
+}
+
+// The sum of 32 signed bytes.
+static inline int32_t sum_i8x32(__m256i v) {
+    const __m256i s =
+        _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return (int32_t)(_mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1)) - 32 * 128;
+}
+
 // Packs blocks kb0..kb0+nbk of 16 rows into p.
 static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16], int64_t kb0,
                          int64_t nbk) {
     const size_t bs = block_bytes(t);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nbk; b++) {
         const size_t o = (size_t)(kb0 + b) * bs;
         for (int v = 0; v < 2; v++) {
             __m256i lo[8], hi[8];
             for (int i = 0; i < 8; i++) {
                 const uint8_t * src = rows[8 * v + i] + o;
-                const float d = h2f(load_u16(src));
-                p->d[b][8 * v + i] = d;
+                const int r = 8 * v + i;
+                p->d[b][r] = h2f(load_u16(src));
                 if (t == SMOL_TYPE_Q8_0) {
-                    // w + 128, unsigned; without VNNI split into two nibbles
-                    // (w + 128 = 16 hi + lo).
-                    const __m256i u =
-                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(src + 2)), bias);
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(src + 2));
                     if (SMOL_CPU_VNNI) {
-                        lo[i] = u;
+                        lo[i] = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)); // w + 128
                     } else {
-                        lo[i] = _mm256_and_si256(u, m4);
-                        hi[i] = _mm256_and_si256(_mm256_srli_epi16(u, 4), m4);
+                        p->corr[b][r] = 128 * sum_i8x32(w);
+                        // l = (w mod 16) - 16 carry, h = (w >> 4) + carry,
+                        // carry = (w mod 16) >= 8.
+                        const __m256i l4 = _mm256_and_si256(w, m4);
+                        const __m256i carry = _mm256_cmpgt_epi8(l4, _mm256_set1_epi8(7)); // -1 or 0
+                        lo[i] = _mm256_add_epi8(l4, _mm256_and_si256(carry, _mm256_set1_epi8(-16)));
+                        const __m256i h4 = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+                        const __m256i sh =
+                            _mm256_sub_epi8(_mm256_xor_si256(h4, _mm256_set1_epi8(8)),
+                                            _mm256_set1_epi8(8)); // w >> 4
+                        hi[i] = _mm256_sub_epi8(sh, carry);
                     }
-                    p->off[b][8 * v + i] = -128.0f * d;
                 } else if (t == SMOL_TYPE_Q4_0) {
-                    lo[i] = unpack_nibbles(src + 2);
-                    p->off[b][8 * v + i] = -8.0f * d;
+                    if (SMOL_CPU_VNNI) {
+                        lo[i] = unpack_nibbles(src + 2);
+                    } else {
+                        lo[i] = _mm256_sub_epi8(unpack_nibbles(src + 2), _mm256_set1_epi8(8));
+                        p->corr[b][r] = 128 * sum_i8x32(lo[i]);
+                    }
                 } else {
                     lo[i] = unpack_nibbles(src + 4);
-                    p->off[b][8 * v + i] = h2f(load_u16(src + 2));
+                    p->m[b][r] = h2f(load_u16(src + 2));
                 }
             }
             transpose8_epi32(lo);
@@ -799,6 +826,31 @@ static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16
             }
         }
     }
+}
+
+// One token's 4 activation codes at p, in every 32-bit lane; with signed
+// weight codes, shifted by 128 to be the unsigned operand.
+// The activation codes of NT tokens as the tile reads them: as they are, or,
+// for signed weight codes, shifted by 128 into xa (the unsigned side of the
+// multiply) once per tile so that the inner loop broadcasts from memory.
+// Block b of token t is at x[t] + b * stride.
+template <smol_type T, int NT>
+static inline int64_t tile_act(const block_q8_act * const a[NT], int64_t nbk, int8_t * xa,
+                               const int8_t * x[NT]) {
+    if (!signed_codes(T)) {
+        for (int t = 0; t < NT; t++) x[t] = a[t][0].qs;
+        return (int64_t)sizeof(block_q8_act);
+    }
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int t = 0; t < NT; t++) {
+        int8_t * dst = xa + t * nbk * QK;
+        for (int64_t b = 0; b < nbk; b++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)a[t][b].qs);
+            _mm256_storeu_si256((__m256i *)(dst + b * QK), _mm256_xor_si256(v, bias));
+        }
+        x[t] = dst;
+    }
+    return QK;
 }
 
 [[maybe_unused]] static inline __m256i bcast_quad(const int8_t * p) {
@@ -813,6 +865,9 @@ template <smol_type T, int NT, int NV>
 __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t nbk,
                                              const block_q8_act * const a[NT], float * out) {
     const __m256i ones = _mm256_set1_epi16(1);
+    alignas(32) int8_t xa[NT * q_panel_blocks * QK];
+    const int8_t * xq[NT];
+    const int64_t xs = tile_act<T, NT>(a, nbk, xa, xq);
     __m256 acc[NT][NV];
     for (int t = 0; t < NT; t++)
         for (int v = 0; v < NV; v++) acc[t][v] = _mm256_setzero_ps();
@@ -834,25 +889,32 @@ __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t 
                     wh[v] = _mm256_load_si256((const __m256i *)p->h[b][j][v0 + v]);
             }
             for (int t = 0; t < NT; t++) {
-                const __m256i x = bcast_quad(a[t][b].qs + 4 * j);
+                const __m256i x = bcast_quad(xq[t] + b * xs + 4 * j);
                 for (int v = 0; v < NV; v++) {
-                    sl[t][v] = _mm256_add_epi16(sl[t][v], _mm256_maddubs_epi16(wl[v], x));
+                    // vpmaddubsw: first operand unsigned, second signed.
+                    const __m256i pl = signed_codes(T) ? _mm256_maddubs_epi16(x, wl[v])
+                                                       : _mm256_maddubs_epi16(wl[v], x);
+                    sl[t][v] = _mm256_add_epi16(sl[t][v], pl);
                     if (T == SMOL_TYPE_Q8_0)
-                        sh[t][v] = _mm256_add_epi16(sh[t][v], _mm256_maddubs_epi16(wh[v], x));
+                        sh[t][v] = _mm256_add_epi16(sh[t][v], _mm256_maddubs_epi16(x, wh[v]));
                 }
             }
         }
         for (int v = 0; v < NV; v++) {
             const __m256 d = _mm256_load_ps(p->d[b] + 8 * (v0 + v));
-            const __m256 o = _mm256_load_ps(p->off[b] + 8 * (v0 + v));
             for (int t = 0; t < NT; t++) {
                 __m256i i = _mm256_madd_epi16(sl[t][v], ones);
                 if (T == SMOL_TYPE_Q8_0)
                     i = _mm256_add_epi32(i, _mm256_madd_epi16(sh[t][v], _mm256_set1_epi16(16)));
+                if (signed_codes(T))
+                    i = _mm256_sub_epi32(
+                        i, _mm256_load_si256((const __m256i *)(p->corr[b] + 8 * (v0 + v))));
                 const __m256 da = _mm256_broadcast_ss(&a[t][b].d);
-                const __m256 sa = _mm256_broadcast_ss(&a[t][b].s);
                 acc[t][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, da), acc[t][v]);
-                acc[t][v] = _mm256_fmadd_ps(o, sa, acc[t][v]);
+                if (T == SMOL_TYPE_Q4_1) {
+                    const __m256 m = _mm256_load_ps(p->m[b] + 8 * (v0 + v));
+                    acc[t][v] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&a[t][b].s), acc[t][v]);
+                }
             }
         }
     }
@@ -862,10 +924,18 @@ __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t 
 
 #if SMOL_CPU_VNNI
 // The panel's 16 rows x NT tokens with vpdpbusd on 512-bit vectors (the two
-// 8-row halves of a quad are adjacent in the panel); out[t * 16 + r].
-template <int NT>
+// 8-row halves of a quad are adjacent in the panel); out[t * 16 + r]. The
+// weight codes carry a bias for q4_0 (+8) and q8_0 (+128), taken back out
+// exactly with the activations' integer sums: corr[t][b] is the bias times
+// token t's sum of codes in block b.
+constexpr int32_t vnni_bias(smol_type t) {
+    return t == SMOL_TYPE_Q8_0 ? 128 : t == SMOL_TYPE_Q4_0 ? 8 : 0;
+}
+
+template <smol_type T, int NT>
 __attribute__((noinline)) static void q_tile_vnni(const q_panel * p, int64_t nbk,
-                                                  const block_q8_act * const a[NT], float * out) {
+                                                  const block_q8_act * const a[NT],
+                                                  const int32_t * const corr[NT], float * out) {
     __m512 acc[NT];
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nbk; b++) {
@@ -876,18 +946,22 @@ __attribute__((noinline)) static void q_tile_vnni(const q_panel * p, int64_t nbk
             for (int t = 0; t < NT; t++) {
                 int32_t x;
                 memcpy(&x, a[t][b].qs + 4 * j, 4);
+                // vpdpbusd: second operand unsigned, third signed.
                 s[t] = _mm512_dpbusd_epi32(s[t], w, _mm512_set1_epi32(x));
             }
         }
         const __m512 d = _mm512_load_ps(p->d[b]);
-        const __m512 o = _mm512_load_ps(p->off[b]);
         for (int t = 0; t < NT; t++) {
+            __m512i i = s[t];
+            if (vnni_bias(T) != 0) i = _mm512_sub_epi32(i, _mm512_set1_epi32(corr[t][b]));
             const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a[t][b].d));
             // The maskz form: GCC 12 warns about the plain one's undefined
             // pass-through operand.
-            const __m512 f = _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, s[t]);
+            const __m512 f = _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, i);
             acc[t] = _mm512_fmadd_ps(f, scale, acc[t]);
-            acc[t] = _mm512_fmadd_ps(o, _mm512_set1_ps(a[t][b].s), acc[t]);
+            if (T == SMOL_TYPE_Q4_1)
+                acc[t] =
+                    _mm512_fmadd_ps(_mm512_load_ps(p->m[b]), _mm512_set1_ps(a[t][b].s), acc[t]);
         }
     }
     for (int t = 0; t < NT; t++) _mm512_storeu_ps(out + t * 16, acc[t]);
@@ -931,11 +1005,29 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
         T == SMOL_TYPE_Q8_0 && !SMOL_CPU_VNNI ? q8_panel_blocks : q_panel_blocks;
     const int64_t n_kc = (nb + max_kc - 1) / max_kc;
     const int64_t kc = (nb + n_kc - 1) / n_kc;
-    const int64_t tc = max_i64(NT, act_chunk_bytes / (nb * (int64_t)sizeof(block_q8_act)));
+    int64_t tc = max_i64(NT, act_chunk_bytes / (nb * (int64_t)sizeof(block_q8_act)));
+#if SMOL_CPU_VNNI
+    // The activation sums a token chunk's tiles need, computed once per
+    // chunk rather than once per row group.
+    constexpr int64_t corr_tokens = 128;
+    int32_t corr[corr_tokens * q_panel_blocks];
+    tc = min_i64(tc, corr_tokens);
+#endif
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = min_i64(n_tok, t0 + tc);
         for (int64_t kb0 = 0; kb0 < nb; kb0 += kc) {
             const int64_t nbk = min_i64(kc, nb - kb0);
+#if SMOL_CPU_VNNI
+            if (vnni_bias(T) != 0) {
+                for (int64_t i = t0; i < t1; i++) {
+                    const block_q8_act * a =
+                        (const block_q8_act *)(ab + (size_t)i * act_row_bytes) + kb0;
+                    for (int64_t b = 0; b < nbk; b++)
+                        corr[(i - t0) * nbk + b] =
+                            vnni_bias(T) * sum_i8x32(_mm256_loadu_si256((const __m256i *)a[b].qs));
+                }
+            }
+#endif
             for (int64_t r = r0; r < r1; r += q_panel_rows) {
                 // Rows past r1 repeat the last row, so a tile never reads
                 // past the matrix; their results are dropped.
@@ -953,7 +1045,9 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
                                kb0;
                     float out[NT * 16];
 #if SMOL_CPU_VNNI
-                    q_tile_vnni<NT>(&panel, nbk, a, out);
+                    const int32_t * c[NT];
+                    for (int j = 0; j < NT; j++) c[j] = corr + (min_i64(i + j, t1 - 1) - t0) * nbk;
+                    q_tile_vnni<T, NT>(&panel, nbk, a, c, out);
 #else
                     q_tile<T, NT, 2>(&panel, 0, nbk, a, out);
 #endif
@@ -964,10 +1058,6 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
     }
 }
 
-// Decode, quantized: 8 rows x 1 token, streaming the weights. Two rows
-// share each vpmaddubsw (row r's low-nibble half in the low 128 bits, row
-// r+1's in the high), and three vphaddd fold the four pair vectors into
-// the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
 // Decode reads each weight once, from memory: asking for the rows two
 // groups ahead keeps more cache-line fills in flight than the hardware
 // prefetcher does on its own.
@@ -979,6 +1069,10 @@ static inline void prefetch_rows(const uint8_t * w, size_t w_row_bytes, int64_t 
     }
 }
 
+// Decode, quantized: 8 rows x 1 token, streaming the weights. Two rows
+// share each vpmaddubsw (row r's low-nibble half in the low 128 bits, row
+// r+1's in the high), and three vphaddd fold the four pair vectors into
+// the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
 static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
                      float * out) {
     const size_t bs = block_bytes(t);
@@ -1022,8 +1116,13 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
             }
         }
         // pr[k]: [row 2k: 4 partials | row 2k+1: 4 partials].
-        const __m256i v =
+        __m256i v =
             _mm256_hadd_epi32(_mm256_hadd_epi32(pr[0], pr[1]), _mm256_hadd_epi32(pr[2], pr[3]));
+        if (t == SMOL_TYPE_Q4_0) {
+            // Codes carry a +8 bias: subtract 8 * sum(a), exactly.
+            const int32_t sa = sum_i8x32(_mm256_loadu_si256((const __m256i *)a[b].qs));
+            v = _mm256_sub_epi32(v, _mm256_set1_epi32(8 * sa));
+        }
         const __m128i dh = _mm_setr_epi16(
             (short)load_u16(rows[order[0]] + o), (short)load_u16(rows[order[1]] + o),
             (short)load_u16(rows[order[2]] + o), (short)load_u16(rows[order[3]] + o),
@@ -1039,8 +1138,6 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
                 (short)load_u16(rows[order[4]] + o + 2), (short)load_u16(rows[order[5]] + o + 2),
                 (short)load_u16(rows[order[6]] + o + 2), (short)load_u16(rows[order[7]] + o + 2));
             acc_off = _mm256_fmadd_ps(_mm256_cvtph_ps(mh), _mm256_set1_ps(a[b].s), acc_off);
-        } else if (t == SMOL_TYPE_Q4_0) {
-            acc_off = _mm256_fmadd_ps(dw, _mm256_set1_ps(-8.0f * a[b].s), acc_off);
         }
     }
     float res[8];

@@ -17,6 +17,9 @@
 // half, which is what the kernels assume.
 #define SMOL_SHFL_XOR(v, m) __shfl_xor((v), (m), 32)
 #define SMOL_SHFL(v, l)     __shfl((v), (l), 32)
+// After __threadfence (which invalidates the vector L1 on AMD) a plain load
+// sees what other blocks wrote.
+#define SMOL_LOAD_L2(p) (*(p))
 
 #define cudaDevAttrMultiProcessorCount   hipDeviceAttributeMultiprocessorCount
 #define cudaDeviceGetAttribute           hipDeviceGetAttribute
@@ -29,7 +32,6 @@
 #define cudaEvent_t                      hipEvent_t
 #define cudaFree                         hipFree
 #define cudaFreeHost                     hipHostFree
-#define cudaFuncSetAttribute             hipFuncSetAttribute
 #define cudaGetDeviceCount               hipGetDeviceCount
 #define cudaGetErrorName                 hipGetErrorName
 #define cudaGetErrorString               hipGetErrorString

@@ -257,7 +257,7 @@ void thread_pool::barrier() {
     }
     int spins = 0;
     while (bar_gen_.load(std::memory_order_acquire) == gen) {
-        if (++spins < 100000) {
+        if (++spins < 2000) {
             SMOL_PAUSE();
         } else {
             std::this_thread::yield();

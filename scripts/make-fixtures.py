@@ -255,11 +255,11 @@ def make_tokenizer(model, out_dir, sha):
         add(text, True, True)
 
     n_vocab = llm.n_vocab()
-    types = {}
+    control = {}
     for t in range(n_vocab):
         attr = llama_cpp.llama_vocab_get_attr(llm._model.vocab, t)
         if attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
-            types[t] = piece(llm, t, True).decode("utf-8", "replace")
+            control[t] = piece(llm, t, True).decode("utf-8", "replace")
     write_json(os.path.join(out_dir, "tokenizer.json"), {
         "model_sha256": sha,
         "engine": engine_name(),
@@ -272,7 +272,7 @@ def make_tokenizer(model, out_dir, sha):
             "add_bos_token is false in this GGUF, so add_special adds no BOS.",
         ],
         "n_vocab": n_vocab,
-        "control_tokens": {str(k): v for k, v in sorted(types.items())},
+        "control_tokens": {str(k): v for k, v in sorted(control.items())},
         "cases": cases,
     })
     del llm

@@ -106,4 +106,15 @@ else
     log "smol-bench has no --device option: decode timing is in test-cuda.txt"
 fi
 grep -h -E 'tokens/s|largest|variants|skipped' "$out/test-cuda.txt" | tee -a "$out/summary.txt"
+
+# Memory errors and shared-memory races in the GPU tests, last because they
+# are slow (the 135M-shaped model and the real one are left out).
+if command -v compute-sanitizer >/dev/null; then
+    log "compute-sanitizer memcheck"
+    (cd "$build/tests" && timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        ./test-cuda -tce='*135M*,*SmolLM2*') 2>&1 | tail -6 | tee -a "$out/summary.txt"
+    log "compute-sanitizer racecheck (attention)"
+    (cd "$build/tests" && timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        ./test-cuda -tc='*attention*') 2>&1 | tail -6 | tee -a "$out/summary.txt"
+fi
 exit $status
