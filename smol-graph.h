@@ -180,8 +180,8 @@ class thread_pool {
 // it; offsets are aligned to `alignment`.
 struct arena_plan {
     size_t arena_bytes = 0;
-    size_t work_bytes = 0;    // shared work space of the largest MUL_MAT
-    size_t scratch_bytes = 0; // per-thread work space of the attention
+    size_t work_bytes = 0;      // shared work space of the largest MUL_MAT
+    size_t scratch_bytes = 0;   // per-thread work space of the attention
     std::vector<size_t> offset; // per node; SIZE_MAX: has its own memory
 };
 arena_plan plan_arena(const graph & g, size_t alignment);
@@ -207,8 +207,8 @@ class executor {
         ~aligned_buffer();
     };
     aligned_buffer arena_;
-    aligned_buffer work_;       // shared by all threads of one op
-    aligned_buffer scratch_;    // per-thread work space
+    aligned_buffer work_;    // shared by all threads of one op
+    aligned_buffer scratch_; // per-thread work space
     size_t scratch_per_thread_ = 0;
 };
 

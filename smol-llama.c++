@@ -31,8 +31,10 @@ bool supported_type(uint32_t t) {
     case SMOL_TYPE_BF16:
     case SMOL_TYPE_Q8_0:
     case SMOL_TYPE_Q4_0:
-    case SMOL_TYPE_Q4_1: return true;
-    default: return false;
+    case SMOL_TYPE_Q4_1:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -48,8 +50,8 @@ struct loader {
                                              "model (convert it again)");
         }
         if (*v <= 0 || *v > (int64_t(1) << 30)) {
-            throw error(SMOL_ERR_FORMAT, path + ": metadata '" + key + "' = " +
-                                             std::to_string(*v) + " is out of range");
+            throw error(SMOL_ERR_FORMAT, path + ": metadata '" + key + "' = " + std::to_string(*v) +
+                                             " is out of range");
         }
         return int32_t(*v);
     }
@@ -124,13 +126,15 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
         hp.n_embd = ld.req_int("llama.embedding_length");
         hp.n_ff = ld.req_int("llama.feed_forward_length");
         hp.n_head = ld.req_int("llama.attention.head_count");
-        hp.n_head_kv = f.get_i64("llama.attention.head_count_kv") ? ld.req_int("llama.attention.head_count_kv") : hp.n_head;
+        hp.n_head_kv = f.get_i64("llama.attention.head_count_kv")
+                           ? ld.req_int("llama.attention.head_count_kv")
+                           : hp.n_head;
         hp.rope_base = float(f.get_f64("llama.rope.freq_base").value_or(10000.0));
         hp.rms_eps = float(f.get_f64("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
         if (const auto scaling = f.get_str("llama.rope.scaling.type");
             scaling && *scaling != "none" && *scaling != "") {
-            throw error(SMOL_ERR_UNSUPPORTED, path + ": RoPE scaling '" + *scaling +
-                                                  "' is not supported yet");
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        path + ": RoPE scaling '" + *scaling + "' is not supported yet");
         }
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, e.what());
@@ -158,7 +162,8 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
     const int64_t E = hp.n_embd, KV = int64_t(hp.n_head_kv) * hp.head_dim;
     m->tok_embd = ld.get("token_embd.weight", E, hp.n_vocab);
     m->output_norm = ld.get("output_norm.weight", E, 1, true);
-    m->output = f.find_tensor("output.weight") ? ld.get("output.weight", E, hp.n_vocab) : m->tok_embd;
+    m->output =
+        f.find_tensor("output.weight") ? ld.get("output.weight", E, hp.n_vocab) : m->tok_embd;
     m->layers.resize(size_t(hp.n_layer));
     std::map<smol_type, int> type_count;
     for (int l = 0; l < hp.n_layer; ++l) {
@@ -176,9 +181,9 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
         for (const weight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
             ++type_count[w->type];
     }
-    m->ftype = std::max_element(type_count.begin(), type_count.end(),
-                                [](auto & a, auto & b) { return a.second < b.second; })
-                   ->first;
+    m->ftype = std::max_element(type_count.begin(), type_count.end(), [](auto & a, auto & b) {
+                   return a.second < b.second;
+               })->first;
 
     // Touch every page of every tensor now, so loading shows progress and the
     // first decode does not pay for page faults.
@@ -210,8 +215,8 @@ static int default_threads() {
 }
 
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
-    : model(m), params(p),
-      be_(make_backend(p.device ? p.device : "cpu", p.n_threads > 0 ? p.n_threads : default_threads())),
+    : model(m), params(p), be_(make_backend(p.device ? p.device : "cpu",
+                                            p.n_threads > 0 ? p.n_threads : default_threads())),
       graph_(64 + size_t(m.hp.n_layer) * 32) {
     const llama_hparams & hp = m.hp;
     if (params.n_ctx == 0) params.n_ctx = uint32_t(std::min(4096, hp.n_ctx_train));
@@ -321,27 +326,30 @@ void llama_context::decode(const smol_batch & b) {
     }
     if (uint32_t(n) > params.n_batch) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
-                    "smol_decode: the batch has " + std::to_string(n) + " tokens, more than n_batch = " +
-                        std::to_string(params.n_batch) + "; split it or raise n_batch");
+                    "smol_decode: the batch has " + std::to_string(n) +
+                        " tokens, more than n_batch = " + std::to_string(params.n_batch) +
+                        "; split it or raise n_batch");
     }
     // Check the whole batch before touching the cache.
     std::vector<smol_pos> & seq_max = seq_max_;
     seq_max.assign(params.n_seq_max, -1);
     for (int32_t c = 0; c < kv.n_used; ++c) {
-        if (kv.cell_pos[c] >= 0) seq_max[size_t(kv.cell_seq[c])] = std::max(seq_max[size_t(kv.cell_seq[c])], kv.cell_pos[c]);
+        if (kv.cell_pos[c] >= 0)
+            seq_max[size_t(kv.cell_seq[c])] =
+                std::max(seq_max[size_t(kv.cell_seq[c])], kv.cell_pos[c]);
     }
     for (int32_t i = 0; i < n; ++i) {
         if (b.token[i] < 0 || b.token[i] >= hp.n_vocab) {
-            throw error(SMOL_ERR_INVALID_ARGUMENT, "smol_decode: token " + std::to_string(b.token[i]) +
-                                                        " at batch index " + std::to_string(i) +
-                                                        " is outside the vocabulary [0, " +
-                                                        std::to_string(hp.n_vocab) + ")");
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        "smol_decode: token " + std::to_string(b.token[i]) + " at batch index " +
+                            std::to_string(i) + " is outside the vocabulary [0, " +
+                            std::to_string(hp.n_vocab) + ")");
         }
         const smol_seq_id s = b.seq_id[i];
         if (s < 0 || uint32_t(s) >= params.n_seq_max) {
-            throw error(SMOL_ERR_INVALID_ARGUMENT,
-                        "smol_decode: sequence id " + std::to_string(s) + " is outside [0, n_seq_max = " +
-                            std::to_string(params.n_seq_max) + ")");
+            throw error(SMOL_ERR_INVALID_ARGUMENT, "smol_decode: sequence id " + std::to_string(s) +
+                                                       " is outside [0, n_seq_max = " +
+                                                       std::to_string(params.n_seq_max) + ")");
         }
         if (b.pos[i] <= seq_max[size_t(s)]) {
             throw error(SMOL_ERR_INVALID_ARGUMENT,

@@ -30,7 +30,9 @@ namespace {
 
 // A double in [0, 1) from 53 random bits: portable, unlike
 // std::uniform_real_distribution.
-double uniform01(std::mt19937_64 & rng) { return double(rng() >> 11) * 0x1.0p-53; }
+double uniform01(std::mt19937_64 & rng) {
+    return double(rng() >> 11) * 0x1.0p-53;
+}
 
 } // namespace
 
@@ -54,13 +56,14 @@ smol_status smol_sampler_create(const smol_sampler_params * params, smol_sampler
         return SMOL_ERR_INVALID_ARGUMENT;
     }
     *out = nullptr;
-    if (!(params->repeat_penalty > 0.0f) || params->repeat_last_n < 0 ||
-        !(params->top_p >= 0.0f) || !(params->min_p >= 0.0f) || std::isnan(params->temperature)) {
+    if (!(params->repeat_penalty > 0.0f) || params->repeat_last_n < 0 || !(params->top_p >= 0.0f) ||
+        !(params->min_p >= 0.0f) || std::isnan(params->temperature)) {
         smol::set_last_error("smol_sampler_create: repeat_penalty must be > 0, repeat_last_n, "
-                            "top_p and min_p >= 0, temperature a number");
+                             "top_p and min_p >= 0, temperature a number");
         return SMOL_ERR_INVALID_ARGUMENT;
     }
-    smol_sampler * s = new (std::nothrow) smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}};
+    smol_sampler * s =
+        new (std::nothrow) smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}};
     if (!s) {
         smol::set_last_error("smol_sampler_create: out of memory");
         return SMOL_ERR_OUT_OF_MEMORY;
@@ -69,7 +72,9 @@ smol_status smol_sampler_create(const smol_sampler_params * params, smol_sampler
     return SMOL_OK;
 }
 
-void smol_sampler_free(smol_sampler * s) { delete s; }
+void smol_sampler_free(smol_sampler * s) {
+    delete s;
+}
 
 void smol_sampler_reset(smol_sampler * s) {
     if (!s) return;

@@ -11,9 +11,9 @@
 #include "smol.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <memory>
 #include <vector>
 
 namespace smol {

@@ -3,14 +3,13 @@
 // cache's cell bookkeeping, and the C API of smol.h on top of the model layer
 // (smol-llama.c++), the tokenizer (smol-vocab.c++) and the sampler.
 
-#include "smol-graph.h"
+#include "smol.h"
 
 #include "smol-backend.h"
-
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
+#include "smol-graph.h"
 #include "smol-llama.h"
-#include "smol.h"
 
 #include <algorithm>
 #include <cassert>
@@ -35,16 +34,19 @@ namespace smol {
 
 const char * placement_name(placement p) {
     switch (p) {
-    case placement::host: return "host";
-    case placement::host_pinned: return "host-pinned";
-    case placement::device: return "device";
+    case placement::host:
+        return "host";
+    case placement::host_pinned:
+        return "host-pinned";
+    case placement::device:
+        return "device";
     }
     return "?";
 }
 
 const char * const op_names[OP_COUNT] = {
-    "NONE", "GET_ROWS", "RMS_NORM", "MUL_MAT", "ADD", "ROPE", "KV_STORE", "ATTENTION", "SWIGLU",
-    "COPY",
+    "NONE", "GET_ROWS", "RMS_NORM",  "MUL_MAT", "ADD",
+    "ROPE", "KV_STORE", "ATTENTION", "SWIGLU",  "COPY",
 };
 static_assert(OP_COUNT == 10, "op_names must list every op");
 
@@ -125,7 +127,9 @@ tensor * op_mul_mat(graph & g, tensor * weight, tensor * x) {
     return t;
 }
 
-tensor * op_add(graph & g, tensor * a, tensor * b) { return node(g, OP_ADD, a, a, b); }
+tensor * op_add(graph & g, tensor * a, tensor * b) {
+    return node(g, OP_ADD, a, a, b);
+}
 
 tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t head_dim,
                  float freq_base) {
@@ -279,11 +283,15 @@ void executor::aligned_buffer::reserve(size_t n) {
     }
 }
 
-executor::aligned_buffer::~aligned_buffer() { std::free(data); }
+executor::aligned_buffer::~aligned_buffer() {
+    std::free(data);
+}
 
 executor::executor(int n_threads) : pool_(n_threads) {}
 
-static size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+static size_t align64(size_t n) {
+    return (n + 63) & ~size_t(63);
+}
 
 arena_plan plan_arena(const graph & g, size_t alignment) {
     const auto & nodes = g.nodes();
@@ -353,8 +361,9 @@ arena_plan plan_arena(const graph & g, size_t alignment) {
             }
         }
         if (t->kind == OP_MUL_MAT) {
-            p.work_bytes = std::max(p.work_bytes, cpu::act_bytes(t->src[0]->type, t->src[0]->ne[0]) *
-                                                      size_t(t->src[1]->ne[1]));
+            p.work_bytes =
+                std::max(p.work_bytes, cpu::act_bytes(t->src[0]->type, t->src[0]->ne[0]) *
+                                           size_t(t->src[1]->ne[1]));
         }
         if (t->kind == OP_ATTENTION) {
             const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) : 0;
@@ -407,7 +416,8 @@ void run_get_rows(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(t->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const uint8_t * row = static_cast<const uint8_t *>(table->data) + size_t(ids[i]) * table->nb[1];
+        const uint8_t * row =
+            static_cast<const uint8_t *>(table->data) + size_t(ids[i]) * table->nb[1];
         float * dst = reinterpret_cast<float *>(static_cast<uint8_t *>(t->data) + i * t->nb[1]);
         a.k.row_to_f32(table->type, row, dst, table->ne[0]);
     }
@@ -441,7 +451,8 @@ void run_mul_mat(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(n_tok, a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const float * src = reinterpret_cast<const float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
+        const float * src =
+            reinterpret_cast<const float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
         a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
     }
     a.pool.barrier();
@@ -472,7 +483,8 @@ void run_swiglu(tensor * t, const op_args & a) {
     auto row = [](const tensor * x, int64_t i) {
         return reinterpret_cast<float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
     };
-    for (int64_t i = i0; i < i1; ++i) a.k.swiglu(row(t, i), row(t->src[0], i), row(t->src[1], i), n);
+    for (int64_t i = i0; i < i1; ++i)
+        a.k.swiglu(row(t, i), row(t->src[0], i), row(t->src[1], i), n);
 }
 
 // GGUF stores llama's Q and K rows so that rotary pairs are adjacent
@@ -517,8 +529,10 @@ void run_kv_store(tensor * t, const op_args & a) {
     split(k->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
         const int32_t cell = a.batch.cell[i];
-        const float * ks = reinterpret_cast<const float *>(static_cast<uint8_t *>(k->data) + i * k->nb[1]);
-        const float * vs = reinterpret_cast<const float *>(static_cast<uint8_t *>(v->data) + i * v->nb[1]);
+        const float * ks =
+            reinterpret_cast<const float *>(static_cast<uint8_t *>(k->data) + i * k->nb[1]);
+        const float * vs =
+            reinterpret_cast<const float *>(static_cast<uint8_t *>(v->data) + i * v->nb[1]);
         for (int h = 0; h < kv.n_head_kv; ++h) {
             a.k.f32_to_f16(ks + h * hd, kv.k_head(layer, h) + size_t(cell) * hd, hd);
             a.k.f32_to_f16(vs + h * hd, kv.v_head(layer, h) + size_t(cell) * hd, hd);
@@ -579,8 +593,8 @@ void run_copy(tensor * t, const op_args & a) {
 
 using op_fn = void (*)(tensor *, const op_args &);
 const op_fn op_table[OP_COUNT] = {
-    nullptr,       run_get_rows, run_rms_norm,  run_mul_mat, run_add,
-    run_rope,      run_kv_store, run_attention, run_swiglu,  run_copy,
+    nullptr,  run_get_rows, run_rms_norm,  run_mul_mat, run_add,
+    run_rope, run_kv_store, run_attention, run_swiglu,  run_copy,
 };
 
 } // namespace
@@ -589,10 +603,13 @@ void executor::run(graph & g) {
     const cpu::kernels & k = cpu::kernels_best();
     const auto & nodes = g.nodes();
     const std::function<void(int, int)> body = [&](int ith, int nth) {
-        op_args args{k,     pool_,
-                     g.batch, work_.data,
+        op_args args{k,
+                     pool_,
+                     g.batch,
+                     work_.data,
                      reinterpret_cast<float *>(scratch_.data + scratch_per_thread_ * ith),
-                     ith,   nth};
+                     ith,
+                     nth};
         for (size_t i = 0; i < nodes.size(); ++i) {
             op_table[nodes[i]->kind](nodes[i], args);
             pool_.barrier();
@@ -613,8 +630,8 @@ class cpu_backend final : public backend {
     void * alloc(size_t bytes) override {
         void * p = std::aligned_alloc(64, align64(std::max<size_t>(bytes, 1)));
         if (!p) {
-            throw error(SMOL_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes >> 20) +
-                                                    " MiB of host memory");
+            throw error(SMOL_ERR_OUT_OF_MEMORY,
+                        "cannot allocate " + std::to_string(bytes >> 20) + " MiB of host memory");
         }
         return p;
     }
@@ -656,8 +673,7 @@ std::unique_ptr<backend> make_backend(const std::string & device, int n_threads)
         }
         return make_cuda_backend(index);
     }
-    throw error(SMOL_ERR_INVALID_ARGUMENT,
-                "unknown device '" + device + "'; use cpu or cuda:N");
+    throw error(SMOL_ERR_INVALID_ARGUMENT, "unknown device '" + device + "'; use cpu or cuda:N");
 }
 
 } // namespace smol
@@ -667,7 +683,9 @@ std::unique_ptr<backend> make_backend(const std::string & device, int n_threads)
 namespace smol {
 
 static thread_local std::string last_error;
-void set_last_error(const std::string & message) { last_error = message; }
+void set_last_error(const std::string & message) {
+    last_error = message;
+}
 
 } // namespace smol
 
@@ -694,8 +712,8 @@ smol_status copy_out(const std::string & s, char * buf, size_t size, size_t * n_
     if (n_out) *n_out = s.size();
     if (!buf || size < s.size() + 1) {
         if (buf && size > 0) buf[0] = '\0';
-        smol::set_last_error("the output buffer holds " + std::to_string(size) +
-                             " bytes; " + std::to_string(s.size() + 1) + " are needed");
+        smol::set_last_error("the output buffer holds " + std::to_string(size) + " bytes; " +
+                             std::to_string(s.size() + 1) + " are needed");
         return SMOL_ERR_BUFFER_TOO_SMALL;
     }
     std::memcpy(buf, s.data(), s.size());
@@ -705,20 +723,25 @@ smol_status copy_out(const std::string & s, char * buf, size_t size, size_t * n_
 
 std::string format_value(const gguf::value & v) {
     switch (v.t) {
-    case gguf::type::STRING: return v.str;
-    case gguf::type::BOOL: return v.b ? "true" : "false";
+    case gguf::type::STRING:
+        return v.str;
+    case gguf::type::BOOL:
+        return v.b ? "true" : "false";
     case gguf::type::FLOAT32:
     case gguf::type::FLOAT64: {
         char b[64];
         std::snprintf(b, sizeof b, "%.9g", v.f);
         return b;
     }
-    case gguf::type::ARRAY: return "[array of " + std::to_string(v.arr.size()) + "]";
+    case gguf::type::ARRAY:
+        return "[array of " + std::to_string(v.arr.size()) + "]";
     case gguf::type::UINT8:
     case gguf::type::UINT16:
     case gguf::type::UINT32:
-    case gguf::type::UINT64: return std::to_string(v.u);
-    default: return std::to_string(v.i);
+    case gguf::type::UINT64:
+        return std::to_string(v.u);
+    default:
+        return std::to_string(v.i);
     }
 }
 
@@ -726,35 +749,56 @@ std::string format_value(const gguf::value & v) {
 
 extern "C" {
 
-const char * smol_last_error(void) { return smol::last_error.c_str(); }
+const char * smol_last_error(void) {
+    return smol::last_error.c_str();
+}
 
 const char * smol_status_name(smol_status s) {
     switch (s) {
-    case SMOL_OK: return "SMOL_OK";
-    case SMOL_ERR_INVALID_ARGUMENT: return "SMOL_ERR_INVALID_ARGUMENT";
-    case SMOL_ERR_IO: return "SMOL_ERR_IO";
-    case SMOL_ERR_FORMAT: return "SMOL_ERR_FORMAT";
-    case SMOL_ERR_UNSUPPORTED: return "SMOL_ERR_UNSUPPORTED";
-    case SMOL_ERR_OUT_OF_MEMORY: return "SMOL_ERR_OUT_OF_MEMORY";
-    case SMOL_ERR_CONTEXT_FULL: return "SMOL_ERR_CONTEXT_FULL";
-    case SMOL_ERR_BUFFER_TOO_SMALL: return "SMOL_ERR_BUFFER_TOO_SMALL";
-    case SMOL_ERR_BACKEND: return "SMOL_ERR_BACKEND";
+    case SMOL_OK:
+        return "SMOL_OK";
+    case SMOL_ERR_INVALID_ARGUMENT:
+        return "SMOL_ERR_INVALID_ARGUMENT";
+    case SMOL_ERR_IO:
+        return "SMOL_ERR_IO";
+    case SMOL_ERR_FORMAT:
+        return "SMOL_ERR_FORMAT";
+    case SMOL_ERR_UNSUPPORTED:
+        return "SMOL_ERR_UNSUPPORTED";
+    case SMOL_ERR_OUT_OF_MEMORY:
+        return "SMOL_ERR_OUT_OF_MEMORY";
+    case SMOL_ERR_CONTEXT_FULL:
+        return "SMOL_ERR_CONTEXT_FULL";
+    case SMOL_ERR_BUFFER_TOO_SMALL:
+        return "SMOL_ERR_BUFFER_TOO_SMALL";
+    case SMOL_ERR_BACKEND:
+        return "SMOL_ERR_BACKEND";
     }
     return "SMOL_ERR_UNKNOWN";
 }
 
-const char * smol_version(void) { return "0.1.0"; }
+const char * smol_version(void) {
+    return "0.1.0";
+}
 
-const char * smol_cpu_kernels_name(void) { return smol::cpu::kernels_best().name; }
+const char * smol_cpu_kernels_name(void) {
+    return smol::cpu::kernels_best().name;
+}
 
 const char * smol_type_name(smol_type t) {
     switch (t) {
-    case SMOL_TYPE_F32: return "f32";
-    case SMOL_TYPE_F16: return "f16";
-    case SMOL_TYPE_BF16: return "bf16";
-    case SMOL_TYPE_Q8_0: return "q8_0";
-    case SMOL_TYPE_Q4_0: return "q4_0";
-    case SMOL_TYPE_Q4_1: return "q4_1";
+    case SMOL_TYPE_F32:
+        return "f32";
+    case SMOL_TYPE_F16:
+        return "f16";
+    case SMOL_TYPE_BF16:
+        return "bf16";
+    case SMOL_TYPE_Q8_0:
+        return "q8_0";
+    case SMOL_TYPE_Q4_0:
+        return "q4_0";
+    case SMOL_TYPE_Q4_1:
+        return "q4_1";
     }
     return nullptr;
 }
@@ -779,7 +823,9 @@ smol_status smol_model_load(const char * path, const smol_model_params * params,
     });
 }
 
-void smol_model_free(smol_model * model) { delete model; }
+void smol_model_free(smol_model * model) {
+    delete model;
+}
 
 void smol_model_get_info(const smol_model * model, smol_model_info * info) {
     if (!model || !info) return;
@@ -805,8 +851,12 @@ smol_status smol_model_meta(const smol_model * model, const char * key, char * b
     return copy_out(format_value(*v), buf, size, nullptr);
 }
 
-smol_token smol_token_bos(const smol_model * model) { return model ? model->m->vocab.bos() : -1; }
-smol_token smol_token_eos(const smol_model * model) { return model ? model->m->vocab.eos() : -1; }
+smol_token smol_token_bos(const smol_model * model) {
+    return model ? model->m->vocab.bos() : -1;
+}
+smol_token smol_token_eos(const smol_model * model) {
+    return model ? model->m->vocab.eos() : -1;
+}
 bool smol_token_is_eog(const smol_model * model, smol_token t) {
     return model && model->m->vocab.is_eog(t);
 }
@@ -853,9 +903,9 @@ smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_m
         std::vector<smol::chat_message> msgs;
         for (size_t i = 0; i < n; ++i) {
             if (!messages[i].role || !messages[i].content) {
-                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                                  "smol_chat_apply_template: message " + std::to_string(i) +
-                                      " has a NULL role or content");
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT, "smol_chat_apply_template: message " +
+                                                                 std::to_string(i) +
+                                                                 " has a NULL role or content");
             }
             msgs.push_back({messages[i].role, messages[i].content});
         }
@@ -889,8 +939,12 @@ smol_status smol_context_create(smol_model * model, const smol_context_params * 
     });
 }
 
-void smol_context_free(smol_context * ctx) { delete ctx; }
-uint32_t smol_context_n_ctx(const smol_context * ctx) { return ctx ? ctx->c->params.n_ctx : 0; }
+void smol_context_free(smol_context * ctx) {
+    delete ctx;
+}
+uint32_t smol_context_n_ctx(const smol_context * ctx) {
+    return ctx ? ctx->c->params.n_ctx : 0;
+}
 uint32_t smol_context_n_batch(const smol_context * ctx) {
     return ctx ? ctx->c->params.n_batch : 0;
 }
@@ -943,7 +997,9 @@ int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq) {
     return ctx ? ctx->c->kv.seq_len(seq) : 0;
 }
 
-int32_t smol_kv_free_cells(const smol_context * ctx) { return ctx ? ctx->c->kv.n_free() : 0; }
+int32_t smol_kv_free_cells(const smol_context * ctx) {
+    return ctx ? ctx->c->kv.n_free() : 0;
+}
 
 smol_perf smol_context_perf(const smol_context * ctx) {
     smol_perf p{};

@@ -101,9 +101,9 @@ typedef struct smol_model_info {
     int32_t n_head_kv;
     int32_t n_ff;
     int64_t n_params;
-    uint64_t n_bytes;    // bytes of all weight tensors
-    smol_type ftype;     // the type of most matmul weights
-    char name[128];      // general.name, or the file's base name
+    uint64_t n_bytes; // bytes of all weight tensors
+    smol_type ftype;  // the type of most matmul weights
+    char name[128];   // general.name, or the file's base name
 } smol_model_info;
 
 SMOL_API void smol_model_get_info(const smol_model * model, smol_model_info * info);
@@ -130,8 +130,8 @@ SMOL_API smol_status smol_tokenize(const smol_model * model, const char * text, 
 
 // The bytes of one token (possibly part of a UTF-8 character). Control
 // tokens give "" unless special is true.
-SMOL_API smol_status smol_token_to_piece(const smol_model * model, smol_token token,
-                                         bool special, char * buf, size_t size, size_t * n_out);
+SMOL_API smol_status smol_token_to_piece(const smol_model * model, smol_token token, bool special,
+                                         char * buf, size_t size, size_t * n_out);
 
 typedef struct smol_chat_message {
     const char * role; // "system", "user", "assistant"
@@ -150,10 +150,10 @@ SMOL_API smol_status smol_chat_apply_template(const smol_model * model,
 // --- context --------------------------------------------------------------
 
 typedef struct smol_context_params {
-    uint32_t n_ctx;     // KV cells shared by all sequences (0: 4096, capped at training)
-    uint32_t n_batch;   // most tokens one smol_decode call takes (default 512)
-    int32_t n_threads;  // CPU threads (0: all cores)
-    uint32_t n_seq_max; // most sequences at once (default 1)
+    uint32_t n_ctx;      // KV cells shared by all sequences (0: 4096, capped at training)
+    uint32_t n_batch;    // most tokens one smol_decode call takes (default 512)
+    int32_t n_threads;   // CPU threads (0: all cores)
+    uint32_t n_seq_max;  // most sequences at once (default 1)
     const char * device; // "cpu" (default, NULL too) or "cuda:N"
 } smol_context_params;
 

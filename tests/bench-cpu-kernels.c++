@@ -86,8 +86,8 @@ struct matrix {
 };
 
 // Runs fn(thread index) on n threads, the calling thread being one of them,
-// with a spinning barrier between calls so that small matmuls are not
-// dominated by thread start-up.
+// with a busy (yielding) barrier between calls so that small matmuls are not
+// dominated by thread start-up or wake-up.
 class team {
   public:
     explicit team(int n) : n_(n) {
@@ -103,8 +103,7 @@ class team {
         pending_.store(n_ - 1);
         generation_.fetch_add(1);
         fn(0);
-        while (pending_.load() != 0) {
-        }
+        while (pending_.load() != 0) std::this_thread::yield();
     }
 
   private:
@@ -112,8 +111,9 @@ class team {
         unsigned seen = 0;
         for (;;) {
             unsigned g;
-            while ((g = generation_.load()) == seen) {
-            }
+            // Yielding: on a machine shared with other work a pure spin can
+            // hold the core the other thread needs.
+            while ((g = generation_.load()) == seen) std::this_thread::yield();
             seen = g;
             if (stop_) return;
             (*fn_)(i);

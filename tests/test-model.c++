@@ -6,15 +6,14 @@
 #include "smol.h"
 #include "tiny-model.h"
 
-#include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,8 +43,8 @@ model_ptr load(const std::string & path) {
     return model_ptr(m);
 }
 
-context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_batch = 512,
-                         uint32_t n_seq = 1, int threads = 2) {
+context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_batch = 512, uint32_t n_seq = 1,
+                         int threads = 2) {
     smol_context_params p = smol_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -97,7 +96,9 @@ std::vector<int> random_ids(std::mt19937 & rng, int n, int n_vocab) {
     return v;
 }
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+uint32_t fresh_seed() {
+    return std::random_device{}();
+}
 
 } // namespace
 
@@ -123,7 +124,8 @@ TEST_CASE("logits of a random f32 llama match a float64 reference") {
 }
 
 TEST_CASE("logits of random quantized llamas match a float64 reference of their weights") {
-    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
+    for (smol_type t :
+         {SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
         const uint32_t seed = fresh_seed();
         CAPTURE(seed);
         CAPTURE(smol_type_name(t));
@@ -164,7 +166,8 @@ TEST_CASE("a prompt decoded in one batch or token by token gives the same logits
     for (size_t t = 0; t < ids.size(); ++t) {
         CAPTURE(t);
         double d = 0;
-        for (int v = 0; v < s.n_vocab; ++v) d = std::max(d, double(std::fabs(whole[t][size_t(v)] - single[t][size_t(v)])));
+        for (int v = 0; v < s.n_vocab; ++v)
+            d = std::max(d, double(std::fabs(whole[t][size_t(v)] - single[t][size_t(v)])));
         CHECK(d < 1e-4);
     }
     std::filesystem::remove(path);
@@ -208,7 +211,8 @@ TEST_CASE("sequences batched together give the logits each gives alone") {
         const float * got = smol_get_logits(both.get(), int32_t(i));
         REQUIRE(got);
         double d = 0;
-        for (int v = 0; v < s.n_vocab; ++v) d = std::max(d, double(std::fabs(got[v] - want[size_t(v)])));
+        for (int v = 0; v < s.n_vocab; ++v)
+            d = std::max(d, double(std::fabs(got[v] - want[size_t(v)])));
         CAPTURE(i);
         CHECK(d < 1e-4);
     }
@@ -237,7 +241,8 @@ TEST_CASE("removing the tail of a sequence and decoding it again reproduces the 
     for (int i = 0; i < 10; ++i) {
         const float * l = smol_get_logits(c.get(), i);
         double d = 0;
-        for (int v = 0; v < s.n_vocab; ++v) d = std::max(d, double(std::fabs(l[v] - first[size_t(10 + i)][size_t(v)])));
+        for (int v = 0; v < s.n_vocab; ++v)
+            d = std::max(d, double(std::fabs(l[v] - first[size_t(10 + i)][size_t(v)])));
         CHECK(d < 1e-4);
     }
     smol_batch_free(&b);
@@ -476,14 +481,17 @@ TEST_CASE("the real model reports its shape and tokenizes a chat prompt as llama
             contents.push_back(msg["content"]);
         }
         std::vector<smol_chat_message> msgs;
-        for (size_t i = 0; i < roles.size(); ++i) msgs.push_back({roles[i].c_str(), contents[i].c_str()});
+        for (size_t i = 0; i < roles.size(); ++i)
+            msgs.push_back({roles[i].c_str(), contents[i].c_str()});
         std::vector<char> buf(4096);
         size_t n = 0;
-        REQUIRE(smol_chat_apply_template(m.get(), msgs.data(), msgs.size(), true, buf.data(), buf.size(), &n) == SMOL_OK);
+        REQUIRE(smol_chat_apply_template(m.get(), msgs.data(), msgs.size(), true, buf.data(),
+                                         buf.size(), &n) == SMOL_OK);
         CHECK(std::string(buf.data(), n) == cs["prompt"].get<std::string>());
         std::vector<smol_token> ids(1024);
         int32_t n_ids = 0;
-        REQUIRE(smol_tokenize(m.get(), buf.data(), n, false, true, ids.data(), 1024, &n_ids) == SMOL_OK);
+        REQUIRE(smol_tokenize(m.get(), buf.data(), n, false, true, ids.data(), 1024, &n_ids) ==
+                SMOL_OK);
         ids.resize(size_t(n_ids));
         CHECK(ids == cs["prompt_ids"].get<std::vector<smol_token>>());
     }

@@ -4,10 +4,9 @@
 
 #include "smol.h"
 
-#include <doctest/doctest.h>
-
 #include <algorithm>
 #include <cmath>
+#include <doctest/doctest.h>
 #include <map>
 #include <memory>
 #include <random>
@@ -97,7 +96,8 @@ TEST_CASE("top-k keeps only the k largest logits") {
     auto s = make(p);
     std::vector<float> sorted = l;
     std::sort(sorted.begin(), sorted.end(), std::greater<>());
-    for (int i = 0; i < 300; ++i) CHECK(l[size_t(smol_sampler_sample(s.get(), l.data(), 300))] >= sorted[2]);
+    for (int i = 0; i < 300; ++i)
+        CHECK(l[size_t(smol_sampler_sample(s.get(), l.data(), 300))] >= sorted[2]);
 }
 
 TEST_CASE("top-p keeps the smallest set whose probability reaches p") {

@@ -111,7 +111,8 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
     tokens.push_back("<|im_start|>");
     tokens.push_back("<|im_end|>");
     tokens.push_back("<|endoftext|>");
-    while (int(tokens.size()) < s.n_vocab) tokens.push_back("<unused" + std::to_string(tokens.size()) + ">");
+    while (int(tokens.size()) < s.n_vocab)
+        tokens.push_back("<unused" + std::to_string(tokens.size()) + ">");
     for (size_t i = 0; i < tokens.size(); ++i) {
         const bool special = tokens[i][0] == '<' && tokens[i].size() > 2;
         types.push_back(value::make_i32(special ? 3 : 1));
@@ -148,15 +149,24 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
         model::layer L;
         L.attn_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
         add_f32(p + "attn_norm.weight", L.attn_norm);
-        L.wq = add_mat(p + "attn_q.weight", random_vec(rng, size_t(s.n_embd) * s.n_embd, ws), s.n_embd, s.wtype);
-        L.wk = add_mat(p + "attn_k.weight", random_vec(rng, size_t(kvd) * s.n_embd, ws), s.n_embd, s.wtype);
-        L.wv = add_mat(p + "attn_v.weight", random_vec(rng, size_t(kvd) * s.n_embd, ws), s.n_embd, s.wtype);
-        L.wo = add_mat(p + "attn_output.weight", random_vec(rng, size_t(s.n_embd) * s.n_embd, ws), s.n_embd, s.wtype);
+        L.wq = add_mat(p + "attn_q.weight", random_vec(rng, size_t(s.n_embd) * s.n_embd, ws),
+                       s.n_embd, s.wtype);
+        L.wk = add_mat(p + "attn_k.weight", random_vec(rng, size_t(kvd) * s.n_embd, ws), s.n_embd,
+                       s.wtype);
+        L.wv = add_mat(p + "attn_v.weight", random_vec(rng, size_t(kvd) * s.n_embd, ws), s.n_embd,
+                       s.wtype);
+        L.wo = add_mat(p + "attn_output.weight", random_vec(rng, size_t(s.n_embd) * s.n_embd, ws),
+                       s.n_embd, s.wtype);
         L.ffn_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
         add_f32(p + "ffn_norm.weight", L.ffn_norm);
-        L.gate = add_mat(p + "ffn_gate.weight", random_vec(rng, size_t(s.n_ff) * s.n_embd, ws), s.n_embd, s.wtype);
-        L.up = add_mat(p + "ffn_up.weight", random_vec(rng, size_t(s.n_ff) * s.n_embd, ws), s.n_embd, s.wtype);
-        L.down = add_mat(p + "ffn_down.weight", random_vec(rng, size_t(s.n_embd) * s.n_ff, 1.0f / std::sqrt(float(s.n_ff))), s.n_ff, s.wtype);
+        L.gate = add_mat(p + "ffn_gate.weight", random_vec(rng, size_t(s.n_ff) * s.n_embd, ws),
+                         s.n_embd, s.wtype);
+        L.up = add_mat(p + "ffn_up.weight", random_vec(rng, size_t(s.n_ff) * s.n_embd, ws),
+                       s.n_embd, s.wtype);
+        L.down =
+            add_mat(p + "ffn_down.weight",
+                    random_vec(rng, size_t(s.n_embd) * s.n_ff, 1.0f / std::sqrt(float(s.n_ff))),
+                    s.n_ff, s.wtype);
         m.layers.push_back(std::move(L));
     }
     w.write(path);
@@ -225,7 +235,8 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
                 for (auto & z : sc) sum += (z = std::exp(z - mx));
                 for (int u = 0; u <= t; ++u)
                     for (int j = 0; j < hd; ++j)
-                        att[size_t(h * hd + j)] += sc[size_t(u)] / sum * v[size_t(u)][size_t(hk * hd + j)];
+                        att[size_t(h * hd + j)] +=
+                            sc[size_t(u)] / sum * v[size_t(u)][size_t(hk * hd + j)];
             }
             const vec o = matvec(L.wo, att, E);
             for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
@@ -239,7 +250,8 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
         }
     }
     std::vector<vec> logits(static_cast<size_t>(T));
-    for (int t = 0; t < T; ++t) logits[size_t(t)] = matvec(m.tok_embd, rmsnorm(x[size_t(t)], m.out_norm), s.n_vocab);
+    for (int t = 0; t < T; ++t)
+        logits[size_t(t)] = matvec(m.tok_embd, rmsnorm(x[size_t(t)], m.out_norm), s.n_vocab);
     return logits;
 }
 
