@@ -847,7 +847,16 @@ TEST_CASE("a random llama of SmolLM2-135M's shape decodes on the GPU to the floa
     std::filesystem::remove(path);
 }
 
-TEST_CASE("SmolLM2-135M gives the CPU's logits and llama.cpp's greedy continuations on the GPU") {
+// The GPU multiplies with f32 activations up to 32 tokens and f16 above,
+// where the CPU and llama.cpp round activations to 8 bits first; on this
+// model, whose activations reach 23,000, those roundings move logits by about
+// a logit (llama.cpp against a float64 forward pass: median 0.71, p99 1.43 at
+// the recorded positions, logits.json). So the GPU is held to llama.cpp's
+// top-10 logits within 2.5, and to its greedy token wherever llama.cpp's top
+// two were more than twice that apart.
+constexpr double gpu_logit_tol = 2.5;
+
+TEST_CASE("SmolLM2-135M on the GPU stays within llama.cpp's rounding noise") {
     if (!have_gpu()) return;
     if (!std::filesystem::exists(SMOL_MODEL)) {
         MESSAGE("skipped: the real model is not here (" << SMOL_MODEL
@@ -857,50 +866,65 @@ TEST_CASE("SmolLM2-135M gives the CPU's logits and llama.cpp's greedy continuati
     model_ptr m = load(SMOL_MODEL);
     smol_model_info info;
     smol_model_get_info(m.get(), &info);
-    const std::vector<int> prompt = {1,    9690, 198,   2683, 359,  253, 5356, 5646,  11173, 3365,
-                                     3511, 308,  34519, 28,   7018, 411, 407,  19712, 8182,  2};
-    context_ptr g = make_context(m.get(), "cuda:0", 2048);
-    context_ptr c = make_context(m.get(), "cpu", 2048);
-    const auto lg = decode_all(g.get(), prompt, info.n_vocab, 512);
-    const auto lc = decode_all(c.get(), prompt, info.n_vocab, 512);
-    double worst = 0;
-    for (size_t i = 0; i < prompt.size(); ++i) {
-        for (int v = 0; v < info.n_vocab; ++v)
-            worst = std::max(worst, double(std::fabs(lg[i][size_t(v)] - lc[i][size_t(v)])));
-    }
-    // The CPU rounds activations to 8 bits before its q4_1 dot products (as
-    // llama.cpp does); the GPU keeps them in f32. test-model bounds the CPU
-    // against llama.cpp by 0.25 logits.
-    MESSAGE("largest logit difference GPU - CPU: " << worst);
-    CHECK(worst < 0.5);
 
-    const std::string fx = std::string(SMOL_FIXTURES) + "/greedy.json";
-    if (!std::filesystem::exists(fx)) {
-        MESSAGE("skipped greedy continuations: no " << fx);
-        return;
+    std::ifstream lin(std::string(SMOL_FIXTURES) + "/logits.json");
+    REQUIRE(lin.good());
+    const nlohmann::json lj = nlohmann::json::parse(lin);
+    double worst = 0, worst_f64 = 0;
+    for (const auto & pr : lj["prompts"]) {
+        const std::vector<int> ids = pr["ids"].get<std::vector<int>>();
+        context_ptr g = make_context(m.get(), "cuda:0", 2048);
+        const auto lg = decode_all(g.get(), ids, info.n_vocab, 512);
+        for (const auto & at : pr["positions"]) {
+            const size_t pos = at["pos"].get<size_t>();
+            CAPTURE(pr["name"].get<std::string>());
+            CAPTURE(pos);
+            for (const auto & e : at["top"]) {
+                const double d =
+                    std::fabs(double(lg[pos][e[0].get<size_t>()]) - e[1].get<double>());
+                worst = std::max(worst, d);
+                CHECK(d <= gpu_logit_tol);
+            }
+            for (const auto & e : at["f64"]["top"]) {
+                worst_f64 = std::max(
+                    worst_f64, std::fabs(double(lg[pos][e[0].get<size_t>()]) - e[1].get<double>()));
+            }
+        }
     }
-    std::ifstream in(fx);
-    const nlohmann::json j = nlohmann::json::parse(in);
-    for (const auto & cs : j["cases"]) {
+    MESSAGE("GPU top-10 logits: largest difference from llama.cpp " << worst << ", from float64 "
+                                                                    << worst_f64);
+
+    std::ifstream gin(std::string(SMOL_FIXTURES) + "/greedy.json");
+    REQUIRE(gin.good());
+    const nlohmann::json gj = nlohmann::json::parse(gin);
+    int decisive = 0;
+    for (const auto & cs : gj["cases"]) {
         CAPTURE(cs["name"].get<std::string>());
         const std::vector<int> ids = cs["prompt_ids"].get<std::vector<int>>();
         const std::vector<int> want = cs["tokens"].get<std::vector<int>>();
+        const std::vector<double> margin = cs["top1_margin"].get<std::vector<double>>();
+        // Teacher forced: llama.cpp's continuation, one token per decode as a
+        // generator runs (the path the CUDA graphs replay).
         context_ptr ctx = make_context(m.get(), "cuda:0", 2048);
         smol_batch b = smol_batch_init(512);
         for (size_t i = 0; i < ids.size(); ++i)
             smol_batch_add(&b, 512, ids[i], smol_pos(i), 0, i + 1 == ids.size());
         REQUIRE(smol_decode(ctx.get(), &b) == SMOL_OK);
-        std::vector<int> got;
         for (size_t step = 0; step < want.size(); ++step) {
             const float * l = smol_get_logits(ctx.get(), -1);
             REQUIRE(l);
             const int t = int(std::max_element(l, l + info.n_vocab) - l);
-            got.push_back(t);
+            if (margin[step] > 2 * gpu_logit_tol) {
+                CAPTURE(step);
+                CHECK(t == want[step]);
+                ++decisive;
+            }
             b.n_tokens = 0;
-            smol_batch_add(&b, 512, t, smol_pos(ids.size() + step), 0, true);
+            smol_batch_add(&b, 512, want[step], smol_pos(ids.size() + step), 0, true);
             REQUIRE(smol_decode(ctx.get(), &b) == SMOL_OK);
         }
-        CHECK(got == want);
         smol_batch_free(&b);
     }
+    CHECK(decisive >= 40);
+    MESSAGE(decisive << " decisive greedy steps on the GPU agree with llama.cpp");
 }

@@ -128,7 +128,7 @@ TEST_CASE("logits of random quantized llamas match a float64 reference of their 
          {SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
         const uint32_t seed = fresh_seed();
         CAPTURE(seed);
-        CAPTURE(smol_type_name(t));
+        CAPTURE(std::string(smol_type_name(t)));
         const std::string path = temp_path("q.gguf");
         tiny::shape s;
         s.wtype = t;
@@ -163,12 +163,17 @@ TEST_CASE("a prompt decoded in one batch or token by token gives the same logits
     context_ptr a = make_context(m.get(), 64), b = make_context(m.get(), 64, 512, 1, 1);
     const auto whole = decode_all(a.get(), ids, s.n_vocab, 33);
     const auto single = decode_all(b.get(), ids, s.n_vocab, 1);
+    // Same arithmetic, other summation orders (a prompt takes the tiled
+    // kernels, a single token the streaming ones): agreement to 1e-4 of the
+    // logits' scale.
     for (size_t t = 0; t < ids.size(); ++t) {
         CAPTURE(t);
-        double d = 0;
-        for (int v = 0; v < s.n_vocab; ++v)
+        double d = 0, scale = 0;
+        for (int v = 0; v < s.n_vocab; ++v) {
             d = std::max(d, double(std::fabs(whole[t][size_t(v)] - single[t][size_t(v)])));
-        CHECK(d < 1e-4);
+            scale = std::max(scale, double(std::fabs(single[t][size_t(v)])));
+        }
+        CHECK(d <= 1e-4 * scale);
     }
     std::filesystem::remove(path);
 }
