@@ -40,8 +40,8 @@ static_assert(sizeof(block_q8_0) == 34);
 // Activations are quantized to this block before an integer dot product with
 // q4_0, q4_1 and q8_0 weights (not a file format; like ggml's q8_1).
 struct block_q8_act {
-    float d;       // scale: x ~= d * qs
-    float s;       // d * sum(qs), for the q4_1 minimum and the q4_0 offset
+    float d;       // scale: x ~= d * qs, rounded to f16 precision as ggml's q8_1
+    float s;       // d * sum(qs) at f16 precision, for the q4_1 minimum
     int8_t qs[32]; // round(x / d), |qs| <= 127
 };
 static_assert(sizeof(block_q8_act) == 40);

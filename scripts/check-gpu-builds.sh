@@ -6,8 +6,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-sudo=""
-[ "$(id -u)" -ne 0 ] && sudo="sudo"
 
 if ! command -v nvcc >/dev/null; then
     for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
@@ -23,16 +21,7 @@ cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DSMOL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DSMOL_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build-cuda -j"$(nproc)" --target smol test-cuda
 
-hip_packages=(hipcc libamdhip64-dev rocm-device-libs)
-missing=()
-for p in "${hip_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "check-gpu-builds: installing ${missing[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+scripts/install-packages.sh hipcc libamdhip64-dev rocm-device-libs
 echo "check-gpu-builds: HIP backend for gfx1030 and gfx90a"
 cmake -S . -B build-hip -DCMAKE_BUILD_TYPE=Release -DSMOL_HIP=ON -DSMOL_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build-hip -j"$(nproc)" --target smol test-cuda

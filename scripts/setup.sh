@@ -12,20 +12,8 @@ cd "$root"
 run_demo=1
 [ "${1:-}" = "--no-run" ] && run_demo=0
 
-sudo=""
-[ "$(id -u)" -ne 0 ] && sudo="sudo"
-
-packages=(build-essential cmake git python3 python3-pip python3-venv clang-format
-          cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup: installing ${missing[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+scripts/install-packages.sh build-essential cmake git python3 python3-pip python3-venv \
+    clang-format cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
 
 # The cross-check scripts read GGUF with the independent `gguf` package.
 if ! python3 -c "import gguf, numpy" 2>/dev/null; then
