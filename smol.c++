@@ -248,7 +248,13 @@ void thread_pool::run(const std::function<void(int, int)> & fn) {
     }
     cv_.notify_all();
     fn(0, n_threads_);
-    while (pending_.load(std::memory_order_acquire) != 0) SMOL_PAUSE();
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0;) {
+        if (++spins < 2000) {
+            SMOL_PAUSE();
+        } else {
+            std::this_thread::yield();
+        }
+    }
 }
 
 void thread_pool::barrier() {
