@@ -894,6 +894,7 @@ class cuda_backend final : public backend {
     std::vector<int32_t> shadow_pos_, shadow_seq_;
 
     std::vector<step> steps_;
+    arena_plan plan_;                                  // reused from step to step
     std::vector<std::pair<tensor *, void *>> swapped_; // host leaves and their host data
     std::vector<uint64_t> sig_, prev_sig_;
     struct captured {
@@ -1186,7 +1187,8 @@ void cuda_backend::prepare(graph & g) {
     for (step & s : steps_) {
         if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
     }
-    const arena_plan p = plan_arena(g, 256);
+    arena_plan & p = plan_;
+    plan_arena(g, 256, p);
     for (step & s : steps_) {
         if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
     }

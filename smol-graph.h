@@ -177,14 +177,22 @@ class thread_pool {
 
 // Where each intermediate tensor of a graph goes in one arena: first fit,
 // reusing a result's bytes once its last reader has run. Every backend uses
-// it; offsets are aligned to `alignment`.
+// it; offsets are aligned to `alignment`. A plan object is reused from step
+// to step, so planning allocates nothing once its vectors have grown.
 struct arena_plan {
     size_t arena_bytes = 0;
     size_t work_bytes = 0;      // shared work space of the largest MUL_MAT
     size_t scratch_bytes = 0;   // per-thread work space of the attention
     std::vector<size_t> offset; // per node; SIZE_MAX: has its own memory
+
+    struct range {
+        size_t off, size;
+    };
+    std::vector<int> last_use, src_index; // the planner's own work space
+    std::vector<range> free_list;
+    std::vector<uint8_t> live;
 };
-arena_plan plan_arena(const graph & g, size_t alignment);
+void plan_arena(const graph & g, size_t alignment, arena_plan & p);
 
 // Runs graphs on the CPU: places intermediates in an arena and runs the
 // nodes in order on the thread pool.
@@ -210,6 +218,7 @@ class executor {
     aligned_buffer work_;    // shared by all threads of one op
     aligned_buffer scratch_; // per-thread work space
     size_t scratch_per_thread_ = 0;
+    arena_plan plan_;
 };
 
 } // namespace smol

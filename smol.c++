@@ -299,27 +299,26 @@ static size_t align64(size_t n) {
     return (n + 63) & ~size_t(63);
 }
 
-arena_plan plan_arena(const graph & g, size_t alignment) {
+void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
     const auto & nodes = g.nodes();
     auto align = [alignment](size_t n) { return (n + alignment - 1) / alignment * alignment; };
     // Index of the last node that reads each node's result.
-    std::vector<int> last_use(nodes.size(), -1);
-    std::vector<int> src_index(nodes.size() * max_src, -1);
+    p.last_use.assign(nodes.size(), -1);
+    p.src_index.assign(nodes.size() * max_src, -1);
     for (size_t i = 0; i < nodes.size(); ++i) {
         for (int s = 0; s < max_src; ++s) {
             const tensor * src = nodes[i]->src[s];
             if (!src || src->kind == OP_NONE) continue;
             const int j = src->node_index;
-            src_index[i * max_src + s] = j;
-            if (j >= 0) last_use[j] = int(i);
+            p.src_index[i * max_src + s] = j;
+            if (j >= 0) p.last_use[size_t(j)] = int(i);
         }
     }
 
     // First fit over the free ranges of one offset space.
-    struct range {
-        size_t off, size;
-    };
-    std::vector<range> free_list;
+    using range = arena_plan::range;
+    auto & free_list = p.free_list;
+    free_list.clear();
     size_t top = 0;
     auto take = [&](size_t n) {
         for (size_t k = 0; k < free_list.size(); ++k) {
@@ -350,20 +349,20 @@ arena_plan plan_arena(const graph & g, size_t alignment) {
         }
     };
 
-    arena_plan p;
+    p.arena_bytes = p.work_bytes = p.scratch_bytes = 0;
     p.offset.assign(nodes.size(), SIZE_MAX);
-    std::vector<bool> live(nodes.size(), false);
+    p.live.assign(nodes.size(), 0);
     for (size_t i = 0; i < nodes.size(); ++i) {
         const tensor * t = nodes[i];
         if (!t->data && t->nbytes() > 0) {
             p.offset[i] = take(align(t->nbytes()));
-            live[i] = true;
+            p.live[i] = 1;
         }
         for (int s = 0; s < max_src; ++s) {
-            const int j = src_index[i * max_src + s];
-            if (j >= 0 && last_use[j] == int(i) && live[j]) {
-                give(p.offset[j], align(nodes[j]->nbytes()));
-                live[j] = false;
+            const int j = p.src_index[i * max_src + s];
+            if (j >= 0 && p.last_use[size_t(j)] == int(i) && p.live[size_t(j)]) {
+                give(p.offset[size_t(j)], align(nodes[size_t(j)]->nbytes()));
+                p.live[size_t(j)] = 0;
             }
         }
         if (t->kind == OP_MUL_MAT) {
@@ -378,11 +377,11 @@ arena_plan plan_arena(const graph & g, size_t alignment) {
         }
     }
     p.arena_bytes = top;
-    return p;
 }
 
 void executor::plan(graph & g) {
-    const arena_plan p = plan_arena(g, 64);
+    arena_plan & p = plan_;
+    plan_arena(g, 64, p);
     arena_.reserve(p.arena_bytes);
     work_.reserve(p.work_bytes);
     scratch_per_thread_ = align64(p.scratch_bytes);
@@ -606,19 +605,25 @@ const op_fn op_table[OP_COUNT] = {
 } // namespace
 
 void executor::run(graph & g) {
-    const cpu::kernels & k = cpu::kernels_best();
-    const auto & nodes = g.nodes();
-    const std::function<void(int, int)> body = [&](int ith, int nth) {
-        op_args args{k,
-                     pool_,
-                     g.batch,
-                     work_.data,
-                     reinterpret_cast<float *>(scratch_.data + scratch_per_thread_ * ith),
+    // One captured pointer keeps the closure inside std::function's small
+    // buffer: running a graph allocates nothing.
+    struct step_state {
+        executor * self;
+        graph * g;
+        const cpu::kernels * k;
+    } st{this, &g, &cpu::kernels_best()};
+    const std::function<void(int, int)> body = [&st](int ith, int nth) {
+        executor & e = *st.self;
+        op_args args{*st.k,
+                     e.pool_,
+                     st.g->batch,
+                     e.work_.data,
+                     reinterpret_cast<float *>(e.scratch_.data + e.scratch_per_thread_ * ith),
                      ith,
                      nth};
-        for (size_t i = 0; i < nodes.size(); ++i) {
-            op_table[nodes[i]->kind](nodes[i], args);
-            pool_.barrier();
+        for (tensor * t : st.g->nodes()) {
+            op_table[t->kind](t, args);
+            e.pool_.barrier();
         }
     };
     pool_.run(body);
