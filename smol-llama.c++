@@ -258,7 +258,6 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     logits_.resize(size_t(hp.n_vocab));
     // Plan the largest graph once so the arena is sized before the first
     // decode.
-    std::fill(cells_.begin(), cells_.end(), 0);
     graph_.clear();
     graph_.batch.kv = &kv;
     build_graph(int32_t(nb), 1);

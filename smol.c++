@@ -12,13 +12,10 @@
 #include "smol-llama.h"
 
 #include <algorithm>
-#include <cassert>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -91,49 +88,44 @@ tensor * graph::leaf(smol_type type, void * data, int64_t ne0, int64_t ne1) {
     return t;
 }
 
-static tensor * node(graph & g, op kind, tensor * shape_of, tensor * a, tensor * b = nullptr,
-                     tensor * c = nullptr) {
-    tensor * t = g.new_tensor(SMOL_TYPE_F32, shape_of->ne[0], shape_of->ne[1]);
+// Every op records the same things: kind, sources, an f32 result of a shape.
+static tensor * node(graph & g, op kind, int64_t ne0, int64_t ne1, tensor * a,
+                     tensor * b = nullptr) {
+    tensor * t = g.new_tensor(SMOL_TYPE_F32, ne0, ne1);
     t->kind = kind;
     t->src[0] = a;
     t->src[1] = b;
-    t->src[2] = c;
     g.add_node(t);
     return t;
+}
+
+// An op whose result has the shape of its first source.
+static tensor * elementwise(graph & g, op kind, tensor * a, tensor * b) {
+    return node(g, kind, a->ne[0], a->ne[1], a, b);
 }
 
 tensor * op_get_rows(graph & g, tensor * table, tensor * ids) {
-    tensor * t = g.new_tensor(SMOL_TYPE_F32, table->ne[0], ids->ne[0]);
-    t->kind = OP_GET_ROWS;
-    t->src[0] = table;
-    t->src[1] = ids;
-    g.add_node(t);
-    return t;
+    return node(g, OP_GET_ROWS, table->ne[0], ids->ne[0], table, ids);
 }
 
 tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps) {
-    tensor * t = node(g, OP_RMS_NORM, x, x, weight);
+    tensor * t = elementwise(g, OP_RMS_NORM, x, weight);
     t->fparams[0] = eps;
     return t;
 }
 
 tensor * op_mul_mat(graph & g, tensor * weight, tensor * x) {
     SMOL_ASSERT_MSG(weight->ne[0] == x->ne[0], "mul_mat: inner dimensions differ");
-    tensor * t = g.new_tensor(SMOL_TYPE_F32, weight->ne[1], x->ne[1]);
-    t->kind = OP_MUL_MAT;
-    t->src[0] = weight;
-    t->src[1] = x;
-    g.add_node(t);
-    return t;
+    return node(g, OP_MUL_MAT, weight->ne[1], x->ne[1], weight, x);
 }
 
 tensor * op_add(graph & g, tensor * a, tensor * b) {
-    return node(g, OP_ADD, a, a, b);
+    return elementwise(g, OP_ADD, a, b);
 }
 
 tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t head_dim,
                  float freq_base) {
-    tensor * t = node(g, OP_ROPE, x, x, pos);
+    tensor * t = elementwise(g, OP_ROPE, x, pos);
     t->iparams[0] = n_head;
     t->iparams[1] = head_dim;
     t->fparams[0] = freq_base;
@@ -141,18 +133,15 @@ tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t he
 }
 
 tensor * op_kv_store(graph & g, tensor * k, tensor * v, int32_t layer) {
-    tensor * t = g.new_tensor(SMOL_TYPE_F32, 0, 0);
-    t->kind = OP_KV_STORE;
-    t->src[0] = k;
-    t->src[1] = v;
+    // No result of its own: later nodes list it as a source only for order.
+    tensor * t = node(g, OP_KV_STORE, 0, 0, k, v);
     t->iparams[0] = layer;
-    g.add_node(t);
     return t;
 }
 
 tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
                       int32_t n_head_kv, int32_t head_dim) {
-    tensor * t = node(g, OP_ATTENTION, q, q, after);
+    tensor * t = elementwise(g, OP_ATTENTION, q, after);
     t->iparams[0] = layer;
     t->iparams[1] = n_head;
     t->iparams[2] = n_head_kv;
@@ -161,7 +150,7 @@ tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int3
 }
 
 tensor * op_swiglu(graph & g, tensor * gate, tensor * up) {
-    return node(g, OP_SWIGLU, gate, gate, up);
+    return elementwise(g, OP_SWIGLU, gate, up);
 }
 
 // --- KV cache cells -------------------------------------------------------------
@@ -423,7 +412,7 @@ void run_get_rows(tensor * t, const op_args & a) {
     for (int64_t i = i0; i < i1; ++i) {
         const uint8_t * row =
             static_cast<const uint8_t *>(table->data) + size_t(ids[i]) * table->nb[1];
-        float * dst = reinterpret_cast<float *>(static_cast<uint8_t *>(t->data) + i * t->nb[1]);
+        float * dst = row_f32(t, i);
         a.k.row_to_f32(table->type, row, dst, table->ne[0]);
     }
 }
@@ -456,8 +445,7 @@ void run_mul_mat(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(n_tok, a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const float * src =
-            reinterpret_cast<const float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
+        const float * src = row_f32(x, i);
         a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
     }
     a.pool.barrier();
@@ -475,21 +463,16 @@ void run_add(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(t->nrows(), a.ith, a.nth, i0, i1);
     const int64_t n = t->ne[0];
-    auto row = [](const tensor * x, int64_t i) {
-        return reinterpret_cast<float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
-    };
-    for (int64_t i = i0; i < i1; ++i) a.k.add(row(t, i), row(t->src[0], i), row(t->src[1], i), n);
+    for (int64_t i = i0; i < i1; ++i)
+        a.k.add(row_f32(t, i), row_f32(t->src[0], i), row_f32(t->src[1], i), n);
 }
 
 void run_swiglu(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(t->nrows(), a.ith, a.nth, i0, i1);
     const int64_t n = t->ne[0];
-    auto row = [](const tensor * x, int64_t i) {
-        return reinterpret_cast<float *>(static_cast<uint8_t *>(x->data) + i * x->nb[1]);
-    };
     for (int64_t i = i0; i < i1; ++i)
-        a.k.swiglu(row(t, i), row(t->src[0], i), row(t->src[1], i), n);
+        a.k.swiglu(row_f32(t, i), row_f32(t->src[0], i), row_f32(t->src[1], i), n);
 }
 
 // GGUF stores llama's Q and K rows so that rotary pairs are adjacent
@@ -534,10 +517,8 @@ void run_kv_store(tensor * t, const op_args & a) {
     split(k->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
         const int32_t cell = a.batch.cell[i];
-        const float * ks =
-            reinterpret_cast<const float *>(static_cast<uint8_t *>(k->data) + i * k->nb[1]);
-        const float * vs =
-            reinterpret_cast<const float *>(static_cast<uint8_t *>(v->data) + i * v->nb[1]);
+        const float * ks = row_f32(k, i);
+        const float * vs = row_f32(v, i);
         for (int h = 0; h < kv.n_head_kv; ++h) {
             a.k.f32_to_f16(ks + h * hd, kv.k_head(layer, h) + size_t(cell) * hd, hd);
             a.k.f32_to_f16(vs + h * hd, kv.v_head(layer, h) + size_t(cell) * hd, hd);
