@@ -222,8 +222,9 @@ if has peers; then
         if [ -x "$lb/llama-batched-bench" ]; then
             : >"$out/peers-batched.txt"
             for f in "${bench_files[@]}"; do
-                # 32 sequences of a 16-token prompt, 128 tokens each (smol's --batched 32).
-                "$lb/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 8192 -b 2048 -ub 512 \
+                # M sequences of a 16-token prompt and 128 new tokens each, as smol-bench
+                # --batched M; the cache holds 128 x 144 tokens.
+                "$lb/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 20480 -b 2048 -ub 512 \
                     -npp 16 -ntg 128 -npl 1,8,32,128 >>"$out/peers-batched.txt" 2>&1
             done
             { echo; echo "### llama-batched-bench"; echo; grep '^|' "$out/peers-batched.txt"; } >>"$summary"
