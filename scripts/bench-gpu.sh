@@ -6,8 +6,13 @@
 # the real 135M Q4_1 and the random f16 files, measures the ceilings (device
 # copy bandwidth, bf16 matmul rate, through torch), and with --peers builds
 # llama.cpp's llama-bench and llama-batched-bench for sm_90 from carried
-# source and runs them on the same files. Every log goes to $OUT (the device
-# tool's output folder) or build-gpu/bench-logs; summary.md collects them.
+# source and runs them on the same files. $OUT (the device tool's output
+# folder, else build-gpu/bench-logs) gets four files: summary.md (the
+# tables), log.txt (every phase's output), bench-smol.json, autotune-table.txt.
+#
+# The real 135M file (94 MiB) is larger than what travels to the device; when
+# models/ lacks it there, a random 135M q4_1 takes its row (named -random-)
+# and the tokenizer comes from the vocabulary-only file that --pack writes.
 #
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
@@ -36,6 +41,22 @@ while [ $# -gt 0 ]; do
             dir=${2:?usage: bench-gpu.sh --pack DIR}
             scripts/test-gpu.sh --pack-deps "$dir" || exit 1
             scripts/peers.sh --no-venv --pack "$dir/llama.cpp-src.tar.gz" /work/peers || exit 1
+            # SmolLM2's tokenizer metadata alone (no tensors), for --vocab-from.
+            python3 - "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$dir/smollm2-vocab.gguf" <<'EOF' || exit 1
+import sys
+import gguf
+r = gguf.GGUFReader(sys.argv[1])
+w = gguf.GGUFWriter(sys.argv[2], "llama")
+for f in r.fields.values():
+    if f.name.startswith("tokenizer."):
+        vt = f.types[0]
+        w.add_key_value(f.name, f.contents(), vt,
+                        sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+EOF
             du -sh "$dir"
             exit 0 ;;
         -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
@@ -55,16 +76,20 @@ deps=${SMOL_GPU_DEPS:-}
 [ -z "$deps" ] && [ -d "$root/.gpu-deps" ] && deps=$root/.gpu-deps
 export SMOL_AUTOTUNE_FILE=${SMOL_AUTOTUNE_FILE:-$build/autotune.txt}
 summary=$out/summary.md
-log() { echo "== $(date +%T) $*" | tee -a "$summary"; }
-# Runs a phase's command with its output in $out/NAME.txt, timing it.
+all_log=$out/log.txt
+log() { echo "== $(date +%T) $*" | tee -a "$summary" "$all_log"; }
+# Runs a phase's command with its output appended to log.txt and kept in a
+# scratch file $tmp/NAME.txt for the summary, timing it.
+tmp=$(mktemp -d)
 phase() {
     local name=$1; shift
     local t0
     t0=$(date +%s)
     log "$name"
-    "$@" >"$out/$name.txt" 2>&1
+    "$@" >"$tmp/$name.txt" 2>&1
     local rc=$?
-    log "$name: exit $rc after $(($(date +%s) - t0)) s (log: $name.txt)"
+    cat "$tmp/$name.txt" >>"$all_log"
+    log "$name: exit $rc after $(($(date +%s) - t0)) s"
     return $rc
 }
 
@@ -74,8 +99,7 @@ phase() {
     echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc)"
     echo "smol: $(git -C "$root" rev-parse --short HEAD 2>/dev/null) $(git -C "$root" status --short | wc -l) changed files"
-} >"$out/machine.txt" 2>&1
-cat "$out/machine.txt" >>"$summary"
+} 2>&1 | sed 's/^/    /' >>"$summary"
 
 if [ -n "$deps" ] && ls "$deps"/whl/*.whl >/dev/null 2>&1 && ! python3 -c 'import gguf' 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/smol-site "$deps"/whl/*.whl
@@ -94,7 +118,7 @@ build_smol() {
         cmake --build "$build" -j "$(nproc)" --target smol-bench smol-quantize
 }
 if has build; then
-    phase build build_smol || { tail -30 "$out/build.txt"; exit 1; }
+    phase build build_smol || { tail -30 "$tmp/build.txt"; exit 1; }
 fi
 bench=$build/examples/smol-bench
 quantize=$build/examples/smol-quantize
@@ -102,6 +126,12 @@ quantize=$build/examples/smol-quantize
 # --- random models ---------------------------------------------------------------
 want_models=("135M f16" "360M f16" "360M q8_0" "1.7B f16" "1.7B q8_0")
 [ "${MODELS_1_7B:-1}" = 0 ] && want_models=("135M f16" "360M f16" "360M q8_0")
+vocab=$real
+if [ ! -s "$real" ]; then
+    vocab=$deps/smollm2-vocab.gguf
+    real=$models/smollm2-135M-random-q4_1.gguf
+    want_models=("135M q4_1" "${want_models[@]}")
+fi
 model_path() { echo "$models/smollm2-$1-random-$2.gguf"; }
 write_models() {
     mkdir -p "$models"
@@ -111,7 +141,7 @@ write_models() {
         local f
         f=$(model_path "$1" "$2")
         if [ -s "$f" ]; then echo "$f exists"; continue; fi
-        "$quantize" --random "$1" --type "$2" --vocab-from "$real" -t "$(nproc)" "$f" | tail -3 || return 1
+        "$quantize" --random "$1" --type "$2" --vocab-from "$vocab" -t "$(nproc)" "$f" | tail -3 || return 1
     done
     ls -la "$models"
 }
@@ -134,7 +164,7 @@ bench_list=$(IFS=,; echo "${bench_files[*]}")
 # --- autotune ------------------------------------------------------------------
 if has autotune; then
     phase autotune "$bench" --device cuda:0 --autotune -p 0 -n 0 -m "$list"
-    cp "$SMOL_AUTOTUNE_FILE" "$out/autotune.txt" 2>/dev/null
+    cp "$SMOL_AUTOTUNE_FILE" "$out/autotune-table.txt" 2>/dev/null
     grep -c -v '^#' "$SMOL_AUTOTUNE_FILE" 2>/dev/null | sed 's/^/autotune table lines: /' >>"$summary"
 fi
 
@@ -147,7 +177,7 @@ if has bench; then
     } >>"$summary"
     phase bench-smol "$bench" --device cuda:0 -m "$list" -p 512,4096 -n 128 \
         --batched 1,8,32,128 -r "$reps" -oe json -o md 2>"$out/bench-smol.json"
-    cat "$out/bench-smol.txt" >>"$summary"
+    grep '^|' "$tmp/bench-smol.txt" >>"$summary"
     # The stderr JSON ends with the array; keep only that.
     python3 - "$out/bench-smol.json" <<'EOF' 2>/dev/null
 import json, sys
@@ -193,7 +223,7 @@ EOF
 }
 if has ceilings; then
     phase ceilings ceilings
-    { echo; echo "### ceilings"; echo; sed 's/^/    /' "$out/ceilings.txt"; } >>"$summary"
+    { echo; echo "### ceilings"; echo; sed 's/^/    /' "$tmp/ceilings.txt"; } >>"$summary"
 fi
 
 # --- llama.cpp -------------------------------------------------------------------------
@@ -218,16 +248,17 @@ if has peers; then
         lb=$peers_build/cuda/bin
         phase peers-bench "$lb/llama-bench" -m "$bench_list" -ngl 99 -fa 1 -p 512,4096 -n 128 \
             -r "$reps" -o md
-        { echo; echo "### llama.cpp (same files)"; echo; cat "$out/peers-bench.txt"; } >>"$summary"
+        { echo; echo "### llama.cpp (same files)"; echo; grep '^|' "$tmp/peers-bench.txt"; } >>"$summary"
         if [ -x "$lb/llama-batched-bench" ]; then
-            : >"$out/peers-batched.txt"
+            : >"$tmp/peers-batched.txt"
             for f in "${bench_files[@]}"; do
                 # M sequences of a 16-token prompt and 128 new tokens each, as smol-bench
                 # --batched M; the cache holds 128 x 144 tokens.
                 "$lb/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 20480 -b 2048 -ub 512 \
-                    -npp 16 -ntg 128 -npl 1,8,32,128 >>"$out/peers-batched.txt" 2>&1
+                    -npp 16 -ntg 128 -npl 1,8,32,128 >>"$tmp/peers-batched.txt" 2>&1
             done
-            { echo; echo "### llama-batched-bench"; echo; grep '^|' "$out/peers-batched.txt"; } >>"$summary"
+            cat "$tmp/peers-batched.txt" >>"$all_log"
+            { echo; echo "### llama-batched-bench"; echo; grep '^|' "$tmp/peers-batched.txt"; } >>"$summary"
         fi
     fi
 fi
@@ -262,6 +293,7 @@ EOF
 }
 if has hf; then
     phase hf hf_bench
-    { echo; echo "### HF transformers (random 1.7B f16)"; echo; sed 's/^/    /' "$out/hf.txt"; } >>"$summary"
+    { echo; echo "### HF transformers (random 1.7B f16)"; echo; sed 's/^/    /' "$tmp/hf.txt"; } >>"$summary"
 fi
+rm -rf "$tmp"
 log "done; $summary"
