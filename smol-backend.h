@@ -8,10 +8,36 @@
 
 #include "smol-graph.h"
 
+#include <iterator>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace smol {
+
+// A matmul as a device backend's kernel table sees it: the weight type, the
+// rows N of the launch (all weights of a fused launch together; gate and up
+// of a fused SwiGLU count twice), the width K, and the batch bucket M, the
+// smallest of mm_buckets that holds the batch's tokens.
+struct mm_key {
+    smol_type type = SMOL_TYPE_F32;
+    int64_t n = 0, k = 0;
+    int m = 1;
+    bool operator<(const mm_key & o) const {
+        if (type != o.type) return type < o.type;
+        if (n != o.n) return n < o.n;
+        if (k != o.k) return k < o.k;
+        return m < o.m;
+    }
+    bool operator==(const mm_key & o) const = default;
+};
+inline constexpr int mm_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 512};
+inline int mm_bucket(int64_t n_tokens) {
+    for (int b : mm_buckets) {
+        if (n_tokens <= b) return b;
+    }
+    return mm_buckets[std::size(mm_buckets) - 1];
+}
 
 class backend {
   public:
@@ -36,6 +62,22 @@ class backend {
     // Sizes the arena for g without running it, so the first run of a graph
     // no larger than g allocates nothing.
     virtual void reserve(graph & g) = 0;
+
+    // Matmul kernel choice, for backends that have one (the CPU has none).
+    // A candidate is named as the autotune table writes it ("gemv mt=1
+    // ks=2", "smallbatch mt=8 ks=1", "cublas").
+    virtual std::vector<std::string> mm_candidates(const mm_key &) const { return {}; }
+    // Microseconds one launch of a candidate takes on synthetic weights of
+    // the key's shape (and M = the bucket's tokens).
+    virtual double mm_time(const mm_key &, const std::string & /*candidate*/) { return -1; }
+    // Makes this backend's table choose a candidate for a key.
+    virtual void mm_choose(const mm_key &, const std::string & /*candidate*/, double /*us*/) {}
+    // Writes the table to path ("": the file the backend reads at start-up)
+    // and returns where it went.
+    virtual std::string mm_table_save(const std::string & /*path*/) const { return {}; }
+    // The matmul kernels of the last graph run: one "type NxK M=m: kernel"
+    // line for each distinct choice.
+    virtual std::string mm_used() const { return {}; }
 };
 
 // "cpu", or "cuda" / "cuda:N" where built with SMOL_CUDA; throws smol::error

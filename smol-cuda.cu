@@ -26,11 +26,19 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -378,14 +386,20 @@ struct mm_params {
     float eps;
 };
 
-constexpr int mm_warps = 4; // rows per block: one warp per weight row
+constexpr int mm_warps = 4; // warps per block of the small-batch kernels
 
-// One warp per weight row: its lanes split K in chunks of 8, dequantize the
-// chunk once and use it for all MT tokens of this block's column of the
-// batch, then reduce across the warp.
-template <int T, int MT, bool SWIGLU>
+// KS warps per weight row (mm_warps / KS rows per block): the lanes of the
+// row's warps split K in chunks of 8, dequantize each chunk once and use it
+// for all MT tokens of this block's column of the batch, then reduce across
+// the warp and (KS > 1, split-K) across the row's warps. MT = 1 is the GEMV
+// of single-token decode; KS > 1 gives a GEMV of few rows enough warps to
+// fill the GPU.
+template <int T, int MT, bool SWIGLU, int KS>
 __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm_params p) {
+    static_assert(mm_warps % KS == 0, "the warps of a block split into whole rows");
+    constexpr int rows_per_block = mm_warps / KS;
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int ks = warp % KS;
     const int m0 = blockIdx.y * MT;
     __shared__ float inv_rms[MT];
     if (p.norm_w) {
@@ -403,7 +417,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     // Which weight this warp's row belongs to. Selected with branches: a
     // run-time index into the parameter arrays would copy them to local
     // memory.
-    int r = blockIdx.x * mm_warps + warp;
+    int r = blockIdx.x * rows_per_block + warp / KS;
     const uint8_t * w = p.w[0];
     float * y = p.y[0];
     int rows = p.rows[0];
@@ -419,7 +433,10 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
             rows = p.rows[2];
         }
     }
-    if (r >= rows) return;
+    // Past the last row: with KS > 1 the warp still takes part in the
+    // block's reduction, with nothing to add.
+    const bool valid = r < rows;
+    if (KS == 1 && !valid) return;
     const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
 
@@ -434,8 +451,8 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     // (unrolled by 2 or 4) measured slower on the H200: 6.4 against 5.4 us
     // for a 576 x 576 q4_1 GEMV and 53 against 36 us for the 49152-row
     // output (likely register pressure: 74 registers a thread against 46).
-    const int n_ch = p.K / 8;
-    for (int ch = lane; ch < n_ch; ch += warp_size) {
+    const int n_ch = valid ? p.K / 8 : 0;
+    for (int ch = ks * warp_size + lane; ch < n_ch; ch += KS * warp_size) {
         float v[8], vu[8];
         int e0, e1;
         load_chunk<T>(wr, ch, v, e0, e1);
@@ -471,6 +488,26 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     for (int m = 0; m < MT; ++m) {
         acc[m] = warp_sum(acc[m]);
         if constexpr (SWIGLU) acc_u[m] = warp_sum(acc_u[m]);
+    }
+    if constexpr (KS > 1) {
+        // The row's first warp adds the others' sums, always in one order.
+        __shared__ float part[mm_warps][SWIGLU ? 2 * MT : MT];
+        if (lane == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                part[warp][m] = acc[m];
+                if constexpr (SWIGLU) part[warp][MT + m] = acc_u[m];
+            }
+        }
+        __syncthreads();
+        if (ks != 0 || !valid) return;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            for (int j = 1; j < KS; ++j) {
+                acc[m] += part[warp + j][m];
+                if constexpr (SWIGLU) acc_u[m] += part[warp + j][MT + m];
+            }
+        }
     }
     if (lane == 0) {
         const size_t ldy = size_t(rows);
@@ -794,6 +831,53 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
     if (threadIdx.x == 0) p.done[th] = 0;
 }
 
+// --- matmul kernel choice ------------------------------------------------------------
+
+// One candidate of the autotune table: the small-batch kernel with a token
+// tile MT and KS warps a row (MT = 1: the GEMV), or cuBLAS on tensor cores.
+struct mm_choice {
+    bool blas = false;
+    int mt = 1, ks = 1;
+    double us = -1; // the time the autotune measured, if it did
+};
+
+constexpr int mm_tiles[] = {1, 2, 4, 8, 16, 32};
+constexpr int mm_splits[] = {1, 2, 4};
+
+std::string choice_name(const mm_choice & c) {
+    if (c.blas) return "cublas";
+    return std::string(c.mt == 1 ? "gemv" : "smallbatch") + " mt=" + std::to_string(c.mt) +
+           " ks=" + std::to_string(c.ks);
+}
+
+// Reads "gemv mt=1 ks=2", "smallbatch mt=8 ks=1" or "cublas"; false for
+// anything else (a tile or split this build has no kernel for included).
+bool parse_choice(const std::string & text, mm_choice & c) {
+    char family[32] = {};
+    int mt = 0, ks = 0;
+    if (std::sscanf(text.c_str(), "%31s mt=%d ks=%d", family, &mt, &ks) < 1) return false;
+    const std::string f = family;
+    c = mm_choice{};
+    if (f == "cublas") {
+        c.blas = true;
+        return true;
+    }
+    if (f != "gemv" && f != "smallbatch") return false;
+    const bool tile_ok =
+        std::find(std::begin(mm_tiles), std::end(mm_tiles), mt) != std::end(mm_tiles);
+    const bool split_ok =
+        std::find(std::begin(mm_splits), std::end(mm_splits), ks) != std::end(mm_splits);
+    if (!tile_ok || !split_ok || (f == "gemv") != (mt == 1)) return false;
+    c.mt = mt;
+    c.ks = ks;
+    return true;
+}
+
+const char * type_key_name(smol_type t) {
+    const char * n = smol_type_name(t);
+    return n ? n : "?";
+}
+
 // --- the plan of one graph --------------------------------------------------------
 
 // What runs at one node. Fused steps stand at the last node of the group
@@ -817,6 +901,50 @@ size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
+// The work space a cuBLAS matmul needs: the dequantized weight and the f16
+// activations.
+size_t blas_work_bytes(int type, int64_t N, int64_t K, int64_t M) {
+    const size_t wb = type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16
+                          ? 0
+                          : align_up(size_t(N) * size_t(K) * 2, 256);
+    return wb + size_t(K) * size_t(M) * 2;
+}
+
+template <bool SWIGLU>
+void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st);
+
+// Where the table of this GPU lives: SMOL_AUTOTUNE_FILE, else
+// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt, else ~/.cache/smol/...
+std::string default_table_path(const std::string & gpu) {
+    if (const char * f = std::getenv("SMOL_AUTOTUNE_FILE"); f && *f) return f;
+    std::string slug;
+    for (char ch : gpu) {
+        const bool alnum = std::isalnum(static_cast<unsigned char>(ch));
+        if (alnum) {
+            slug += char(std::tolower(static_cast<unsigned char>(ch)));
+        } else if (!slug.empty() && slug.back() != '-') {
+            slug += '-';
+        }
+    }
+    while (!slug.empty() && slug.back() == '-') slug.pop_back();
+    if (slug.empty()) slug = "gpu";
+    std::filesystem::path dir;
+    if (const char * x = std::getenv("XDG_CACHE_HOME"); x && *x) {
+        dir = std::filesystem::path(x) / "smol";
+    } else if (const char * h = std::getenv("HOME"); h && *h) {
+        dir = std::filesystem::path(h) / ".cache" / "smol";
+    } else {
+        dir = std::filesystem::temp_directory_path() / "smol";
+    }
+    return (dir / ("autotune-" + slug + ".txt")).string();
+}
+
+// Said once per process, not once per context.
+void say_once(const std::string & message) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) std::fprintf(stderr, "smol: %s\n", message.c_str());
+}
+
 int env_flag(const char * name, int fallback) {
     const char * v = std::getenv(name);
     return v && *v ? std::atoi(v) : fallback;
@@ -838,6 +966,12 @@ class cuda_backend final : public backend {
     void run(graph & g) override;
     void reserve(graph & g) override;
 
+    std::vector<std::string> mm_candidates(const mm_key & key) const override;
+    double mm_time(const mm_key & key, const std::string & candidate) override;
+    void mm_choose(const mm_key & key, const std::string & candidate, double us) override;
+    std::string mm_table_save(const std::string & path) const override;
+    std::string mm_used() const override;
+
   private:
     struct buffer {
         void * p = nullptr;
@@ -856,10 +990,20 @@ class cuda_backend final : public backend {
     void launch(const step & s, const batch_info & b);
 
     void run_mm(const step & s);
+#if defined(SMOL_HAVE_BLAS)
+    void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
+                 size_t ldx, int M, float * y, size_t ldy);
+#endif
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
     void run_kv_store(const step & s, const batch_info & b);
     bool small_mm(const tensor * mm) const;
+    bool blas_fits(const tensor * mm) const;
+    static mm_key key_of(const tensor * mm);
+    mm_choice choose(const mm_key & key) const;
+    mm_choice default_small(const mm_key & key) const;
+    void note_used(const mm_key & key, const mm_choice & c);
+    void load_table();
     size_t attn_splits(const tensor * t, int & Q, int & W) const;
     void check_launch(const char * what) const {
         const cudaError_t e = cudaGetLastError();
@@ -901,10 +1045,23 @@ class cuda_backend final : public backend {
         std::vector<uint64_t> sig;
         cudaGraphExec_t exec;
         uint64_t last_used;
+        std::vector<std::pair<mm_key, mm_choice>> mm_used;
     };
     std::vector<captured> execs_;
     uint64_t clock_ = 0;
     void drop_graphs();
+
+    // The matmul kernel table (autotuned, or empty: the defaults) and the
+    // kernels the last launched graph used; a replayed graph used what it
+    // used when it was captured.
+    std::string gpu_name_;
+    std::string table_path_;
+    std::map<mm_key, mm_choice> table_;
+    std::vector<std::pair<mm_key, mm_choice>> used_;
+    int replayed_ = -1; // the index in execs_ of the graph the last run replayed
+    // Synthetic operands that mm_time launches on.
+    buffer tune_w_, tune_x_, tune_y_;
+    mm_key tune_w_key_{};
 
 #if defined(SMOL_HAVE_BLAS)
     cublasHandle_t blas_ = nullptr;
@@ -915,6 +1072,11 @@ class cuda_backend final : public backend {
 cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
     activate();
     SMOL_GPU_CHECK(cudaDeviceGetAttribute(&n_sm_, cudaDevAttrMultiProcessorCount, device_));
+    cudaDeviceProp prop{};
+    SMOL_GPU_CHECK(cudaGetDeviceProperties(&prop, device_));
+    gpu_name_ = prop.name;
+    table_path_ = default_table_path(gpu_name_);
+    load_table();
     fuse_ = env_flag("SMOL_CUDA_FUSE", 1) != 0;
 #if defined(SMOL_HIP)
     graphs_ = false; // not yet tried on ROCm
@@ -948,7 +1110,9 @@ cuda_backend::~cuda_backend() {
     if (blas_) cublasDestroy(blas_);
     (void)cudaFree(blas_ws_.p);
 #endif
-    for (buffer * b : {&arena_, &work_, &dyn_, &cells_, &rope_, &done_}) (void)cudaFree(b->p);
+    for (buffer * b :
+         {&arena_, &work_, &dyn_, &cells_, &rope_, &done_, &tune_w_, &tune_x_, &tune_y_})
+        (void)cudaFree(b->p);
     if (host_stage_) (void)cudaFreeHost(host_stage_);
     if (staged_) (void)cudaEventDestroy(staged_);
     if (stream_) (void)cudaStreamDestroy(stream_);
@@ -958,6 +1122,7 @@ void cuda_backend::drop_graphs() {
     for (auto & c : execs_) (void)cudaGraphExecDestroy(c.exec);
     execs_.clear();
     prev_sig_.clear();
+    replayed_ = -1;
 }
 
 void * cuda_backend::alloc(size_t bytes) {
@@ -1034,18 +1199,286 @@ void cuda_backend::grow_host(size_t bytes) {
     host_stage_size_ = n;
 }
 
-// M up to 32 goes to the kernel that reuses each dequantized weight for all
-// tokens; beyond that cuBLAS, where there is one. Odd K (float weights only)
-// takes the scalar kernel.
-bool cuda_backend::small_mm(const tensor * mm) const {
+// --- matmul kernel choice and its table -------------------------------------------
+
+mm_key cuda_backend::key_of(const tensor * mm) {
+    const tensor * w = mm->src[0];
+    return mm_key{w->type, w->ne[1], w->ne[0], mm_bucket(mm->src[1]->ne[1])};
+}
+
+// Rows that the vector loads of the small-batch kernel can read: 8-element
+// chunks, 16-byte aligned activations, 4-byte aligned weight rows.
+bool vec_fits(const tensor * mm) {
     const tensor * w = mm->src[0];
     const tensor * x = mm->src[1];
-    const bool vec = w->ne[0] % 8 == 0 && x->nb[1] % 16 == 0 && w->nb[1] % 4 == 0;
+    return w->ne[0] % 8 == 0 && x->nb[1] % 16 == 0 && w->nb[1] % 4 == 0;
+}
+
+bool cuda_backend::blas_fits(const tensor * mm) const {
 #if defined(SMOL_HAVE_BLAS)
-    return vec && x->ne[1] <= 32;
+    return vec_fits(mm);
 #else
-    return vec;
+    (void)mm;
+    return false;
 #endif
+}
+
+// Without a table: the token tile that holds the batch (up to 32), no split
+// of K, and cuBLAS above 32 tokens where there is one.
+mm_choice cuda_backend::default_small(const mm_key & key) const {
+    mm_choice c;
+    c.mt = std::min(key.m, 32);
+    c.ks = 1;
+    return c;
+}
+
+mm_choice cuda_backend::choose(const mm_key & key) const {
+    const auto it = table_.find(key);
+    if (it != table_.end()) {
+#if !defined(SMOL_HAVE_BLAS)
+        if (!it->second.blas) return it->second;
+#else
+        return it->second;
+#endif
+    }
+#if defined(SMOL_HAVE_BLAS)
+    if (key.m > 32) return mm_choice{true, 1, 1, -1};
+#endif
+    return default_small(key);
+}
+
+// The small-batch kernel unless the table (or the default) sends the
+// matmul to cuBLAS; odd shapes take the scalar kernel either way.
+bool cuda_backend::small_mm(const tensor * mm) const {
+    if (!vec_fits(mm)) return false;
+    return !choose(key_of(mm)).blas;
+}
+
+void cuda_backend::note_used(const mm_key & key, const mm_choice & c) {
+    for (const auto & u : used_) {
+        if (u.first == key && u.second.blas == c.blas && u.second.mt == c.mt && u.second.ks == c.ks)
+            return;
+    }
+    used_.push_back({key, c});
+}
+
+std::string cuda_backend::mm_used() const {
+    const auto & list = replayed_ >= 0 && replayed_ < int(execs_.size())
+                            ? execs_[size_t(replayed_)].mm_used
+                            : used_;
+    std::string out;
+    for (const auto & [key, c] : list) {
+        out += std::string(type_key_name(key.type)) + " " + std::to_string(key.n) + "x" +
+               std::to_string(key.k) + " M=" + std::to_string(key.m) + ": " +
+               (c.mt == 0 ? std::string("scalar") : choice_name(c)) + "\n";
+    }
+    return out;
+}
+
+// The table file: '#' comments, a line "gpu NAME", then one line per key:
+// "TYPE N K M KERNEL [us]", KERNEL as choice_name writes it.
+void cuda_backend::load_table() {
+    table_.clear();
+    std::ifstream in(table_path_);
+    if (!in) {
+        say_once("no matmul autotune table for " + gpu_name_ + " at " + table_path_ +
+                 "; using the built-in kernel choice (smol-bench --autotune writes one)");
+        return;
+    }
+    std::string line, gpu;
+    std::map<mm_key, mm_choice> t;
+    int bad = 0;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        if (line.rfind("gpu ", 0) == 0) {
+            gpu = line.substr(4);
+            continue;
+        }
+        std::istringstream ls(line);
+        std::string type, family;
+        mm_key key;
+        if (!(ls >> type >> key.n >> key.k >> key.m >> family)) {
+            ++bad;
+            continue;
+        }
+        std::string rest, word;
+        double us = -1;
+        while (ls >> word) {
+            if (word.rfind("mt=", 0) == 0 || word.rfind("ks=", 0) == 0) {
+                rest += " " + word;
+            } else {
+                us = std::atof(word.c_str());
+            }
+        }
+        bool type_ok = false;
+        for (smol_type ty : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0,
+                             SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
+            if (type == type_key_name(ty)) {
+                key.type = ty;
+                type_ok = true;
+            }
+        }
+        mm_choice c;
+        if (!type_ok || !parse_choice(family + rest, c) || mm_bucket(key.m) != key.m) {
+            ++bad;
+            continue;
+        }
+        c.us = us;
+        t[key] = c;
+    }
+    if (gpu != gpu_name_) {
+        say_once("the matmul autotune table " + table_path_ + " is for " +
+                 (gpu.empty() ? std::string("no named GPU") : gpu) + ", not " + gpu_name_ +
+                 "; using the built-in kernel choice");
+        return;
+    }
+    table_ = std::move(t);
+    say_once("matmul kernels from " + table_path_ + " (" + std::to_string(table_.size()) +
+             " entries" + (bad ? ", " + std::to_string(bad) + " unreadable lines skipped" : "") +
+             ")");
+}
+
+std::string cuda_backend::mm_table_save(const std::string & path) const {
+    const std::string to = path.empty() ? table_path_ : path;
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::path(to).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    std::ofstream out(to, std::ios::trunc);
+    if (out) {
+        out << "# smol matmul autotune table, written by smol-bench --autotune.\n"
+               "# TYPE N K M KERNEL [us]: N weight rows (a fused launch's together), K their\n"
+               "# width, M the batch bucket; us the measured time of one launch.\n";
+        out << "gpu " << gpu_name_ << "\n";
+        for (const auto & [key, c] : table_) {
+            out << type_key_name(key.type) << ' ' << key.n << ' ' << key.k << ' ' << key.m << ' '
+                << choice_name(c);
+            if (c.us >= 0) out << ' ' << c.us;
+            out << '\n';
+        }
+    }
+    if (!out) {
+        throw error(SMOL_ERR_IO, name_ + ": cannot write the autotune table to " + to +
+                                     "; set SMOL_AUTOTUNE_FILE to a writable path");
+    }
+    return to;
+}
+
+std::vector<std::string> cuda_backend::mm_candidates(const mm_key & key) const {
+    std::vector<std::string> out;
+    if (key.k % 8 != 0) return out; // only the scalar kernel takes it
+    const int top = std::min(key.m, 32);
+    for (int mt : mm_tiles) {
+        if (mt > top || mt * 4 < top) continue;
+        for (int ks : mm_splits) out.push_back(choice_name(mm_choice{false, mt, ks, -1}));
+    }
+#if defined(SMOL_HAVE_BLAS)
+    out.push_back("cublas");
+#endif
+    return out;
+}
+
+void cuda_backend::mm_choose(const mm_key & key, const std::string & candidate, double us) {
+    mm_choice c;
+    if (!parse_choice(candidate, c)) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, name_ + ": no matmul kernel '" + candidate + "'");
+    }
+    c.us = us;
+    table_[key] = c;
+    drop_graphs(); // captured graphs launch the old choice
+}
+
+double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) {
+    activate();
+    mm_choice c;
+    if (!parse_choice(candidate, c) || key.k % 8 != 0 || key.n <= 0 || key.m <= 0) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, name_ + ": cannot time '" + candidate + "' on " +
+                                                   std::to_string(key.n) + "x" +
+                                                   std::to_string(key.k));
+    }
+#if !defined(SMOL_HAVE_BLAS)
+    if (c.blas) throw error(SMOL_ERR_UNSUPPORTED, name_ + ": this build has no BLAS");
+#endif
+    const int N = int(key.n), K = int(key.k), M = key.m;
+    const size_t row_bytes = cpu::row_bytes(key.type, K);
+    const mm_key wkey{key.type, key.n, key.k, 0};
+    if (!(tune_w_key_ == wkey) || !tune_w_.p) {
+        // 64 rows of random weights, repeated: the values do not change the time.
+        grow(tune_w_, row_bytes * size_t(N), "autotune weights");
+        std::mt19937 rng(1);
+        std::normal_distribution<float> d(0.0f, 0.02f);
+        const int block = std::min(N, 64);
+        std::vector<float> f(static_cast<size_t>(K));
+        std::vector<uint8_t> rows(row_bytes * size_t(block));
+        for (int r = 0; r < block; ++r) {
+            for (float & v : f) v = d(rng);
+            cpu::kernels_best().row_from_f32(key.type, f.data(),
+                                             rows.data() + size_t(r) * row_bytes, K);
+        }
+        uint8_t * dst = static_cast<uint8_t *>(tune_w_.p);
+        SMOL_GPU_CHECK(
+            cudaMemcpyAsync(dst, rows.data(), rows.size(), cudaMemcpyHostToDevice, stream_));
+        for (size_t done = size_t(block); done < size_t(N);) {
+            const size_t n = std::min(done, size_t(N) - done);
+            SMOL_GPU_CHECK(cudaMemcpyAsync(dst + done * row_bytes, dst, n * row_bytes,
+                                           cudaMemcpyDefault, stream_));
+            done += n;
+        }
+        SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+        tune_w_key_ = wkey;
+    }
+    grow(tune_x_, size_t(M) * size_t(K) * sizeof(float), "autotune activations");
+    grow(tune_y_, size_t(M) * size_t(N) * sizeof(float), "autotune results");
+    SMOL_GPU_CHECK(cudaMemsetAsync(tune_x_.p, 0, size_t(M) * size_t(K) * sizeof(float), stream_));
+    if (c.blas) grow(work_, blas_work_bytes(key.type, N, K, M), "work space");
+
+    mm_params p{};
+    p.n_w = 1;
+    p.w[0] = static_cast<const uint8_t *>(tune_w_.p);
+    p.rows[0] = N;
+    p.y[0] = static_cast<float *>(tune_y_.p);
+    p.w_row_bytes = row_bytes;
+    p.K = K;
+    p.M = M;
+    p.x = static_cast<const float *>(tune_x_.p);
+    p.ldx = size_t(K);
+    auto launch_once = [&] {
+#if defined(SMOL_HAVE_BLAS)
+        if (c.blas) {
+            blas_mm(key.type, p.w[0], row_bytes, N, K, p.x, p.ldx, M, p.y[0], size_t(N));
+            return;
+        }
+#endif
+        launch_mm_type<false>(key.type, p, N, c, stream_);
+        check_launch("mul_mat (autotune)");
+    };
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e0, cudaEventDefault));
+    SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e1, cudaEventDefault));
+    auto timed = [&](int reps) {
+        SMOL_GPU_CHECK(cudaEventRecord(e0, stream_));
+        for (int i = 0; i < reps; ++i) launch_once();
+        SMOL_GPU_CHECK(cudaEventRecord(e1, stream_));
+        SMOL_GPU_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        SMOL_GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        return double(ms);
+    };
+    double us = 0;
+    try {
+        timed(2); // warm-up: code and weights into place
+        // About 2 ms of launches, at least 5, at most 200; the best of three.
+        const double once = std::max(timed(1), 1e-3);
+        const int reps = std::clamp(int(2.0 / once), 5, 200);
+        us = 1e30;
+        for (int i = 0; i < 3; ++i) us = std::min(us, 1000.0 * timed(reps) / reps);
+    } catch (...) {
+        (void)cudaEventDestroy(e0);
+        (void)cudaEventDestroy(e1);
+        throw;
+    }
+    (void)cudaEventDestroy(e0);
+    (void)cudaEventDestroy(e1);
+    return us;
 }
 
 // The split of one attention node: queries per block Q, cell streams per
@@ -1212,11 +1645,8 @@ void cuda_backend::prepare(graph & g) {
 #if defined(SMOL_HAVE_BLAS)
         if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
             const tensor * w = s.mm[0]->src[0];
-            const tensor * x = s.mm[0]->src[1];
-            const size_t wb = w->type == SMOL_TYPE_F32 || w->type == SMOL_TYPE_F16
-                                  ? 0
-                                  : align_up(size_t(w->ne[0]) * size_t(w->ne[1]) * 2, 256);
-            work = std::max(work, wb + size_t(x->ne[0]) * size_t(x->ne[1]) * 2);
+            work = std::max(work,
+                            blas_work_bytes(w->type, w->ne[1], w->ne[0], s.mm[0]->src[1]->ne[1]));
         }
 #endif
     }
@@ -1420,6 +1850,7 @@ void cuda_backend::run(graph & g) {
             for (captured & c : execs_) {
                 if (c.sig == sig_) {
                     c.last_used = ++clock_;
+                    replayed_ = int(&c - execs_.data());
                     SMOL_GPU_CHECK(cudaGraphLaunch(c.exec, stream_));
                     restore_leaves();
                     prev_sig_.swap(sig_);
@@ -1456,7 +1887,7 @@ void cuda_backend::run(graph & g) {
                 (void)cudaGraphExecDestroy(old->exec);
                 execs_.erase(old);
             }
-            execs_.push_back({sig_, exec, ++clock_});
+            execs_.push_back({sig_, exec, ++clock_, used_});
             SMOL_GPU_CHECK(cudaGraphLaunch(exec, stream_));
         }
         prev_sig_.swap(sig_);
@@ -1468,6 +1899,8 @@ void cuda_backend::run(graph & g) {
 }
 
 void cuda_backend::launch_all(graph & g) {
+    used_.clear();
+    replayed_ = -1;
     if (rope_key_ && rope_key_->ne[1] > 0) {
         rope_params r = rope_for(rope_key_);
         r.table = nullptr;
@@ -1642,55 +2075,117 @@ rope_params cuda_backend::rope_for(const tensor * rope) const {
     return r;
 }
 
-// Launches mm_small_kernel for weight type T with the token tile MT that
-// fits M (HIP: tiles of 32 tokens for larger M).
+// Launches mm_small_kernel for weight type T with the token tile and split
+// of a choice.
 template <int T, bool SWIGLU>
-void launch_mm_small(const mm_params & p, int total_rows, cudaStream_t stream) {
-    const unsigned gx = unsigned((total_rows + mm_warps - 1) / mm_warps);
+void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c,
+                     cudaStream_t stream) {
     const int threads = mm_warps * warp_size;
-    auto go = [&](auto mt) {
-        constexpr int MT = decltype(mt)::value;
-        const dim3 grid(gx, unsigned((p.M + MT - 1) / MT));
-        mm_small_kernel<T, MT, SWIGLU><<<grid, threads, 0, stream>>>(p);
+    auto go = [&](auto mt, auto ks) {
+        constexpr int MT = decltype(mt)::value, KS = decltype(ks)::value;
+        constexpr int rows_per_block = mm_warps / KS;
+        const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
+                        unsigned((p.M + MT - 1) / MT));
+        mm_small_kernel<T, MT, SWIGLU, KS><<<grid, threads, 0, stream>>>(p);
     };
-    if (p.M <= 1) {
-        go(std::integral_constant<int, 1>{});
-    } else if (p.M <= 2) {
-        go(std::integral_constant<int, 2>{});
-    } else if (p.M <= 4) {
-        go(std::integral_constant<int, 4>{});
-    } else if (p.M <= 8) {
-        go(std::integral_constant<int, 8>{});
-    } else if (p.M <= 16) {
-        go(std::integral_constant<int, 16>{});
+    auto split = [&](auto mt) {
+        if (c.ks >= 4) {
+            go(mt, std::integral_constant<int, 4>{});
+        } else if (c.ks == 2) {
+            go(mt, std::integral_constant<int, 2>{});
+        } else {
+            go(mt, std::integral_constant<int, 1>{});
+        }
+    };
+    if (c.mt <= 1) {
+        split(std::integral_constant<int, 1>{});
+    } else if (c.mt <= 2) {
+        split(std::integral_constant<int, 2>{});
+    } else if (c.mt <= 4) {
+        split(std::integral_constant<int, 4>{});
+    } else if (c.mt <= 8) {
+        split(std::integral_constant<int, 8>{});
+    } else if (c.mt <= 16) {
+        split(std::integral_constant<int, 16>{});
     } else {
-        go(std::integral_constant<int, 32>{});
+        split(std::integral_constant<int, 32>{});
     }
 }
 
 template <bool SWIGLU>
-void launch_mm_type(int type, const mm_params & p, int rows, cudaStream_t st) {
+void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st) {
     switch (type) {
     case SMOL_TYPE_F32:
-        launch_mm_small<SMOL_TYPE_F32, SWIGLU>(p, rows, st);
+        launch_mm_small<SMOL_TYPE_F32, SWIGLU>(p, rows, c, st);
         break;
     case SMOL_TYPE_F16:
-        launch_mm_small<SMOL_TYPE_F16, SWIGLU>(p, rows, st);
+        launch_mm_small<SMOL_TYPE_F16, SWIGLU>(p, rows, c, st);
         break;
     case SMOL_TYPE_BF16:
-        launch_mm_small<SMOL_TYPE_BF16, SWIGLU>(p, rows, st);
+        launch_mm_small<SMOL_TYPE_BF16, SWIGLU>(p, rows, c, st);
         break;
     case SMOL_TYPE_Q8_0:
-        launch_mm_small<SMOL_TYPE_Q8_0, SWIGLU>(p, rows, st);
+        launch_mm_small<SMOL_TYPE_Q8_0, SWIGLU>(p, rows, c, st);
         break;
     case SMOL_TYPE_Q4_0:
-        launch_mm_small<SMOL_TYPE_Q4_0, SWIGLU>(p, rows, st);
+        launch_mm_small<SMOL_TYPE_Q4_0, SWIGLU>(p, rows, c, st);
         break;
     case SMOL_TYPE_Q4_1:
-        launch_mm_small<SMOL_TYPE_Q4_1, SWIGLU>(p, rows, st);
+        launch_mm_small<SMOL_TYPE_Q4_1, SWIGLU>(p, rows, c, st);
         break;
     }
 }
+
+#if defined(SMOL_HAVE_BLAS)
+// y[M][N] = x[M][K] . W[N][K]^T on tensor cores: f16 operands (weights
+// other than f16 dequantized into the work space ws), f32 accumulation and
+// result; f32 weights through cublasSgemm. A bf16 weight beyond f16's range
+// would overflow; trained llama weights stay far below it.
+void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
+                           const float * x, size_t ldx, int M, float * y, size_t ldy) {
+    const float one = 1.0f, zero = 0.0f;
+    if (type == SMOL_TYPE_F32) {
+        SMOL_BLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one,
+                                    reinterpret_cast<const float *>(w), int(w_row_bytes / 4), x,
+                                    int(ldx), &zero, y, int(ldy)));
+        return;
+    }
+    uint8_t * ws = static_cast<uint8_t *>(work_.p);
+    const __half * wh = reinterpret_cast<const __half *>(w);
+    int ldw = int(w_row_bytes / 2);
+    if (type != SMOL_TYPE_F16) {
+        __half * dq = reinterpret_cast<__half *>(ws);
+        const size_t chunks = size_t(N) * size_t(K / 8);
+        const unsigned grid = unsigned(grid_for(chunks, 256));
+        switch (type) {
+        case SMOL_TYPE_BF16:
+            dequant_f16_kernel<SMOL_TYPE_BF16><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
+            break;
+        case SMOL_TYPE_Q8_0:
+            dequant_f16_kernel<SMOL_TYPE_Q8_0><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
+            break;
+        case SMOL_TYPE_Q4_0:
+            dequant_f16_kernel<SMOL_TYPE_Q4_0><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
+            break;
+        case SMOL_TYPE_Q4_1:
+            dequant_f16_kernel<SMOL_TYPE_Q4_1><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
+            break;
+        default:
+            break;
+        }
+        check_launch("dequant_f16");
+        wh = dq;
+        ldw = K;
+        ws += align_up(size_t(N) * size_t(K) * 2, 256);
+    }
+    __half * xh = reinterpret_cast<__half *>(ws);
+    f32_to_f16_kernel<<<grid_for(size_t(M) * K, 256), 256, 0, stream_>>>(x, ldx, K, M, xh);
+    check_launch("f32_to_f16");
+    SMOL_BLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, wh, CUDA_R_16F,
+                                 ldw, xh, CUDA_R_16F, K, &zero, y, CUDA_R_32F, int(ldy),
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+#endif
 
 void cuda_backend::run_mm(const step & s) {
     const tensor * m0 = s.mm[0];
@@ -1698,64 +2193,17 @@ void cuda_backend::run_mm(const step & s) {
     const tensor * x = s.norm ? s.norm->src[0] : m0->src[1];
     const int K = int(w->ne[0]), M = int(m0->src[1]->ne[1]);
     if (!small_mm(m0)) {
+        const mm_key key = key_of(m0);
 #if defined(SMOL_HAVE_BLAS)
-        if (w->ne[0] % 8 == 0 && x->nb[1] % 16 == 0 && w->nb[1] % 4 == 0) {
-            // Tensor cores: f16 operands (weights dequantized into the work
-            // space), f32 accumulation and result. A bf16 weight beyond f16's
-            // range would overflow; trained llama weights stay far below it.
-            const int N = int(w->ne[1]);
-            const float one = 1.0f, zero = 0.0f;
-            float * y = data_of<float>(s.t);
-            if (w->type == SMOL_TYPE_F32) {
-                SMOL_BLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one,
-                                            data_of<const float>(w), int(w->nb[1] / 4),
-                                            data_of<const float>(x), int(x->nb[1] / 4), &zero, y,
-                                            int(s.t->nb[1] / 4)));
-                return;
-            }
-            uint8_t * ws = static_cast<uint8_t *>(work_.p);
-            const __half * wh = data_of<const __half>(w);
-            int ldw = int(w->nb[1] / 2);
-            if (w->type != SMOL_TYPE_F16) {
-                __half * dq = reinterpret_cast<__half *>(ws);
-                const size_t chunks = size_t(N) * size_t(K / 8);
-                switch (w->type) {
-                case SMOL_TYPE_BF16:
-                    dequant_f16_kernel<SMOL_TYPE_BF16><<<grid_for(chunks, 256), 256, 0, stream_>>>(
-                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
-                    break;
-                case SMOL_TYPE_Q8_0:
-                    dequant_f16_kernel<SMOL_TYPE_Q8_0><<<grid_for(chunks, 256), 256, 0, stream_>>>(
-                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
-                    break;
-                case SMOL_TYPE_Q4_0:
-                    dequant_f16_kernel<SMOL_TYPE_Q4_0><<<grid_for(chunks, 256), 256, 0, stream_>>>(
-                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
-                    break;
-                case SMOL_TYPE_Q4_1:
-                    dequant_f16_kernel<SMOL_TYPE_Q4_1><<<grid_for(chunks, 256), 256, 0, stream_>>>(
-                        data_of<const uint8_t>(w), w->nb[1], K, N, dq);
-                    break;
-                default:
-                    break;
-                }
-                check_launch("dequant_f16");
-                wh = dq;
-                ldw = K;
-                ws += align_up(size_t(N) * size_t(K) * 2, 256);
-            }
-            __half * xh = reinterpret_cast<__half *>(ws);
-            f32_to_f16_kernel<<<grid_for(size_t(M) * K, 256), 256, 0, stream_>>>(
-                data_of<const float>(x), x->nb[1] / 4, K, M, xh);
-            check_launch("f32_to_f16");
-            SMOL_BLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, wh,
-                                         CUDA_R_16F, ldw, xh, CUDA_R_16F, K, &zero, y, CUDA_R_32F,
-                                         int(s.t->nb[1] / 4), CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT));
+        if (blas_fits(m0)) {
+            note_used(key, mm_choice{true, 1, 1, -1});
+            blas_mm(int(w->type), data_of<const uint8_t>(w), w->nb[1], int(w->ne[1]), K,
+                    data_of<const float>(x), x->nb[1] / 4, M, data_of<float>(s.t), s.t->nb[1] / 4);
             return;
         }
 #endif
         // Odd shapes: the scalar kernel, one launch per matmul.
+        note_used(key, mm_choice{false, 0, 0, -1});
         for (int i = 0; i < s.n_mm; ++i) {
             const tensor * mi = s.mm[i];
             const tensor * wi = mi->src[0];
@@ -1786,10 +2234,20 @@ void cuda_backend::run_mm(const step & s) {
     p.ldr = s.res ? s.res->nb[1] / 4 : 0;
     p.norm_w = s.norm ? data_of<const float>(s.norm->src[1]) : nullptr;
     p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
+    // The launch's own key (all its rows), else the first matmul's, else
+    // the default tile: a fused launch cannot go to cuBLAS.
+    mm_key key{w->type, total_rows, K, mm_bucket(M)};
+    mm_choice c = choose(key);
+    if (c.blas) {
+        key = key_of(m0);
+        c = choose(key);
+        if (c.blas) c = default_small(key);
+    }
+    note_used(mm_key{w->type, total_rows, K, mm_bucket(M)}, c);
     if (s.kind == step_kind::mm_swiglu) {
-        launch_mm_type<true>(int(w->type), p, p.rows[0], stream_);
+        launch_mm_type<true>(int(w->type), p, p.rows[0], c, stream_);
     } else {
-        launch_mm_type<false>(int(w->type), p, total_rows, stream_);
+        launch_mm_type<false>(int(w->type), p, total_rows, c, stream_);
     }
     check_launch("mul_mat");
 }

@@ -23,16 +23,20 @@
 
 #define cudaDevAttrMultiProcessorCount   hipDeviceAttributeMultiprocessorCount
 #define cudaDeviceGetAttribute           hipDeviceGetAttribute
+#define cudaDeviceProp                   hipDeviceProp_t
 #define cudaError_t                      hipError_t
 #define cudaEventCreateWithFlags         hipEventCreateWithFlags
+#define cudaEventDefault                 hipEventDefault
 #define cudaEventDestroy                 hipEventDestroy
 #define cudaEventDisableTiming           hipEventDisableTiming
+#define cudaEventElapsedTime             hipEventElapsedTime
 #define cudaEventRecord                  hipEventRecord
 #define cudaEventSynchronize             hipEventSynchronize
 #define cudaEvent_t                      hipEvent_t
 #define cudaFree                         hipFree
 #define cudaFreeHost                     hipHostFree
 #define cudaGetDeviceCount               hipGetDeviceCount
+#define cudaGetDeviceProperties          hipGetDeviceProperties
 #define cudaGetErrorName                 hipGetErrorName
 #define cudaGetErrorString               hipGetErrorString
 #define cudaGetLastError                 hipGetLastError

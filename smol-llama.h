@@ -70,6 +70,7 @@ class llama_context {
 
     void decode(const smol_batch & batch); // throws smol::error
     const float * logits(int32_t i) const;
+    const backend & device() const { return *be_; }
 
     const llama_model & model;
     smol_context_params params;

@@ -934,6 +934,95 @@ smol_status smol_context_create(smol_model * model, const smol_context_params * 
 void smol_context_free(smol_context * ctx) {
     delete ctx;
 }
+
+namespace {
+
+// The weight shapes of a llama's matmul launches as a device backend keys
+// them: each weight alone, q, k and v launched together, and gate and up
+// fused into one SwiGLU launch (whose rows count twice).
+std::vector<smol::mm_key> llama_mm_shapes(const smol::llama_model & m) {
+    std::vector<smol::mm_key> out;
+    auto add = [&](smol_type t, int64_t n, int64_t k) {
+        const smol::mm_key key{t, n, k, 0};
+        if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
+    };
+    if (!m.layers.empty()) {
+        const smol::llama_layer & L = m.layers[0];
+        for (const smol::weight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+            add(w->type, w->ne1, w->ne0);
+        if (L.wq.type == L.wk.type && L.wk.type == L.wv.type)
+            add(L.wq.type, L.wq.ne1 + L.wk.ne1 + L.wv.ne1, L.wq.ne0);
+        if (L.w_gate.type == L.w_up.type) add(L.w_gate.type, 2 * L.w_gate.ne1, L.w_gate.ne0);
+    }
+    add(m.output.type, m.output.ne1, m.output.ne0);
+    return out;
+}
+
+} // namespace
+
+smol_status smol_autotune(const smol_model * model, const char * device, const int32_t * n_tokens,
+                          int32_t n, const char * path, smol_log_fn log, void * user_data) {
+    if (!model || !device) return invalid("smol_autotune: model and device must not be NULL");
+    if (n < 0 || (n > 0 && !n_tokens))
+        return invalid("smol_autotune: n_tokens must hold n batch sizes");
+    return guard([&] {
+        auto be = smol::make_backend(device, 1);
+        std::vector<int> buckets;
+        if (n == 0) {
+            buckets.assign(std::begin(smol::mm_buckets), std::end(smol::mm_buckets));
+        } else {
+            for (int32_t i = 0; i < n; ++i) {
+                if (n_tokens[i] <= 0)
+                    throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                      "smol_autotune: batch sizes must be positive");
+                const int b = smol::mm_bucket(n_tokens[i]);
+                if (std::find(buckets.begin(), buckets.end(), b) == buckets.end())
+                    buckets.push_back(b);
+            }
+        }
+        auto say = [&](const std::string & line) {
+            if (log) log(line.c_str(), user_data);
+        };
+        const auto shapes = llama_mm_shapes(*model->m);
+        bool any = false;
+        for (int b : buckets) {
+            for (smol::mm_key key : shapes) {
+                key.m = b;
+                const std::vector<std::string> cands = be->mm_candidates(key);
+                if (cands.empty()) continue;
+                any = true;
+                std::string best;
+                double best_us = 0;
+                std::string line = std::string(smol_type_name(key.type)) + " " +
+                                   std::to_string(key.n) + "x" + std::to_string(key.k) +
+                                   " M=" + std::to_string(b) + ":";
+                for (const std::string & c : cands) {
+                    const double us = be->mm_time(key, c);
+                    char buf[64];
+                    std::snprintf(buf, sizeof buf, " [%s] %.2f us", c.c_str(), us);
+                    line += buf;
+                    if (best.empty() || us < best_us) {
+                        best = c;
+                        best_us = us;
+                    }
+                }
+                be->mm_choose(key, best, best_us);
+                say(line + " -> " + best);
+            }
+        }
+        if (!any)
+            throw smol::error(SMOL_ERR_UNSUPPORTED,
+                              std::string("smol_autotune: the device '") + device +
+                                  "' has no choice of matmul kernels to tune (use cuda:N)");
+        say("wrote " + be->mm_table_save(path ? path : ""));
+    });
+}
+
+smol_status smol_context_matmul_kernels(const smol_context * ctx, char * buf, size_t size,
+                                        size_t * n_out) {
+    if (!ctx) return invalid("smol_context_matmul_kernels: ctx must not be NULL");
+    return copy_out(ctx->c->device().mm_used(), buf, size, n_out);
+}
 uint32_t smol_context_n_ctx(const smol_context * ctx) {
     return ctx ? ctx->c->params.n_ctx : 0;
 }

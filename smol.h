@@ -210,6 +210,29 @@ typedef struct smol_perf {
 SMOL_API smol_perf smol_context_perf(const smol_context * ctx);
 SMOL_API void smol_context_perf_reset(smol_context * ctx);
 
+// --- matmul kernels (GPU) ---------------------------------------------------
+
+typedef void (*smol_log_fn)(const char * line, void * user_data);
+
+// Times every matmul kernel the device offers (GEMV, small-batch and
+// split-K tilings, cuBLAS) on the model's weight shapes at each batch size
+// of n_tokens (NULL or n = 0: 1, 2, 4, 8, 16, 32, 64, 128, 512), keeps the
+// fastest for each and writes the table to path (NULL: the file the device
+// reads when a context is created: SMOL_AUTOTUNE_FILE if set, else
+// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt or ~/.cache/smol/...). Entries the
+// file already had for other shapes are kept. Contexts created afterwards
+// use it. log (may be NULL) gets one line per measurement. A device without
+// a choice of kernels (the CPU) gives SMOL_ERR_UNSUPPORTED.
+SMOL_API smol_status smol_autotune(const smol_model * model, const char * device,
+                                   const int32_t * n_tokens, int32_t n, const char * path,
+                                   smol_log_fn log, void * user_data);
+
+// The matmul kernels the context's last decode launched, one line "TYPE NxK
+// M=m: KERNEL" per distinct choice ("" on the CPU). Buffer rules as
+// smol_chat_apply_template.
+SMOL_API smol_status smol_context_matmul_kernels(const smol_context * ctx, char * buf, size_t size,
+                                                 size_t * n_out);
+
 // --- sampler --------------------------------------------------------------
 
 typedef struct smol_sampler_params {

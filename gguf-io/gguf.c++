@@ -885,8 +885,8 @@ void writer::set(std::string key, value v) {
     kvs_.push_back({std::move(key), std::move(v)});
 }
 
-void writer::add_tensor(std::string name, uint32_t ggml_type, const std::vector<int64_t> & ne,
-                        const void * data, uint64_t nbytes) {
+tensor_info writer::check_tensor(std::string name, uint32_t ggml_type,
+                                 const std::vector<int64_t> & ne) const {
     const std::string what = cat("gguf writer: tensor '", name, "'");
     if (name.empty()) throw error("gguf writer: a tensor needs a name");
     if (name.size() > max_written_name) {
@@ -908,17 +908,32 @@ void writer::add_tensor(std::string name, uint32_t ggml_type, const std::vector<
     info.type = ggml_type;
     std::copy(ne.begin(), ne.end(), info.ne);
     std::string why;
-    uint64_t expect = 0;
-    if (!tensor_nbytes(*tt, info.n_dims, info.ne, expect, why)) {
+    if (!tensor_nbytes(*tt, info.n_dims, info.ne, info.nbytes, why)) {
         throw error(cat(what, ": ", tt->name, " tensor ", why));
     }
-    if (nbytes != expect) {
-        throw error(cat(what, ": ", nbytes, " bytes given but a ", tt->name,
-                        " tensor of this shape takes ", expect));
+    return info;
+}
+
+void writer::add_tensor(std::string name, uint32_t ggml_type, const std::vector<int64_t> & ne,
+                        const void * data, uint64_t nbytes) {
+    tensor_info info = check_tensor(std::move(name), ggml_type, ne);
+    const std::string what = cat("gguf writer: tensor '", info.name, "'");
+    if (nbytes != info.nbytes) {
+        throw error(cat(what, ": ", nbytes, " bytes given but a ",
+                        tensor_type_info(ggml_type)->name, " tensor of this shape takes ",
+                        info.nbytes));
     }
     if (nbytes > 0 && data == nullptr) throw error(cat(what, ": no data"));
-    info.nbytes = nbytes;
-    tensors_.push_back({std::move(info), data});
+    tensors_.push_back({std::move(info), data, nullptr});
+}
+
+void writer::add_tensor(std::string name, uint32_t ggml_type, const std::vector<int64_t> & ne,
+                        row_source source) {
+    tensor_info info = check_tensor(std::move(name), ggml_type, ne);
+    if (info.nbytes > 0 && !source) {
+        throw error(cat("gguf writer: tensor '", info.name, "': no row source"));
+    }
+    tensors_.push_back({std::move(info), nullptr, std::move(source)});
 }
 
 void writer::write(const std::string & path) const {
@@ -968,8 +983,30 @@ void writer::write(const std::string & path) const {
 
     if (!write_all(fd, out.bytes.data(), out.bytes.size())) fail("write");
     static const uint8_t zeros[256] = {};
+    // Row sources fill one buffer of whole rows, about 16 MiB, at a time.
+    constexpr uint64_t chunk_bytes = uint64_t(16) << 20;
+    std::vector<uint8_t> chunk;
     for (const pending & t : tensors_) {
-        if (!write_all(fd, t.data, t.info.nbytes)) fail("write");
+        if (t.data || t.info.nbytes == 0) {
+            if (!write_all(fd, t.data, t.info.nbytes)) fail("write");
+        } else {
+            const uint64_t rows = uint64_t(t.info.n_elements() / t.info.ne[0]);
+            const uint64_t row_bytes = t.info.nbytes / rows;
+            const uint64_t per_chunk = std::max<uint64_t>(1, chunk_bytes / row_bytes);
+            chunk.resize(
+                std::max<size_t>(chunk.size(), size_t(std::min(rows, per_chunk) * row_bytes)));
+            for (uint64_t r = 0; r < rows; r += per_chunk) {
+                const uint64_t n = std::min(per_chunk, rows - r);
+                try {
+                    t.source(r, n, chunk.data());
+                } catch (...) {
+                    ::close(fd);
+                    ::unlink(tmp.c_str());
+                    throw;
+                }
+                if (!write_all(fd, chunk.data(), n * row_bytes)) fail("write");
+            }
+        }
         // ggml pads after every tensor, the last included, and llama.cpp
         // reads the data section in padded sizes.
         for (uint64_t pad = padding(t.info.nbytes); pad > 0;) {

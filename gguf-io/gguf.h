@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -148,13 +149,22 @@ class file {
 
 // Builds and writes a GGUF v3 file. Keys keep their insertion order; setting
 // a key again replaces its value. Tensor data is referenced, not copied, until
-// write(); general.alignment (if set) decides the padding.
+// write(), or produced during write() by a row source; general.alignment (if
+// set) decides the padding.
 class writer {
   public:
+    // Fills dst with rows [row0, row0 + n_rows) of a tensor (a row is ne[0]
+    // elements in the tensor's type, so quantized blocks never straddle it).
+    using row_source = std::function<void(uint64_t row0, uint64_t n_rows, void * dst)>;
+
     void set(std::string key, value v);
     // ne has n_dims entries (1..4); nbytes must match type and shape.
     void add_tensor(std::string name, uint32_t ggml_type, const std::vector<int64_t> & ne,
                     const void * data, uint64_t nbytes);
+    // A tensor whose data write() asks for, a few MiB of rows at a time, so
+    // a file larger than memory can be written without holding it.
+    void add_tensor(std::string name, uint32_t ggml_type, const std::vector<int64_t> & ne,
+                    row_source source);
     // Writes to path (through a temporary file renamed into place, so a
     // failure never leaves half a file). Throws gguf::error.
     void write(const std::string & path) const;
@@ -163,7 +173,10 @@ class writer {
     struct pending {
         tensor_info info;
         const void * data;
+        row_source source; // set when data is null and the tensor is not empty
     };
+    tensor_info check_tensor(std::string name, uint32_t ggml_type,
+                             const std::vector<int64_t> & ne) const;
     std::vector<kv> kvs_;
     std::vector<pending> tensors_;
 };

@@ -20,6 +20,7 @@
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -446,6 +447,99 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
                                               << " (M > 32)");
 }
 
+TEST_CASE("every matmul kernel the autotune may choose matches float64") {
+    auto g_be = gpu();
+    if (!g_be) return;
+    size_t n_run = 0;
+    double worst = 0;
+    for (smol_type t : all_types) {
+        for (int64_t K : {576, 1536}) {
+            for (int64_t M : {1, 3, 8, 17, 32, 40, 128}) {
+                const int64_t N = 200; // not a multiple of any rows-per-block
+                const smol::mm_key key{t, N, K, smol::mm_bucket(M)};
+                const auto cands = g_be->mm_candidates(key);
+                REQUIRE(!cands.empty());
+                const uint32_t seed = fresh_seed();
+                std::mt19937 rng(seed);
+                const auto wq = to_type(t, random_floats(rng, size_t(N * K)), K);
+                const auto w = from_type(t, wq, K, N);
+                const auto x = random_floats(rng, size_t(M * K));
+                std::vector<double> want(size_t(M * N));
+                for (int64_t m = 0; m < M; ++m)
+                    for (int64_t r = 0; r < N; ++r)
+                        for (int64_t k = 0; k < K; ++k)
+                            want[size_t(m * N + r)] +=
+                                double(w[size_t(r * K + k)]) * double(x[size_t(m * K + k)]);
+                for (const std::string & c : cands) {
+                    CAPTURE(seed);
+                    const std::string type = smol_type_name(t);
+                    CAPTURE(type);
+                    CAPTURE(K);
+                    CAPTURE(M);
+                    CAPTURE(c);
+                    g_be->mm_choose(key, c, -1);
+                    side s(*g_be);
+                    tensor * out = smol::op_mul_mat(s.g, s.leaf(t, wq.data(), K, N),
+                                                    s.leaf(SMOL_TYPE_F32, x.data(), K, M));
+                    s.poison(out);
+                    g_be->run(s.g);
+                    // The backend says it launched the candidate it was given.
+                    CHECK(g_be->mm_used().find(": " + c + "\n") != std::string::npos);
+                    const double e = rel_err(s.read(out), want);
+                    // cuBLAS takes f16 activations (f32 weights stay f32).
+                    const bool f16_act = c == "cublas" && t != SMOL_TYPE_F32;
+                    CHECK(e <= (f16_act ? 2e-3 : 2e-5));
+                    worst = std::max(worst, f16_act ? 0.0 : e);
+                    ++n_run;
+                }
+            }
+        }
+    }
+    MESSAGE(n_run << " (type, shape, batch, kernel) runs; largest f32-activation error " << worst);
+}
+
+TEST_CASE("the autotune table is saved, read back by a new backend, and ignored for another GPU") {
+    auto be = gpu();
+    if (!be) return;
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("smol-test-cuda-" + std::to_string(::getpid()) + "-autotune.txt"))
+                                 .string();
+    const smol::mm_key key{SMOL_TYPE_Q8_0, 200, 576, 1};
+    be->mm_choose(key, "gemv mt=1 ks=4", 1.5);
+    CHECK(be->mm_table_save(path) == path);
+    CHECK_THROWS_AS(be->mm_choose(key, "gemv mt=3 ks=1", 1), smol::error);
+    std::mt19937 rng(fresh_seed());
+    const auto wq = to_type(SMOL_TYPE_Q8_0, random_floats(rng, 200 * 576), 576);
+    const auto x = random_floats(rng, 576);
+    auto kernel_of = [&](backend & b) {
+        side s(b);
+        tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_Q8_0, wq.data(), 576, 200),
+                                        s.leaf(SMOL_TYPE_F32, x.data(), 576, 1));
+        s.poison(out);
+        b.run(s.g);
+        return b.mm_used();
+    };
+    setenv("SMOL_AUTOTUNE_FILE", path.c_str(), 1);
+    auto again = gpu();
+    CHECK(kernel_of(*again) == "q8_0 200x576 M=1: gemv mt=1 ks=4\n");
+    // The same table for another GPU: the built-in choice.
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const size_t at = text.find("\ngpu ");
+    REQUIRE(at != std::string::npos);
+    text = text.substr(0, at) + "\ngpu Some Other GPU" + text.substr(text.find('\n', at + 1));
+    std::ofstream(path, std::ios::trunc) << text;
+    auto other = gpu();
+    CHECK(kernel_of(*other) == "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
+    // A missing file: the built-in choice too.
+    setenv("SMOL_AUTOTUNE_FILE", (path + ".absent").c_str(), 1);
+    auto none = gpu();
+    CHECK(kernel_of(*none) == "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
+    unsetenv("SMOL_AUTOTUNE_FILE");
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("mul_mat handles float weights whose width is not a multiple of 8") {
     auto g_be = gpu();
     if (!g_be) return;
@@ -558,6 +652,41 @@ TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CP
             // Fusion only reorders the norm's sum of squares.
             CHECK(rel_err(a, b) <= 1e-5);
             CHECK(rel_err(a, c) <= (t == SMOL_TYPE_F32 ? 5e-3 : 5e-2));
+        }
+    }
+}
+
+TEST_CASE("split-K kernels in a fused llama layer give the logits of the default ones") {
+    auto tuned = gpu();
+    if (!tuned) return;
+    auto plain = gpu();
+    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_Q4_1}) {
+        for (int n_tok : {1, 5, 32}) {
+            for (int ks : {2, 4}) {
+                const uint32_t seed = fresh_seed();
+                CAPTURE(seed);
+                const std::string type = smol_type_name(t);
+                CAPTURE(type);
+                CAPTURE(n_tok);
+                CAPTURE(ks);
+                // Every launch of the layer (q, k, v together; output with
+                // the residual; gate and up as SwiGLU; down; the head).
+                const int b = smol::mm_bucket(n_tok);
+                const std::string c =
+                    (b == 1 ? "gemv mt=1" : "smallbatch mt=" + std::to_string(b)) +
+                    " ks=" + std::to_string(ks);
+                for (auto [n, k] : {std::pair<int64_t, int64_t>{960, 576},
+                                    {576, 576},
+                                    {3072, 576},
+                                    {576, 1536},
+                                    {1000, 576}})
+                    tuned->mm_choose(smol::mm_key{t, n, k, b}, c, -1);
+                std::mt19937 rng(seed);
+                layer_setup L(rng, t, n_tok);
+                const auto a = L.run(*tuned), ref = L.run(*plain);
+                CHECK(tuned->mm_used().find("ks=" + std::to_string(ks)) != std::string::npos);
+                CHECK(rel_err(a, ref) <= 1e-5);
+            }
         }
     }
 }

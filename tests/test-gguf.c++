@@ -17,6 +17,7 @@
 #include <iterator>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -715,6 +716,40 @@ TEST_CASE("the writer pads the header and every tensor to general.alignment") {
     CHECK(f->size() == f->data_offset() + 128);
     const std::vector<uint8_t> bytes = read_bytes(tmp.path("aligned.gguf"));
     for (size_t k = f->data_offset() + 12; k < f->data_offset() + 64; ++k) CHECK(bytes[k] == 0);
+}
+
+TEST_CASE("a tensor from a row source is written as if its data had been given") {
+    scratch_dir tmp;
+    // q8_0 rows of 64 elements (2 blocks, 68 bytes), more than one of the
+    // writer's 16 MiB chunks of rows.
+    const int64_t ne0 = 64, rows = 300000;
+    const uint64_t row_bytes = 68;
+    std::vector<uint8_t> data(size_t(rows * row_bytes));
+    for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 31 + i / 68);
+    std::vector<std::pair<uint64_t, uint64_t>> asked;
+    gguf::writer a, b;
+    a.add_tensor("t", 8, {ne0, rows}, data.data(), data.size());
+    b.add_tensor("t", 8, {ne0, rows}, [&](uint64_t r0, uint64_t n, void * dst) {
+        asked.push_back({r0, n});
+        std::memcpy(dst, data.data() + r0 * row_bytes, size_t(n * row_bytes));
+    });
+    a.write(tmp.path("data.gguf"));
+    b.write(tmp.path("rows.gguf"));
+    CHECK(read_bytes(tmp.path("data.gguf")) == read_bytes(tmp.path("rows.gguf")));
+    REQUIRE(asked.size() == 2); // 20.4 MB in chunks of about 16 MiB
+    CHECK(asked[0].first == 0);
+    CHECK(asked[1].first == asked[0].second);
+    CHECK(asked[0].second + asked[1].second == uint64_t(rows));
+
+    // A source that throws leaves no file behind.
+    gguf::writer c;
+    c.add_tensor("t", 8, {ne0, rows},
+                 [](uint64_t, uint64_t, void *) { throw std::runtime_error("no more rows"); });
+    CHECK_THROWS_AS(c.write(tmp.path("failed.gguf")), std::runtime_error);
+    CHECK_FALSE(fs::exists(tmp.path("failed.gguf")));
+    CHECK_FALSE(fs::exists(tmp.path("failed.gguf.tmp")));
+    gguf::writer d;
+    CHECK_THROWS_AS(d.add_tensor("t", 8, {ne0, rows}, gguf::writer::row_source{}), gguf::error);
 }
 
 TEST_CASE("the writer uses an alignment of 32 when general.alignment is not set") {

@@ -5,6 +5,12 @@
 // repeated -r times and reported as mean +- standard deviation of tokens/s.
 // Prints a markdown table (rows as they finish) or a JSON array (-o json),
 // and either of them on stderr too (-oe), as llama-bench does.
+//
+// Two GPU modes beyond llama-bench's: --batched M,... measures batch decode
+// throughput (M sequences, each given a short prompt, then decoding one
+// token per step together: M tokens a step) and names the matmul kernel
+// families that step used; --autotune times every matmul kernel candidate
+// on the models' shapes and writes the device's autotune table.
 
 #include "smol.h"
 
@@ -55,6 +61,11 @@ struct options {
     std::string device;
     bool json = false;
     bool progress = false;
+    std::vector<int> batched;  // --batched: sequences decoding together
+    int batched_prompt = 16;   // prompt tokens per sequence before they decode
+    int batched_gen = 128;     // timed steps of a batched test
+    bool autotune = false;     // --autotune: write the matmul kernel table and stop
+    std::string autotune_file; // where (empty: the device's default file)
 };
 
 // One row of the table: a model, a configuration and one test.
@@ -69,12 +80,27 @@ struct result {
     int n_threads = 0;
     int n_prompt = 0;
     int n_gen = 0;
+    int n_seq = 0; // > 0: a batched decode test of n_seq sequences
     std::string test_time;
     std::vector<double> samples_ns;
+    std::string kernels; // the matmul kernels of the last decode (GPU)
 
-    int n_tokens() const { return n_prompt + n_gen; }
+    int n_tokens() const { return n_seq > 0 ? n_seq * n_gen : n_prompt + n_gen; }
     std::string test_name() const {
+        if (n_seq > 0) return "tg" + std::to_string(n_gen) + " M=" + std::to_string(n_seq);
         return n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
+    }
+    // The kernel families used, such as "gemv" or "smallbatch+cublas".
+    std::string families() const {
+        std::string out;
+        size_t at = 0;
+        while ((at = kernels.find(": ", at)) != std::string::npos) {
+            at += 2;
+            const std::string f = kernels.substr(at, kernels.find_first_of(" \n", at) - at);
+            if (("+" + out + "+").find("+" + f + "+") == std::string::npos)
+                out += (out.empty() ? "" : "+") + f;
+        }
+        return out.empty() ? "-" : out;
     }
     std::vector<double> samples_ts() const {
         std::vector<double> ts;
@@ -143,6 +169,8 @@ std::string now_iso8601() {
     return buf;
 }
 
+std::string kernels_of(smol_context * ctx);
+
 result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
                 const std::string & device, int n_batch, int n_threads, int n_prompt, int n_gen,
                 int reps, bool progress) {
@@ -193,6 +221,95 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
         const auto t1 = std::chrono::steady_clock::now();
         r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
     }
+    r.kernels = kernels_of(ctx.get());
+    return r;
+}
+
+// Batched decode: n_seq sequences get n_prompt tokens each (in as few
+// decodes as the batch allows), then n_gen steps decode one token of every
+// sequence together. Only the steps are timed.
+void batched_prompt(bench_state & b, int n_seq, int n_prompt) {
+    int seq = 0, pos = 0;
+    while (seq < n_seq) {
+        b.batch.n_tokens = 0;
+        while (seq < n_seq && b.batch.n_tokens < b.capacity) {
+            smol_batch_add(&b.batch, b.capacity, b.random_token(), pos, seq, pos == n_prompt - 1);
+            if (++pos == n_prompt) {
+                pos = 0;
+                ++seq;
+            }
+        }
+        check(smol_decode(b.ctx, &b.batch), "decode");
+    }
+    smol_get_logits(b.ctx, -1);
+}
+
+void batched_steps(bench_state & b, int n_seq, int first_pos, int n_steps) {
+    for (int i = 0; i < n_steps; i++) {
+        b.batch.n_tokens = 0;
+        for (int s = 0; s < n_seq; s++)
+            smol_batch_add(&b.batch, b.capacity, b.random_token(), first_pos + i, s, true);
+        check(smol_decode(b.ctx, &b.batch), "decode");
+        smol_get_logits(b.ctx, -1);
+    }
+}
+
+std::string kernels_of(smol_context * ctx) {
+    size_t n = 0;
+    smol_context_matmul_kernels(ctx, nullptr, 0, &n);
+    std::string out(n + 1, '\0');
+    if (smol_context_matmul_kernels(ctx, out.data(), out.size(), &n) != SMOL_OK) return "";
+    out.resize(n);
+    return out;
+}
+
+result run_batched(smol_model * model, const smol_model_info & info, const std::string & file,
+                   const std::string & device, int n_threads, int n_seq, int n_prompt, int n_gen,
+                   int reps, bool progress) {
+    result r;
+    r.model_file = file;
+    r.model_label = std::filesystem::path(file).stem().string();
+    const char * type = smol_type_name(info.ftype);
+    r.type = type ? type : "?";
+    r.size = info.n_bytes;
+    r.n_params = info.n_params;
+    r.device = device.empty() ? "cpu" : device;
+    r.n_threads = n_threads;
+    r.n_prompt = n_prompt;
+    r.n_gen = n_gen;
+    r.n_seq = n_seq;
+    r.test_time = now_iso8601();
+
+    smol_context_params cparams = smol_context_default_params();
+    cparams.n_ctx = uint32_t(n_seq * (n_prompt + n_gen + 3));
+    cparams.n_batch = uint32_t(std::max(n_seq, 512));
+    cparams.n_seq_max = uint32_t(n_seq);
+    cparams.n_threads = n_threads;
+    if (!device.empty()) cparams.device = device.c_str();
+    smol_context * raw = nullptr;
+    check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
+    context_ptr ctx(raw);
+    const int32_t capacity = int32_t(smol_context_n_batch(ctx.get()));
+    r.n_batch = capacity;
+    bench_state b{ctx.get(), smol_batch_init(capacity), capacity, info.n_vocab};
+    struct batch_guard {
+        smol_batch * b;
+        ~batch_guard() { smol_batch_free(b); }
+    } guard{&b.batch};
+    for (int rep = -1; rep < reps; rep++) { // rep -1 warms up
+        if (progress && rep >= 0)
+            std::fprintf(stderr, "smol-bench: %s %s rep %d/%d\n", r.model_label.c_str(),
+                         r.test_name().c_str(), rep + 1, reps);
+        smol_kv_seq_rm(b.ctx, -1, 0, -1);
+        batched_prompt(b, n_seq, n_prompt);
+        batched_steps(b, n_seq, n_prompt, 2); // the step's graph is captured on its second run
+        if (rep < 0) continue;
+        const auto t0 = std::chrono::steady_clock::now();
+        batched_steps(b, n_seq, n_prompt + 2, n_gen);
+        const auto t1 = std::chrono::steady_clock::now();
+        r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    }
+    r.kernels = kernels_of(ctx.get());
     return r;
 }
 
@@ -219,16 +336,20 @@ std::string format_params(int64_t n) {
 struct markdown_table {
     std::FILE * out;
     bool show_batch;
+    bool show_kernels; // a GPU run: the matmul kernel families of each test
 
     void header() const {
         std::fprintf(out, "| %-30s | %10s | %10s | %-6s | %7s |", "model", "size", "params", "type",
                      "threads");
         if (show_batch) std::fprintf(out, " %7s |", "n_batch");
-        std::fprintf(out, " %8s | %20s |\n", "test", "t/s");
-        std::fprintf(out, "| %s | %s | %s | %s | %s |", std::string(30, '-').c_str(),
+        std::fprintf(out, " %12s | %20s |", "test", "t/s");
+        if (show_kernels) std::fprintf(out, " %-24s |", "matmul kernels");
+        std::fprintf(out, "\n| %s | %s | %s | %s | %s |", std::string(30, '-').c_str(),
                      "---------:", "---------:", "------", "------:");
         if (show_batch) std::fprintf(out, " %s |", "------:");
-        std::fprintf(out, " %s | %s |\n", "-------:", "-------------------:");
+        std::fprintf(out, " %s | %s |", "-----------:", "-------------------:");
+        if (show_kernels) std::fprintf(out, " %s |", std::string(24, '-').c_str());
+        std::fprintf(out, "\n");
         std::fflush(out);
     }
 
@@ -241,7 +362,9 @@ struct markdown_table {
                      r.n_threads);
         if (show_batch) std::fprintf(out, " %7d |", r.n_batch);
         // "±" is two bytes but one column: pad by hand to keep the table aligned.
-        std::fprintf(out, " %8s | %21s |\n", r.test_name().c_str(), tps);
+        std::fprintf(out, " %12s | %21s |", r.test_name().c_str(), tps);
+        if (show_kernels) std::fprintf(out, " %-24s |", r.families().c_str());
+        std::fprintf(out, "\n");
         std::fflush(out);
     }
 
@@ -299,6 +422,10 @@ void print_json(std::FILE * out, const std::vector<result> & results) {
         std::fprintf(out, "    \"n_threads\": %d,\n", r.n_threads);
         std::fprintf(out, "    \"n_prompt\": %d,\n", r.n_prompt);
         std::fprintf(out, "    \"n_gen\": %d,\n", r.n_gen);
+        std::fprintf(out, "    \"n_seq\": %d,\n", r.n_seq);
+        std::fprintf(out, "    \"test\": %s,\n", json_string(r.test_name()).c_str());
+        std::fprintf(out, "    \"matmul_kernels\": %s,\n", json_string(r.families()).c_str());
+        std::fprintf(out, "    \"matmul_kernels_detail\": %s,\n", json_string(r.kernels).c_str());
         std::fprintf(out, "    \"test_time\": %s,\n", json_string(r.test_time).c_str());
         std::fprintf(out, "    \"avg_ns\": %.0f,\n", mean(r.samples_ns));
         std::fprintf(out, "    \"stddev_ns\": %.0f,\n", stddev(r.samples_ns));
@@ -323,8 +450,11 @@ int run(options & o) {
     if (o.json) o.output = "json";
     if (o.n_threads.empty()) o.n_threads = {int(std::max(1u, std::thread::hardware_concurrency()))};
     const bool show_batch = o.n_batch.size() > 1 || o.n_batch[0] != 512;
-    const sink sinks[] = {{stdout, o.output, {stdout, show_batch}},
-                          {stderr, o.output_err, {stderr, show_batch}}};
+    const bool show_kernels = !o.device.empty() && o.device != "cpu";
+    const sink sinks[] = {{stdout, o.output, {stdout, show_batch, show_kernels}},
+                          {stderr, o.output_err, {stderr, show_batch, show_kernels}}};
+    if (o.autotune && !show_kernels)
+        throw bench_error("--autotune tunes a GPU's matmul kernels: give --device cuda:N");
     for (const std::string & file : o.models) {
         std::error_code ec;
         if (!std::filesystem::is_regular_file(file, ec))
@@ -332,6 +462,25 @@ int run(options & o) {
                               "' does not exist; run scripts/fetch-model.sh for the default "
                               "model, or check the path");
     }
+    if (o.autotune) {
+        for (const std::string & file : o.models) {
+            smol_model * raw = nullptr;
+            check(smol_model_load(file.c_str(), nullptr, &raw), "cannot load " + file);
+            model_ptr model(raw);
+            std::fprintf(stderr, "smol-bench: autotuning the matmul kernels of %s on %s\n",
+                         file.c_str(), o.device.c_str());
+            auto log = [](const char * line, void *) { std::fprintf(stderr, "  %s\n", line); };
+            check(smol_autotune(model.get(), o.device.c_str(), nullptr, 0,
+                                o.autotune_file.empty() ? nullptr : o.autotune_file.c_str(), log,
+                                nullptr),
+                  "autotune of " + file);
+        }
+    }
+    const bool any_test =
+        std::any_of(o.n_prompt.begin(), o.n_prompt.end(), [](int n) { return n > 0; }) ||
+        std::any_of(o.n_gen.begin(), o.n_gen.end(), [](int n) { return n > 0; }) ||
+        !o.batched.empty();
+    if (!any_test) return 0;
     std::vector<result> results;
     for (const sink & k : sinks)
         if (k.format == "md") k.table.header();
@@ -352,6 +501,13 @@ int run(options & o) {
                 for (auto [n_prompt, n_gen] : tests) {
                     result r = run_test(model.get(), info, file, o.device, n_batch, n_threads,
                                         n_prompt, n_gen, o.reps, o.progress);
+                    for (const sink & k : sinks)
+                        if (k.format == "md") k.table.row(r);
+                    results.push_back(std::move(r));
+                }
+                for (int n_seq : o.batched) {
+                    result r = run_batched(model.get(), info, file, o.device, n_threads, n_seq,
+                                           o.batched_prompt, o.batched_gen, o.reps, o.progress);
                     for (const sink & k : sinks)
                         if (k.format == "md") k.table.row(r);
                     results.push_back(std::move(r));
@@ -402,6 +558,24 @@ int main(int argc, char ** argv) {
     app.add_flag("--json", o.json, "print a JSON array (same as -o json)");
     app.add_option("--device", o.device, "where to run: cpu or cuda:N (default: cpu)");
     app.add_flag("--progress", o.progress, "report each repetition on stderr");
+    app.add_option("--batched", o.batched,
+                   "batch decode tests: M sequences decoding one token each per step "
+                   "(e.g. 1,8,32,128)")
+        ->delimiter(',')
+        ->check(CLI::PositiveNumber);
+    app.add_option("--batched-prompt", o.batched_prompt,
+                   "prompt tokens of each sequence before a batched test")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("--batched-gen", o.batched_gen, "timed steps of a batched test")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_flag("--autotune", o.autotune,
+                 "time every matmul kernel on the models' shapes and write the device's "
+                 "autotune table (then run the tests asked for, if any)");
+    app.add_option("--autotune-file", o.autotune_file,
+                   "where --autotune writes (default: SMOL_AUTOTUNE_FILE, else "
+                   "~/.cache/smol/autotune-<gpu>.txt)");
     // CLI11 takes only one letter after a single dash; llama-bench users
     // type -oe, so it is spelled out here.
     std::vector<char *> args(argv, argv + argc);

@@ -5,8 +5,16 @@
 // (token_embd.weight included); 1-D tensors (norms) are kept in f32; the
 // metadata is copied with general.file_type set to llama.cpp's ftype id.
 // Every row goes through f32 with smol's own CPU kernels.
+//
+// With --random SHAPE it writes instead a model of SmolLM2's exact shape
+// (135M, 360M, 1.7B) with seeded random weights of the type asked for and
+// the tokenizer of --vocab-from: the way to benchmark sizes whose weights
+// cannot be downloaded here. It lives in this tool because it is the same
+// job (a GGUF file of a chosen weight type that llama.cpp loads), with the
+// same type names.
 
 #include "gguf-io/gguf.h"
+#include "random-model.h"
 #include "smol-cpu-kernels.h"
 #include "smol.h"
 
@@ -202,28 +210,109 @@ int run(const std::string & in_path, const std::string & out_path, const std::st
     return 0;
 }
 
+struct random_args {
+    std::string shape;
+    std::string type = "f16";
+    std::string vocab_from;
+    uint64_t seed = 1;
+    float std = 0.02f;
+};
+
+int run_random(const random_args & a, const std::string & out_path, int n_threads) {
+    namespace rm = smol::random_model;
+    const rm::shape * s = rm::find_shape(a.shape);
+    if (!s)
+        throw quantize_error("unknown shape '" + a.shape + "'; the shapes are " +
+                             rm::shape_names());
+    const target & to = find_target(a.type);
+    std::error_code ec;
+    const fs::path out_dir = fs::absolute(out_path, ec).parent_path();
+    if (!fs::is_directory(out_dir, ec))
+        throw quantize_error("the output's folder '" + out_dir.string() + "' does not exist");
+    rm::options o;
+    o.s = *s;
+    o.type = to.type;
+    o.seed = a.seed;
+    o.std = a.std;
+    o.n_threads = n_threads;
+    std::unique_ptr<gguf::file> vocab;
+    if (!a.vocab_from.empty()) {
+        vocab = gguf::file::open(a.vocab_from);
+        o.vocab_from = vocab.get();
+    } else {
+        std::fprintf(stderr, "smol-quantize: no --vocab-from: writing a made-up byte-level "
+                             "vocabulary (tokenizing real text will not be meaningful)\n");
+    }
+    std::printf("smol-quantize: random SmolLM2-%s weights (%s, seed %llu, std %g) -> %s\n",
+                s->name.c_str(), to.name, (unsigned long long)a.seed, double(a.std),
+                out_path.c_str());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto last = t0;
+    size_t last_index = SIZE_MAX;
+    o.progress = [&](const std::string & name, size_t i, size_t n, uint64_t done, uint64_t total) {
+        // One line a tensor, or a second, whichever is rarer.
+        const auto now = std::chrono::steady_clock::now();
+        if (i == last_index && now - last < std::chrono::seconds(1) && done < total) return;
+        if (i != last_index && now - last < std::chrono::milliseconds(250) && done < total &&
+            i + 1 < n)
+            return;
+        last = now;
+        last_index = i;
+        std::printf("[%5.1f%%] %zu/%zu %s, %.1f of %.1f MiB\n",
+                    100.0 * double(done) / double(total), i + 1, n, name.c_str(), mib(done),
+                    mib(total));
+        std::fflush(stdout);
+    };
+    smol::random_model::write(out_path, o);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("smol-quantize: wrote %s, %.2f MiB in %.1f s\n", out_path.c_str(),
+                mib(fs::file_size(out_path, ec)), secs);
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char ** argv) {
-    std::string in_path, out_path, type_name;
+    std::vector<std::string> args;
+    random_args ra;
     int n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    CLI::App app{"smol-quantize: rewrite a GGUF model with its matmul weights in another type.\n"
+    CLI::App app{"smol-quantize: rewrite a GGUF model with its matmul weights in another type,\n"
+                 "or write one of SmolLM2's shapes with random weights.\n"
+                 "  smol-quantize INPUT OUTPUT TYPE\n"
+                 "  smol-quantize --random 360M --type f16 --vocab-from REAL.gguf OUTPUT\n"
                  "Types: " +
                      valid_names(),
                  "smol-quantize"};
-    app.add_option("input", in_path, "GGUF model to read")->required();
-    app.add_option("output", out_path, "GGUF file to write")->required();
-    app.add_option("type", type_name, "type of the matmul weights: " + valid_names())->required();
+    app.add_option("files", args, "INPUT OUTPUT TYPE, or with --random only OUTPUT")->required();
+    app.add_option("--random", ra.shape,
+                   "write random weights of this SmolLM2 shape: " +
+                       smol::random_model::shape_names());
+    app.add_option("--type", ra.type, "with --random: the type of the weights")
+        ->capture_default_str();
+    app.add_option("--vocab-from", ra.vocab_from,
+                   "with --random: a GGUF file whose tokenizer metadata is copied");
+    app.add_option("--seed", ra.seed, "with --random: the seed of the weights")
+        ->capture_default_str();
+    app.add_option("--std", ra.std, "with --random: the weights' standard deviation")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     app.add_option("-t,--threads", n_threads, "threads converting rows")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     try {
         app.parse(argc, argv);
+        const size_t want = ra.shape.empty() ? 3 : 1;
+        if (args.size() != want)
+            throw CLI::ValidationError("files", ra.shape.empty()
+                                                    ? "expected INPUT OUTPUT TYPE"
+                                                    : "with --random, expected only OUTPUT");
     } catch (const CLI::ParseError & e) {
         return app.exit(e);
     }
     try {
-        return run(in_path, out_path, type_name, n_threads);
+        if (!ra.shape.empty()) return run_random(ra, args[0], n_threads);
+        return run(args[0], args[1], args[2], n_threads);
     } catch (const std::exception & e) {
         // gguf::error messages already name the file and what is wrong.
         std::fflush(stdout);
