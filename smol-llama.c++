@@ -430,7 +430,15 @@ void llama_context::build_graph(int32_t n, int32_t n_out) {
         c0 = std::min(c0, cells_[size_t(i)]);
         c1 = std::max(c1, cells_[size_t(i)] + 1);
     }
-    if (c1 <= c0) c0 = c1 = 0;
+    // The OFFLOAD takes whole granules too (the slot holds the host's bytes
+    // for every prefetched cell it did not write), so a decode step's graph
+    // repeats for up to a granule of tokens and replays as a CUDA graph.
+    if (c1 <= c0) {
+        c0 = c1 = 0;
+    } else {
+        c0 = c0 / granule * granule;
+        c1 = std::min(n_copy, (c1 + granule - 1) / granule * granule);
+    }
     prefetch_.assign(size_t(plan.n_offloaded_groups()), nullptr);
     offload_.assign(prefetch_.size(), nullptr);
     attend_.assign(prefetch_.size(), nullptr);
