@@ -258,6 +258,64 @@ TEST_CASE("the simulated device's measured memory stays within the budget and ne
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller had split it") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("chunk.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 3;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    // A budget of exactly the smallest plan with chunks of 8 tokens.
+    context_ptr probe =
+        make_context(m.get(), sim_params(256, 8, 1, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+    const smol_memory_info pm = memory_of(probe.get());
+    const uint64_t budget = pm.device_weights + pm.device_compute + pm.device_staging;
+    context_ptr c =
+        make_context(m.get(), sim_params(256, 64, 1, {"", SMOL_KV_OFFLOAD_AUTO, 1, budget}));
+    const smol_memory_info mi = memory_of(c.get());
+    CAPTURE(mi.chunk);
+    REQUIRE(mi.chunk <= 8);
+    CHECK(smol_context_n_batch(c.get()) == 64);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
+    // One call of 40 tokens, chunked inside...
+    std::vector<float> whole;
+    smol_batch b = smol_batch_init(64);
+    for (size_t i = 0; i < ids.size(); ++i) smol_batch_add(&b, 64, ids[i], smol_pos(i), 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    for (int i = 0; i < b.n_tokens; ++i) {
+        const float * l = smol_get_logits(c.get(), i);
+        REQUIRE(l);
+        whole.insert(whole.end(), l, l + s.n_vocab);
+    }
+    smol_batch_free(&b);
+    CHECK(memory_of(c.get()).device_peak <= budget);
+    // ...and the caller's own chunks of that size, everything resident.
+    context_ptr ref = make_context(
+        m.get(), sim_params(256, uint32_t(mi.chunk), 1, {"", SMOL_KV_OFFLOAD_NONE, 1, 0}));
+    std::vector<float> pieces;
+    const int32_t k = mi.chunk;
+    smol_batch pb = smol_batch_init(k);
+    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(k)) {
+        pb.n_tokens = 0;
+        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(k)); ++i)
+            smol_batch_add(&pb, k, ids[i], smol_pos(i), 0, true);
+        REQUIRE(smol_decode(ref.get(), &pb) == SMOL_OK);
+        for (int i = 0; i < pb.n_tokens; ++i) {
+            const float * l = smol_get_logits(ref.get(), i);
+            REQUIRE(l);
+            pieces.insert(pieces.end(), l, l + s.n_vocab);
+        }
+    }
+    smol_batch_free(&pb);
+    CHECK(same_bits(whole, pieces));
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("a budget too small for the smallest plan fails at context creation with the numbers") {
     const std::string path = temp_path("small.gguf");
     tiny::shape s;
