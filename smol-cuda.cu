@@ -1156,7 +1156,12 @@ bool cuda_backend::small_mm(const tensor * mm) const {
 // query W, and S splits over the cells (S > 1 only when the heads and
 // tokens alone do not fill the GPU).
 size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
-    const int64_t n_tok = t->ne[1], n_head = t->iparams[1], queries = n_tok * n_head;
+    // The node's own query heads: a head group's launch must fill the GPU
+    // by itself (groups run one after another). Resident and streamed groups
+    // of one plan share G, so they split alike and sum in the same order.
+    const int64_t group = t->iparams[1] / t->iparams[2];
+    const int64_t n_q = t->kv.k ? int64_t(t->kv.h1 - t->kv.h0) * group : t->iparams[1];
+    const int64_t n_tok = t->ne[1], queries = n_tok * n_q;
     // Few queries: a block each, its four warps splitting the cells. Many:
     // four queries a block, sharing the cells' loads through L1.
     Q = queries < 4 * n_sm_ ? 1 : 4;
@@ -1812,9 +1817,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.ldq = q->nb[1] / 4;
     p.out = data_of<float>(t);
     p.ldo = t->nb[1] / 4;
-    // The node covers the query heads of its view's kv heads; the split
-    // over cells is the layer's whatever the grouping, so resident and
-    // streamed groups sum in the same order.
+    // The node covers the query heads of its view's kv heads, with K and V
+    // from the view's bases (a resident slice or a staging slot).
     const kv_view view = node_kv_view(t, kv);
     p.K = view.k;
     p.V = view.v;
