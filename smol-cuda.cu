@@ -1371,6 +1371,18 @@ void cuda_backend::prepare(graph & g) {
             nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
     }
     grow(work_, step_work(), "work space");
+    // A counter per (token, head) of every attention split over cells; a
+    // head group's launch may split with more tokens than a whole layer's.
+    size_t counters = 0;
+    for (const step & s : steps_) {
+        int Q, W;
+        if (!s.skip && s.t->kind == OP_ATTENTION && attn_splits(s.t, Q, W) > 1)
+            counters = std::max(counters, size_t(s.t->ne[1]) * size_t(s.t->iparams[1]));
+    }
+    if (counters * sizeof(int) > done_.size) {
+        grow(done_, counters * sizeof(int), "attention counters");
+        SMOL_GPU_CHECK(cudaMemsetAsync(done_.p, 0, done_.size, stream_));
+    }
     // One table of rope angles serves every ROPE node that shares the first
     // one's positions, head size and base (in a llama, all of them).
     rope_key_ = nullptr;
