@@ -308,10 +308,11 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     }
     alloc_kv();
     // Plan the largest graph once so the arena is sized before the first
-    // decode.
+    // decode; under a budget, with every token keeping its logits, as the
+    // plan counted, so no later batch grows past it.
     graph_.clear();
     graph_.batch.kv = &kv;
-    build_graph(plan.chunk, plan.chunk);
+    build_graph(plan.chunk, params.gpu_mem > 0 ? plan.chunk : 1);
     be_->reserve(graph_);
 }
 
