@@ -1,9 +1,12 @@
-// smol-cuda.cu - the CUDA backend: device memory, one stream, an arena for a
-// graph's intermediate results, staging of the host inputs a graph reads,
-// the kernels of every op (matmuls chosen by batch size that dequantize
-// GGUF blocks in registers, flash-decoding attention over the head-major
-// KV cache), fusion of the decode step's small ops, and replay of a repeated
-// step as a CUDA graph. smol-hip.cpp compiles this same file for ROCm with
+// smol-cuda.cu - the CUDA backend: device memory under an optional limit,
+// pinned host memory for offloaded KV, a compute stream and two copy streams
+// with events (the schedule of smol-graph.h), an arena for a graph's
+// intermediate results, staging of the host inputs a graph reads, the
+// kernels of every op (matmuls chosen by batch size that dequantize GGUF
+// blocks in registers, flash-decoding attention over head groups of the
+// head-major KV cache, resident or in a staging slot), fusion of the decode
+// step's small ops, and replay of a repeated step (copies included) as a
+// CUDA graph. smol-hip.cpp compiles this same file for ROCm with
 // smol-hip.h mapping the names; that build has no BLAS.
 
 #include "smol-backend.h"
@@ -41,6 +44,8 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace smol {
@@ -336,12 +341,12 @@ struct kv_store_params {
     const float * k;
     const float * v;
     size_t ldk, ldv;
-    uint16_t * K; // this layer's head 0
+    uint16_t * K; // the view's first head
     uint16_t * V;
-    size_t head_stride; // elements between heads: n_cells * hd
-    int hd, n_head_kv;
-    const int32_t * cell; // per token
-    rope_params rope;     // non-null pos: rotate k on the way in
+    size_t head_stride;    // elements between heads: n_cells * hd
+    int hd, h0, n_head_kv; // the view's heads [h0, h0 + n_head_kv) of the k, v rows
+    const int32_t * cell;  // per token
+    rope_params rope;      // non-null pos: rotate k on the way in
 };
 
 // One block per token: converts its k and v rows to f16 in its cache cell.
@@ -351,8 +356,8 @@ __global__ void kv_store_kernel(const kv_store_params p) {
     const float * k = p.k + i * p.ldk;
     const float * v = p.v + i * p.ldv;
     for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
-        const int h = e / half, j = e % half;
-        float k0 = k[h * p.hd + 2 * j], k1 = k[h * p.hd + 2 * j + 1];
+        const int h = e / half, j = e % half, hr = p.h0 + h;
+        float k0 = k[hr * p.hd + 2 * j], k1 = k[hr * p.hd + 2 * j + 1];
         if (p.rope.pos) {
             float c, s;
             rope_get(p.rope, i, j, c, s);
@@ -361,8 +366,8 @@ __global__ void kv_store_kernel(const kv_store_params p) {
         const size_t at = h * p.head_stride + cell * p.hd + 2 * j;
         p.K[at] = f32_to_f16(k0);
         p.K[at + 1] = f32_to_f16(k1);
-        p.V[at] = f32_to_f16(v[h * p.hd + 2 * j]);
-        p.V[at + 1] = f32_to_f16(v[h * p.hd + 2 * j + 1]);
+        p.V[at] = f32_to_f16(v[hr * p.hd + 2 * j]);
+        p.V[at + 1] = f32_to_f16(v[hr * p.hd + 2 * j + 1]);
     }
 }
 
@@ -578,10 +583,11 @@ struct attn_params {
     size_t ldq;
     float * out;
     size_t ldo;
-    const uint16_t * K; // this layer's kv head 0
+    const uint16_t * K; // the view's first kv head
     const uint16_t * V;
     size_t head_stride;
     int hd, n_head, group, n_tok;
+    int h0; // the view's first kv head; block y serves query head h0 * group + y
     float scale;
     const int32_t * pos; // per token
     const int32_t * seq;
@@ -607,7 +613,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
     float * qs = sm;            // [Q][hd]
     float * st = sm + p.Q * hd; // [warps][hd + 2]
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
-    const int h = blockIdx.y, s = blockIdx.z, tok0 = blockIdx.x * p.Q;
+    const int h = p.h0 * p.group + blockIdx.y, s = blockIdx.z, tok0 = blockIdx.x * p.Q;
 
     for (int e = threadIdx.x; e < p.Q * half; e += blockDim.x) {
         const int qi = e / half, j = e % half, tok = tok0 + qi;
@@ -636,7 +642,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
     // At least one tile per stream in a split: a short history in few splits.
     const int chunk = max(((n_used + p.S - 1) / p.S + 31) & ~31, 32 * p.W);
     const int c_begin = s * chunk, c_end = min(n_used, c_begin + chunk);
-    const int hk = h / p.group;
+    const int hk = h / p.group - p.h0;
     const uint16_t * K = p.K + hk * p.head_stride;
     const uint16_t * V = p.V + hk * p.head_stride;
     const int my_pos = active ? p.pos[tok] : -1, my_seq = active ? p.seq[tok] : -1;
@@ -963,6 +969,11 @@ class cuda_backend final : public backend {
     void upload(void * dst, const void * src, size_t bytes) override;
     void download(void * dst, const void * src, size_t bytes) override;
     void memset(void * dst, int value, size_t bytes) override;
+    void * alloc_host(size_t bytes, bool & pinned) override;
+    void release_host(void * p) override;
+    void set_memory_limit(size_t bytes) override { mem_.limit = bytes; }
+    memory_stats memory() const override { return mem_; }
+    size_t compute_bytes(graph & g) override;
     void run(graph & g) override;
     void reserve(graph & g) override;
 
@@ -987,7 +998,12 @@ class cuda_backend final : public backend {
     void restore_leaves();
     void signature(const graph & g);
     void launch_all(graph & g);
+    void launch_program(graph & g);
     void launch(const step & s, const batch_info & b);
+    void copy_on(const tensor * t, cudaStream_t st);
+    size_t step_work() const;
+    // Counts n more device bytes, or throws with the numbers past the limit.
+    void charge(size_t n, const char * what);
 
     void run_mm(const step & s);
 #if defined(SMOL_HAVE_BLAS)
@@ -1015,8 +1031,18 @@ class cuda_backend final : public backend {
     int n_sm_ = 1;
     bool fuse_ = true;
     bool graphs_ = true;
-    cudaStream_t stream_ = nullptr;
-    cudaEvent_t staged_ = nullptr; // the last staging copies are done with the pinned buffer
+    cudaStream_t stream_ = nullptr;   // compute
+    cudaStream_t h2d_ = nullptr;      // PREFETCH copies
+    cudaStream_t d2h_ = nullptr;      // OFFLOAD copies
+    cudaEvent_t staged_ = nullptr;    // the last staging copies are done with the pinned buffer
+    cudaEvent_t fork_ = nullptr;      // the copy streams start after the compute stream's past
+    cudaEvent_t join_[2] = {};        // and the compute stream ends after theirs
+    std::vector<cudaEvent_t> events_; // the schedule's events
+    schedule sched_;
+    arena_plan probe_;
+    memory_stats mem_;
+    std::unordered_map<void *, size_t> sizes_;                 // device allocations
+    std::unordered_map<void *, std::pair<size_t, bool>> host_; // host: bytes, pinned
 
     buffer arena_, work_, dyn_, cells_;
     buffer rope_;                       // the run's table of rope angles
@@ -1084,7 +1110,12 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     graphs_ = env_flag("SMOL_CUDA_GRAPHS", 1) != 0;
 #endif
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
+    SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
     SMOL_GPU_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    SMOL_GPU_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    for (cudaEvent_t & e : join_)
+        SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     SMOL_GPU_CHECK(cudaEventRecord(staged_, stream_));
     // Attention's partial results for decode-sized batches need well under
     // this; having it from the start keeps the first decode from allocating.
@@ -1114,8 +1145,11 @@ cuda_backend::~cuda_backend() {
          {&arena_, &work_, &dyn_, &cells_, &rope_, &done_, &tune_w_, &tune_x_, &tune_y_})
         (void)cudaFree(b->p);
     if (host_stage_) (void)cudaFreeHost(host_stage_);
-    if (staged_) (void)cudaEventDestroy(staged_);
-    if (stream_) (void)cudaStreamDestroy(stream_);
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    for (cudaEvent_t e : {staged_, fork_, join_[0], join_[1]})
+        if (e) (void)cudaEventDestroy(e);
+    for (cudaStream_t st : {h2d_, d2h_, stream_})
+        if (st) (void)cudaStreamDestroy(st);
 }
 
 void cuda_backend::drop_graphs() {
@@ -1125,11 +1159,25 @@ void cuda_backend::drop_graphs() {
     replayed_ = -1;
 }
 
+void cuda_backend::charge(size_t n, const char * what) {
+    if (mem_.limit && mem_.in_use + n > mem_.limit) {
+        throw error(SMOL_ERR_OUT_OF_MEMORY,
+                    name_ + ": cannot allocate " + std::to_string(n >> 20) + " MiB of " + what +
+                        ": " + std::to_string(mem_.in_use >> 20) + " MiB of the " +
+                        std::to_string(mem_.limit >> 20) +
+                        " MiB budget are in use; raise --gpu-mem or lower the context or batch");
+    }
+    mem_.in_use += n;
+    mem_.peak = std::max(mem_.peak, mem_.in_use);
+}
+
 void * cuda_backend::alloc(size_t bytes) {
     activate();
+    charge(bytes, "device memory");
     void * p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 256));
     if (e != cudaSuccess) {
+        mem_.in_use -= bytes;
         (void)cudaGetLastError();
         size_t free_b = 0, total_b = 0;
         (void)cudaMemGetInfo(&free_b, &total_b);
@@ -1139,6 +1187,7 @@ void * cuda_backend::alloc(size_t bytes) {
                         std::to_string(total_b >> 20) +
                         " MiB free); use a smaller context or model");
     }
+    sizes_[p] = bytes;
     return p;
 }
 
@@ -1147,6 +1196,57 @@ void cuda_backend::release(void * p) {
     activate();
     SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
     SMOL_GPU_CHECK(cudaFree(p));
+    if (const auto it = sizes_.find(p); it != sizes_.end()) {
+        mem_.in_use -= it->second;
+        sizes_.erase(it);
+    }
+}
+
+// Offloaded KV in page-locked memory, so copies run at the link's speed
+// and can be captured in CUDA graphs; where the system refuses to lock that
+// much, pageable memory, said aloud (its copies are several times slower).
+void * cuda_backend::alloc_host(size_t bytes, bool & pinned) {
+    activate();
+    void * p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+        pinned = true;
+        mem_.host_pinned += bytes;
+        host_[p] = {bytes, true};
+        return p;
+    }
+    (void)cudaGetLastError();
+    std::fprintf(stderr,
+                 "smol: %s: cannot pin %zu MiB of host memory for the KV cache (%s; %zu MiB pinned "
+                 "so far); using pageable memory, whose copies are several times slower (raise "
+                 "the locked-memory limit, ulimit -l, or lower the context)\n",
+                 name_.c_str(), bytes >> 20, cudaGetErrorString(e), mem_.host_pinned >> 20);
+    p = std::aligned_alloc(4096, align_up(std::max<size_t>(bytes, 1), 4096));
+    if (!p) {
+        throw error(SMOL_ERR_OUT_OF_MEMORY, name_ + ": cannot allocate " +
+                                                std::to_string(bytes >> 20) +
+                                                " MiB of host memory for the KV cache");
+    }
+    pinned = false;
+    mem_.host_pageable += bytes;
+    host_[p] = {bytes, false};
+    return p;
+}
+
+void cuda_backend::release_host(void * p) {
+    if (!p) return;
+    activate();
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    const auto it = host_.find(p);
+    if (it == host_.end()) return;
+    if (it->second.second) {
+        mem_.host_pinned -= it->second.first;
+        SMOL_GPU_CHECK(cudaFreeHost(p));
+    } else {
+        mem_.host_pageable -= it->second.first;
+        std::free(p);
+    }
+    host_.erase(it);
 }
 
 // Copies go through the backend's stream, so they are ordered after any
@@ -1175,11 +1275,14 @@ void cuda_backend::grow(buffer & b, size_t bytes, const char * what) {
     // Captured graphs may point into the old buffer.
     drop_graphs();
     if (b.p) SMOL_GPU_CHECK(cudaFree(b.p));
+    mem_.in_use -= b.size;
     b.p = nullptr;
     b.size = 0;
     const size_t n = align_up(bytes, size_t(1) << 16);
+    charge(n, what);
     const cudaError_t e = cudaMalloc(&b.p, n);
     if (e != cudaSuccess) {
+        mem_.in_use -= n;
         (void)cudaGetLastError();
         b.p = nullptr;
         throw error(SMOL_ERR_OUT_OF_MEMORY,
@@ -1485,7 +1588,12 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
 // query W, and S splits over the cells (S > 1 only when the heads and
 // tokens alone do not fill the GPU).
 size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
-    const int64_t n_tok = t->ne[1], n_head = t->iparams[1], queries = n_tok * n_head;
+    // The node's own query heads: a head group's launch must fill the GPU
+    // by itself (groups run one after another). Resident and streamed groups
+    // of one plan share G, so they split alike and sum in the same order.
+    const int64_t group = t->iparams[1] / t->iparams[2];
+    const int64_t n_q = t->kv.k ? int64_t(t->kv.h1 - t->kv.h0) * group : t->iparams[1];
+    const int64_t n_tok = t->ne[1], queries = n_tok * n_q;
     // Few queries: a block each, its four warps splitting the cells. Many:
     // four queries a block, sharing the cells' loads through L1.
     Q = queries < 4 * n_sm_ ? 1 : 4;
@@ -1611,25 +1719,9 @@ void cuda_backend::make_steps(graph & g) {
     }
 }
 
-// Plans the arena. A fused step reads tensors its node does not list as
-// sources (the input of a folded norm or rope, say); it is given them as an
-// extra source while plan_arena runs, so their memory lives long enough.
-void cuda_backend::prepare(graph & g) {
-    make_steps(g);
-    const auto & nodes = g.nodes();
-    for (step & s : steps_) {
-        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
-    }
-    arena_plan & p = plan_;
-    plan_arena(g, 256, p);
-    for (step & s : steps_) {
-        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
-    }
-    grow(arena_, p.arena_bytes, "compute memory");
-    for (size_t i = 0; i < nodes.size(); ++i) {
-        if (p.offset[i] != SIZE_MAX)
-            nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
-    }
+// Work space of the planned steps: attention's split partials, cuBLAS's
+// dequantized weights and f16 inputs.
+size_t cuda_backend::step_work() const {
     size_t work = 0;
     for (const step & s : steps_) {
         if (s.skip) continue;
@@ -1650,7 +1742,76 @@ void cuda_backend::prepare(graph & g) {
         }
 #endif
     }
-    grow(work_, work, "work space");
+    return work;
+}
+
+// What run(g) would hold: the arena, the work space, the rope table, the
+// cell table and input staging, and the buffers made once (cuBLAS's work
+// space, attention's counters).
+size_t cuda_backend::compute_bytes(graph & g) {
+    make_steps(g);
+    for (step & s : steps_) {
+        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
+    }
+    plan_arena(g, 256, probe_);
+    for (step & s : steps_) {
+        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
+    }
+    const size_t granule = size_t(1) << 16;
+    auto grown = [&](size_t n) { return align_up(n, granule); };
+    int64_t n_tok = 0;
+    size_t rope = 0, staging = 256;
+    for (const tensor * t : g.nodes()) {
+        n_tok = std::max(n_tok, t->ne[1]);
+        if (t->kind == OP_ROPE && rope == 0)
+            rope = size_t(t->ne[1]) * size_t(t->iparams[1] / 2) * sizeof(float2);
+        for (const tensor * src : t->src) {
+            if (src && src->kind == OP_NONE && src->where == placement::host)
+                staging += align_up(src->nbytes(), 256);
+        }
+    }
+    staging += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
+    const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) * 2 * sizeof(int32_t) : 0;
+    size_t fixed = done_.size;
+#if defined(SMOL_HAVE_BLAS)
+    fixed += blas_ws_.size;
+#endif
+    return grown(probe_.arena_bytes) + grown(std::max(step_work(), size_t(4) << 20)) + grown(rope) +
+           grown(cells) + grown(staging) + fixed;
+}
+
+// Plans the arena. A fused step reads tensors its node does not list as
+// sources (the input of a folded norm or rope, say); it is given them as an
+// extra source while plan_arena runs, so their memory lives long enough.
+void cuda_backend::prepare(graph & g) {
+    make_steps(g);
+    const auto & nodes = g.nodes();
+    for (step & s : steps_) {
+        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
+    }
+    arena_plan & p = plan_;
+    plan_arena(g, 256, p);
+    for (step & s : steps_) {
+        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
+    }
+    grow(arena_, p.arena_bytes, "compute memory");
+    for (size_t i = 0; i < nodes.size(); ++i) {
+        if (p.offset[i] != SIZE_MAX)
+            nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
+    }
+    grow(work_, step_work(), "work space");
+    // A counter per (token, head) of every attention split over cells; a
+    // head group's launch may split with more tokens than a whole layer's.
+    size_t counters = 0;
+    for (const step & s : steps_) {
+        int Q, W;
+        if (!s.skip && s.t->kind == OP_ATTENTION && attn_splits(s.t, Q, W) > 1)
+            counters = std::max(counters, size_t(s.t->ne[1]) * size_t(s.t->iparams[1]));
+    }
+    if (counters * sizeof(int) > done_.size) {
+        grow(done_, counters * sizeof(int), "attention counters");
+        SMOL_GPU_CHECK(cudaMemsetAsync(done_.p, 0, done_.size, stream_));
+    }
     // One table of rope angles serves every ROPE node that shares the first
     // one's positions, head size and base (in a llama, all of them).
     rope_key_ = nullptr;
@@ -1793,6 +1954,14 @@ void cuda_backend::signature(const graph & g) {
             put(uint64_t(s->ne[0]) ^ (uint64_t(s->ne[1]) << 32));
             put(s->nb[1]);
         }
+        ptr(t->kv.k);
+        ptr(t->kv.v);
+        put(t->kv.head_stride);
+        put(uint64_t(uint32_t(t->kv.h0)) | uint64_t(uint32_t(t->kv.h1)) << 32);
+        put(t->copy.width);
+        put(t->copy.height);
+        put(t->copy.dpitch ^ (t->copy.spitch << 1) ^ (uint64_t(t->copy.dir) << 62));
+        for (const tensor * d : t->deps) put(d ? uint64_t(uint32_t(d->node_index)) : ~0ull);
         for (int32_t v : t->iparams) put(uint32_t(v));
         for (float f : t->fparams) {
             uint32_t u;
@@ -1837,13 +2006,22 @@ void cuda_backend::run(graph & g) {
     activate();
     prepare(g);
     stage(g);
+    make_schedule(g, sched_);
+    // Events are made here, never while a stream is being captured.
+    while (events_.size() < size_t(sched_.n_events)) {
+        cudaEvent_t e = nullptr;
+        SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        events_.push_back(e);
+    }
     try {
         bool capture = false;
         bool capturable = graphs_;
         // Decode-sized graphs only: a prompt's graph is dominated by its
         // matmuls, and capturing it costs more than its launches.
+        // Copies from pageable memory cannot be captured.
         for (const tensor * t : g.nodes()) {
-            capturable = capturable && t->kind != OP_COPY && (t->kind != OP_MUL_MAT || small_mm(t));
+            capturable = capturable && (t->kind != OP_COPY || mem_.host_pageable == 0) &&
+                         (t->kind != OP_MUL_MAT || small_mm(t));
         }
         if (capturable) {
             signature(g);
@@ -1901,6 +2079,10 @@ void cuda_backend::run(graph & g) {
 void cuda_backend::launch_all(graph & g) {
     used_.clear();
     replayed_ = -1;
+    if (sched_.has_copies()) {
+        launch_program(g);
+        return;
+    }
     if (rope_key_ && rope_key_->ne[1] > 0) {
         rope_params r = rope_for(rope_key_);
         r.table = nullptr;
@@ -1911,6 +2093,60 @@ void cuda_backend::launch_all(graph & g) {
     for (const step & s : steps_) {
         if (!s.skip) launch(s, g.batch);
     }
+}
+
+void cuda_backend::copy_on(const tensor * t, cudaStream_t st) {
+    const copy_desc & c = t->copy;
+    if (c.height == 0) {
+        SMOL_GPU_CHECK(
+            cudaMemcpyAsync(t->data, t->src[0]->data, t->src[0]->nbytes(), cudaMemcpyDefault, st));
+        return;
+    }
+    SMOL_GPU_CHECK(cudaMemcpy2DAsync(t->data, c.dpitch, t->src[0]->data, c.spitch, c.width,
+                                     c.height, cudaMemcpyDefault, st));
+}
+
+// The schedule on three streams: instructions in issue order, each on its
+// stream; events carry the dependencies across. The copy streams start
+// after everything the compute stream was given before (the last step's
+// readers of the slots), and the compute stream ends after both, so a step
+// is whole when its compute stream is done (and captures as one graph).
+void cuda_backend::launch_program(graph & g) {
+    cudaStream_t streams[n_streams] = {stream_, h2d_, d2h_};
+    SMOL_GPU_CHECK(cudaEventRecord(fork_, stream_));
+    SMOL_GPU_CHECK(cudaStreamWaitEvent(h2d_, fork_, 0));
+    SMOL_GPU_CHECK(cudaStreamWaitEvent(d2h_, fork_, 0));
+    if (rope_key_ && rope_key_->ne[1] > 0) {
+        rope_params r = rope_for(rope_key_);
+        r.table = nullptr;
+        rope_table_kernel<<<unsigned(rope_key_->ne[1]), 64, 0, stream_>>>(
+            r, static_cast<float2 *>(rope_.p));
+        check_launch("rope_table");
+    }
+    for (const auto & [st, idx] : sched_.issue) {
+        const schedule::instr & in = sched_.prog[st][size_t(idx)];
+        switch (in.what) {
+        case schedule::kind::wait:
+            SMOL_GPU_CHECK(cudaStreamWaitEvent(streams[st], events_[size_t(in.event)], 0));
+            break;
+        case schedule::kind::record:
+            SMOL_GPU_CHECK(cudaEventRecord(events_[size_t(in.event)], streams[st]));
+            break;
+        case schedule::kind::run: {
+            const step & s = steps_[size_t(in.node)];
+            if (st != 0) {
+                copy_on(s.t, streams[st]);
+            } else if (!s.skip) {
+                launch(s, g.batch);
+            }
+            break;
+        }
+        }
+    }
+    SMOL_GPU_CHECK(cudaEventRecord(join_[0], h2d_));
+    SMOL_GPU_CHECK(cudaEventRecord(join_[1], d2h_));
+    SMOL_GPU_CHECK(cudaStreamWaitEvent(stream_, join_[0], 0));
+    SMOL_GPU_CHECK(cudaStreamWaitEvent(stream_, join_[1], 0));
 }
 
 int grid_for(size_t n, int threads) {
@@ -1983,7 +2219,7 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         run_attention(s, b);
         return;
     case OP_COPY:
-        SMOL_GPU_CHECK(cudaMemcpyAsync(t->data, a->data, a->nbytes(), cudaMemcpyDefault, stream_));
+        copy_on(t, stream_);
         return;
     case OP_MUL_MAT:
     case OP_COUNT:
@@ -2003,11 +2239,13 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
     p.v = data_of<const float>(v);
     p.ldk = k->nb[1] / 4;
     p.ldv = v->nb[1] / 4;
-    p.K = kv.k_head(t->iparams[0], 0);
-    p.V = kv.v_head(t->iparams[0], 0);
-    p.head_stride = size_t(kv.n_cells) * kv.head_dim;
+    const kv_view view = node_kv_view(t, kv);
+    p.K = view.k;
+    p.V = view.v;
+    p.head_stride = view.head_stride;
     p.hd = kv.head_dim;
-    p.n_head_kv = kv.n_head_kv;
+    p.h0 = view.h0;
+    p.n_head_kv = view.h1 - view.h0;
     p.cell = d_cell_;
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     kv_store_kernel<<<unsigned(k->ne[1]), 128, 0, stream_>>>(p);
@@ -2023,9 +2261,13 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.ldq = q->nb[1] / 4;
     p.out = data_of<float>(t);
     p.ldo = t->nb[1] / 4;
-    p.K = kv.k_head(t->iparams[0], 0);
-    p.V = kv.v_head(t->iparams[0], 0);
-    p.head_stride = size_t(kv.n_cells) * kv.head_dim;
+    // The node covers the query heads of its view's kv heads, with K and V
+    // from the view's bases (a resident slice or a staging slot).
+    const kv_view view = node_kv_view(t, kv);
+    p.K = view.k;
+    p.V = view.v;
+    p.head_stride = view.head_stride;
+    p.h0 = view.h0;
     p.n_head = t->iparams[1];
     p.group = t->iparams[1] / t->iparams[2];
     p.hd = t->iparams[3];
@@ -2040,7 +2282,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.part = static_cast<float *>(work_.p);
     p.done = static_cast<int *>(done_.p);
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
-    const dim3 grid(unsigned((p.n_tok + p.Q - 1) / p.Q), unsigned(p.n_head), unsigned(p.S));
+    const int n_q = (view.h1 - view.h0) * p.group;
+    const dim3 grid(unsigned((p.n_tok + p.Q - 1) / p.Q), unsigned(n_q), unsigned(p.S));
     const int threads = p.Q * p.W * warp_size;
     // Room for the streams' states, and for the split weights of the merge.
     const size_t smem = size_t(p.Q * p.hd + std::max(p.Q * p.W * (p.hd + 2), 64)) * sizeof(float);

@@ -1,8 +1,9 @@
 // smol-graph.h - the core's data model: tensors (type, shape, byte strides,
 // placement), the ops a model is built from, the graph that records them,
-// the arena that places intermediate results, and the executor that runs a
-// graph on the CPU backend's thread pool. Model code builds graphs through
-// the op builders here and never touches memory placement itself.
+// the arena that places intermediate results, the schedule that spreads a
+// graph over a compute stream and two copy streams, and the executor that
+// runs a graph on the CPU backend's thread pool. Model code builds graphs
+// through the op builders here and never touches memory placement itself.
 
 #ifndef SMOL_GRAPH_H
 #define SMOL_GRAPH_H
@@ -15,7 +16,9 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace smol {
@@ -45,6 +48,28 @@ extern const char * const op_names[OP_COUNT];
 
 constexpr int max_src = 3;
 
+// The K and V that a KV_STORE writes or an ATTENTION reads: kv heads
+// [h0, h1) of one layer, each head [cell][head_dim] f16, head_stride elements
+// apart, from these bases (a resident slice in device memory or a staging
+// slot). Null k: the cache's own [layer][head][cell][head_dim] arrays.
+struct kv_view {
+    uint16_t * k = nullptr;
+    uint16_t * v = nullptr;
+    size_t head_stride = 0;
+    int32_t h0 = 0, h1 = 0;
+    int32_t slot = -1; // the staging slot it names; -1: resident memory
+};
+
+// Which way an OP_COPY moves bytes; the schedule runs each on its own stream.
+enum class copy_dir : uint8_t { h2d, d2h, any };
+
+// A strided copy: height rows of width bytes, dpitch and spitch bytes apart
+// (from src[0]->data to the node's data).
+struct copy_desc {
+    size_t width = 0, height = 0, dpitch = 0, spitch = 0;
+    copy_dir dir = copy_dir::any;
+};
+
 struct tensor {
     smol_type type = SMOL_TYPE_F32;
     int64_t ne[4] = {1, 1, 1, 1}; // elements per dimension, 0 fastest
@@ -58,6 +83,15 @@ struct tensor {
     float fparams[2] = {0, 0};
     const char * name = "";
     int32_t node_index = -1; // position in its graph's node list
+    kv_view kv;              // KV_STORE, ATTENTION
+    copy_desc copy;          // COPY
+    // A node whose result is written into this earlier node's memory (the
+    // head groups of one attention fill one output); it is also a source.
+    tensor * view_of = nullptr;
+    // Nodes this one runs after without reading their results (a copy into
+    // a staging slot after the slot's last reader): they order the schedule
+    // but do not keep results alive in the arena.
+    tensor * deps[2] = {nullptr, nullptr};
 
     int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
     size_t nbytes() const { return nb[3] * ne[3]; }
@@ -93,11 +127,22 @@ struct kv_cache {
     uint16_t * v_head(int32_t layer, int32_t head) const {
         return v + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
     }
+    // The cache's own arrays for the view of a node that names none.
+    kv_view layer_view(int32_t layer) const {
+        return {k_head(layer, 0), v_head(layer, 0), size_t(n_cells) * head_dim, 0, n_head_kv};
+    }
     int32_t n_free() const;
     void clear();
     void seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1);
     int32_t seq_len(smol_seq_id seq) const;
 };
+
+// Whether the token at position p of sequence s attends to cell c: the one
+// place where attention decides visibility (the CUDA kernel mirrors it).
+inline bool kv_visible(const kv_cache & kv, int32_t c, smol_seq_id s, smol_pos p) {
+    return kv.cell_seq[size_t(c)] == s && kv.cell_pos[size_t(c)] >= 0 &&
+           kv.cell_pos[size_t(c)] <= p;
+}
 
 // What the cache and attention ops need to know about the batch in flight.
 struct batch_info {
@@ -145,6 +190,60 @@ tensor * op_kv_store(graph & g, tensor * k, tensor * v, int32_t layer);
 tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
                       int32_t n_head_kv, int32_t head_dim);
 tensor * op_swiglu(graph & g, tensor * gate, tensor * up);
+// KV_STORE of the heads of `view` (k and v rows hold every kv head); `after`
+// (may be null) orders it behind a copy that fills the view's memory.
+tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, const kv_view & view,
+                           tensor * after);
+// ATTENTION of the query heads over the kv heads of `view`; `into` (may be
+// null) is the attention of earlier heads of the layer, whose output this
+// node completes in place.
+tensor * op_attention_heads(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
+                            int32_t n_head_kv, int32_t head_dim, const kv_view & view,
+                            tensor * into);
+// A copy of a strided block between memory spaces (PREFETCH host -> device,
+// OFFLOAD device -> host); it runs after `dep0` and `dep1` (may be null).
+tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src,
+                    placement src_where, const copy_desc & c, tensor * dep0, tensor * dep1);
+
+// The view a KV_STORE or ATTENTION node works on.
+inline kv_view node_kv_view(const tensor * t, const kv_cache & kv) {
+    return t->kv.k ? t->kv : kv.layer_view(t->iparams[0]);
+}
+
+// --- schedule ---------------------------------------------------------------
+
+// The program of one graph over three streams: compute runs every op but
+// copies, h2d runs host-to-device copies, d2h device-to-host ones. Within a
+// stream instructions run in order; across streams an instruction waits for
+// an event that another stream recorded after the node it depends on. Issue
+// order is the graph's node order, so a copy placed early in the graph is
+// issued early and overlaps the compute that follows it.
+enum class stream_id : uint8_t { compute, h2d, d2h };
+constexpr int n_streams = 3;
+const char * stream_name(stream_id s);
+
+struct schedule {
+    enum class kind : uint8_t { run, wait, record };
+    struct instr {
+        kind what;
+        int32_t node;  // run: the node
+        int32_t event; // wait, record
+    };
+    std::vector<instr> prog[n_streams];
+    // Issue order: (stream, index in that stream's program).
+    std::vector<std::pair<uint8_t, int32_t>> issue;
+    std::vector<uint8_t> node_stream; // per node
+    std::vector<int32_t> event_after; // per node: the event recorded after it, or -1
+    std::vector<int32_t> event_node;  // per event: the node it follows
+    std::vector<int32_t> event_pos;   // per event: its record's index in its stream
+    std::vector<uint8_t> needs_event; // the builder's work space
+    int32_t n_events = 0;
+    bool has_copies() const { return !prog[1].empty() || !prog[2].empty(); }
+};
+stream_id node_stream(const tensor * t);
+void make_schedule(const graph & g, schedule & s);
+// The program as text, one instruction a line in issue order.
+std::string format_schedule(const graph & g, const schedule & s);
 
 // --- thread pool ------------------------------------------------------------
 
@@ -194,6 +293,34 @@ struct arena_plan {
 };
 void plan_arena(const graph & g, size_t alignment, arena_plan & p);
 
+// Events of one run of a schedule, shared by the threads that run its
+// streams: record marks one done, wait blocks until it is.
+class event_set {
+  public:
+    void reset(int32_t n);
+    void record(int32_t e);
+    void wait(int32_t e);
+
+  private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<uint8_t> done_;
+};
+
+// Runs the two copy streams of a schedule beside the executor's compute
+// stream (the simulated device's copy threads).
+class copy_engine {
+  public:
+    virtual ~copy_engine() = default;
+    // Hands over the copy streams of s; they run as their waits allow.
+    virtual void start(const graph & g, const schedule & s, event_set & ev) = 0;
+    // Returns once both streams have run every instruction.
+    virtual void finish() = 0;
+};
+
+// Runs one OP_COPY node (a strided memcpy) on the calling thread.
+void run_copy_node(const tensor * t);
+
 // Runs graphs on the CPU: places intermediates in an arena and runs the
 // nodes in order on the thread pool.
 class executor {
@@ -202,8 +329,14 @@ class executor {
     // Assigns data to intermediate tensors; grows the arena if this graph
     // needs more than any before (only while a context warms up).
     void plan(graph & g);
-    void run(graph & g);
+    // Runs the nodes in order, copies inline; with a schedule and a copy
+    // engine, the compute stream here and the copy streams on the engine.
+    void run(graph & g, const schedule * s = nullptr, copy_engine * copies = nullptr);
     size_t arena_bytes() const { return arena_.size; }
+    // Every byte the executor holds: arena, work space, per-thread scratch.
+    size_t held_bytes() const { return arena_.size + work_.size + scratch_.size; }
+    // What plan(g) would hold, without allocating.
+    size_t bytes_for(const graph & g);
     thread_pool & pool() { return pool_; }
 
   private:
@@ -218,7 +351,8 @@ class executor {
     aligned_buffer work_;    // shared by all threads of one op
     aligned_buffer scratch_; // per-thread work space
     size_t scratch_per_thread_ = 0;
-    arena_plan plan_;
+    arena_plan plan_, probe_;
+    event_set events_;
 };
 
 } // namespace smol

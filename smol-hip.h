@@ -48,6 +48,10 @@
 #define cudaGraph_t                      hipGraph_t
 #define cudaMalloc                       hipMalloc
 #define cudaMallocHost                   hipHostMalloc
+#define cudaHostAlloc                    hipHostMalloc
+#define cudaHostAllocPortable            hipHostMallocPortable
+#define cudaMemcpy2DAsync                hipMemcpy2DAsync
+#define cudaStreamWaitEvent              hipStreamWaitEvent
 #define cudaMemGetInfo                   hipMemGetInfo
 #define cudaMemcpyAsync                  hipMemcpyAsync
 #define cudaMemcpyDefault                hipMemcpyDefault

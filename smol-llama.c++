@@ -217,7 +217,7 @@ static int default_threads() {
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
     : model(m), params(p), be_(make_backend(p.device ? p.device : "cpu",
                                             p.n_threads > 0 ? p.n_threads : default_threads())),
-      graph_(64 + size_t(m.hp.n_layer) * 32) {
+      graph_(64 + size_t(m.hp.n_layer) * (32 + 8 * size_t(m.hp.n_head_kv))) {
     const llama_hparams & hp = m.hp;
     if (params.n_ctx == 0) params.n_ctx = uint32_t(std::min(4096, hp.n_ctx_train));
     if (params.n_batch == 0) params.n_batch = 512;
@@ -230,24 +230,6 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
                     "n_ctx " + std::to_string(params.n_ctx) + " is too large for the CPU cache");
     }
     kv.init(hp.n_layer, hp.n_head_kv, hp.head_dim, int32_t(params.n_ctx));
-    for (uint16_t ** half : {&kv.k, &kv.v}) {
-        *half = static_cast<uint16_t *>(be_->alloc(kv.bytes_per_tensor()));
-        owned_.push_back(*half);
-        be_->memset(*half, 0, kv.bytes_per_tensor());
-    }
-    // Weights stay in the mapped file for the CPU; other backends get a copy.
-    auto place = [&](const weight & w) {
-        weight c = w;
-        c.data = to_backend(w);
-        return c;
-    };
-    tok_embd_ = place(m.tok_embd);
-    output_norm_ = place(m.output_norm);
-    output_ = m.output.data == m.tok_embd.data ? tok_embd_ : place(m.output);
-    for (const llama_layer & L : m.layers) {
-        layers_.push_back({place(L.attn_norm), place(L.wq), place(L.wk), place(L.wv), place(L.wo),
-                           place(L.ffn_norm), place(L.w_gate), place(L.w_up), place(L.w_down)});
-    }
     const size_t nb = params.n_batch;
     tokens_.resize(nb);
     positions_.resize(nb);
@@ -256,16 +238,154 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     out_ids_.resize(nb);
     out_row_.resize(nb);
     logits_.resize(size_t(hp.n_vocab));
+
+    // Plan before allocating anything: the weights' device bytes, and the
+    // compute memory of a chunk as the backend measures it on the graph
+    // (built here over the file's weights, all heads resident).
+    const bool on_device = be_->where() != placement::host;
+    uint64_t weight_bytes = 0;
+    auto bytes_of = [](const weight & w) { return cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1); };
+    if (on_device) {
+        weight_bytes += bytes_of(m.tok_embd) + bytes_of(m.output_norm);
+        if (m.output.data != m.tok_embd.data) weight_bytes += bytes_of(m.output);
+        for (const llama_layer & L : m.layers) {
+            for (const weight * w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm,
+                                     &L.w_gate, &L.w_up, &L.w_down})
+                weight_bytes += bytes_of(*w);
+        }
+    }
+    tok_embd_ = m.tok_embd;
+    output_norm_ = m.output_norm;
+    output_ = m.output;
+    layers_ = m.layers;
+    plan.n_layer = hp.n_layer;
+    plan.n_head_kv = hp.n_head_kv;
+    plan.n_cells = kv.n_cells;
+    plan.head_dim = hp.head_dim;
+    plan_input in;
+    in.n_layer = hp.n_layer;
+    in.n_head_kv = hp.n_head_kv;
+    in.head_dim = hp.head_dim;
+    in.n_cells = kv.n_cells;
+    in.n_batch = params.n_batch;
+    in.budget = params.gpu_mem;
+    in.mode = params.kv_offload;
+    in.head_group = params.head_group;
+    in.weight_bytes = weight_bytes;
+    // The most of one head group per layer and of single heads (whose k and
+    // v stay live across more nodes), every token keeping its logits.
+    in.compute_bytes = [&](int32_t n) -> uint64_t {
+        uint64_t most = 0;
+        for (int32_t G : {hp.n_head_kv, 1}) {
+            plan.G = G;
+            plan.n_group = hp.n_head_kv / G;
+            plan.chunk = n;
+            plan.resident.assign(size_t(hp.n_layer) * size_t(plan.n_group), 1);
+            graph_.clear();
+            graph_.batch.kv = &kv;
+            build_graph(n, n);
+            most = std::max<uint64_t>(most, be_->compute_bytes(graph_));
+        }
+        return most;
+    };
+    plan = make_plan(in);
+    graph_.clear();
+    if (params.gpu_mem > 0) be_->set_memory_limit(params.gpu_mem);
+
+    // Weights stay in the mapped file for the CPU; other backends get a copy.
+    auto place = [&](const weight & w) {
+        weight c = w;
+        c.data = to_backend(w);
+        return c;
+    };
+    layers_.clear();
+    tok_embd_ = place(m.tok_embd);
+    output_norm_ = place(m.output_norm);
+    output_ = m.output.data == m.tok_embd.data ? tok_embd_ : place(m.output);
+    for (const llama_layer & L : m.layers) {
+        layers_.push_back({place(L.attn_norm), place(L.wq), place(L.wk), place(L.wv), place(L.wo),
+                           place(L.ffn_norm), place(L.w_gate), place(L.w_up), place(L.w_down)});
+    }
+    alloc_kv();
     // Plan the largest graph once so the arena is sized before the first
-    // decode.
+    // decode; under a budget, with every token keeping its logits, as the
+    // plan counted, so no later batch grows past it.
     graph_.clear();
     graph_.batch.kv = &kv;
-    build_graph(int32_t(nb), 1);
+    build_graph(plan.chunk, params.gpu_mem > 0 ? plan.chunk : 1);
     be_->reserve(graph_);
 }
 
 llama_context::~llama_context() {
     for (void * p : owned_) be_->release(p);
+    for (void * p : owned_host_) be_->release_host(p);
+}
+
+// Resident groups in one device block, the two staging slots in another,
+// offloaded groups in host arenas of up to host_arena_bytes, each group one
+// contiguous [K][V] block so that its history is one copy.
+void llama_context::alloc_kv() {
+    constexpr uint64_t host_arena_bytes = 4ull << 30;
+    const uint64_t gb = plan.group_bytes();
+    const int32_t n_groups = plan.n_layer * plan.n_group;
+    group_base_.assign(size_t(n_groups), nullptr);
+    if (const int32_t n_res = plan.n_resident_groups(); n_res > 0) {
+        uint8_t * base = static_cast<uint8_t *>(be_->alloc(gb * uint64_t(n_res)));
+        owned_.push_back(base);
+        be_->memset(base, 0, gb * uint64_t(n_res));
+        int32_t k = 0;
+        for (int32_t i = 0; i < n_groups; ++i) {
+            if (plan.resident[size_t(i)])
+                group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(base + gb * uint64_t(k++));
+        }
+    }
+    if (plan.n_slots > 0) {
+        uint8_t * base = static_cast<uint8_t *>(be_->alloc(2 * gb));
+        owned_.push_back(base);
+        be_->memset(base, 0, 2 * gb);
+        slots_[0] = reinterpret_cast<uint16_t *>(base);
+        slots_[1] = reinterpret_cast<uint16_t *>(base + gb);
+    }
+    const uint64_t per_arena = std::max<uint64_t>(1, host_arena_bytes / gb);
+    int32_t left = plan.n_offloaded_groups();
+    uint8_t * arena = nullptr;
+    uint64_t arena_left = 0;
+    for (int32_t i = 0; i < n_groups; ++i) {
+        if (plan.resident[size_t(i)]) continue;
+        if (arena_left == 0) {
+            const uint64_t n = std::min<uint64_t>(per_arena, uint64_t(left));
+            bool pinned = false;
+            arena = static_cast<uint8_t *>(be_->alloc_host(n * gb, pinned));
+            owned_host_.push_back(arena);
+            (pinned ? host_pinned_ : host_pageable_) += n * gb;
+            // Cells no step has written still meet the attention (times a
+            // zero weight): they must hold numbers.
+            std::memset(arena, 0, n * gb);
+            arena_left = n;
+        }
+        group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(arena);
+        arena += gb;
+        --arena_left;
+        --left;
+    }
+}
+
+kv_view llama_context::group_view(int32_t layer, int32_t group, int32_t slot) const {
+    kv_view v;
+    if (group_base_.empty()) { // while planning: the graph's shape only
+        v.h0 = group * plan.G;
+        v.h1 = v.h0 + plan.G;
+        return v;
+    }
+    uint16_t * base = slot >= 0 ? slots_[slot]
+                                : group_base_[size_t(layer) * size_t(plan.n_group) + size_t(group)];
+    v.head_stride = size_t(kv.n_cells) * size_t(kv.head_dim);
+    v.k = base;
+    v.v = base + size_t(plan.G) * v.head_stride;
+    v.h0 = group * plan.G;
+    v.h1 = v.h0 + plan.G;
+    v.slot = slot;
+    return v;
 }
 
 void * llama_context::to_backend(const weight & w) {
@@ -277,6 +397,12 @@ void * llama_context::to_backend(const weight & w) {
     return p;
 }
 
+// Per layer and head group: a resident group stores its new k, v in device
+// memory and attends there; an offloaded group attends over a staging slot
+// that a PREFETCH filled from host memory (issued before the attention of
+// the group before it, so the copy overlaps that compute), stores its new
+// k, v into the slot, and OFFLOADs those cells back to host. Slots alternate
+// between offloaded groups in order, across layers too.
 void llama_context::build_graph(int32_t n, int32_t n_out) {
     const llama_hparams & hp = model.hp;
     graph & g = graph_;
@@ -292,9 +418,72 @@ void llama_context::build_graph(int32_t n, int32_t n_out) {
         t->where = placement::host;
         return t;
     };
+
+    // Offloaded groups in the order they run; the copy sizes of this step.
+    const bool storage = !group_base_.empty();
+    const size_t row = size_t(hp.head_dim) * sizeof(uint16_t);
+    const size_t pitch = size_t(kv.n_cells) * row;
+    constexpr int32_t granule = 256; // cells: copy sizes change every 256 tokens, not every one
+    const int32_t n_copy =
+        std::min(kv.n_cells, (std::max(kv.n_used, 1) + granule - 1) / granule * granule);
+    int32_t c0 = kv.n_cells, c1 = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        c0 = std::min(c0, cells_[size_t(i)]);
+        c1 = std::max(c1, cells_[size_t(i)] + 1);
+    }
+    // The OFFLOAD takes whole granules too (the slot holds the host's bytes
+    // for every prefetched cell it did not write), so a decode step's graph
+    // repeats for up to a granule of tokens and replays as a CUDA graph.
+    if (c1 <= c0) {
+        c0 = c1 = 0;
+    } else {
+        c0 = c0 / granule * granule;
+        c1 = std::min(n_copy, (c1 + granule - 1) / granule * granule);
+    }
+    prefetch_.assign(size_t(plan.n_offloaded_groups()), nullptr);
+    offload_.assign(prefetch_.size(), nullptr);
+    attend_.assign(prefetch_.size(), nullptr);
+    int32_t next_prefetch = 0; // the next offloaded group whose PREFETCH is not issued
+    int32_t issued_at = -1;    // the flat (layer, group) index of the last one issued
+    auto issue_prefetch = [&](int32_t o, int32_t layer, int32_t group) {
+        if (!storage) return;
+        copy_desc c;
+        c.width = size_t(n_copy) * row;
+        c.height = size_t(2 * plan.G);
+        c.dpitch = c.spitch = pitch;
+        c.dir = copy_dir::h2d;
+        // The slot's last user (group o - 2) must be done with it.
+        tensor * t =
+            op_copy_2d(g, slots_[o % 2], be_->where(),
+                       group_base_[size_t(layer) * size_t(plan.n_group) + size_t(group)],
+                       placement::host_pinned, c, o >= 2 ? attend_[size_t(o - 2)] : nullptr,
+                       o >= 2 ? offload_[size_t(o - 2)] : nullptr);
+        t->iparams[0] = layer;
+        t->iparams[1] = group;
+        t->iparams[2] = o % 2;
+        prefetch_[size_t(o)] = t;
+    };
+    // Issues the PREFETCH of the first offloaded group after (layer, group)
+    // unless it is out already, or its slot still serves a group whose
+    // attention and OFFLOAD are not in the graph yet (n_done: offloaded
+    // groups complete so far).
+    auto prefetch_after = [&](int32_t layer, int32_t group, int32_t n_done) {
+        if (next_prefetch >= int32_t(prefetch_.size()) || next_prefetch > n_done + 1) return;
+        const int32_t from = std::max(layer * plan.n_group + group, issued_at) + 1;
+        for (int32_t at = from; at < hp.n_layer * plan.n_group; ++at) {
+            const int32_t l = at / plan.n_group, gr = at % plan.n_group;
+            if (plan.is_resident(l, gr)) continue;
+            issue_prefetch(next_prefetch++, l, gr);
+            issued_at = at;
+            return;
+        }
+    };
+
     tensor * tok = ints(tokens_, n);
     tensor * pos = ints(positions_, n);
+    prefetch_after(0, -1, 0);
     tensor * x = op_get_rows(g, W(tok_embd_), tok);
+    int32_t o = 0; // offloaded groups met so far
     for (int l = 0; l < hp.n_layer; ++l) {
         const llama_layer & L = layers_[size_t(l)];
         tensor * cur = op_rms_norm(g, x, W(L.attn_norm), hp.rms_eps);
@@ -303,8 +492,35 @@ void llama_context::build_graph(int32_t n, int32_t n_out) {
         tensor * v = op_mul_mat(g, W(L.wv), cur);
         q = op_rope(g, q, pos, hp.n_head, hp.head_dim, hp.rope_base);
         k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, hp.rope_base);
-        tensor * stored = op_kv_store(g, k, v, l);
-        tensor * att = op_attention(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim);
+        tensor * att = nullptr;
+        for (int32_t gr = 0; gr < plan.n_group; ++gr) {
+            const bool res = plan.is_resident(l, gr);
+            const kv_view view = group_view(l, gr, res ? -1 : o % 2);
+            tensor * stored =
+                op_kv_store_heads(g, k, v, l, view, res ? nullptr : prefetch_[size_t(o)]);
+            prefetch_after(l, gr, o);
+            att = op_attention_heads(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim, view,
+                                     att);
+            if (res) continue;
+            attend_[size_t(o)] = att;
+            if (storage && c1 > c0) {
+                copy_desc c;
+                c.width = size_t(c1 - c0) * row;
+                c.height = size_t(2 * plan.G);
+                c.dpitch = c.spitch = pitch;
+                c.dir = copy_dir::d2h;
+                uint16_t * host = group_base_[size_t(l) * size_t(plan.n_group) + size_t(gr)] +
+                                  size_t(c0) * hp.head_dim;
+                tensor * t =
+                    op_copy_2d(g, host, placement::host_pinned, view.k + size_t(c0) * hp.head_dim,
+                               be_->where(), c, stored, nullptr);
+                t->iparams[0] = l;
+                t->iparams[1] = gr;
+                t->iparams[2] = o % 2;
+                offload_[size_t(o)] = t;
+            }
+            ++o;
+        }
         x = op_add(g, x, op_mul_mat(g, W(L.wo), att));
         cur = op_rms_norm(g, x, W(L.ffn_norm), hp.rms_eps);
         tensor * h = op_swiglu(g, op_mul_mat(g, W(L.w_gate), cur), op_mul_mat(g, W(L.w_up), cur));
@@ -314,7 +530,6 @@ void llama_context::build_graph(int32_t n, int32_t n_out) {
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));
     x = op_rms_norm(g, x, W(output_norm_), hp.rms_eps);
     logits_node_ = op_mul_mat(g, W(output_), x);
-    if (be_->where() == placement::host) logits_node_->data = logits_.data();
 }
 
 void llama_context::decode(const smol_batch & b) {
@@ -367,34 +582,25 @@ void llama_context::decode(const smol_batch & b) {
                         " are free; raise the context size or drop finished sequences");
     }
 
-    // Assign cells, lowest free first, so one sequence's history stays dense.
-    // Without logits flags only the last token's logits are kept.
-    int32_t c = 0, n_out = 0;
+    // Which tokens keep logits (without flags, only the last one's).
+    int32_t n_out = 0;
     for (int32_t i = 0; i < n; ++i) {
-        while (kv.cell_pos[c] >= 0) ++c;
-        cells_[i] = c;
-        kv.cell_pos[c] = b.pos[i];
-        kv.cell_seq[c] = b.seq_id[i];
-        kv.n_used = std::max(kv.n_used, c + 1);
-        tokens_[i] = b.token[i];
-        positions_[i] = b.pos[i];
-        seqs_[i] = b.seq_id[i];
         const bool want = b.logits ? b.logits[i] != 0 : i == n - 1;
-        out_row_[i] = want ? n_out : -1;
-        if (want) out_ids_[n_out++] = i;
+        out_row_[size_t(i)] = want ? n_out++ : -1;
     }
     n_last_ = n;
-    last_out_ = n_out > 0 ? out_ids_[n_out - 1] : -1;
+    last_out_ = -1;
+    for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
+        if (out_row_[size_t(i)] >= 0) last_out_ = i;
     if (logits_.size() < size_t(n_out) * hp.n_vocab) logits_.resize(size_t(n_out) * hp.n_vocab);
 
+    // A long batch runs in chunks of the plan's size; each chunk attends to
+    // the cells of the chunks before it.
     const double t0 = now_ms();
-    graph_.clear();
-    graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
-    logits_node_ = nullptr;
-    build_graph(n, n_out);
-    be_->run(graph_);
-    if (logits_node_ && logits_node_->data != logits_.data()) {
-        be_->download(logits_.data(), logits_node_->data, logits_node_->nbytes());
+    for (int32_t i0 = 0, out_base = 0; i0 < n; i0 += plan.chunk) {
+        const int32_t m = std::min(plan.chunk, n - i0);
+        run_chunk(b, i0, m, out_base);
+        for (int32_t i = i0; i < i0 + m; ++i) out_base += out_row_[size_t(i)] >= 0;
     }
     const double dt = now_ms() - t0;
     if (n > 1) {
@@ -404,6 +610,82 @@ void llama_context::decode(const smol_batch & b) {
         perf.t_eval_ms += dt;
         perf.n_eval_tokens += n;
     }
+}
+
+void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base) {
+    const llama_hparams & hp = model.hp;
+    // Assign cells, lowest free first, so one sequence's history stays dense.
+    int32_t c = 0, n_out = 0;
+    for (int32_t j = 0; j < n; ++j) {
+        const int32_t i = i0 + j;
+        while (kv.cell_pos[c] >= 0) ++c;
+        cells_[size_t(j)] = c;
+        kv.cell_pos[c] = b.pos[i];
+        kv.cell_seq[c] = b.seq_id[i];
+        kv.n_used = std::max(kv.n_used, c + 1);
+        tokens_[size_t(j)] = b.token[i];
+        positions_[size_t(j)] = b.pos[i];
+        seqs_[size_t(j)] = b.seq_id[i];
+        if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
+    }
+    graph_.clear();
+    graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
+    logits_node_ = nullptr;
+    build_graph(n, n_out);
+    float * dst = logits_.data() + size_t(out_base) * size_t(hp.n_vocab);
+    if (logits_node_ && be_->where() == placement::host) logits_node_->data = dst;
+    be_->run(graph_);
+    if (logits_node_ && logits_node_->data != dst) {
+        be_->download(dst, logits_node_->data, logits_node_->nbytes());
+    }
+}
+
+smol_memory_info llama_context::memory_info() const {
+    smol_memory_info m{};
+    const memory_stats st = be_->memory();
+    m.budget = params.gpu_mem;
+    m.device_weights = plan.weight_bytes;
+    m.device_compute = plan.compute_bytes;
+    m.device_staging = uint64_t(plan.n_slots) * plan.slot_bytes();
+    m.device_kv = plan.resident_kv_bytes();
+    m.device_planned = plan.device_bytes();
+    m.device_peak = st.peak;
+    m.host_kv = plan.host_kv_bytes();
+    m.host_pinned = host_pinned_;
+    m.host_pageable = host_pageable_;
+    m.n_heads = plan.n_layer * plan.n_head_kv;
+    m.n_heads_resident = plan.n_resident_groups() * plan.G;
+    m.head_group = plan.G;
+    m.chunk = plan.chunk;
+    return m;
+}
+
+std::string llama_context::schedule_text(int32_t n) {
+    if (n <= 0) n = 1;
+    n = std::min({n, plan.chunk, kv.n_free()});
+    if (n <= 0) throw error(SMOL_ERR_CONTEXT_FULL, "the KV cache has no free cell for a step");
+    // The cells and positions the step would take, without taking them.
+    const int32_t n_used = kv.n_used;
+    int32_t c = 0;
+    for (int32_t j = 0; j < n; ++j) {
+        while (kv.cell_pos[c] >= 0 ||
+               std::find(cells_.begin(), cells_.begin() + j, c) != cells_.begin() + j)
+            ++c;
+        cells_[size_t(j)] = c;
+        tokens_[size_t(j)] = 0;
+        positions_[size_t(j)] = 0;
+        seqs_[size_t(j)] = 0;
+        kv.n_used = std::max(kv.n_used, c + 1);
+    }
+    graph_.clear();
+    graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
+    build_graph(n, 1);
+    kv.n_used = n_used;
+    schedule s;
+    make_schedule(graph_, s);
+    std::string out = "step of " + std::to_string(n) + " token(s) on " + be_->name() + " after " +
+                      std::to_string(n_used) + " used cells\n";
+    return out + format_schedule(graph_, s);
 }
 
 const float * llama_context::logits(int32_t i) const {

@@ -1,7 +1,8 @@
 // smol-llama.h - the Llama architecture: hyper-parameters and weights read
 // from GGUF metadata (SmolLM2 135M/360M/1.7B and other llama files: GQA, RoPE
 // base, RMSNorm epsilon, tied or separate output), and the per-stream context
-// (KV cache, executor, logits) that builds and runs one graph per batch.
+// (KV plan and storage, executor, logits) that builds and runs one graph per
+// prefill chunk or decode batch.
 
 #ifndef SMOL_LLAMA_H
 #define SMOL_LLAMA_H
@@ -9,6 +10,7 @@
 #include "gguf.h"
 #include "smol-backend.h"
 #include "smol-graph.h"
+#include "smol-plan.h"
 #include "smol-vocab.h"
 #include "smol.h"
 
@@ -72,18 +74,36 @@ class llama_context {
     const float * logits(int32_t i) const;
     const backend & device() const { return *be_; }
 
+    smol_memory_info memory_info() const;
+    // The plan and the program of a step of n_tokens after the cache's
+    // current contents, as text.
+    std::string schedule_text(int32_t n_tokens);
+    // The graph of the last step run (for tests that read its schedule).
+    const graph & last_graph() const { return graph_; }
+
     const llama_model & model;
     smol_context_params params;
     kv_cache kv;
+    kv_plan plan;
     smol_perf perf{};
 
   private:
     void build_graph(int32_t n_tokens, int32_t n_outputs);
+    void alloc_kv();
+    kv_view group_view(int32_t layer, int32_t group, int32_t slot) const;
+    // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
+    void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
 
     void * to_backend(const weight & w);
 
     std::unique_ptr<backend> be_;
-    std::vector<void *> owned_; // backend memory this context allocated
+    std::vector<void *> owned_;      // backend memory this context allocated
+    std::vector<void *> owned_host_; // host arenas of the offloaded KV
+    // Per (layer, group): [K: G heads][V: G heads] x [cell][head_dim] f16,
+    // in device memory (resident) or host memory (offloaded).
+    std::vector<uint16_t *> group_base_;
+    uint16_t * slots_[2] = {nullptr, nullptr};
+    uint64_t host_pinned_ = 0, host_pageable_ = 0;
     // The model's weights as this context's backend sees them.
     weight tok_embd_, output_norm_, output_;
     std::vector<llama_layer> layers_;
@@ -95,6 +115,8 @@ class llama_context {
     int32_t n_last_ = 0;
     std::vector<float> logits_;
     tensor * logits_node_ = nullptr;
+    // The step's copy nodes and attentions per offloaded group (build_graph's).
+    std::vector<tensor *> prefetch_, offload_, attend_;
 };
 
 } // namespace smol

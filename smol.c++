@@ -1,7 +1,9 @@
 // smol.c++ - the core: tensors and the graph of ops, the arena planner, the
-// thread pool and the executor that runs a graph on the CPU backend, the KV
-// cache's cell bookkeeping, and the C API of smol.h on top of the model layer
-// (smol-llama.c++), the tokenizer (smol-vocab.c++) and the sampler.
+// schedule of a graph over compute and copy streams, the thread pool and the
+// executor that runs a graph on the CPU backend and on the simulated device,
+// the KV cache's cell bookkeeping, and the C API of smol.h on top of the
+// model layer (smol-llama.c++), the tokenizer (smol-vocab.c++) and the
+// sampler.
 
 #include "smol.h"
 
@@ -10,13 +12,17 @@
 #include "smol-error.h"
 #include "smol-graph.h"
 #include "smol-llama.h"
+#include "smol-plan.h"
 
 #include <algorithm>
+#include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -151,6 +157,38 @@ tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int3
 
 tensor * op_swiglu(graph & g, tensor * gate, tensor * up) {
     return elementwise(g, OP_SWIGLU, gate, up);
+}
+
+tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, const kv_view & view,
+                           tensor * after) {
+    tensor * t = op_kv_store(g, k, v, layer);
+    t->deps[0] = after;
+    t->kv = view;
+    return t;
+}
+
+tensor * op_attention_heads(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
+                            int32_t n_head_kv, int32_t head_dim, const kv_view & view,
+                            tensor * into) {
+    tensor * t = op_attention(g, q, after, layer, n_head, n_head_kv, head_dim);
+    t->kv = view;
+    t->src[2] = into;
+    t->view_of = into;
+    return t;
+}
+
+tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src,
+                    placement src_where, const copy_desc & c, tensor * dep0, tensor * dep1) {
+    tensor * from = g.new_tensor(SMOL_TYPE_F32, 0, 0);
+    from->data = const_cast<void *>(src);
+    from->where = src_where;
+    tensor * t = node(g, OP_COPY, 0, 0, from);
+    t->deps[0] = dep0;
+    t->deps[1] = dep1;
+    t->data = dst;
+    t->where = dst_where;
+    t->copy = c;
+    return t;
 }
 
 // --- KV cache cells -------------------------------------------------------------
@@ -343,7 +381,14 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
     p.live.assign(nodes.size(), 0);
     for (size_t i = 0; i < nodes.size(); ++i) {
         const tensor * t = nodes[i];
-        if (!t->data && t->nbytes() > 0) {
+        const int alias = t->view_of ? t->view_of->node_index : -1;
+        if (!t->data && t->nbytes() > 0 && alias >= 0 && p.live[size_t(alias)] &&
+            nodes[size_t(alias)]->nbytes() == t->nbytes()) {
+            // Written in place: the memory passes from the earlier node.
+            p.offset[i] = p.offset[size_t(alias)];
+            p.live[size_t(alias)] = 0;
+            p.live[i] = 1;
+        } else if (!t->data && t->nbytes() > 0) {
             p.offset[i] = take(align(t->nbytes()));
             p.live[i] = 1;
         }
@@ -379,6 +424,202 @@ void executor::plan(graph & g) {
     for (size_t i = 0; i < nodes.size(); ++i) {
         if (p.offset[i] != SIZE_MAX) nodes[i]->data = arena_.data + p.offset[i];
     }
+}
+
+size_t executor::bytes_for(const graph & g) {
+    plan_arena(g, 64, probe_);
+    return align64(probe_.arena_bytes) + align64(probe_.work_bytes) +
+           align64(probe_.scratch_bytes) * size_t(pool_.size());
+}
+
+// --- schedule ------------------------------------------------------------------------
+
+const char * stream_name(stream_id s) {
+    switch (s) {
+    case stream_id::compute:
+        return "compute";
+    case stream_id::h2d:
+        return "h2d";
+    case stream_id::d2h:
+        return "d2h";
+    }
+    return "?";
+}
+
+stream_id node_stream(const tensor * t) {
+    if (t->kind != OP_COPY) return stream_id::compute;
+    switch (t->copy.dir) {
+    case copy_dir::h2d:
+        return stream_id::h2d;
+    case copy_dir::d2h:
+        return stream_id::d2h;
+    case copy_dir::any:
+        break;
+    }
+    return stream_id::compute;
+}
+
+void make_schedule(const graph & g, schedule & s) {
+    const auto & nodes = g.nodes();
+    const size_t n = nodes.size();
+    for (auto & p : s.prog) p.clear();
+    s.issue.clear();
+    s.event_node.clear();
+    s.event_pos.clear();
+    s.n_events = 0;
+    s.node_stream.resize(n);
+    s.event_after.assign(n, -1);
+    s.needs_event.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) s.node_stream[i] = uint8_t(node_stream(nodes[i]));
+    // What a node waits for: its sources and its ordering dependencies.
+    auto inputs = [](const tensor * t) {
+        return std::array<const tensor *, max_src + 2>{t->src[0], t->src[1], t->src[2], t->deps[0],
+                                                       t->deps[1]};
+    };
+    // A node needs an event when a node of another stream depends on it.
+    for (size_t i = 0; i < n; ++i) {
+        for (const tensor * src : inputs(nodes[i])) {
+            if (src && src->kind != OP_NONE && src->node_index >= 0 &&
+                s.node_stream[size_t(src->node_index)] != s.node_stream[i]) {
+                s.needs_event[size_t(src->node_index)] = 1;
+            }
+        }
+    }
+    // waited[a][b]: the last record of stream b that stream a has waited for;
+    // a stream's records complete in order, so later ones cover earlier ones.
+    int32_t waited[n_streams][n_streams];
+    for (auto & row : waited)
+        for (int32_t & w : row) w = -1;
+    auto emit = [&](int st, schedule::kind k, int32_t node, int32_t event) {
+        s.prog[st].push_back({k, node, event});
+        s.issue.emplace_back(uint8_t(st), int32_t(s.prog[st].size() - 1));
+    };
+    for (size_t i = 0; i < n; ++i) {
+        const int st = s.node_stream[i];
+        for (const tensor * src : inputs(nodes[i])) {
+            if (!src || src->kind == OP_NONE || src->node_index < 0) continue;
+            const int32_t e = s.event_after[size_t(src->node_index)];
+            if (e < 0) continue;
+            const int other = s.node_stream[size_t(src->node_index)];
+            if (other == st || s.event_pos[size_t(e)] <= waited[st][other]) continue;
+            waited[st][other] = s.event_pos[size_t(e)];
+            emit(st, schedule::kind::wait, -1, e);
+        }
+        emit(st, schedule::kind::run, int32_t(i), -1);
+        if (s.needs_event[i]) {
+            const int32_t e = s.n_events++;
+            s.event_after[i] = e;
+            s.event_node.push_back(int32_t(i));
+            emit(st, schedule::kind::record, -1, e);
+            s.event_pos.push_back(int32_t(s.prog[st].size() - 1));
+        }
+    }
+}
+
+namespace {
+
+// One line's description of a node for the printed program.
+std::string describe(const tensor * t) {
+    char b[160];
+    switch (t->kind) {
+    case OP_COPY: {
+        const char * what = t->copy.dir == copy_dir::h2d   ? "PREFETCH"
+                            : t->copy.dir == copy_dir::d2h ? "OFFLOAD"
+                                                           : "COPY";
+        std::snprintf(b, sizeof b, "%-9s layer %d group %d %s slot %d: %zu x %s", what,
+                      t->iparams[0], t->iparams[1], t->copy.dir == copy_dir::d2h ? "from" : "->",
+                      t->iparams[2], t->copy.height, format_bytes(t->copy.width).c_str());
+        return b;
+    }
+    case OP_KV_STORE:
+    case OP_ATTENTION: {
+        const std::string where = !t->kv.k          ? "cache"
+                                  : t->kv.slot >= 0 ? "slot " + std::to_string(t->kv.slot)
+                                                    : "resident";
+        if (!t->kv.k) {
+            std::snprintf(b, sizeof b, "%-9s layer %d, all kv heads (%s)", op_names[t->kind],
+                          t->iparams[0], where.c_str());
+        } else {
+            std::snprintf(b, sizeof b, "%-9s layer %d kv heads %d-%d (%s)", op_names[t->kind],
+                          t->iparams[0], t->kv.h0, t->kv.h1 - 1, where.c_str());
+        }
+        return b;
+    }
+    default:
+        std::snprintf(b, sizeof b, "%-9s [%lld x %lld]", op_names[t->kind], (long long)t->ne[0],
+                      (long long)t->ne[1]);
+        return b;
+    }
+}
+
+} // namespace
+
+std::string format_schedule(const graph & g, const schedule & s) {
+    std::string out;
+    char b[256];
+    size_t n_copies = s.prog[1].size() + s.prog[2].size();
+    std::snprintf(b, sizeof b,
+                  "schedule: %zu nodes, %d events; instructions per stream: compute %zu, h2d %zu, "
+                  "d2h %zu (%zu copy instructions)\n",
+                  g.nodes().size(), s.n_events, s.prog[0].size(), s.prog[1].size(),
+                  s.prog[2].size(), n_copies);
+    out += b;
+    for (size_t k = 0; k < s.issue.size(); ++k) {
+        const auto [st, idx] = s.issue[k];
+        const schedule::instr & in = s.prog[st][size_t(idx)];
+        const char * sn = stream_name(stream_id(st));
+        switch (in.what) {
+        case schedule::kind::wait:
+            std::snprintf(
+                b, sizeof b, "%6zu %-7s %5d   wait   e%d (after #%d on %s)\n", k, sn, idx, in.event,
+                s.event_node[size_t(in.event)],
+                stream_name(stream_id(s.node_stream[size_t(s.event_node[size_t(in.event)])])));
+            break;
+        case schedule::kind::record:
+            std::snprintf(b, sizeof b, "%6zu %-7s %5d   record e%d\n", k, sn, idx, in.event);
+            break;
+        case schedule::kind::run:
+            std::snprintf(b, sizeof b, "%6zu %-7s %5d   #%-5d %s\n", k, sn, idx, in.node,
+                          describe(g.nodes()[size_t(in.node)]).c_str());
+            break;
+        }
+        out += b;
+    }
+    return out;
+}
+
+void event_set::reset(int32_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.assign(size_t(n), 0);
+}
+
+void event_set::record(int32_t e) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_[size_t(e)] = 1;
+    }
+    cv_.notify_all();
+}
+
+void event_set::wait(int32_t e) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[size_t(e)] != 0; });
+}
+
+void run_copy_node(const tensor * t) {
+    const copy_desc & c = t->copy;
+    const uint8_t * src = static_cast<const uint8_t *>(t->src[0]->data);
+    uint8_t * dst = static_cast<uint8_t *>(t->data);
+    if (c.height == 0) {
+        std::memcpy(dst, src, t->src[0]->nbytes());
+        return;
+    }
+    if (c.width == c.dpitch && c.width == c.spitch) {
+        std::memcpy(dst, src, c.width * c.height);
+        return;
+    }
+    for (size_t r = 0; r < c.height; ++r)
+        std::memcpy(dst + r * c.dpitch, src + r * c.spitch, c.width);
 }
 
 // --- op kernels on the CPU ----------------------------------------------------------
@@ -509,19 +750,21 @@ void run_rope(tensor * t, const op_args & a) {
 }
 
 void run_kv_store(tensor * t, const op_args & a) {
-    kv_cache & kv = *a.batch.kv;
+    const kv_cache & kv = *a.batch.kv;
     const tensor * k = t->src[0];
     const tensor * v = t->src[1];
-    const int layer = t->iparams[0], hd = kv.head_dim;
+    const kv_view view = node_kv_view(t, kv);
+    const int hd = kv.head_dim;
     int64_t i0, i1;
     split(k->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const int32_t cell = a.batch.cell[i];
+        const size_t at = size_t(a.batch.cell[i]) * size_t(hd);
         const float * ks = row_f32(k, i);
         const float * vs = row_f32(v, i);
-        for (int h = 0; h < kv.n_head_kv; ++h) {
-            a.k.f32_to_f16(ks + h * hd, kv.k_head(layer, h) + size_t(cell) * hd, hd);
-            a.k.f32_to_f16(vs + h * hd, kv.v_head(layer, h) + size_t(cell) * hd, hd);
+        for (int h = view.h0; h < view.h1; ++h) {
+            const size_t head = size_t(h - view.h0) * view.head_stride;
+            a.k.f32_to_f16(ks + h * hd, view.k + head + at, hd);
+            a.k.f32_to_f16(vs + h * hd, view.v + head + at, hd);
         }
     }
 }
@@ -530,12 +773,15 @@ void run_kv_store(tensor * t, const op_args & a) {
 // weighted sum of V. The query and the normalised weights are rounded to f16
 // before they meet the f16 cache, and the softmax sum is kept in double, as
 // llama.cpp's attention does, so the two engines round alike.
+// A node covers the query heads of its view's kv heads; K and V come from
+// the view's bases, resident memory or a staging slot alike.
 void run_attention(tensor * t, const op_args & a) {
-    kv_cache & kv = *a.batch.kv;
+    const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
-    const int layer = t->iparams[0], n_head = t->iparams[1], n_head_kv = t->iparams[2],
-              hd = t->iparams[3];
+    const kv_view view = node_kv_view(t, kv);
+    const int n_head = t->iparams[1], n_head_kv = t->iparams[2], hd = t->iparams[3];
     const int group = n_head / n_head_kv;
+    const int q0 = view.h0 * group, n_q = (view.h1 - view.h0) * group;
     const float scale = 1.0f / std::sqrt(float(hd));
     const int64_t n_tok = q->ne[1];
     float * scores = a.scratch;
@@ -543,19 +789,19 @@ void run_attention(tensor * t, const op_args & a) {
     uint16_t qh16[1024];
     float qh[1024];
     int64_t w0, w1;
-    split(n_tok * n_head, a.ith, a.nth, w0, w1);
+    split(n_tok * n_q, a.ith, a.nth, w0, w1);
     for (int64_t w = w0; w < w1; ++w) {
-        const int64_t i = w / n_head;
-        const int h = int(w % n_head), hk = h / group;
+        const int64_t i = w / n_q;
+        const int h = q0 + int(w % n_q), hk = h / group;
         const smol_pos p = a.batch.pos[i];
         const smol_seq_id s = a.batch.seq[i];
         a.k.f32_to_f16(row_f32(q, i) + h * hd, qh16, hd);
         a.k.row_to_f32(SMOL_TYPE_F16, qh16, qh, hd);
-        const uint16_t * K = kv.k_head(layer, hk);
-        const uint16_t * V = kv.v_head(layer, hk);
+        const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
+        const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
         float mx = -INFINITY;
         for (int32_t c = 0; c < kv.n_used; ++c) {
-            const bool visible = kv.cell_seq[c] == s && kv.cell_pos[c] >= 0 && kv.cell_pos[c] <= p;
+            const bool visible = kv_visible(kv, c, s, p);
             scores[c] = visible ? a.k.dot_f16_f32(K + size_t(c) * hd, qh, hd) * scale : -INFINITY;
             mx = std::max(mx, scores[c]);
         }
@@ -574,7 +820,7 @@ void run_attention(tensor * t, const op_args & a) {
 }
 
 void run_copy(tensor * t, const op_args & a) {
-    if (a.ith == 0) std::memcpy(t->data, t->src[0]->data, t->src[0]->nbytes());
+    if (a.ith == 0) run_copy_node(t);
 }
 
 using op_fn = void (*)(tensor *, const op_args &);
@@ -585,14 +831,20 @@ const op_fn op_table[OP_COUNT] = {
 
 } // namespace
 
-void executor::run(graph & g) {
+void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
     // One captured pointer keeps the closure inside std::function's small
     // buffer: running a graph allocates nothing.
     struct step_state {
         executor * self;
         graph * g;
         const cpu::kernels * k;
-    } st{this, &g, &cpu::kernels_best()};
+        const schedule * s;
+    } st{this, &g, &cpu::kernels_best(), nullptr};
+    if (sched && copies && sched->has_copies()) {
+        st.s = sched;
+        events_.reset(sched->n_events);
+        copies->start(g, *sched, events_);
+    }
     const std::function<void(int, int)> body = [&st](int ith, int nth) {
         executor & e = *st.self;
         op_args args{*st.k,
@@ -602,17 +854,90 @@ void executor::run(graph & g) {
                      reinterpret_cast<float *>(e.scratch_.data + e.scratch_per_thread_ * ith),
                      ith,
                      nth};
-        for (tensor * t : st.g->nodes()) {
-            op_table[t->kind](t, args);
-            e.pool_.barrier();
+        if (!st.s) {
+            for (tensor * t : st.g->nodes()) {
+                op_table[t->kind](t, args);
+                e.pool_.barrier();
+            }
+            return;
+        }
+        // The compute stream: waits hold every thread until a copy is done.
+        for (const schedule::instr & in : st.s->prog[0]) {
+            switch (in.what) {
+            case schedule::kind::wait:
+                if (ith == 0) e.events_.wait(in.event);
+                e.pool_.barrier();
+                break;
+            case schedule::kind::run: {
+                tensor * t = st.g->nodes()[size_t(in.node)];
+                op_table[t->kind](t, args);
+                e.pool_.barrier();
+                break;
+            }
+            case schedule::kind::record:
+                if (ith == 0) e.events_.record(in.event);
+                break;
+            }
         }
     };
     pool_.run(body);
+    if (st.s) copies->finish();
 }
 
 // --- the CPU backend ------------------------------------------------------------
 
 namespace {
+
+void * host_alloc(size_t bytes, const char * what) {
+    void * p = std::aligned_alloc(64, align64(std::max<size_t>(bytes, 1)));
+    if (!p) {
+        throw error(SMOL_ERR_OUT_OF_MEMORY,
+                    "cannot allocate " + format_bytes(bytes) + " of " + what);
+    }
+    return p;
+}
+
+// Allocations by address and the bytes they hold, against an optional limit.
+class memory_ledger {
+  public:
+    void add(void * p, size_t n) {
+        sizes_[p] = n;
+        stats_.in_use += n;
+        stats_.peak = std::max(stats_.peak, stats_.in_use);
+    }
+    size_t remove(void * p) {
+        const auto it = sizes_.find(p);
+        if (it == sizes_.end()) return 0;
+        const size_t n = it->second;
+        stats_.in_use -= n;
+        sizes_.erase(it);
+        return n;
+    }
+    // Throws, with the numbers, when n more bytes would pass the limit.
+    void check(const char * space, size_t n, const char * what) const {
+        if (stats_.limit && stats_.in_use + n > stats_.limit) {
+            throw error(SMOL_ERR_OUT_OF_MEMORY, std::string(space) + ": cannot allocate " +
+                                                    format_bytes(n) + " of " + what + ": " +
+                                                    format_bytes(stats_.in_use) + " of its " +
+                                                    format_bytes(stats_.limit) + " are in use");
+        }
+    }
+    // The executor's buffers, which grow in place of one another.
+    void set_compute(const char * space, size_t n) {
+        if (n > compute_) {
+            stats_.in_use -= compute_;
+            check(space, n, "compute memory");
+            stats_.in_use += n;
+            compute_ = n;
+            stats_.peak = std::max(stats_.peak, stats_.in_use);
+        }
+    }
+    memory_stats stats_;
+
+  private:
+    std::unordered_map<void *, size_t> sizes_;
+    size_t compute_ = 0;
+};
 
 class cpu_backend final : public backend {
   public:
@@ -620,25 +945,183 @@ class cpu_backend final : public backend {
     const char * name() const override { return "cpu"; }
     placement where() const override { return placement::host; }
     void * alloc(size_t bytes) override {
-        void * p = std::aligned_alloc(64, align64(std::max<size_t>(bytes, 1)));
-        if (!p) {
-            throw error(SMOL_ERR_OUT_OF_MEMORY,
-                        "cannot allocate " + std::to_string(bytes >> 20) + " MiB of host memory");
-        }
+        mem_.check("cpu", bytes, "memory");
+        void * p = host_alloc(bytes, "host memory");
+        mem_.add(p, bytes);
         return p;
     }
-    void release(void * p) override { std::free(p); }
+    void release(void * p) override {
+        mem_.remove(p);
+        std::free(p);
+    }
     void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
+    // The CPU's own memory is as fast to copy as any: nothing to pin.
+    void * alloc_host(size_t bytes, bool & pinned) override {
+        void * p = host_alloc(bytes, "host memory for the KV cache");
+        host_[p] = bytes;
+        mem_.stats_.host_pinned += bytes;
+        pinned = true;
+        return p;
+    }
+    void release_host(void * p) override {
+        const auto it = host_.find(p);
+        if (it != host_.end()) {
+            mem_.stats_.host_pinned -= it->second;
+            host_.erase(it);
+        }
+        std::free(p);
+    }
+    void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
+    memory_stats memory() const override { return mem_.stats_; }
+    size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
+    // Copies run inline, in graph order: one memory space, no link to hide.
     void run(graph & g) override {
         exec_.plan(g);
+        mem_.set_compute("cpu", exec_.held_bytes());
         exec_.run(g);
     }
-    void reserve(graph & g) override { exec_.plan(g); }
+    void reserve(graph & g) override {
+        exec_.plan(g);
+        mem_.set_compute("cpu", exec_.held_bytes());
+    }
 
   private:
     executor exec_;
+    memory_ledger mem_;
+    std::unordered_map<void *, size_t> host_;
+};
+
+// A simulated device: its memory is host memory counted against a limit of
+// its own (peak tracked), its kernels are the CPU's, and its two copy
+// streams run on threads of their own, so the schedule's copies overlap its
+// compute as they would on a GPU. Offloaded KV lives in a separate set of
+// host allocations ("pinned").
+class sim_backend final : public backend, public copy_engine {
+  public:
+    explicit sim_backend(int n_threads) : exec_(n_threads) {
+        for (int i = 0; i < 2; ++i) workers_[i] = std::thread([this, i] { copy_worker(i + 1); });
+    }
+    ~sim_backend() override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        for (auto & w : workers_) w.join();
+    }
+    const char * name() const override { return "sim"; }
+    placement where() const override { return placement::device; }
+    void * alloc(size_t bytes) override {
+        mem_.check("sim device", bytes, "device memory");
+        void * p = host_alloc(bytes, "simulated device memory");
+        mem_.add(p, bytes);
+        return p;
+    }
+    void release(void * p) override {
+        mem_.remove(p);
+        std::free(p);
+    }
+    void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
+    void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
+    void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
+    void * alloc_host(size_t bytes, bool & pinned) override {
+        void * p = host_alloc(bytes, "host memory for the KV cache");
+        host_[p] = bytes;
+        mem_.stats_.host_pinned += bytes;
+        pinned = true;
+        return p;
+    }
+    void release_host(void * p) override {
+        const auto it = host_.find(p);
+        if (it != host_.end()) {
+            mem_.stats_.host_pinned -= it->second;
+            host_.erase(it);
+        }
+        std::free(p);
+    }
+    void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
+    memory_stats memory() const override { return mem_.stats_; }
+    size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
+    void run(graph & g) override {
+        exec_.plan(g);
+        mem_.set_compute("sim device", exec_.held_bytes());
+        make_schedule(g, sched_);
+        exec_.run(g, &sched_, this);
+    }
+    void reserve(graph & g) override {
+        exec_.plan(g);
+        mem_.set_compute("sim device", exec_.held_bytes());
+    }
+
+    void start(const graph & g, const schedule & s, event_set & ev) override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            job_g_ = &g;
+            job_s_ = &s;
+            job_ev_ = &ev;
+            pending_ = 2;
+            ++gen_;
+        }
+        cv_.notify_all();
+    }
+    void finish() override {
+        std::unique_lock<std::mutex> lock(mu_);
+        done_cv_.wait(lock, [&] { return pending_ == 0; });
+    }
+
+  private:
+    // Stream st's instructions of each run, in order.
+    void copy_worker(int st) {
+        uint64_t seen = 0;
+        for (;;) {
+            const graph * g;
+            const schedule * s;
+            event_set * ev;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return stop_ || gen_ != seen; });
+                if (stop_) return;
+                seen = gen_;
+                g = job_g_;
+                s = job_s_;
+                ev = job_ev_;
+            }
+            for (const schedule::instr & in : s->prog[st]) {
+                switch (in.what) {
+                case schedule::kind::wait:
+                    ev->wait(in.event);
+                    break;
+                case schedule::kind::run:
+                    run_copy_node(g->nodes()[size_t(in.node)]);
+                    break;
+                case schedule::kind::record:
+                    ev->record(in.event);
+                    break;
+                }
+            }
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                --pending_;
+            }
+            done_cv_.notify_all();
+        }
+    }
+
+    executor exec_;
+    memory_ledger mem_;
+    std::unordered_map<void *, size_t> host_;
+    schedule sched_;
+    std::thread workers_[2];
+    std::mutex mu_;
+    std::condition_variable cv_, done_cv_;
+    const graph * job_g_ = nullptr;
+    const schedule * job_s_ = nullptr;
+    event_set * job_ev_ = nullptr;
+    int pending_ = 0;
+    uint64_t gen_ = 0;
+    bool stop_ = false;
 };
 
 } // namespace
@@ -652,6 +1135,7 @@ std::unique_ptr<backend> make_cuda_backend(int) {
 
 std::unique_ptr<backend> make_backend(const std::string & device, int n_threads) {
     if (device.empty() || device == "cpu") return std::make_unique<cpu_backend>(n_threads);
+    if (device == "sim") return std::make_unique<sim_backend>(n_threads);
     if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
         int index = 0;
         if (device.size() > 5) {
@@ -665,7 +1149,8 @@ std::unique_ptr<backend> make_backend(const std::string & device, int n_threads)
         }
         return make_cuda_backend(index);
     }
-    throw error(SMOL_ERR_INVALID_ARGUMENT, "unknown device '" + device + "'; use cpu or cuda:N");
+    throw error(SMOL_ERR_INVALID_ARGUMENT,
+                "unknown device '" + device + "'; use cpu, sim or cuda:N");
 }
 
 } // namespace smol
@@ -767,6 +1252,30 @@ const char * smol_status_name(smol_status s) {
         return "SMOL_ERR_BACKEND";
     }
     return "SMOL_ERR_UNKNOWN";
+}
+
+smol_status smol_parse_size(const char * text, uint64_t * bytes) {
+    if (!text || !bytes) return invalid("smol_parse_size: text and bytes must not be NULL");
+    char * end = nullptr;
+    const double v = std::strtod(text, &end);
+    std::string unit(end ? end : "");
+    for (char & ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    double scale = 0;
+    if (unit.empty() || unit == "b") {
+        scale = 1;
+    } else {
+        const std::string units = "kmgt";
+        const size_t k = units.find(unit[0]);
+        const std::string rest = unit.substr(1);
+        if (k != std::string::npos && (rest.empty() || rest == "b" || rest == "ib"))
+            scale = std::ldexp(1.0, 10 * int(k + 1));
+    }
+    if (end == text || !(v >= 0) || scale == 0 || v * scale > 1.8e19) {
+        return invalid(std::string("'") + text +
+                       "' is not a size; write it as 24GiB, 512MiB, 1.5G or a byte count");
+    }
+    *bytes = uint64_t(v * scale);
+    return SMOL_OK;
 }
 
 const char * smol_version(void) {
@@ -914,6 +1423,9 @@ smol_context_params smol_context_default_params(void) {
     p.n_threads = 0;
     p.n_seq_max = 1;
     p.device = nullptr;
+    p.gpu_mem = 0;
+    p.kv_offload = SMOL_KV_OFFLOAD_AUTO;
+    p.head_group = 0;
     return p;
 }
 
@@ -923,6 +1435,10 @@ smol_status smol_context_create(smol_model * model, const smol_context_params * 
     *out = nullptr;
     const smol_context_params p = params ? *params : smol_context_default_params();
     if (p.n_seq_max > 4096) return invalid("smol_context_create: n_seq_max is above 4096");
+    if (p.kv_offload != SMOL_KV_OFFLOAD_AUTO && p.kv_offload != SMOL_KV_OFFLOAD_NONE &&
+        p.kv_offload != SMOL_KV_OFFLOAD_ALL) {
+        return invalid("smol_context_create: kv_offload must be AUTO, NONE or ALL");
+    }
     return guard([&] {
         auto c = std::make_unique<smol_context>();
         c->model = model;
@@ -1028,6 +1544,26 @@ uint32_t smol_context_n_ctx(const smol_context * ctx) {
 }
 uint32_t smol_context_n_batch(const smol_context * ctx) {
     return ctx ? ctx->c->params.n_batch : 0;
+}
+
+void smol_context_memory(const smol_context * ctx, smol_memory_info * info) {
+    if (!ctx || !info) return;
+    *info = ctx->c->memory_info();
+}
+
+smol_status smol_context_plan_dump(const smol_context * ctx, char * buf, size_t size,
+                                   size_t * n_out) {
+    if (!ctx) return invalid("smol_context_plan_dump: ctx must not be NULL");
+    return copy_out(ctx->c->plan.format(), buf, size, n_out);
+}
+
+smol_status smol_context_schedule_dump(smol_context * ctx, int32_t n_tokens, char * buf,
+                                       size_t size, size_t * n_out) {
+    if (!ctx) return invalid("smol_context_schedule_dump: ctx must not be NULL");
+    std::string text;
+    const smol_status st = guard([&] { text = ctx->c->schedule_text(n_tokens); });
+    if (st != SMOL_OK) return st;
+    return copy_out(text, buf, size, n_out);
 }
 
 smol_batch smol_batch_init(int32_t n) {

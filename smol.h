@@ -45,6 +45,9 @@ typedef enum smol_status {
 SMOL_API const char * smol_last_error(void);
 // A short constant name for a status, such as "SMOL_ERR_FORMAT".
 SMOL_API const char * smol_status_name(smol_status status);
+// Reads a byte count such as "24GiB", "512MiB", "1.5G", "8gb" or "4096"
+// (K, M, G, T: powers of 1024, with or without "i" and "B").
+SMOL_API smol_status smol_parse_size(const char * text, uint64_t * bytes);
 // The library version, such as "0.1.0".
 SMOL_API const char * smol_version(void);
 // The CPU kernels chosen at run time for this machine, such as "avx2".
@@ -149,12 +152,25 @@ SMOL_API smol_status smol_chat_apply_template(const smol_model * model,
 
 // --- context --------------------------------------------------------------
 
+// Where the KV cache's (layer, kv-head) slices live when a device budget is
+// set: AUTO keeps as many in device memory as fit and the rest in pinned
+// host memory, NONE keeps all in device memory (an error if they do not
+// fit), ALL streams every one from host memory.
+typedef enum smol_kv_offload {
+    SMOL_KV_OFFLOAD_AUTO = 0,
+    SMOL_KV_OFFLOAD_NONE = 1,
+    SMOL_KV_OFFLOAD_ALL = 2,
+} smol_kv_offload;
+
 typedef struct smol_context_params {
-    uint32_t n_ctx;      // KV cells shared by all sequences (0: 4096, capped at training)
-    uint32_t n_batch;    // most tokens one smol_decode call takes (default 512)
-    int32_t n_threads;   // CPU threads (0: all cores)
-    uint32_t n_seq_max;  // most sequences at once (default 1)
-    const char * device; // "cpu" (default, NULL too) or "cuda:N"
+    uint32_t n_ctx;             // KV cells shared by all sequences (0: 4096, capped at training)
+    uint32_t n_batch;           // most tokens one smol_decode call takes (default 512)
+    int32_t n_threads;          // CPU threads (0: all cores)
+    uint32_t n_seq_max;         // most sequences at once (default 1)
+    const char * device;        // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
+    uint64_t gpu_mem;           // device memory budget in bytes (0: none, every head resident)
+    smol_kv_offload kv_offload; // default AUTO
+    int32_t head_group;         // kv heads per group (0: the planner chooses)
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);
@@ -164,6 +180,34 @@ SMOL_API smol_status smol_context_create(smol_model * model, const smol_context_
 SMOL_API void smol_context_free(smol_context * ctx);
 SMOL_API uint32_t smol_context_n_ctx(const smol_context * ctx);
 SMOL_API uint32_t smol_context_n_batch(const smol_context * ctx);
+
+// Memory of a context by placement, from its KV plan and as measured.
+typedef struct smol_memory_info {
+    uint64_t budget;          // the device budget (0: none)
+    uint64_t device_weights;  // planned device bytes per kind
+    uint64_t device_compute;  // arena, work space and staging of the largest chunk
+    uint64_t device_staging;  // the staging slots
+    uint64_t device_kv;       // resident KV
+    uint64_t device_planned;  // their sum
+    uint64_t device_peak;     // measured: the most device memory held so far
+    uint64_t host_kv;         // offloaded KV in host memory
+    uint64_t host_pinned;     // host bytes pinned (offloaded KV and staging)
+    uint64_t host_pageable;   // host bytes that could not be pinned
+    int32_t n_heads;          // (layer, kv head) slices
+    int32_t n_heads_resident; // of them in device memory
+    int32_t head_group;       // kv heads per group
+    int32_t chunk;            // tokens per prefill chunk
+} smol_memory_info;
+
+SMOL_API void smol_context_memory(const smol_context * ctx, smol_memory_info * info);
+// The KV plan as text (bytes per kind, resident heads per layer, G, chunk).
+SMOL_API smol_status smol_context_plan_dump(const smol_context * ctx, char * buf, size_t size,
+                                            size_t * n_out);
+// The program of a step of n_tokens tokens, one instruction a line per
+// stream with its events, as the executor would run it after the cache's
+// current contents (n_tokens <= 0: one token).
+SMOL_API smol_status smol_context_schedule_dump(smol_context * ctx, int32_t n_tokens, char * buf,
+                                                size_t size, size_t * n_out);
 
 // A batch of tokens, each with its position and sequence, as in llama.cpp:
 // tokens of several sequences may be mixed, so a serving loop batches them.

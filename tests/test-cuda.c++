@@ -2,7 +2,9 @@
 // references: every op on fresh random inputs with poisoned outputs, the
 // matmul for every weight type and batch size, fused and graph-replayed
 // decode steps, whole random llamas (tiny ones and one of SmolLM2-135M's
-// shape), and the real SmolLM2-135M when its file is present. Without a GPU
+// shape), the real SmolLM2-135M when its file is present, and per-head KV
+// placement (resident, offloaded through pinned memory, mixed) giving
+// bit-identical logits within the device budget. Without a GPU
 // only the refusal is checked; every other test says it was skipped.
 
 #include "smol-backend.h"
@@ -1056,4 +1058,137 @@ TEST_CASE("SmolLM2-135M on the GPU stays within llama.cpp's rounding noise") {
     }
     CHECK(decisive >= 40);
     MESSAGE(decisive << " decisive greedy steps on the GPU agree with llama.cpp");
+}
+
+// --- per-head KV placement on the GPU ---------------------------------------------
+
+namespace {
+
+context_ptr make_placed(smol_model * m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                        smol_kv_offload mode, int32_t head_group, uint64_t budget) {
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    p.n_seq_max = n_seq;
+    p.n_threads = 4;
+    p.device = "cuda:0";
+    p.kv_offload = mode;
+    p.head_group = head_group;
+    p.gpu_mem = budget;
+    smol_context * c = nullptr;
+    const smol_status st = smol_context_create(m, &p, &c);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return context_ptr(c);
+}
+
+// Two sequences' prompts in chunks, then single tokens of each (the path
+// captured and replayed as CUDA graphs, copies included): every logit row.
+std::vector<float> placed_workload(smol_context * c, int n_vocab,
+                                   const std::vector<std::vector<int>> & prompts, int n_steps) {
+    std::vector<float> out;
+    const int32_t cap = int32_t(smol_context_n_batch(c));
+    smol_batch b = smol_batch_init(cap);
+    auto decode = [&]() {
+        const smol_status st = smol_decode(c, &b);
+        INFO(smol_last_error());
+        REQUIRE(st == SMOL_OK);
+        for (int i = 0; i < b.n_tokens; ++i) {
+            const float * l = smol_get_logits(c, i);
+            REQUIRE(l);
+            out.insert(out.end(), l, l + n_vocab);
+        }
+        b.n_tokens = 0;
+    };
+    std::vector<int> len(prompts.size(), 0);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+        for (int t : prompts[s]) {
+            smol_batch_add(&b, cap, t, len[s]++, smol_seq_id(s), true);
+            if (b.n_tokens == cap) decode();
+        }
+        if (b.n_tokens > 0) decode();
+    }
+    for (int k = 0; k < n_steps; ++k) {
+        const size_t s = size_t(k) % prompts.size();
+        smol_batch_add(&b, cap, (k * 7 + 3) % n_vocab, len[s]++, smol_seq_id(s), true);
+        decode();
+    }
+    smol_batch_free(&b);
+    return out;
+}
+
+bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// For each head group: everything resident, everything streamed from pinned
+// host memory, and a budget that keeps about half resident; the logits of
+// one head group must agree bit for bit, and the device must stay within
+// the budget.
+void check_gpu_placements(smol_model * m, int n_head_kv, int n_vocab, uint32_t n_ctx,
+                          uint32_t n_batch, const std::vector<std::vector<int>> & prompts,
+                          int n_steps) {
+    for (int G : {1, n_head_kv}) {
+        CAPTURE(G);
+        context_ptr res = make_placed(m, n_ctx, n_batch, 2, SMOL_KV_OFFLOAD_NONE, G, 0);
+        const std::vector<float> want = placed_workload(res.get(), n_vocab, prompts, n_steps);
+        context_ptr all = make_placed(m, n_ctx, n_batch, 2, SMOL_KV_OFFLOAD_ALL, G, 0);
+        smol_memory_info mi;
+        smol_context_memory(all.get(), &mi);
+        CHECK(mi.n_heads_resident == 0);
+        CHECK(mi.host_pinned >= mi.host_kv);
+        CHECK(same_bits(placed_workload(all.get(), n_vocab, prompts, n_steps), want));
+        const uint64_t budget =
+            mi.device_weights + mi.device_compute + mi.device_staging + mi.host_kv / 2;
+        context_ptr mixed = make_placed(m, n_ctx, n_batch, 2, SMOL_KV_OFFLOAD_AUTO, G, budget);
+        smol_memory_info mm;
+        smol_context_memory(mixed.get(), &mm);
+        CHECK(mm.n_heads_resident > 0);
+        CHECK(mm.n_heads_resident < mm.n_heads);
+        CHECK(same_bits(placed_workload(mixed.get(), n_vocab, prompts, n_steps), want));
+        smol_context_memory(mixed.get(), &mm);
+        CHECK(mm.device_peak <= budget);
+        MESSAGE("G = " << G << ": mixed plan keeps " << mm.n_heads_resident << " of " << mm.n_heads
+                       << " heads resident, device peak " << (mm.device_peak >> 20) << " MiB of a "
+                       << (budget >> 20) << " MiB budget");
+    }
+}
+
+} // namespace
+
+TEST_CASE("KV resident, offloaded or mixed on the GPU gives bit-identical logits") {
+    if (!have_gpu()) return;
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("placed.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 3;
+    s.n_ctx = 1024;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // 300 cells in use: the copies cross a 256-cell granule.
+    check_gpu_placements(m.get(), s.n_head_kv, s.n_vocab, 1024, 64,
+                         {random_ids(rng, 200, s.n_vocab), random_ids(rng, 90, s.n_vocab)}, 24);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("SmolLM2-135M on the GPU gives bit-identical logits with its KV resident, offloaded or "
+          "mixed") {
+    if (!have_gpu()) return;
+    if (!std::filesystem::exists(SMOL_MODEL)) {
+        MESSAGE("skipped: the real model is not here (" << SMOL_MODEL
+                                                        << "; scripts/fetch-model.sh)");
+        return;
+    }
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    model_ptr m = load(SMOL_MODEL);
+    check_gpu_placements(m.get(), 3, 49152, 4096, 256,
+                         {random_ids(rng, 600, 49152), random_ids(rng, 100, 49152)}, 16);
 }

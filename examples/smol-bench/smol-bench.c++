@@ -11,6 +11,12 @@
 // token per step together: M tokens a step) and names the matmul kernel
 // families that step used; --autotune times every matmul kernel candidate
 // on the models' shapes and writes the device's autotune table.
+// Long contexts: -d N fills N tokens of context first (not timed), so tgN
+// measures decoding at that depth; with --gpu-mem and --kv-offload the KV
+// cache is placed per head, and each row also gives the plan (resident
+// heads, head group), the device's peak memory and the floor of a decode
+// step: (weights + resident KV read) / --device-bw + offloaded KV read /
+// --link-bw.
 
 #include "smol.h"
 
@@ -59,6 +65,12 @@ struct options {
     std::string output = "md";
     std::string output_err = "none";
     std::string device;
+    std::vector<int> depth{0};
+    std::string gpu_mem;
+    std::string kv_offload = "auto";
+    int head_group = 0;
+    double device_bw = 4800; // GB/s: the H200's HBM3e
+    double link_bw = 53;     // GB/s: pinned host-to-device copies measured on the H200 host
     bool json = false;
     bool progress = false;
     std::vector<int> batched;  // --batched: sequences decoding together
@@ -66,6 +78,16 @@ struct options {
     int batched_gen = 128;     // timed steps of a batched test
     bool autotune = false;     // --autotune: write the matmul kernel table and stop
     std::string autotune_file; // where (empty: the device's default file)
+};
+
+// How a context placed its KV, for the rows that ask for it.
+struct placement_info {
+    bool shown = false;
+    uint64_t gpu_mem = 0;
+    std::string kv_offload;
+    smol_memory_info mem{};
+    uint32_t n_ctx = 0;
+    double floor_ms = 0; // per decoded token at the test's depth
 };
 
 // One row of the table: a model, a configuration and one test.
@@ -81,6 +103,8 @@ struct result {
     int n_prompt = 0;
     int n_gen = 0;
     int n_seq = 0; // > 0: a batched decode test of n_seq sequences
+    int n_depth = 0;
+    placement_info place;
     std::string test_time;
     std::vector<double> samples_ns;
     std::string kernels; // the matmul kernels of the last decode (GPU)
@@ -88,7 +112,8 @@ struct result {
     int n_tokens() const { return n_seq > 0 ? n_seq * n_gen : n_prompt + n_gen; }
     std::string test_name() const {
         if (n_seq > 0) return "tg" + std::to_string(n_gen) + " M=" + std::to_string(n_seq);
-        return n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
+        return (n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen)) +
+               (n_depth > 0 ? " @ d" + std::to_string(n_depth) : "");
     }
     // The kernel families used, such as "gemv" or "smallbatch+cublas".
     std::string families() const {
@@ -138,12 +163,12 @@ struct bench_state {
 
 // Prompt processing: n_prompt fresh random tokens in chunks of the batch
 // size, keeping the last token's logits as a generation would.
-void test_prompt(bench_state & b, int n_prompt) {
+void test_prompt(bench_state & b, int n_prompt, int pos0 = 0) {
     for (int done = 0; done < n_prompt;) {
         const int n = std::min(n_prompt - done, b.capacity);
         b.batch.n_tokens = 0;
         for (int i = 0; i < n; i++)
-            smol_batch_add(&b.batch, b.capacity, b.random_token(), done + i, 0,
+            smol_batch_add(&b.batch, b.capacity, b.random_token(), pos0 + done + i, 0,
                            done + i == n_prompt - 1);
         check(smol_decode(b.ctx, &b.batch), "decode");
         done += n;
@@ -153,10 +178,10 @@ void test_prompt(bench_state & b, int n_prompt) {
 }
 
 // Token generation: n_gen decodes of one token each, as sampling would do.
-void test_gen(bench_state & b, int n_gen) {
+void test_gen(bench_state & b, int n_gen, int pos0 = 0) {
     for (int i = 0; i < n_gen; i++) {
         b.batch.n_tokens = 0;
-        smol_batch_add(&b.batch, b.capacity, b.random_token(), i, 0, true);
+        smol_batch_add(&b.batch, b.capacity, b.random_token(), pos0 + i, 0, true);
         check(smol_decode(b.ctx, &b.batch), "decode");
         smol_get_logits(b.ctx, -1);
     }
@@ -172,8 +197,9 @@ std::string now_iso8601() {
 std::string kernels_of(smol_context * ctx);
 
 result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
-                const std::string & device, int n_batch, int n_threads, int n_prompt, int n_gen,
-                int reps, bool progress) {
+                const options & o, int n_batch, int n_threads, int n_prompt, int n_gen,
+                int n_depth) {
+    const std::string & device = o.device;
     result r;
     r.model_file = file;
     r.model_label = std::filesystem::path(file).stem().string();
@@ -186,16 +212,25 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     r.n_threads = n_threads;
     r.n_prompt = n_prompt;
     r.n_gen = n_gen;
+    r.n_depth = n_depth;
     r.test_time = now_iso8601();
 
     smol_context_params cparams = smol_context_default_params();
-    cparams.n_ctx = uint32_t(n_prompt + n_gen);
+    cparams.n_ctx = uint32_t(n_depth + n_prompt + n_gen);
     cparams.n_batch = uint32_t(n_batch);
     cparams.n_threads = n_threads;
     if (!device.empty()) cparams.device = device.c_str();
+    if (!o.gpu_mem.empty())
+        check(smol_parse_size(o.gpu_mem.c_str(), &cparams.gpu_mem), "--gpu-mem");
+    cparams.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
+                         : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
+                                                 : SMOL_KV_OFFLOAD_AUTO;
+    cparams.head_group = o.head_group;
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
+    const int reps = o.reps;
+    const bool progress = o.progress;
 
     // smol caps n_batch at n_ctx: chunk by what the context takes.
     const int32_t capacity = int32_t(smol_context_n_batch(ctx.get()));
@@ -207,20 +242,39 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
 
     // The warm-up brings weights into the caches and wakes the threads; as in
     // llama-bench, tg warms up with a single token.
+    // The depth is filled once, untimed; each repetition then drops what the
+    // one before added after it.
     smol_kv_seq_rm(b.ctx, -1, 0, -1);
-    if (n_prompt > 0) test_prompt(b, n_prompt);
-    if (n_gen > 0) test_gen(b, 1);
+    if (n_depth > 0) {
+        if (progress) std::fprintf(stderr, "smol-bench: filling %d tokens of context\n", n_depth);
+        test_prompt(b, n_depth);
+    }
+    if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
+    if (n_gen > 0) test_gen(b, 1, n_depth);
     for (int rep = 0; rep < reps; rep++) {
         if (progress)
             std::fprintf(stderr, "smol-bench: %s %s t=%d rep %d/%d\n", r.model_label.c_str(),
                          r.test_name().c_str(), n_threads, rep + 1, reps);
-        smol_kv_seq_rm(b.ctx, -1, 0, -1);
+        smol_kv_seq_rm(b.ctx, 0, n_depth, -1);
         const auto t0 = std::chrono::steady_clock::now();
-        if (n_prompt > 0) test_prompt(b, n_prompt);
-        if (n_gen > 0) test_gen(b, n_gen);
+        if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
+        if (n_gen > 0) test_gen(b, n_gen, n_depth);
         const auto t1 = std::chrono::steady_clock::now();
         r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
     }
+    r.place.shown = n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto";
+    r.place.gpu_mem = cparams.gpu_mem;
+    r.place.kv_offload = o.kv_offload;
+    r.place.n_ctx = smol_context_n_ctx(ctx.get());
+    smol_context_memory(ctx.get(), &r.place.mem);
+    // A decode step reads every weight and the KV of the cells in use: the
+    // resident part at the device's bandwidth, the rest over the link.
+    const smol_memory_info & mi = r.place.mem;
+    const double used =
+        double(n_depth + n_prompt + n_gen / 2) / double(std::max(1u, r.place.n_ctx));
+    r.place.floor_ms =
+        1e3 * ((double(mi.device_weights) + double(mi.device_kv) * used) / (o.device_bw * 1e9) +
+               double(mi.host_kv) * used / (o.link_bw * 1e9));
     r.kernels = kernels_of(ctx.get());
     return r;
 }
@@ -365,7 +419,28 @@ struct markdown_table {
         std::fprintf(out, " %12s | %21s |", r.test_name().c_str(), tps);
         if (show_kernels) std::fprintf(out, " %-24s |", r.families().c_str());
         std::fprintf(out, "\n");
+        if (r.place.shown) placement_note(r);
         std::fflush(out);
+    }
+
+    // Under the row: where the KV lives, the device's peak and, for
+    // generation, the floor of a step and how close the run came to it.
+    void placement_note(const result & r) const {
+        const smol_memory_info & m = r.place.mem;
+        std::fprintf(out,
+                     "|   KV: %d of %d heads resident, G = %d, chunk %d, n_ctx %u; device peak "
+                     "%.1f MiB (budget %s), host KV %.1f MiB",
+                     m.n_heads_resident, m.n_heads, m.head_group, m.chunk, r.place.n_ctx,
+                     double(m.device_peak) / 1048576.0,
+                     r.place.gpu_mem ? (std::to_string(r.place.gpu_mem >> 20) + " MiB").c_str()
+                                     : "none",
+                     double(m.host_kv) / 1048576.0);
+        if (r.n_gen > 0) {
+            const double ms = mean(r.samples_ns) / 1e6 / r.n_gen;
+            std::fprintf(out, "; floor %.3f ms/token, measured %.3f (%.0f%% of the floor's speed)",
+                         r.place.floor_ms, ms, 100.0 * r.place.floor_ms / ms);
+        }
+        std::fprintf(out, "\n");
     }
 
     void footer() const {
@@ -426,6 +501,14 @@ void print_json(std::FILE * out, const std::vector<result> & results) {
         std::fprintf(out, "    \"test\": %s,\n", json_string(r.test_name()).c_str());
         std::fprintf(out, "    \"matmul_kernels\": %s,\n", json_string(r.families()).c_str());
         std::fprintf(out, "    \"matmul_kernels_detail\": %s,\n", json_string(r.kernels).c_str());
+        std::fprintf(out, "    \"n_depth\": %d,\n", r.n_depth);
+        std::fprintf(out, "    \"gpu_mem\": %llu,\n", (unsigned long long)r.place.gpu_mem);
+        std::fprintf(out, "    \"heads_resident\": %d,\n", r.place.mem.n_heads_resident);
+        std::fprintf(out, "    \"heads\": %d,\n", r.place.mem.n_heads);
+        std::fprintf(out, "    \"head_group\": %d,\n", r.place.mem.head_group);
+        std::fprintf(out, "    \"device_peak\": %llu,\n",
+                     (unsigned long long)r.place.mem.device_peak);
+        std::fprintf(out, "    \"floor_ms_per_token\": %.6f,\n", r.place.floor_ms);
         std::fprintf(out, "    \"test_time\": %s,\n", json_string(r.test_time).c_str());
         std::fprintf(out, "    \"avg_ns\": %.0f,\n", mean(r.samples_ns));
         std::fprintf(out, "    \"stddev_ns\": %.0f,\n", stddev(r.samples_ns));
@@ -498,13 +581,14 @@ int run(options & o) {
                     if (n > 0) tests.emplace_back(n, 0);
                 for (int n : o.n_gen)
                     if (n > 0) tests.emplace_back(0, n);
-                for (auto [n_prompt, n_gen] : tests) {
-                    result r = run_test(model.get(), info, file, o.device, n_batch, n_threads,
-                                        n_prompt, n_gen, o.reps, o.progress);
-                    for (const sink & k : sinks)
-                        if (k.format == "md") k.table.row(r);
-                    results.push_back(std::move(r));
-                }
+                for (int depth : o.depth)
+                    for (auto [n_prompt, n_gen] : tests) {
+                        result r = run_test(model.get(), info, file, o, n_batch, n_threads,
+                                            n_prompt, n_gen, depth);
+                        for (const sink & k : sinks)
+                            if (k.format == "md") k.table.row(r);
+                        results.push_back(std::move(r));
+                    }
                 for (int n_seq : o.batched) {
                     result r = run_batched(model.get(), info, file, o.device, n_threads, n_seq,
                                            o.batched_prompt, o.batched_gen, o.reps, o.progress);
@@ -556,7 +640,25 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"none", "md", "json"}));
     app.add_flag("--json", o.json, "print a JSON array (same as -o json)");
-    app.add_option("--device", o.device, "where to run: cpu or cuda:N (default: cpu)");
+    app.add_option("--device", o.device,
+                   "where to run: cpu, sim (a simulated device) or cuda:N (default: cpu)");
+    app.add_option("-d,--n-depth", o.depth, "tokens of context filled before each test")
+        ->delimiter(',')
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB (default: none)");
+    app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "none", "all"}));
+    app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--device-bw", o.device_bw, "device memory bandwidth in GB/s, for the floor")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_option("--link-bw", o.link_bw, "host-to-device copy bandwidth in GB/s, for the floor")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     app.add_flag("--progress", o.progress, "report each repetition on stderr");
     app.add_option("--batched", o.batched,
                    "batch decode tests: M sequences decoding one token each per step "

@@ -92,6 +92,11 @@ struct options {
     uint32_t n_batch = 0;
     int32_t n_threads = 0;
     std::string device;
+    std::string gpu_mem;
+    std::string kv_offload = "auto";
+    int32_t head_group = 0;
+    bool dump_plan = false;
+    bool dump_schedule = false;
     smol_sampler_params sampling = smol_sampler_default_params();
     int64_t seed = -1;
     bool chat = false;
@@ -457,7 +462,8 @@ int run(const options & o, const char * argv0) {
     if (!o.prompt.empty() && !o.prompt_file.empty())
         throw cli_error("give the prompt with -p or -f, not both");
     std::string prompt = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
-    if (!o.chat && prompt.empty())
+    const bool dump_only = prompt.empty() && !o.chat && (o.dump_plan || o.dump_schedule);
+    if (!o.chat && prompt.empty() && !dump_only)
         throw cli_error("no prompt: give one with -p TEXT or -f FILE, or use --chat");
     const std::string path = find_model(o, argv0);
 
@@ -481,9 +487,38 @@ int run(const options & o, const char * argv0) {
     if (o.n_batch) cparams.n_batch = o.n_batch;
     cparams.n_threads = o.n_threads;
     if (!o.device.empty()) cparams.device = o.device.c_str();
+    if (!o.gpu_mem.empty())
+        check(smol_parse_size(o.gpu_mem.c_str(), &cparams.gpu_mem), "--gpu-mem");
+    cparams.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
+                         : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
+                                                 : SMOL_KV_OFFLOAD_AUTO;
+    cparams.head_group = o.head_group;
     smol_context * raw_ctx = nullptr;
     check(smol_context_create(model.get(), &cparams, &raw_ctx), "cannot create the context");
     context_ptr ctx(raw_ctx);
+    if (o.dump_plan || o.dump_schedule) {
+        std::vector<char> text(size_t(1) << 20);
+        size_t n = 0;
+        if (o.dump_plan) {
+            check(smol_context_plan_dump(ctx.get(), text.data(), text.size(), &n), "--dump-plan");
+            std::fputs(text.data(), stderr);
+            smol_memory_info mi;
+            smol_context_memory(ctx.get(), &mi);
+            std::fprintf(stderr, "  measured: device peak %.1f MiB, host pinned %.1f MiB%s\n",
+                         double(mi.device_peak) / 1048576.0, double(mi.host_pinned) / 1048576.0,
+                         mi.host_pageable ? " (some host memory could not be pinned)" : "");
+        }
+        if (o.dump_schedule) {
+            smol_status st = smol_context_schedule_dump(ctx.get(), 1, text.data(), text.size(), &n);
+            if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
+                text.resize(n + 1);
+                st = smol_context_schedule_dump(ctx.get(), 1, text.data(), text.size(), &n);
+            }
+            check(st, "--dump-schedule");
+            std::fputs(text.data(), stderr);
+        }
+        if (dump_only) return 0;
+    }
 
     smol_sampler_params sparams = o.sampling;
     sparams.seed = o.seed < 0 ? std::random_device{}() : uint64_t(o.seed);
@@ -538,7 +573,20 @@ int main(int argc, char ** argv) {
     app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    app.add_option("--device", o.device, "where to run: cpu or cuda:N (default: cpu)");
+    app.add_option("--device", o.device,
+                   "where to run: cpu, sim (a simulated device) or cuda:N (default: cpu)");
+    app.add_option("--gpu-mem", o.gpu_mem,
+                   "device memory budget, such as 24GiB (default: none, all KV resident)");
+    app.add_option("--kv-offload", o.kv_offload,
+                   "KV heads in host memory: auto (what does not fit), none, all")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "none", "all"}));
+    app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    app.add_flag("--dump-plan", o.dump_plan, "print the KV placement plan to stderr");
+    app.add_flag("--dump-schedule", o.dump_schedule,
+                 "print the program of one decode step (streams, copies, events) to stderr");
     app.add_option("--temp", o.sampling.temperature, "temperature (<= 0: greedy)")
         ->capture_default_str();
     app.add_option("--top-k", o.sampling.top_k, "top-k sampling (<= 0: off)")

@@ -1,0 +1,221 @@
+// smol-plan.c++ - the KV placement planner: fits weights, compute memory,
+// two staging slots and as many resident (layer, head group) slices as a
+// device budget allows; chooses the head-group size from the context length
+// and the prefill chunk from the budget; prints the plan.
+
+#include "smol-plan.h"
+
+#include "smol-error.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace smol {
+
+std::string format_bytes(uint64_t n) {
+    char b[32];
+    if (n >= (1ull << 30)) {
+        std::snprintf(b, sizeof b, "%.2f GiB", double(n) / double(1ull << 30));
+    } else if (n >= (1ull << 20)) {
+        std::snprintf(b, sizeof b, "%.1f MiB", double(n) / double(1ull << 20));
+    } else if (n >= (1ull << 10)) {
+        std::snprintf(b, sizeof b, "%.1f KiB", double(n) / 1024.0);
+    } else {
+        std::snprintf(b, sizeof b, "%llu B", (unsigned long long)n);
+    }
+    return b;
+}
+
+int32_t kv_plan::n_resident_groups() const {
+    return int32_t(std::count(resident.begin(), resident.end(), uint8_t(1)));
+}
+
+namespace {
+
+const char * mode_name(smol_kv_offload m) {
+    switch (m) {
+    case SMOL_KV_OFFLOAD_NONE:
+        return "none";
+    case SMOL_KV_OFFLOAD_ALL:
+        return "all";
+    case SMOL_KV_OFFLOAD_AUTO:
+        break;
+    }
+    return "auto";
+}
+
+// Staging slots should not crowd out resident KV: with a budget, at most a
+// quarter of what is left after weights and compute; without one, up to
+// this size.
+constexpr uint64_t unbudgeted_slot_cap = 256ull << 20;
+
+// A group's history of at least this size is copied at the link's full
+// speed (the H200's pinned copies level off from 4 MiB).
+constexpr uint64_t copy_target = 16ull << 20;
+
+// Compute memory below this is not worth a smaller prefill chunk.
+constexpr uint64_t compute_floor = 64ull << 20;
+
+} // namespace
+
+kv_plan make_plan(const plan_input & in) {
+    kv_plan p;
+    p.n_layer = in.n_layer;
+    p.n_head_kv = in.n_head_kv;
+    p.head_dim = in.head_dim;
+    p.n_cells = in.n_cells;
+    p.budget = in.budget;
+    p.mode = in.mode;
+    p.weight_bytes = in.weight_bytes;
+    if (in.head_group < 0 || (in.head_group > 0 && in.n_head_kv % in.head_group != 0)) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "head group " + std::to_string(in.head_group) + " does not divide the " +
+                        std::to_string(in.n_head_kv) + " kv heads of a layer; choose a divisor");
+    }
+    p.group_forced = in.head_group > 0;
+    auto compute = [&](int32_t n) { return in.compute_bytes ? in.compute_bytes(n) : 0; };
+    auto set_group = [&](int32_t G) {
+        p.G = G;
+        p.n_group = in.n_head_kv / G;
+    };
+    const int32_t n_batch = int32_t(std::max<uint32_t>(1, in.n_batch));
+    const uint64_t all_kv = 4ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) *
+                            uint64_t(in.n_cells) * uint64_t(in.head_dim);
+
+    // Everything resident: what "none" asks for, and what "auto" does when
+    // it fits.
+    if (in.mode != SMOL_KV_OFFLOAD_ALL) {
+        set_group(p.group_forced ? in.head_group : in.n_head_kv);
+        p.chunk = n_batch;
+        p.compute_bytes = compute(p.chunk);
+        p.n_slots = 0;
+        p.resident.assign(size_t(p.n_layer) * size_t(p.n_group), 1);
+        const uint64_t need = p.device_bytes();
+        if (in.budget == 0 || need <= in.budget) return p;
+        if (in.mode == SMOL_KV_OFFLOAD_NONE) {
+            throw error(SMOL_ERR_OUT_OF_MEMORY,
+                        "the device budget of " + format_bytes(in.budget) +
+                            " cannot hold the whole KV cache: it needs " + format_bytes(need) +
+                            " (weights " + format_bytes(p.weight_bytes) + ", compute " +
+                            format_bytes(p.compute_bytes) + ", KV " + format_bytes(all_kv) +
+                            " for " + std::to_string(in.n_cells) +
+                            " cells); use --kv-offload auto, a larger --gpu-mem or a "
+                            "smaller context");
+        }
+    }
+
+    // Some or all groups offloaded. The chunk shrinks while its compute
+    // memory would take more than a quarter of what the weights leave (and
+    // matters: above compute_floor), then further if the smallest plan
+    // still does not fit.
+    p.n_slots = 2;
+    p.chunk = n_batch;
+    const uint64_t left = in.budget > in.weight_bytes ? in.budget - in.weight_bytes : 0;
+    if (in.budget > 0) {
+        while (p.chunk > 1 && compute(p.chunk) > std::max(left / 4, compute_floor)) p.chunk /= 2;
+    }
+    auto choose_group = [&]() {
+        p.compute_bytes = compute(p.chunk);
+        const uint64_t fixed = p.weight_bytes + p.compute_bytes;
+        const uint64_t room = in.budget > fixed ? in.budget - fixed : 0;
+        const uint64_t slot_cap = in.budget > 0 ? room / 4 : 2 * unbudgeted_slot_cap;
+        if (p.group_forced) {
+            set_group(in.head_group);
+            return;
+        }
+        // The smallest group whose history is one large copy (the link
+        // reaches full speed from a few MiB), within the slots' cap: long
+        // contexts get single heads (more room for resident ones), short
+        // ones large groups (fewer, larger copies and launches).
+        set_group(1);
+        for (int32_t G = 1; G <= in.n_head_kv; ++G) {
+            if (in.n_head_kv % G != 0) continue;
+            if (2 * uint64_t(4) * uint64_t(G) * uint64_t(in.n_cells) * uint64_t(in.head_dim) >
+                slot_cap) {
+                break;
+            }
+            set_group(G);
+            if (p.group_bytes() >= copy_target) break;
+        }
+    };
+    auto minimum = [&]() { return p.weight_bytes + p.compute_bytes + 2 * p.group_bytes(); };
+    choose_group();
+    while (in.budget > 0 && minimum() > in.budget && p.chunk > 1) {
+        p.chunk /= 2;
+        choose_group();
+    }
+    if (in.budget > 0 && minimum() > in.budget) {
+        throw error(SMOL_ERR_OUT_OF_MEMORY,
+                    "the device budget of " + format_bytes(in.budget) +
+                        " is too small for the smallest plan, which needs " +
+                        format_bytes(minimum()) + ": weights " + format_bytes(p.weight_bytes) +
+                        ", compute " + format_bytes(p.compute_bytes) + " (chunks of " +
+                        std::to_string(p.chunk) + " tokens), two staging slots of " +
+                        format_bytes(p.group_bytes()) + " (" + std::to_string(p.G) +
+                        " kv head(s) x " + std::to_string(in.n_cells) +
+                        " cells); raise --gpu-mem, lower the context size (-c)" +
+                        (p.G > 1 ? " or use --head-group 1" : ""));
+    }
+    const int32_t total = p.n_layer * p.n_group;
+    int32_t n_res = 0;
+    if (in.mode == SMOL_KV_OFFLOAD_AUTO && in.budget > 0) {
+        n_res =
+            int32_t(std::min<uint64_t>(uint64_t(total), (in.budget - minimum()) / p.group_bytes()));
+    }
+    // Spread the resident groups evenly over the layers, so every layer
+    // streams about as much as the next; in a layer, its first groups stay.
+    p.resident.assign(size_t(total), 0);
+    for (int32_t l = 0; l < p.n_layer; ++l) {
+        const int32_t k = n_res / p.n_layer + (l < n_res % p.n_layer ? 1 : 0);
+        for (int32_t g = 0; g < std::min(k, p.n_group); ++g)
+            p.resident[size_t(l) * size_t(p.n_group) + size_t(g)] = 1;
+    }
+    if (p.n_offloaded_groups() == 0) p.n_slots = 0;
+    return p;
+}
+
+std::string kv_plan::format() const {
+    std::string s;
+    char b[256];
+    const int32_t heads = n_layer * n_head_kv;
+    const int32_t res_heads = n_resident_groups() * G;
+    std::snprintf(b, sizeof b,
+                  "KV plan: budget %s, kv-offload %s, %d cells, head group G = %d%s (%d group(s) "
+                  "of a layer's %d kv heads), prefill chunk %d tokens\n",
+                  budget ? format_bytes(budget).c_str() : "none", mode_name(mode), n_cells, G,
+                  group_forced ? " (forced)" : "", n_group, n_head_kv, chunk);
+    s += b;
+    std::snprintf(b, sizeof b,
+                  "  device: weights %s, compute %s, staging %d x %s, resident KV %s (%d of %d "
+                  "heads); total %s\n",
+                  format_bytes(weight_bytes).c_str(), format_bytes(compute_bytes).c_str(), n_slots,
+                  format_bytes(slot_bytes()).c_str(), format_bytes(resident_kv_bytes()).c_str(),
+                  res_heads, heads, format_bytes(device_bytes()).c_str());
+    s += b;
+    std::snprintf(b, sizeof b, "  host: offloaded KV %s (%d of %d heads), %s per group copy\n",
+                  format_bytes(host_kv_bytes()).c_str(), heads - res_heads, heads,
+                  format_bytes(group_bytes()).c_str());
+    s += b;
+    // Resident heads per layer, runs of equal layers folded.
+    s += "  resident heads per layer:";
+    for (int32_t l0 = 0; l0 < n_layer;) {
+        auto count = [&](int32_t l) {
+            int32_t n = 0;
+            for (int32_t g = 0; g < n_group; ++g) n += is_resident(l, g) ? G : 0;
+            return n;
+        };
+        int32_t l1 = l0 + 1;
+        while (l1 < n_layer && count(l1) == count(l0)) ++l1;
+        if (l1 - l0 > 1) {
+            std::snprintf(b, sizeof b, " %d-%d: %d/%d", l0, l1 - 1, count(l0), n_head_kv);
+        } else {
+            std::snprintf(b, sizeof b, " %d: %d/%d", l0, count(l0), n_head_kv);
+        }
+        s += b;
+        l0 = l1;
+    }
+    s += "\n";
+    return s;
+}
+
+} // namespace smol

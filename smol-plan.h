@@ -1,0 +1,75 @@
+// smol-plan.h - the KV placement planner. From a device memory budget, the
+// model's shape, the context length and the compute memory the backend
+// measured, it decides the head-group size G, the prefill chunk, two
+// staging slots, and which (layer, head group) slices of the KV cache stay
+// in device memory; the rest live in pinned host memory and stream through
+// the slots. A pure function of its input; the plan prints itself.
+
+#ifndef SMOL_PLAN_H
+#define SMOL_PLAN_H
+
+#include "smol.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace smol {
+
+struct plan_input {
+    int32_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+    int32_t n_cells = 0;    // the context's KV cells
+    uint32_t n_batch = 512; // most tokens of one decode call
+    uint64_t budget = 0;    // device bytes (0: no budget)
+    smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
+    int32_t head_group = 0;    // 0: the planner chooses
+    uint64_t weight_bytes = 0; // device bytes of the weights
+    // Device bytes the backend holds to run a chunk of n tokens (arena,
+    // work space, staging): measured, not guessed.
+    std::function<uint64_t(int32_t n_tokens)> compute_bytes;
+};
+
+struct kv_plan {
+    int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
+    int32_t G = 0;       // kv heads per group
+    int32_t n_group = 0; // groups per layer
+    int32_t chunk = 0;   // tokens per prefill chunk
+    int32_t n_slots = 0; // staging slots (2 when anything is offloaded)
+    uint64_t budget = 0;
+    smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
+    bool group_forced = false;
+    std::vector<uint8_t> resident; // [layer * n_group + group]
+
+    uint64_t weight_bytes = 0, compute_bytes = 0;
+
+    // One group's K and V for every cell: [K: G heads][V: G heads] x
+    // [n_cells][head_dim] f16, the unit of placement and of one copy.
+    uint64_t group_bytes() const { return 4ull * uint64_t(G) * uint64_t(n_cells) * head_dim; }
+    bool is_resident(int32_t layer, int32_t group) const {
+        return resident[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
+    }
+    int32_t n_resident_groups() const;
+    int32_t n_offloaded_groups() const { return n_layer * n_group - n_resident_groups(); }
+    uint64_t slot_bytes() const { return n_slots ? group_bytes() : 0; }
+    uint64_t resident_kv_bytes() const { return group_bytes() * uint64_t(n_resident_groups()); }
+    uint64_t host_kv_bytes() const { return group_bytes() * uint64_t(n_offloaded_groups()); }
+    uint64_t device_bytes() const {
+        return weight_bytes + compute_bytes + uint64_t(n_slots) * slot_bytes() +
+               resident_kv_bytes();
+    }
+    // Bytes per kind, G, chunk, resident heads per layer.
+    std::string format() const;
+};
+
+// Throws smol::error (SMOL_ERR_OUT_OF_MEMORY with the numbers and the fix)
+// when the budget cannot hold even the smallest plan, and
+// SMOL_ERR_INVALID_ARGUMENT for a head group that does not divide the heads.
+kv_plan make_plan(const plan_input & in);
+
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string format_bytes(uint64_t n);
+
+} // namespace smol
+
+#endif // SMOL_PLAN_H

@@ -1,0 +1,631 @@
+// test-offload.c++ - per-head KV placement on the simulated device: logits
+// bit-identical whatever lives where (all resident, all offloaded, mixed,
+// any head group), device memory within the budget, the schedule's copies
+// ordered and overlapped as promised, and the planner's edge cases and
+// errors.
+
+#include "smol-error.h"
+#include "smol-graph.h"
+#include "smol-llama.h"
+#include "smol-plan.h"
+#include "smol.h"
+#include "tiny-model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct model_deleter {
+    void operator()(smol_model * m) const { smol_model_free(m); }
+};
+struct context_deleter {
+    void operator()(smol_context * c) const { smol_context_free(c); }
+};
+using model_ptr = std::unique_ptr<smol_model, model_deleter>;
+using context_ptr = std::unique_ptr<smol_context, context_deleter>;
+
+std::string temp_path(const std::string & name) {
+    return (std::filesystem::temp_directory_path() /
+            ("smol-offload-" + std::to_string(::getpid()) + "-" + name))
+        .string();
+}
+
+uint32_t fresh_seed() {
+    return std::random_device{}();
+}
+
+model_ptr load(const std::string & path) {
+    smol_model * m = nullptr;
+    const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return model_ptr(m);
+}
+
+// A placement to try: offload mode, head group and budget.
+struct placement_case {
+    const char * name;
+    smol_kv_offload mode;
+    int32_t head_group;
+    uint64_t budget;
+};
+
+smol_context_params sim_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
+                               const placement_case & pc) {
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    p.n_seq_max = n_seq;
+    p.n_threads = 2;
+    p.device = "sim";
+    p.kv_offload = pc.mode;
+    p.head_group = pc.head_group;
+    p.gpu_mem = pc.budget;
+    return p;
+}
+
+context_ptr make_context(smol_model * m, const smol_context_params & p) {
+    smol_context * c = nullptr;
+    const smol_status st = smol_context_create(m, &p, &c);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return context_ptr(c);
+}
+
+smol_memory_info memory_of(smol_context * c) {
+    smol_memory_info mi;
+    smol_context_memory(c, &mi);
+    return mi;
+}
+
+// A workload of several sequences: prompts (in chunks of the context's
+// n_batch), then decode steps that batch one token of every sequence, then
+// a few steps of sequence 0 alone. Every logit row, in order.
+std::vector<float> run_workload(smol_context * c, int n_vocab,
+                                const std::vector<std::vector<int>> & prompts,
+                                const std::vector<int> & steps) {
+    std::vector<float> out;
+    const int32_t cap = int32_t(smol_context_n_batch(c));
+    smol_batch b = smol_batch_init(cap);
+    auto keep = [&]() {
+        for (int i = 0; i < b.n_tokens; ++i) {
+            const float * l = smol_get_logits(c, i);
+            REQUIRE(l != nullptr);
+            out.insert(out.end(), l, l + n_vocab);
+        }
+    };
+    auto decode = [&]() {
+        const smol_status st = smol_decode(c, &b);
+        INFO(smol_last_error());
+        REQUIRE(st == SMOL_OK);
+        keep();
+        b.n_tokens = 0;
+    };
+    std::vector<int> len(prompts.size(), 0);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+        for (int t : prompts[s]) {
+            smol_batch_add(&b, cap, t, len[s]++, smol_seq_id(s), true);
+            if (b.n_tokens == cap) decode();
+        }
+        if (b.n_tokens > 0) decode();
+    }
+    size_t k = 0;
+    for (int round = 0; round < 3; ++round) {
+        for (size_t s = 0; s < prompts.size(); ++s)
+            smol_batch_add(&b, cap, steps[k++ % steps.size()], len[s]++, smol_seq_id(s), true);
+        decode();
+    }
+    for (int round = 0; round < 3; ++round) {
+        smol_batch_add(&b, cap, steps[k++ % steps.size()], len[0]++, 0, true);
+        decode();
+    }
+    smol_batch_free(&b);
+    return out;
+}
+
+std::vector<int> random_ids(std::mt19937 & rng, int n, int n_vocab) {
+    std::uniform_int_distribution<int> d(0, n_vocab - 1);
+    std::vector<int> v(static_cast<size_t>(n));
+    for (auto & x : v) x = d(rng);
+    return v;
+}
+
+bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Placements over one model: everything resident (no budget), every head
+// offloaded for each head group, and budgets that keep about a third and
+// two thirds of the groups resident.
+std::vector<placement_case> placements(smol_model * m, uint32_t n_ctx, uint32_t n_batch,
+                                       int n_head_kv) {
+    std::vector<placement_case> cases = {{"resident", SMOL_KV_OFFLOAD_AUTO, 0, 0},
+                                         {"resident G=1", SMOL_KV_OFFLOAD_NONE, 1, 0}};
+    for (int G = 1; G <= n_head_kv; ++G) {
+        if (n_head_kv % G == 0) cases.push_back({"all offloaded", SMOL_KV_OFFLOAD_ALL, G, 0});
+    }
+    // The fixed part of a budget from an all-offloaded plan with G = 1.
+    context_ptr probe =
+        make_context(m, sim_params(n_ctx, n_batch, 2, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+    const smol_memory_info mi = memory_of(probe.get());
+    const uint64_t fixed = mi.device_weights + mi.device_compute + mi.device_staging;
+    for (int thirds = 1; thirds <= 2; ++thirds)
+        cases.push_back({"mixed", SMOL_KV_OFFLOAD_AUTO, 1, fixed + mi.host_kv * thirds / 3});
+    return cases;
+}
+
+void check_placements_agree(const std::string & path, uint32_t n_ctx, uint32_t n_batch,
+                            int n_head_kv, int n_vocab,
+                            const std::vector<std::vector<int>> & prompts,
+                            const std::vector<int> & steps) {
+    model_ptr m = load(path);
+    std::vector<float> want;
+    int32_t chunk = 0;
+    for (const placement_case & pc : placements(m.get(), n_ctx, n_batch, n_head_kv)) {
+        CAPTURE(pc.name);
+        CAPTURE(pc.head_group);
+        CAPTURE(pc.budget);
+        context_ptr c =
+            make_context(m.get(), sim_params(n_ctx, n_batch, uint32_t(prompts.size()), pc));
+        const smol_memory_info mi = memory_of(c.get());
+        CAPTURE(mi.n_heads_resident);
+        CAPTURE(mi.head_group);
+        // Exactness holds for one chunking: every placement must chunk alike.
+        if (chunk == 0) chunk = mi.chunk;
+        REQUIRE(mi.chunk == chunk);
+        if (pc.mode == SMOL_KV_OFFLOAD_ALL) CHECK(mi.n_heads_resident == 0);
+        if (pc.budget > 0) {
+            CHECK(mi.n_heads_resident > 0);
+            CHECK(mi.n_heads_resident < mi.n_heads);
+        }
+        const std::vector<float> got = run_workload(c.get(), n_vocab, prompts, steps);
+        if (want.empty()) {
+            want = got;
+            continue;
+        }
+        CHECK(same_bits(got, want));
+        if (pc.budget > 0) {
+            const smol_memory_info after = memory_of(c.get());
+            CHECK(after.device_peak <= pc.budget);
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or mixed") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("place.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 3;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 45, s.n_vocab),
+                                                   random_ids(rng, 20, s.n_vocab)};
+    check_placements_agree(path, 256, 16, s.n_head_kv, s.n_vocab, prompts,
+                           random_ids(rng, 8, s.n_vocab));
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("the simulated device's measured memory stays within the budget and near the plan") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("budget.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 4;
+    s.n_ctx = 1024;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 70, s.n_vocab)};
+    context_ptr all =
+        make_context(m.get(), sim_params(1024, 64, 1, {"", SMOL_KV_OFFLOAD_NONE, 0, 0}));
+    const smol_memory_info full = memory_of(all.get());
+    // Budgets from everything resident down to a fifth of the KV.
+    for (uint64_t keep : {5u, 3u, 1u}) {
+        const uint64_t budget = full.device_planned - full.device_kv * (5 - keep) / 5;
+        CAPTURE(budget);
+        context_ptr c =
+            make_context(m.get(), sim_params(1024, 64, 1, {"", SMOL_KV_OFFLOAD_AUTO, 0, budget}));
+        run_workload(c.get(), s.n_vocab, prompts, random_ids(rng, 4, s.n_vocab));
+        const smol_memory_info mi = memory_of(c.get());
+        CAPTURE(mi.n_heads_resident);
+        CHECK(mi.device_planned <= budget);
+        CHECK(mi.device_peak <= budget);
+        // The plan accounts for what the device really holds.
+        CHECK(mi.device_peak >= mi.device_planned - mi.device_planned / 10);
+        if (keep == 5) CHECK(mi.n_heads_resident == mi.n_heads);
+        if (keep < 5) {
+            CHECK(mi.n_heads_resident < mi.n_heads);
+            CHECK(mi.host_pinned >= mi.host_kv);
+        }
+    }
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller had split it") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("chunk.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 3;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    // A budget of exactly the smallest plan with chunks of 8 tokens.
+    context_ptr probe =
+        make_context(m.get(), sim_params(256, 8, 1, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+    const smol_memory_info pm = memory_of(probe.get());
+    const uint64_t budget = pm.device_weights + pm.device_compute + pm.device_staging;
+    context_ptr c =
+        make_context(m.get(), sim_params(256, 64, 1, {"", SMOL_KV_OFFLOAD_AUTO, 1, budget}));
+    const smol_memory_info mi = memory_of(c.get());
+    CAPTURE(mi.chunk);
+    REQUIRE(mi.chunk <= 8);
+    CHECK(smol_context_n_batch(c.get()) == 64);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
+    // One call of 40 tokens, chunked inside...
+    std::vector<float> whole;
+    smol_batch b = smol_batch_init(64);
+    for (size_t i = 0; i < ids.size(); ++i) smol_batch_add(&b, 64, ids[i], smol_pos(i), 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    for (int i = 0; i < b.n_tokens; ++i) {
+        const float * l = smol_get_logits(c.get(), i);
+        REQUIRE(l);
+        whole.insert(whole.end(), l, l + s.n_vocab);
+    }
+    smol_batch_free(&b);
+    CHECK(memory_of(c.get()).device_peak <= budget);
+    // ...and the caller's own chunks of that size, everything resident.
+    context_ptr ref = make_context(
+        m.get(), sim_params(256, uint32_t(mi.chunk), 1, {"", SMOL_KV_OFFLOAD_NONE, 1, 0}));
+    std::vector<float> pieces;
+    const int32_t k = mi.chunk;
+    smol_batch pb = smol_batch_init(k);
+    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(k)) {
+        pb.n_tokens = 0;
+        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(k)); ++i)
+            smol_batch_add(&pb, k, ids[i], smol_pos(i), 0, true);
+        REQUIRE(smol_decode(ref.get(), &pb) == SMOL_OK);
+        for (int i = 0; i < pb.n_tokens; ++i) {
+            const float * l = smol_get_logits(ref.get(), i);
+            REQUIRE(l);
+            pieces.insert(pieces.end(), l, l + s.n_vocab);
+        }
+    }
+    smol_batch_free(&pb);
+    CHECK(same_bits(whole, pieces));
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("a budget too small for the smallest plan fails at context creation with the numbers") {
+    const std::string path = temp_path("small.gguf");
+    tiny::shape s;
+    tiny::write(path, s, fresh_seed());
+    model_ptr m = load(path);
+    smol_context * c = nullptr;
+    smol_context_params p = sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_AUTO, 0, 4096});
+    CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_OUT_OF_MEMORY);
+    CHECK(c == nullptr);
+    const std::string msg = smol_last_error();
+    CAPTURE(msg);
+    CHECK(msg.find("4.0 KiB") != std::string::npos);
+    CHECK(msg.find("weights") != std::string::npos);
+    CHECK(msg.find("--gpu-mem") != std::string::npos);
+
+    // Everything resident cannot fit half of what it needs.
+    context_ptr full =
+        make_context(m.get(), sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_NONE, 0, 0}));
+    p = sim_params(256, 32, 1,
+                   {"", SMOL_KV_OFFLOAD_NONE, 0, memory_of(full.get()).device_planned / 2});
+    CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_OUT_OF_MEMORY);
+    CHECK(std::string(smol_last_error()).find("--kv-offload auto") != std::string::npos);
+
+    p = sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_ALL, 3, 0});
+    CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("does not divide") != std::string::npos);
+    std::filesystem::remove(path);
+}
+
+namespace {
+
+// SmolLM2-1.7B's attention shape, with weights and compute memory given.
+smol::plan_input shape_17b(uint64_t budget, int32_t n_ctx) {
+    smol::plan_input in;
+    in.n_layer = 24;
+    in.n_head_kv = 32;
+    in.head_dim = 64;
+    in.n_cells = n_ctx;
+    in.n_batch = 512;
+    in.budget = budget;
+    in.weight_bytes = 3422ull << 20; // f16
+    in.compute_bytes = [](int32_t n) { return uint64_t(64 << 20) + uint64_t(n) * (1 << 20); };
+    return in;
+}
+
+constexpr uint64_t GiB = 1ull << 30;
+
+} // namespace
+
+TEST_CASE("the planner keeps everything resident exactly up to the budget's limit") {
+    smol::plan_input in = shape_17b(0, 32768);
+    const smol::kv_plan free_plan = smol::make_plan(in);
+    CHECK(free_plan.n_resident_groups() == free_plan.n_layer * free_plan.n_group);
+    CHECK(free_plan.n_slots == 0);
+    // A budget of exactly what everything resident needs: all resident.
+    in.budget = free_plan.device_bytes();
+    const smol::kv_plan at = smol::make_plan(in);
+    CHECK(at.n_offloaded_groups() == 0);
+    CHECK(at.device_bytes() == in.budget);
+    // One byte less: something must move to host, with two slots.
+    in.budget -= 1;
+    const smol::kv_plan below = smol::make_plan(in);
+    CHECK(below.n_offloaded_groups() > 0);
+    CHECK(below.n_slots == 2);
+    CHECK(below.device_bytes() <= in.budget);
+}
+
+TEST_CASE("the planner shrinks head groups for long contexts and honours G = 1") {
+    const smol::kv_plan short_ctx = smol::make_plan(shape_17b(24 * GiB, 4096));
+    CHECK(short_ctx.G == 32);
+    // Streaming a short context: groups large enough for full-speed copies.
+    smol::plan_input all_short = shape_17b(24 * GiB, 4096);
+    all_short.mode = SMOL_KV_OFFLOAD_ALL;
+    const smol::kv_plan streamed = smol::make_plan(all_short);
+    CHECK(streamed.G > 1);
+    CHECK(streamed.group_bytes() >= (4u << 20));
+    const smol::kv_plan long_ctx = smol::make_plan(shape_17b(24 * GiB, 512 * 1024));
+    CHECK(long_ctx.G < short_ctx.G);
+    CHECK(long_ctx.n_offloaded_groups() > 0);
+    CHECK(long_ctx.device_bytes() <= 24 * GiB);
+    MESSAGE("1.7B shape at 512K tokens in 24 GiB:\n" << long_ctx.format());
+
+    smol::plan_input in = shape_17b(24 * GiB, 512 * 1024);
+    in.head_group = 1;
+    const smol::kv_plan g1 = smol::make_plan(in);
+    CHECK(g1.G == 1);
+    CHECK(g1.n_group == 32);
+    CHECK(g1.group_forced);
+    CHECK(g1.device_bytes() <= 24 * GiB);
+    // G = 1 leaves more room for resident heads than larger slots do.
+    CHECK(g1.n_resident_groups() * g1.G >= long_ctx.n_resident_groups() * long_ctx.G);
+
+    // SmolLM2-135M at a million tokens in 8 GiB.
+    smol::plan_input s135;
+    s135.n_layer = 30;
+    s135.n_head_kv = 3;
+    s135.head_dim = 64;
+    s135.n_cells = 1 << 20;
+    s135.budget = 8 * GiB;
+    s135.weight_bytes = 95ull << 20;
+    s135.compute_bytes = [](int32_t n) { return uint64_t(48 << 20) + uint64_t(n) * (256 << 10); };
+    const smol::kv_plan p135 = smol::make_plan(s135);
+    CHECK(p135.device_bytes() <= 8 * GiB);
+    CHECK(p135.n_offloaded_groups() > 0);
+    CHECK(p135.n_resident_groups() > 0);
+}
+
+TEST_CASE("the planner takes smaller prefill chunks from smaller budgets") {
+    smol::plan_input in = shape_17b(0, 512 * 1024);
+    in.mode = SMOL_KV_OFFLOAD_ALL;
+    in.compute_bytes = [](int32_t n) { return uint64_t(n) * (16 << 20); }; // 8 GiB at 512
+    in.budget = 40 * GiB;
+    const smol::kv_plan big = smol::make_plan(in);
+    in.budget = 12 * GiB;
+    const smol::kv_plan small = smol::make_plan(in);
+    CHECK(big.chunk == 512);
+    CHECK(small.chunk < big.chunk);
+    CHECK(small.device_bytes() <= 12 * GiB);
+}
+
+TEST_CASE("a tiny budget is refused by the planner with every number in the message") {
+    smol::plan_input in = shape_17b(2 * GiB, 512 * 1024);
+    try {
+        smol::make_plan(in);
+        FAIL("a 2 GiB budget cannot hold 3.3 GiB of weights");
+    } catch (const smol::error & e) {
+        const std::string msg = e.what();
+        CAPTURE(msg);
+        CHECK(e.status == SMOL_ERR_OUT_OF_MEMORY);
+        CHECK(msg.find("2.00 GiB") != std::string::npos);
+        CHECK(msg.find("weights 3.34 GiB") != std::string::npos);
+        CHECK(msg.find("staging") != std::string::npos);
+        CHECK(msg.find("--gpu-mem") != std::string::npos);
+    }
+}
+
+namespace {
+
+// The schedule of the last step of a context built through the C++ layer.
+struct scheduled {
+    std::unique_ptr<smol::llama_model> model;
+    std::unique_ptr<smol::llama_context> ctx;
+    smol::schedule s;
+};
+
+int32_t pos_in_stream(const smol::schedule & s, int stream, int32_t node) {
+    const auto & p = s.prog[stream];
+    for (size_t i = 0; i < p.size(); ++i)
+        if (p[i].what == smol::schedule::kind::run && p[i].node == node) return int32_t(i);
+    return -1;
+}
+
+// Whether stream `st` waits, before its instruction at `before`, for an
+// event recorded at or after node `node` of another stream.
+bool waits_for(const smol::schedule & s, int st, int32_t before, int32_t node) {
+    for (int32_t i = 0; i < before; ++i) {
+        const auto & in = s.prog[st][size_t(i)];
+        if (in.what == smol::schedule::kind::wait && s.event_node[size_t(in.event)] >= node &&
+            s.node_stream[size_t(s.event_node[size_t(in.event)])] == s.node_stream[size_t(node)]) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void check_schedule(const smol::graph & g, const smol::schedule & s, const smol::kv_plan & plan) {
+    using smol::tensor;
+    const auto & nodes = g.nodes();
+    std::vector<const tensor *> prefetches, attentions;
+    for (const tensor * t : nodes) {
+        if (t->kind == smol::OP_COPY && t->copy.dir == smol::copy_dir::h2d) prefetches.push_back(t);
+        if (t->kind == smol::OP_ATTENTION) attentions.push_back(t);
+    }
+    CHECK(int(prefetches.size()) == plan.n_offloaded_groups());
+    CHECK(int(attentions.size()) == plan.n_layer * plan.n_group);
+    int slot_readers = 0;
+    for (const tensor * a : attentions) {
+        const int32_t ai = a->node_index;
+        if (a->kv.slot < 0) continue;
+        ++slot_readers;
+        // The PREFETCH that last filled this slot before the attention.
+        const tensor * filled = nullptr;
+        for (const tensor * p : prefetches)
+            if (p->node_index < ai && p->iparams[2] == a->kv.slot) filled = p;
+        REQUIRE(filled);
+        CHECK(filled->iparams[0] == a->iparams[0]);
+        CHECK(filled->iparams[1] * plan.G == a->kv.h0);
+        const int32_t at = pos_in_stream(s, 0, ai);
+        REQUIRE(at >= 0);
+        CHECK(waits_for(s, 0, at, filled->node_index));
+    }
+    CHECK(slot_readers == plan.n_offloaded_groups());
+    // Each PREFETCH but the first is issued before the attention of the
+    // group that runs before its own (overlap, across layers too), and after
+    // the slot's previous reader and OFFLOAD finished (WAR).
+    for (size_t k = 0; k < prefetches.size(); ++k) {
+        const tensor * p = prefetches[k];
+        const int32_t flat = p->iparams[0] * plan.n_group + p->iparams[1];
+        if (flat > 0) {
+            const tensor * prev = attentions[size_t(flat - 1)];
+            CHECK(p->node_index < prev->node_index);
+        }
+        const int32_t at = pos_in_stream(s, 1, p->node_index);
+        REQUIRE(at >= 0);
+        for (const tensor * a : attentions) {
+            if (a->kv.slot == p->iparams[2] && a->node_index < p->node_index)
+                CHECK(waits_for(s, 1, at, a->node_index));
+        }
+        for (const tensor * t : nodes) {
+            if (t->kind == smol::OP_COPY && t->copy.dir == smol::copy_dir::d2h &&
+                t->iparams[2] == p->iparams[2] && t->node_index < p->node_index)
+                CHECK(waits_for(s, 1, at, t->node_index));
+        }
+    }
+}
+
+} // namespace
+
+TEST_CASE("the schedule waits for each prefetch, issues it a group early and never overwrites a "
+          "slot in use") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("sched.gguf");
+    tiny::shape sh;
+    sh.n_embd = 128;
+    sh.n_head = 8;
+    sh.n_head_kv = 4;
+    sh.n_layer = 3;
+    tiny::write(path, sh, seed);
+    std::mt19937 rng(seed);
+    for (const placement_case pc : {placement_case{"all G=1", SMOL_KV_OFFLOAD_ALL, 1, 0},
+                                    placement_case{"all G=2", SMOL_KV_OFFLOAD_ALL, 2, 0},
+                                    placement_case{"all G=4", SMOL_KV_OFFLOAD_ALL, 4, 0}}) {
+        CAPTURE(pc.name);
+        auto model = smol::llama_model::load(path, smol_model_default_params());
+        const smol_context_params p = sim_params(256, 32, 1, pc);
+        smol::llama_context ctx(*model, p);
+        smol_batch b = smol_batch_init(32);
+        const std::vector<int> ids = random_ids(rng, 40, sh.n_vocab);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            smol_batch_add(&b, 32, ids[i], smol_pos(i), 0, false);
+            if (b.n_tokens == 32 || i + 1 == ids.size()) {
+                ctx.decode(b);
+                smol::schedule s;
+                smol::make_schedule(ctx.last_graph(), s);
+                check_schedule(ctx.last_graph(), s, ctx.plan);
+                b.n_tokens = 0;
+            }
+        }
+        const std::string text = ctx.schedule_text(1);
+        CHECK(text.find("PREFETCH") != std::string::npos);
+        CHECK(text.find("OFFLOAD") != std::string::npos);
+        CHECK(text.find("wait") != std::string::npos);
+        smol_batch_free(&b);
+    }
+    // A mixed plan: copies only for offloaded groups.
+    {
+        auto model = smol::llama_model::load(path, smol_model_default_params());
+        smol::llama_context probe(*model, sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+        const uint64_t budget = probe.plan.weight_bytes + probe.plan.compute_bytes +
+                                2 * probe.plan.group_bytes() + 5 * probe.plan.group_bytes();
+        smol::llama_context ctx(*model,
+                                sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_AUTO, 1, budget}));
+        CHECK(ctx.plan.n_resident_groups() == 5);
+        smol_batch b = smol_batch_init(32);
+        for (int i = 0; i < 20; ++i) smol_batch_add(&b, 32, i + 1, i, 0, i == 19);
+        ctx.decode(b);
+        smol::schedule s;
+        smol::make_schedule(ctx.last_graph(), s);
+        check_schedule(ctx.last_graph(), s, ctx.plan);
+        smol_batch_free(&b);
+    }
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("SmolLM2-135M gives bit-identical logits with its KV resident, offloaded or mixed") {
+    INFO("the real model is missing: run scripts/fetch-model.sh (looked for " << SMOL_MODEL << ")");
+    REQUIRE(std::filesystem::exists(SMOL_MODEL));
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const int n_vocab = 49152;
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 40, n_vocab),
+                                                   random_ids(rng, 9, n_vocab)};
+    model_ptr m = load(SMOL_MODEL);
+    std::vector<float> want;
+    for (const placement_case & pc :
+         {placement_case{"resident", SMOL_KV_OFFLOAD_NONE, 1, 0},
+          placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 1, 0},
+          placement_case{"all offloaded G=3", SMOL_KV_OFFLOAD_ALL, 3, 0}}) {
+        CAPTURE(pc.name);
+        context_ptr c = make_context(m.get(), sim_params(512, 32, 2, pc));
+        const std::vector<float> got = run_workload(c.get(), n_vocab, prompts, {1, 2, 3});
+        if (want.empty()) {
+            want = got;
+        } else {
+            CHECK(same_bits(got, want));
+        }
+    }
+    // Mixed: half the layers' heads resident, from the all-offloaded figures.
+    context_ptr probe =
+        make_context(m.get(), sim_params(512, 32, 2, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+    const smol_memory_info mi = memory_of(probe.get());
+    const uint64_t budget =
+        mi.device_weights + mi.device_compute + mi.device_staging + mi.host_kv / 2;
+    context_ptr c =
+        make_context(m.get(), sim_params(512, 32, 2, {"mixed", SMOL_KV_OFFLOAD_AUTO, 1, budget}));
+    const smol_memory_info mixed = memory_of(c.get());
+    CHECK(mixed.n_heads_resident > 0);
+    CHECK(mixed.n_heads_resident < mixed.n_heads);
+    CHECK(same_bits(run_workload(c.get(), n_vocab, prompts, {1, 2, 3}), want));
+    CHECK(memory_of(c.get()).device_peak <= budget);
+}
