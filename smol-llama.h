@@ -70,6 +70,8 @@ class llama_context {
 
     void decode(const smol_batch & batch); // throws smol::error
     const float * logits(int32_t i) const;
+    // The cache cell each token of the last decoded batch went to.
+    const int32_t * last_cells() const { return cells_.data(); }
 
     const llama_model & model;
     smol_context_params params;
@@ -78,6 +80,7 @@ class llama_context {
 
   private:
     void build_graph(int32_t n_tokens, int32_t n_outputs);
+    void list_seq_cells(int32_t n_tokens);
 
     void * to_backend(const weight & w);
 
@@ -90,6 +93,9 @@ class llama_context {
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
     std::vector<smol_pos> seq_max_;
+    // Per batch: the cells of each sequence by position (batch_info).
+    std::vector<int32_t> seq_cells_, seq_begin_;
+    std::vector<int32_t> fill_;
     int32_t last_out_ = -1;
     int32_t n_last_ = 0;
     std::vector<float> logits_;
@@ -97,5 +103,10 @@ class llama_context {
 };
 
 } // namespace smol
+
+// The C API's model handle (smol.c++, smol-engine.c++).
+struct smol_model {
+    std::unique_ptr<smol::llama_model> m;
+};
 
 #endif // SMOL_LLAMA_H

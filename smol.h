@@ -153,7 +153,7 @@ typedef struct smol_context_params {
     uint32_t n_ctx;      // KV cells shared by all sequences (0: 4096, capped at training)
     uint32_t n_batch;    // most tokens one smol_decode call takes (default 512)
     int32_t n_threads;   // CPU threads (0: all cores)
-    uint32_t n_seq_max;  // most sequences at once (default 1)
+    uint32_t n_seq_max;  // most sequences at once (default 1, at most 64)
     const char * device; // "cpu" (default, NULL too) or "cuda:N"
 } smol_context_params;
 
@@ -192,8 +192,14 @@ SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
 SMOL_API const float * smol_get_logits(smol_context * ctx, int32_t i);
 
 // Drops the cached tokens of seq_id with positions in [p0, p1) (p1 < 0: to
-// the end); seq_id < 0 drops every sequence.
+// the end); seq_id < 0 drops every sequence. A cell shared with other
+// sequences stays theirs; it is freed when no sequence holds it.
 SMOL_API void smol_kv_seq_rm(smol_context * ctx, smol_seq_id seq_id, smol_pos p0, smol_pos p1);
+// Gives dst the cached tokens of src with positions in [p0, p1) (p1 < 0: to
+// the end) without copying them: the cells are shared, as a common prompt
+// prefix is. dst then continues from there with smol_decode.
+SMOL_API void smol_kv_seq_cp(smol_context * ctx, smol_seq_id src, smol_seq_id dst, smol_pos p0,
+                             smol_pos p1);
 // The number of tokens seq_id holds in the cache.
 SMOL_API int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq_id);
 // Free KV cells.
