@@ -818,6 +818,8 @@ const char * smol_status_name(smol_status s) {
         return "SMOL_ERR_BUFFER_TOO_SMALL";
     case SMOL_ERR_BACKEND:
         return "SMOL_ERR_BACKEND";
+    case SMOL_ERR_BUSY:
+        return "SMOL_ERR_BUSY";
     }
     return "SMOL_ERR_UNKNOWN";
 }
