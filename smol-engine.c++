@@ -181,12 +181,15 @@ smol_request_id engine::submit(const smol_request_params & p) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (size_t(stats_.n_queued) + incoming_.size() >= params_.n_queue_max) {
+    // Every slot taken and n_queue_max waiting: refuse rather than queue
+    // without bound.
+    if (n_active_ >= int64_t(cache_seq_) + params_.n_queue_max) {
         smol_sampler_free(r->sampler);
         throw error(SMOL_ERR_BUSY, "smol_engine_submit: " + std::to_string(params_.n_queue_max) +
                                        " requests are waiting already; retry later");
     }
     r->id = next_id_++;
+    ++n_active_;
     const smol_request_id id = r->id;
     incoming_.push_back(std::move(r));
     cv_.notify_all();
@@ -267,6 +270,7 @@ void engine::finish(request_ptr & r, smol_finish_reason reason, smol_token token
     r->sampler = nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.n_finished;
+    --n_active_;
 }
 
 void engine::preempt(request & r) {
@@ -362,6 +366,11 @@ int32_t engine::step() {
     }
 
     admit();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.n_running = int32_t(running_.size());
+        stats_.n_queued = int32_t(queue_.size());
+    }
 
     // Plan the batch: one token for every request that is decoding, then
     // prompt chunks, oldest request first, within the batch and the cells.
@@ -491,6 +500,7 @@ int32_t engine::step() {
 smol_engine_stats engine::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     smol_engine_stats s = stats_;
+    s.n_queued += int32_t(incoming_.size()); // submitted since the last step
     s.prefix_hit_rate =
         s.n_prompt_tokens > 0 ? double(s.n_prefix_hit_tokens) / double(s.n_prompt_tokens) : 0.0;
     const uint64_t cell_bytes = uint64_t(ctx_.kv.n_layer) * uint64_t(ctx_.kv.n_head_kv) *

@@ -143,6 +143,7 @@ class engine {
     std::deque<request_ptr> incoming_;
     std::vector<smol_request_id> cancels_;
     smol_request_id next_id_ = 1;
+    int64_t n_active_ = 0; // submitted and not finished
     smol_engine_stats stats_{};
     bool stop_ = false;
     std::mutex step_mu_;

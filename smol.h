@@ -286,7 +286,7 @@ typedef struct smol_engine_params {
     smol_context_params context; // n_ctx: cells for all requests; n_seq_max: parallel
                                  // requests (at most 63; one sequence holds the cache)
     uint32_t n_chunk;            // most prompt tokens of one request per step (256)
-    uint32_t n_queue_max;        // most requests waiting (256); more: SMOL_ERR_BUSY
+    uint32_t n_queue_max;        // most requests waiting for a slot (256); more: SMOL_ERR_BUSY
     bool prefix_cache;           // reuse the KV of earlier prefixes (true)
     uint32_t prefix_block;       // tokens per cached block (16)
     bool worker_thread;          // step on an internal thread (false: call step)
