@@ -190,6 +190,7 @@ struct gen_request {
     std::vector<std::string> stops;
     bool stream = false;
     bool include_usage = false;
+    bool ignore_eos = false; // llama-server's extension: generate max_tokens tokens
 };
 
 const json & field(const json & body, const char * name) {
@@ -277,6 +278,10 @@ gen_request parse_common(const server_state & st, const json & body) {
     if (!stream.is_null() && !stream.is_boolean())
         throw bad_request("'stream' must be a boolean", "stream");
     g.stream = stream.is_boolean() && stream.get<bool>();
+    const json & ie = field(body, "ignore_eos");
+    if (!ie.is_null() && !ie.is_boolean())
+        throw bad_request("'ignore_eos' must be a boolean", "ignore_eos");
+    g.ignore_eos = ie.is_boolean() && ie.get<bool>();
     const json & so = field(body, "stream_options");
     if (so.is_object() && so.contains("include_usage") && so["include_usage"].is_boolean())
         g.include_usage = so["include_usage"].get<bool>();
@@ -407,6 +412,7 @@ struct job {
         p.n_prompt = int32_t(g.prompt.size());
         p.sampler = g.sampler;
         p.max_tokens = g.max_tokens;
+        p.ignore_eog = g.ignore_eos;
         p.on_event = on_event;
         auto * ref = new std::shared_ptr<stream_state>(state);
         p.user_data = ref;
