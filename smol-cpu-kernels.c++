@@ -677,6 +677,15 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 //
 // Decode and small batches stream each weight once, 8 rows at a time, with
 // software prefetch. Scratch lives on the stack: at most ~56 KiB per call.
+//
+// Batch invariance: every path computes an output element with the same
+// float operations in the same order, however many tokens the call has and
+// wherever the element falls in a tile. Quantized: per block in order,
+// acc = fma(isum, d_w * d_a, acc), then for q4_1 acc = fma(m, s_a, acc).
+// Float: acc = fma(w[k], x[k], acc) for k in order. A tile that covers a
+// later chunk of K starts from the sum so far instead of adding to it, so
+// chunking changes nothing. A token's logits are then the same bits alone or
+// in any batch, which continuous batching and prefix reuse rely on.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // vpdpbusd multiplies unsigned by signed bytes and adds into int32 lanes in
@@ -861,16 +870,19 @@ static inline int64_t tile_act(const block_q8_act * const a[NT], int64_t nbk, in
 
 // Row vectors v0..v0+NV-1 of the panel (8 rows each) x NT tokens over nbk
 // blocks; out[t * 16 + 8 * v + i] for row 8 v + i.
+// With init, the sums start from init[t * 16 + r] (a later chunk of K).
 template <smol_type T, int NT, int NV>
 __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t nbk,
-                                             const block_q8_act * const a[NT], float * out) {
+                                             const block_q8_act * const a[NT], const float * init,
+                                             float * out) {
     const __m256i ones = _mm256_set1_epi16(1);
     alignas(32) int8_t xa[NT * q_panel_blocks * QK];
     const int8_t * xq[NT];
     const int64_t xs = tile_act<T, NT>(a, nbk, xa, xq);
     __m256 acc[NT][NV];
     for (int t = 0; t < NT; t++)
-        for (int v = 0; v < NV; v++) acc[t][v] = _mm256_setzero_ps();
+        for (int v = 0; v < NV; v++)
+            acc[t][v] = init ? _mm256_loadu_ps(init + t * 16 + 8 * (v0 + v)) : _mm256_setzero_ps();
     for (int64_t b = 0; b < nbk; b++) {
         __m256i sl[NT][NV], sh[NT][NV];
         for (int t = 0; t < NT; t++) {
@@ -933,11 +945,12 @@ constexpr int32_t vnni_bias(smol_type t) {
 }
 
 template <smol_type T, int NT>
-__attribute__((noinline)) static void q_tile_vnni(const q_panel * p, int64_t nbk,
-                                                  const block_q8_act * const a[NT],
-                                                  const int32_t * const corr[NT], float * out) {
+__attribute__((noinline)) static void
+q_tile_vnni(const q_panel * p, int64_t nbk, const block_q8_act * const a[NT],
+            const int32_t * const corr[NT], const float * init, float * out) {
     __m512 acc[NT];
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; t++)
+        acc[t] = init ? _mm512_loadu_ps(init + t * 16) : _mm512_setzero_ps();
     for (int64_t b = 0; b < nbk; b++) {
         __m512i s[NT];
         for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
@@ -968,27 +981,27 @@ __attribute__((noinline)) static void q_tile_vnni(const q_panel * p, int64_t nbk
 }
 #endif
 
-// Writes (or, for later K chunks, adds) an nt x nr corner of a tile
-// (out[t * 16 + r]) into y.
-static void store_tile(const float * out, int64_t nt, int64_t nr, float * y, int64_t ldy,
-                       bool add) {
+// Writes an nt x nr corner of a tile (out[t * 16 + r]) into y.
+static void store_tile(const float * out, int64_t nt, int64_t nr, float * y, int64_t ldy) {
     for (int64_t t = 0; t < nt; t++) {
         float * yt = y + t * ldy;
         const float * o = out + t * 16;
         if (nr == 16) {
-            __m256 v0 = _mm256_loadu_ps(o), v1 = _mm256_loadu_ps(o + 8);
-            if (add) {
-                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(yt));
-                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(yt + 8));
-            }
-            _mm256_storeu_ps(yt, v0);
-            _mm256_storeu_ps(yt + 8, v1);
-        } else if (add) {
-            for (int64_t r = 0; r < nr; r++) yt[r] += o[r];
+            _mm256_storeu_ps(yt, _mm256_loadu_ps(o));
+            _mm256_storeu_ps(yt + 8, _mm256_loadu_ps(o + 8));
         } else {
             for (int64_t r = 0; r < nr; r++) yt[r] = o[r];
         }
     }
+}
+
+// The sums so far of an nt x nr corner of y, as a tile's starting values
+// (init[t * 16 + r]; the rest zero), for a later chunk of K.
+static void load_tile(const float * y, int64_t nt, int64_t nr, int64_t ldy, int64_t nt_max,
+                      float * init) {
+    for (int64_t t = 0; t < nt_max; t++)
+        for (int64_t r = 0; r < 16; r++)
+            init[t * 16 + r] = t < nt && r < nr ? y[t * ldy + r] : 0.0f;
 }
 
 template <smol_type T>
@@ -1043,15 +1056,17 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
                         a[j] = (const block_q8_act *)(ab + (size_t)min_i64(i + j, t1 - 1) *
                                                                act_row_bytes) +
                                kb0;
-                    float out[NT * 16];
+                    float out[NT * 16], init[NT * 16];
+                    if (kb0 > 0) load_tile(y + i * ldy + r, nt, nr, ldy, NT, init);
+                    const float * in = kb0 > 0 ? init : nullptr;
 #if SMOL_CPU_VNNI
                     const int32_t * c[NT];
                     for (int j = 0; j < NT; j++) c[j] = corr + (min_i64(i + j, t1 - 1) - t0) * nbk;
-                    q_tile_vnni<T, NT>(&panel, nbk, a, c, out);
+                    q_tile_vnni<T, NT>(&panel, nbk, a, c, in, out);
 #else
-                    q_tile<T, NT, 2>(&panel, 0, nbk, a, out);
+                    q_tile<T, NT, 2>(&panel, 0, nbk, a, in, out);
 #endif
-                    store_tile(out, nt, nr, y + i * ldy + r, ldy, kb0 > 0);
+                    store_tile(out, nt, nr, y + i * ldy + r, ldy);
                 }
             }
         }
@@ -1081,7 +1096,6 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
     // Lane l of the result holds row order[l].
     static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     __m256 acc = _mm256_setzero_ps();
-    __m256 acc_off = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const size_t o = (size_t)b * bs;
         __m256i pr[4];
@@ -1137,11 +1151,11 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
                 (short)load_u16(rows[order[2]] + o + 2), (short)load_u16(rows[order[3]] + o + 2),
                 (short)load_u16(rows[order[4]] + o + 2), (short)load_u16(rows[order[5]] + o + 2),
                 (short)load_u16(rows[order[6]] + o + 2), (short)load_u16(rows[order[7]] + o + 2));
-            acc_off = _mm256_fmadd_ps(_mm256_cvtph_ps(mh), _mm256_set1_ps(a[b].s), acc_off);
+            acc = _mm256_fmadd_ps(_mm256_cvtph_ps(mh), _mm256_set1_ps(a[b].s), acc);
         }
     }
     float res[8];
-    _mm256_storeu_ps(res, _mm256_add_ps(acc, acc_off));
+    _mm256_storeu_ps(res, acc);
     for (int l = 0; l < 8; l++) out[order[l]] = res[l];
 }
 
@@ -1230,10 +1244,14 @@ static void f_pack16(smol_type t, const uint8_t * const rows[16], int64_t k0, in
 // out[t * 16 + r].
 // Not inlined: inlined into the loops around it, GCC runs out of general
 // registers and reloads the token pointers from the stack on every k.
+// With init, the sums start from init[t * 16 + r] (a later chunk of K).
 __attribute__((noinline)) static void f_tile_16x6(const float * w, const float * const x[6],
-                                                  int64_t n, float * out) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+                                                  int64_t n, const float * init, float * out) {
+    auto start = [init](int o) { return init ? _mm256_loadu_ps(init + o) : _mm256_setzero_ps(); };
+    __m256 c00 = start(0), c01 = start(8), c10 = start(16), c11 = start(24), c20 = start(32),
+           c21 = start(40);
+    __m256 c30 = start(48), c31 = start(56), c40 = start(64), c41 = start(72), c50 = start(80),
+           c51 = start(88);
     const float * x0 = x[0];
     const float * x1 = x[1];
     const float * x2 = x[2];
@@ -1280,10 +1298,14 @@ __attribute__((noinline)) static void f_tile_16x6(const float * w, const float *
 // Two adjacent 16-row panels (one 512-bit vector each per k) x 6 tokens;
 // out[t * 16 + r] for each panel.
 __attribute__((noinline)) static void f_tile_32x6(const float * w0, const float * w1,
-                                                  const float * const x[6], int64_t n, float * out0,
-                                                  float * out1) {
+                                                  const float * const x[6], int64_t n,
+                                                  const float * init0, const float * init1,
+                                                  float * out0, float * out1) {
     __m512 c[6][2];
-    for (int j = 0; j < 6; j++) c[j][0] = c[j][1] = _mm512_setzero_ps();
+    for (int j = 0; j < 6; j++) {
+        c[j][0] = init0 ? _mm512_loadu_ps(init0 + 16 * j) : _mm512_setzero_ps();
+        c[j][1] = init1 ? _mm512_loadu_ps(init1 + 16 * j) : _mm512_setzero_ps();
+    }
     for (int64_t k = 0; k < n; k++) {
         const __m512 a0 = _mm512_load_ps(w0 + 16 * k);
         const __m512 a1 = _mm512_load_ps(w1 + 16 * k);
@@ -1339,19 +1361,26 @@ static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, 
 #if defined(__AVX512F__)
                     for (; s + 2 <= n_sub; s += 2) {
                         const int64_t r = rb + 16 * s;
+                        const int64_t nr0 = min_i64(16, r1 - r), nr1 = min_i64(16, r1 - r - 16);
                         float out0[f_tile_tokens * 16], out1[f_tile_tokens * 16];
-                        f_tile_32x6(panel + s * 16 * kc, panel + (s + 1) * 16 * kc, x, n, out0,
-                                    out1);
-                        store_tile(out0, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
-                        store_tile(out1, nt, min_i64(16, r1 - r - 16), y + i * ldy + r + 16, ldy,
-                                   k0 > 0);
+                        float in0[f_tile_tokens * 16], in1[f_tile_tokens * 16];
+                        if (k0 > 0) {
+                            load_tile(y + i * ldy + r, nt, nr0, ldy, f_tile_tokens, in0);
+                            load_tile(y + i * ldy + r + 16, nt, nr1, ldy, f_tile_tokens, in1);
+                        }
+                        f_tile_32x6(panel + s * 16 * kc, panel + (s + 1) * 16 * kc, x, n,
+                                    k0 > 0 ? in0 : nullptr, k0 > 0 ? in1 : nullptr, out0, out1);
+                        store_tile(out0, nt, nr0, y + i * ldy + r, ldy);
+                        store_tile(out1, nt, nr1, y + i * ldy + r + 16, ldy);
                     }
 #endif
                     for (; s < n_sub; s++) {
                         const int64_t r = rb + 16 * s;
-                        float out[f_tile_tokens * 16];
-                        f_tile_16x6(panel + s * 16 * kc, x, n, out);
-                        store_tile(out, nt, min_i64(16, r1 - r), y + i * ldy + r, ldy, k0 > 0);
+                        const int64_t nr = min_i64(16, r1 - r);
+                        float out[f_tile_tokens * 16], in[f_tile_tokens * 16];
+                        if (k0 > 0) load_tile(y + i * ldy + r, nt, nr, ldy, f_tile_tokens, in);
+                        f_tile_16x6(panel + s * 16 * kc, x, n, k0 > 0 ? in : nullptr, out);
+                        store_tile(out, nt, nr, y + i * ldy + r, ldy);
                     }
                 }
             }
@@ -1359,24 +1388,27 @@ static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, 
     }
 }
 
-// Decode, float weights: 8 rows x 1 token, x already f32.
+// Decode, float weights: 8 rows x 1 token, x already f32; out holds the
+// sums so far when k0 > 0. Each lane is one row, summed over k in order as
+// the tiles do (an 8 x 8 transpose turns rows into columns), so a token's
+// result does not depend on the path its batch size picks.
 static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, const float * x,
                      int64_t n, float * out) {
-    __m256 c[8];
-    for (int i = 0; i < 8; i++) c[i] = _mm256_setzero_ps();
+    __m256 c = k0 > 0 ? _mm256_loadu_ps(out) : _mm256_setzero_ps();
     const int64_t n8 = n & ~(int64_t)7;
     for (int64_t k = 0; k < n8; k += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + k);
-        for (int i = 0; i < 8; i++) c[i] = _mm256_fmadd_ps(load_w8(t, rows[i], k0 + k), xv, c[i]);
+        __m256i w[8];
+        for (int i = 0; i < 8; i++) w[i] = _mm256_castps_si256(load_w8(t, rows[i], k0 + k));
+        transpose8_epi32(w);
+        for (int j = 0; j < 8; j++)
+            c = _mm256_fmadd_ps(_mm256_castsi256_ps(w[j]), _mm256_broadcast_ss(x + k + j), c);
     }
-    // Eight vectors -> their eight sums (once per call, so vphadd is fine).
-    const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(c[0], c[1]), _mm256_hadd_ps(c[2], c[3]));
-    const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(c[4], c[5]), _mm256_hadd_ps(c[6], c[7]));
-    const __m256 s =
-        _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
-    _mm256_storeu_ps(out, s);
-    for (int64_t k = n8; k < n; k++)
-        for (int i = 0; i < 8; i++) out[i] += load_w1(t, rows[i], k0 + k) * x[k];
+    for (int64_t k = n8; k < n; k++) {
+        float col[8];
+        for (int i = 0; i < 8; i++) col[i] = load_w1(t, rows[i], k0 + k);
+        c = _mm256_fmadd_ps(_mm256_loadu_ps(col), _mm256_broadcast_ss(x + k), c);
+    }
+    _mm256_storeu_ps(out, c);
 }
 
 static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
@@ -1407,10 +1439,12 @@ static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
                 prefetch_rows(wb + k0 * el, w_row_bytes, r + 16, r1, (size_t)n * el);
                 const int64_t nr = min_i64(8, r1 - r);
                 for (int64_t j = 0; j < n_tok; j++) {
-                    float out[8];
-                    f_gemv_8(t, rows, k0, x[j], n, out);
+                    float out[8] = {0};
                     float * yj = y + j * ldy + r;
-                    for (int64_t i = 0; i < nr; i++) yj[i] = k0 == 0 ? out[i] : yj[i] + out[i];
+                    if (k0 > 0)
+                        for (int64_t i = 0; i < nr; i++) out[i] = yj[i];
+                    f_gemv_8(t, rows, k0, x[j], n, out);
+                    for (int64_t i = 0; i < nr; i++) yj[i] = out[i];
                 }
             }
         }

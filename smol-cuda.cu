@@ -591,13 +591,13 @@ struct attn_params {
     float scale;
     const int32_t * pos; // per token
     const int32_t * seq;
-    const int32_t * cell_pos; // per cell, [0, n_used)
-    const int32_t * cell_seq;
-    const int32_t * n_used; // device scalar: graphs replayed later read the new value
-    int Q, W, S;            // queries per block, cell streams per query, splits over cells
-    float * part;           // S > 1: [token][head][split] of (max, sum, acc[hd])
-    int * done;             // S > 1: splits finished per (token, head); left at zero
-    rope_params rope;       // non-null pos: rotate q as it is loaded
+    const int32_t * cell_pos;   // per cell, [0, n_used)
+    const uint64_t * cell_seqs; // per cell, the sequences that hold it
+    const int32_t * n_used;     // device scalar: graphs replayed later read the new value
+    int Q, W, S;                // queries per block, cell streams per query, splits over cells
+    float * part;               // S > 1: [token][head][split] of (max, sum, acc[hd])
+    int * done;                 // S > 1: splits finished per (token, head); left at zero
+    rope_params rope;           // non-null pos: rotate q as it is loaded
 };
 
 // Block (query group, head, split). Warp w serves query w % Q and walks the
@@ -660,8 +660,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             const int c = base + lane;
             bool vis = false;
             if (c < c_end) {
-                const int cp = p.cell_pos[c];
-                vis = p.cell_seq[c] == my_seq && cp >= 0 && cp <= my_pos;
+                vis = kv_cell_visible(p.cell_pos[c], p.cell_seqs[c], my_seq, my_pos);
             }
             float sc = -INFINITY;
             if (vis) {
@@ -1057,11 +1056,12 @@ class cuda_backend final : public backend {
     int32_t * d_seq_ = nullptr;
     int32_t * d_cell_ = nullptr;
     int32_t * d_cell_pos_ = nullptr;
-    int32_t * d_cell_seq_ = nullptr;
+    uint64_t * d_cell_seqs_ = nullptr;
 
     // What the device holds of the cache's cell table, to upload only changes.
     const kv_cache * shadow_kv_ = nullptr;
-    std::vector<int32_t> shadow_pos_, shadow_seq_;
+    std::vector<int32_t> shadow_pos_;
+    std::vector<uint64_t> shadow_seqs_;
 
     std::vector<step> steps_;
     arena_plan plan_;                                  // reused from step to step
@@ -1826,7 +1826,8 @@ void cuda_backend::prepare(graph & g) {
              "rope table");
     }
     if (g.batch.kv) {
-        const size_t n = size_t(g.batch.kv->n_cells) * 2 * sizeof(int32_t);
+        // Positions, then (8-byte aligned) the sequence masks.
+        const size_t n = size_t(g.batch.kv->n_cells) * (sizeof(int32_t) + sizeof(uint64_t)) + 8;
         if (n > cells_.size) {
             grow(cells_, n, "cache cell table");
             shadow_kv_ = nullptr; // the device copy of the table is gone
@@ -1866,12 +1867,12 @@ void cuda_backend::stage(graph & g) {
         if (shadow_kv_ != kv || shadow_pos_.size() != size_t(kv->n_cells)) {
             shadow_kv_ = kv;
             shadow_pos_.assign(size_t(kv->n_cells), INT32_MIN);
-            shadow_seq_.assign(size_t(kv->n_cells), INT32_MIN);
+            shadow_seqs_.assign(size_t(kv->n_cells), ~uint64_t(0));
         }
         lo = kv->n_used;
         for (int32_t c = 0; c < kv->n_used; ++c) {
             if (kv->cell_pos[size_t(c)] != shadow_pos_[size_t(c)] ||
-                kv->cell_seq[size_t(c)] != shadow_seq_[size_t(c)]) {
+                kv->cell_seqs[size_t(c)] != shadow_seqs_[size_t(c)]) {
                 lo = std::min(lo, c);
                 hi = c + 1;
             }
@@ -1879,9 +1880,10 @@ void cuda_backend::stage(graph & g) {
         if (hi < lo) hi = lo;
     }
     const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
+    const size_t mask_bytes = size_t(hi - lo) * sizeof(uint64_t);
     grow(dyn_, dyn_bytes, "input staging");
     SMOL_GPU_CHECK(cudaEventSynchronize(staged_)); // the pinned buffer is free again
-    grow_host(dyn_bytes + 2 * cell_bytes);
+    grow_host(dyn_bytes + align_up(cell_bytes, 8) + mask_bytes);
 
     uint8_t * h = static_cast<uint8_t *>(host_stage_);
     uint8_t * d = static_cast<uint8_t *>(dyn_.p);
@@ -1903,19 +1905,21 @@ void cuda_backend::stage(graph & g) {
     d_cell_ = reinterpret_cast<int32_t *>(d + 256 + 2 * tok_bytes);
     if (kv) {
         d_cell_pos_ = static_cast<int32_t *>(cells_.p);
-        d_cell_seq_ = d_cell_pos_ + kv->n_cells;
+        d_cell_seqs_ = reinterpret_cast<uint64_t *>(static_cast<uint8_t *>(cells_.p) +
+                                                    align_up(size_t(kv->n_cells) * 4, 8));
         if (hi > lo) {
             uint8_t * hp = h + dyn_bytes;
+            uint8_t * hm = hp + align_up(cell_bytes, 8);
             std::memcpy(hp, kv->cell_pos.data() + lo, cell_bytes);
-            std::memcpy(hp + cell_bytes, kv->cell_seq.data() + lo, cell_bytes);
+            std::memcpy(hm, kv->cell_seqs.data() + lo, mask_bytes);
             SMOL_GPU_CHECK(
                 cudaMemcpyAsync(d_cell_pos_ + lo, hp, cell_bytes, cudaMemcpyHostToDevice, stream_));
-            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seq_ + lo, hp + cell_bytes, cell_bytes,
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seqs_ + lo, hm, mask_bytes,
                                            cudaMemcpyHostToDevice, stream_));
             std::copy(kv->cell_pos.begin() + lo, kv->cell_pos.begin() + hi,
                       shadow_pos_.begin() + lo);
-            std::copy(kv->cell_seq.begin() + lo, kv->cell_seq.begin() + hi,
-                      shadow_seq_.begin() + lo);
+            std::copy(kv->cell_seqs.begin() + lo, kv->cell_seqs.begin() + hi,
+                      shadow_seqs_.begin() + lo);
         }
     }
     SMOL_GPU_CHECK(cudaEventRecord(staged_, stream_));
@@ -2276,7 +2280,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.pos = d_pos_;
     p.seq = d_seq_;
     p.cell_pos = d_cell_pos_;
-    p.cell_seq = d_cell_seq_;
+    p.cell_seqs = d_cell_seqs_;
     p.n_used = d_params_;
     p.S = int(attn_splits(t, p.Q, p.W));
     p.part = static_cast<float *>(work_.p);

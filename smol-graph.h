@@ -103,6 +103,24 @@ void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1 = 1, 
 
 // --- KV cache ---------------------------------------------------------------
 
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define SMOL_HOST_DEVICE __host__ __device__
+#else
+#define SMOL_HOST_DEVICE
+#endif
+
+// A cell may belong to several sequences at once (a shared prompt prefix):
+// bit s of its mask stands for sequence s, so at most 64 sequences exist.
+using seq_mask = uint64_t;
+constexpr int32_t kv_max_seqs = 64;
+
+// Whether a query of sequence seq at position pos sees a cell. The one
+// definition of visibility, for every backend's attention.
+SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, seq_mask cell_seqs, smol_seq_id seq,
+                                             smol_pos pos) {
+    return cell_pos >= 0 && cell_pos <= pos && ((cell_seqs >> seq) & 1u) != 0;
+}
+
 // The cache is a set of cells shared by all sequences. Each (layer, kv-head)
 // slice of K and of V is [n_cells][head_dim] f16, contiguous, so one head's
 // history is one block of memory (and, later, one copy).
@@ -112,9 +130,9 @@ struct kv_cache {
     // runs the attention (its owner allocates them).
     uint16_t * k = nullptr;
     uint16_t * v = nullptr;
-    std::vector<smol_pos> cell_pos; // -1: free
-    std::vector<smol_seq_id> cell_seq;
-    int32_t n_used = 0; // cells [0, n_used) may be occupied
+    std::vector<smol_pos> cell_pos;  // -1: free
+    std::vector<seq_mask> cell_seqs; // the sequences that hold each cell
+    int32_t n_used = 0;              // cells [0, n_used) may be occupied
 
     // Sets the shape and frees every cell; k and v are set by the owner.
     void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells);
@@ -133,16 +151,19 @@ struct kv_cache {
     }
     int32_t n_free() const;
     void clear();
+    // Drops seq from the cells it holds in [p0, p1) (p1 < 0: to the end;
+    // seq < 0: every sequence); a cell no sequence holds is free.
     void seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1);
+    // Gives dst the cells src holds in [p0, p1): shared, not copied.
+    void seq_cp(smol_seq_id src, smol_seq_id dst, smol_pos p0, smol_pos p1);
     int32_t seq_len(smol_seq_id seq) const;
-};
+    // The same for a list of cells, whatever their positions.
+    void cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq);
+    void cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq);
 
-// Whether the token at position p of sequence s attends to cell c: the one
-// place where attention decides visibility (the CUDA kernel mirrors it).
-inline bool kv_visible(const kv_cache & kv, int32_t c, smol_seq_id s, smol_pos p) {
-    return kv.cell_seq[size_t(c)] == s && kv.cell_pos[size_t(c)] >= 0 &&
-           kv.cell_pos[size_t(c)] <= p;
-}
+  private:
+    void shrink_used();
+};
 
 // What the cache and attention ops need to know about the batch in flight.
 struct batch_info {
@@ -151,6 +172,12 @@ struct batch_info {
     const int32_t * cell = nullptr; // the cache cell of each token
     int32_t n_tokens = 0;
     kv_cache * kv = nullptr;
+    // Optional: the cells each sequence of the batch holds, sorted by
+    // position: seq_cells[seq_begin[s], seq_begin[s + 1]). With them the CPU
+    // attention sums a sequence's history in position order wherever its
+    // cells lie, so its logits do not depend on the rest of the batch.
+    const int32_t * seq_cells = nullptr;
+    const int32_t * seq_begin = nullptr;
 };
 
 // --- graph ------------------------------------------------------------------

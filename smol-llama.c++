@@ -223,6 +223,11 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     if (params.n_batch == 0) params.n_batch = 512;
     params.n_batch = std::min(params.n_batch, params.n_ctx);
     if (params.n_seq_max == 0) params.n_seq_max = 1;
+    if (params.n_seq_max > uint32_t(kv_max_seqs)) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, "n_seq_max " + std::to_string(params.n_seq_max) +
+                                                   " is above " + std::to_string(kv_max_seqs) +
+                                                   ", the most sequences a KV cell can hold");
+    }
     if (params.n_threads <= 0) params.n_threads = default_threads();
     params.device = nullptr; // not kept: the caller owns the string
     if (params.n_ctx > (1u << 24)) {
@@ -235,6 +240,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     positions_.resize(nb);
     seqs_.resize(nb);
     cells_.resize(nb);
+    batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
     logits_.resize(size_t(hp.n_vocab));
@@ -546,11 +552,13 @@ void llama_context::decode(const smol_batch & b) {
     }
     // Check the whole batch before touching the cache.
     std::vector<smol_pos> & seq_max = seq_max_;
-    seq_max.assign(params.n_seq_max, -1);
+    seq_max.assign(kv_max_seqs, -1);
     for (int32_t c = 0; c < kv.n_used; ++c) {
-        if (kv.cell_pos[c] >= 0)
-            seq_max[size_t(kv.cell_seq[c])] =
-                std::max(seq_max[size_t(kv.cell_seq[c])], kv.cell_pos[c]);
+        if (kv.cell_pos[c] < 0) continue;
+        for (seq_mask m = kv.cell_seqs[c]; m; m &= m - 1) {
+            const int s = __builtin_ctzll(m);
+            seq_max[size_t(s)] = std::max(seq_max[size_t(s)], kv.cell_pos[c]);
+        }
     }
     for (int32_t i = 0; i < n; ++i) {
         if (b.token[i] < 0 || b.token[i] >= hp.n_vocab) {
@@ -621,15 +629,18 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         while (kv.cell_pos[c] >= 0) ++c;
         cells_[size_t(j)] = c;
         kv.cell_pos[c] = b.pos[i];
-        kv.cell_seq[c] = b.seq_id[i];
+        kv.cell_seqs[c] = seq_mask(1) << b.seq_id[i];
         kv.n_used = std::max(kv.n_used, c + 1);
+        batch_cells_[size_t(i)] = c;
         tokens_[size_t(j)] = b.token[i];
         positions_[size_t(j)] = b.pos[i];
         seqs_[size_t(j)] = b.seq_id[i];
         if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
     }
+    list_seq_cells(n);
     graph_.clear();
-    graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
+    graph_.batch = batch_info{positions_.data(), seqs_.data(),     cells_.data(), n, &kv,
+                              seq_cells_.data(), seq_begin_.data()};
     logits_node_ = nullptr;
     build_graph(n, n_out);
     float * dst = logits_.data() + size_t(out_base) * size_t(hp.n_vocab);
@@ -686,6 +697,34 @@ std::string llama_context::schedule_text(int32_t n) {
     std::string out = "step of " + std::to_string(n) + " token(s) on " + be_->name() + " after " +
                       std::to_string(n_used) + " used cells\n";
     return out + format_schedule(graph_, s);
+}
+
+// Lists, for each sequence of the batch, the cells it holds sorted by
+// position (two passes: count, then place; no allocation once warm).
+void llama_context::list_seq_cells(int32_t n) {
+    seq_mask in_batch = 0;
+    for (int32_t i = 0; i < n; ++i) in_batch |= seq_mask(1) << seqs_[i];
+    seq_begin_.assign(kv_max_seqs + 1, 0);
+    for (int32_t c = 0; c < kv.n_used; ++c) {
+        if (kv.cell_pos[c] < 0) continue;
+        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m &= m - 1)
+            ++seq_begin_[size_t(__builtin_ctzll(m)) + 1];
+    }
+    for (int32_t s = 0; s < kv_max_seqs; ++s) seq_begin_[size_t(s) + 1] += seq_begin_[size_t(s)];
+    seq_cells_.resize(size_t(std::max(seq_begin_[kv_max_seqs], 1)));
+    fill_.assign(seq_begin_.begin(), seq_begin_.end() - 1);
+    for (int32_t c = 0; c < kv.n_used; ++c) {
+        if (kv.cell_pos[c] < 0) continue;
+        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m &= m - 1)
+            seq_cells_[size_t(fill_[size_t(__builtin_ctzll(m))]++)] = c;
+    }
+    // Cells are handed out lowest first, so a list is usually sorted already.
+    const auto by_pos = [this](int32_t x, int32_t y) { return kv.cell_pos[x] < kv.cell_pos[y]; };
+    for (int32_t s = 0; s < kv_max_seqs; ++s) {
+        int32_t * b = seq_cells_.data() + seq_begin_[size_t(s)];
+        int32_t * e = seq_cells_.data() + seq_begin_[size_t(s) + 1];
+        if (!std::is_sorted(b, e, by_pos)) std::sort(b, e, by_pos);
+    }
 }
 
 const float * llama_context::logits(int32_t i) const {

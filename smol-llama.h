@@ -80,6 +80,8 @@ class llama_context {
     std::string schedule_text(int32_t n_tokens);
     // The graph of the last step run (for tests that read its schedule).
     const graph & last_graph() const { return graph_; }
+    // The cache cell each token of the last decoded batch went to.
+    const int32_t * last_cells() const { return batch_cells_.data(); }
 
     const llama_model & model;
     smol_context_params params;
@@ -93,6 +95,7 @@ class llama_context {
     kv_view group_view(int32_t layer, int32_t group, int32_t slot) const;
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
     void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
+    void list_seq_cells(int32_t n_tokens);
 
     void * to_backend(const weight & w);
 
@@ -111,6 +114,10 @@ class llama_context {
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
     std::vector<smol_pos> seq_max_;
+    // Per batch: the cells of each sequence by position (batch_info).
+    std::vector<int32_t> seq_cells_, seq_begin_;
+    std::vector<int32_t> batch_cells_; // the cell of each token of the last batch, all chunks
+    std::vector<int32_t> fill_;
     int32_t last_out_ = -1;
     int32_t n_last_ = 0;
     std::vector<float> logits_;
@@ -120,5 +127,10 @@ class llama_context {
 };
 
 } // namespace smol
+
+// The C API's model handle (smol.c++, smol-engine.c++).
+struct smol_model {
+    std::unique_ptr<smol::llama_model> m;
+};
 
 #endif // SMOL_LLAMA_H

@@ -199,7 +199,7 @@ void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
     head_dim = dim;
     n_cells = cells;
     cell_pos.assign(cells, -1);
-    cell_seq.assign(cells, -1);
+    cell_seqs.assign(cells, 0);
     n_used = 0;
 }
 
@@ -209,26 +209,62 @@ int32_t kv_cache::n_free() const {
 
 void kv_cache::clear() {
     std::fill(cell_pos.begin(), cell_pos.end(), -1);
-    std::fill(cell_seq.begin(), cell_seq.end(), -1);
+    std::fill(cell_seqs.begin(), cell_seqs.end(), 0);
     n_used = 0;
+}
+
+void kv_cache::shrink_used() {
+    while (n_used > 0 && cell_pos[n_used - 1] < 0) --n_used;
+}
+
+static bool valid_seq(smol_seq_id s) {
+    return s >= 0 && s < kv_max_seqs;
 }
 
 void kv_cache::seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1) {
     if (p1 < 0) p1 = INT32_MAX;
-    for (int32_t c = 0; c < n_cells; ++c) {
-        if (cell_pos[c] < 0) continue;
-        if ((seq < 0 || cell_seq[c] == seq) && cell_pos[c] >= p0 && cell_pos[c] < p1) {
-            cell_pos[c] = -1;
-            cell_seq[c] = -1;
-        }
+    if (seq >= kv_max_seqs) return;
+    const seq_mask drop = seq < 0 ? ~seq_mask(0) : seq_mask(1) << seq;
+    for (int32_t c = 0; c < n_used; ++c) {
+        if (cell_pos[c] < p0 || cell_pos[c] >= p1 || !(cell_seqs[c] & drop)) continue;
+        cell_seqs[c] &= ~drop;
+        if (cell_seqs[c] == 0) cell_pos[c] = -1;
     }
-    while (n_used > 0 && cell_pos[n_used - 1] < 0) --n_used;
+    shrink_used();
+}
+
+void kv_cache::seq_cp(smol_seq_id src, smol_seq_id dst, smol_pos p0, smol_pos p1) {
+    if (p1 < 0) p1 = INT32_MAX;
+    if (!valid_seq(src) || !valid_seq(dst) || src == dst) return;
+    for (int32_t c = 0; c < n_used; ++c) {
+        if (cell_pos[c] >= p0 && cell_pos[c] < p1 && ((cell_seqs[c] >> src) & 1u))
+            cell_seqs[c] |= seq_mask(1) << dst;
+    }
 }
 
 int32_t kv_cache::seq_len(smol_seq_id seq) const {
+    if (!valid_seq(seq)) return 0;
     int32_t n = 0;
-    for (int32_t c = 0; c < n_used; ++c) n += cell_pos[c] >= 0 && cell_seq[c] == seq;
+    for (int32_t c = 0; c < n_used; ++c) n += cell_pos[c] >= 0 && ((cell_seqs[c] >> seq) & 1u);
     return n;
+}
+
+void kv_cache::cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
+    SMOL_ASSERT_MSG(valid_seq(seq), "cells_add_seq: sequence out of range");
+    for (int32_t i = 0; i < n; ++i) {
+        SMOL_ASSERT_MSG(cell_pos[cells[i]] >= 0, "cells_add_seq: the cell is free");
+        cell_seqs[cells[i]] |= seq_mask(1) << seq;
+    }
+}
+
+void kv_cache::cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
+    SMOL_ASSERT_MSG(valid_seq(seq), "cells_rm_seq: sequence out of range");
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t c = cells[i];
+        cell_seqs[c] &= ~(seq_mask(1) << seq);
+        if (cell_seqs[c] == 0) cell_pos[c] = -1;
+    }
+    shrink_used();
 }
 
 // --- thread pool ------------------------------------------------------------------
@@ -406,8 +442,9 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
         }
         if (t->kind == OP_ATTENTION) {
             const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) : 0;
+            // Scores and the visible cells' indices per cell, one head's sum.
             p.scratch_bytes =
-                std::max(p.scratch_bytes, (cells + size_t(t->iparams[3])) * sizeof(float));
+                std::max(p.scratch_bytes, (2 * cells + size_t(t->iparams[3])) * sizeof(float));
         }
     }
     p.arena_bytes = top;
@@ -772,9 +809,12 @@ void run_kv_store(tensor * t, const op_args & a) {
 // Per (token, head): scores over the visible cells, softmax, then the
 // weighted sum of V. The query and the normalised weights are rounded to f16
 // before they meet the f16 cache, and the softmax sum is kept in double, as
-// llama.cpp's attention does, so the two engines round alike.
-// A node covers the query heads of its view's kv heads; K and V come from
-// the view's bases, resident memory or a staging slot alike.
+// llama.cpp's attention does, so the two engines round alike. The visible
+// cells are taken in position order when the batch lists them (see
+// batch_info), so a sequence's result is the same bits alone or batched and
+// wherever its cells lie; otherwise in cell order. A node covers the query
+// heads of its view's kv heads; K and V come from the view's bases, resident
+// memory or a staging slot alike (both indexed by cell).
 void run_attention(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
@@ -786,34 +826,51 @@ void run_attention(tensor * t, const op_args & a) {
     const int64_t n_tok = q->ne[1];
     float * scores = a.scratch;
     float * acc = a.scratch + kv.n_cells;
+    int32_t * own = reinterpret_cast<int32_t *>(acc + hd); // cell order, no list given
     uint16_t qh16[1024];
     float qh[1024];
     int64_t w0, w1;
     split(n_tok * n_q, a.ith, a.nth, w0, w1);
+    int64_t listed = -1; // the token whose cells `own` holds
+    const int32_t * cells = nullptr;
+    int32_t n_vis = 0;
     for (int64_t w = w0; w < w1; ++w) {
         const int64_t i = w / n_q;
         const int h = q0 + int(w % n_q), hk = h / group;
         const smol_pos p = a.batch.pos[i];
         const smol_seq_id s = a.batch.seq[i];
+        if (a.batch.seq_cells) {
+            const int32_t * list = a.batch.seq_cells + a.batch.seq_begin[s];
+            const int32_t n_list = a.batch.seq_begin[s + 1] - a.batch.seq_begin[s];
+            cells = list;
+            n_vis = 0;
+            while (n_vis < n_list && kv.cell_pos[list[n_vis]] <= p) ++n_vis;
+        } else if (listed != i) {
+            n_vis = 0;
+            for (int32_t c = 0; c < kv.n_used; ++c) {
+                if (kv_cell_visible(kv.cell_pos[c], kv.cell_seqs[c], s, p)) own[n_vis++] = c;
+            }
+            cells = own;
+            listed = i;
+        }
         a.k.f32_to_f16(row_f32(q, i) + h * hd, qh16, hd);
         a.k.row_to_f32(SMOL_TYPE_F16, qh16, qh, hd);
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
         float mx = -INFINITY;
-        for (int32_t c = 0; c < kv.n_used; ++c) {
-            const bool visible = kv_visible(kv, c, s, p);
-            scores[c] = visible ? a.k.dot_f16_f32(K + size_t(c) * hd, qh, hd) * scale : -INFINITY;
-            mx = std::max(mx, scores[c]);
+        for (int32_t j = 0; j < n_vis; ++j) {
+            scores[j] = a.k.dot_f16_f32(K + size_t(cells[j]) * hd, qh, hd) * scale;
+            mx = std::max(mx, scores[j]);
         }
-        a.k.softmax_exp(scores, scores, mx, kv.n_used);
+        a.k.softmax_exp(scores, scores, mx, n_vis);
         double sum = 0;
-        for (int32_t c = 0; c < kv.n_used; ++c) sum += double(scores[c]);
+        for (int32_t j = 0; j < n_vis; ++j) sum += double(scores[j]);
         const float inv = float(1.0 / sum);
         std::fill(acc, acc + hd, 0.0f);
-        for (int32_t c = 0; c < kv.n_used; ++c) {
-            if (scores[c] == 0.0f) continue;
-            const float pc = cpu::fp16_to_fp32(cpu::fp32_to_fp16(scores[c] * inv));
-            if (pc != 0.0f) a.k.axpy_f16(pc, V + size_t(c) * hd, acc, hd);
+        for (int32_t j = 0; j < n_vis; ++j) {
+            if (scores[j] == 0.0f) continue;
+            const float pc = cpu::fp16_to_fp32(cpu::fp32_to_fp16(scores[j] * inv));
+            if (pc != 0.0f) a.k.axpy_f16(pc, V + size_t(cells[j]) * hd, acc, hd);
         }
         std::memcpy(row_f32(t, i) + h * hd, acc, size_t(hd) * sizeof(float));
     }
@@ -1166,10 +1223,6 @@ void set_last_error(const std::string & message) {
 
 } // namespace smol
 
-struct smol_model {
-    std::unique_ptr<smol::llama_model> m;
-};
-
 struct smol_context {
     smol_model * model;
     std::unique_ptr<smol::llama_context> c;
@@ -1250,6 +1303,8 @@ const char * smol_status_name(smol_status s) {
         return "SMOL_ERR_BUFFER_TOO_SMALL";
     case SMOL_ERR_BACKEND:
         return "SMOL_ERR_BACKEND";
+    case SMOL_ERR_BUSY:
+        return "SMOL_ERR_BUSY";
     }
     return "SMOL_ERR_UNKNOWN";
 }
@@ -1434,7 +1489,11 @@ smol_status smol_context_create(smol_model * model, const smol_context_params * 
     if (!model || !out) return invalid("smol_context_create: model and out must not be NULL");
     *out = nullptr;
     const smol_context_params p = params ? *params : smol_context_default_params();
-    if (p.n_seq_max > 4096) return invalid("smol_context_create: n_seq_max is above 4096");
+    if (p.n_seq_max > uint32_t(smol::kv_max_seqs)) {
+        return invalid("smol_context_create: n_seq_max " + std::to_string(p.n_seq_max) +
+                       " is above " + std::to_string(smol::kv_max_seqs) +
+                       ", the most sequences a KV cell can be shared by");
+    }
     if (p.kv_offload != SMOL_KV_OFFLOAD_AUTO && p.kv_offload != SMOL_KV_OFFLOAD_NONE &&
         p.kv_offload != SMOL_KV_OFFLOAD_ALL) {
         return invalid("smol_context_create: kv_offload must be AUTO, NONE or ALL");
@@ -1608,6 +1667,11 @@ const float * smol_get_logits(smol_context * ctx, int32_t i) {
 
 void smol_kv_seq_rm(smol_context * ctx, smol_seq_id seq, smol_pos p0, smol_pos p1) {
     if (ctx) ctx->c->kv.seq_rm(seq, p0, p1);
+}
+
+void smol_kv_seq_cp(smol_context * ctx, smol_seq_id src, smol_seq_id dst, smol_pos p0,
+                    smol_pos p1) {
+    if (ctx) ctx->c->kv.seq_cp(src, dst, p0, p1);
 }
 
 int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq) {

@@ -39,6 +39,7 @@ typedef enum smol_status {
     SMOL_ERR_CONTEXT_FULL = 6,     // the KV cache has no room for the batch
     SMOL_ERR_BUFFER_TOO_SMALL = 7, // an output buffer is too small; see n_out
     SMOL_ERR_BACKEND = 8,          // a device backend reported an error
+    SMOL_ERR_BUSY = 9,             // the engine's queue is full; retry later
 } smol_status;
 
 // The message for the last failed call on this thread ("" if none).
@@ -166,7 +167,7 @@ typedef struct smol_context_params {
     uint32_t n_ctx;             // KV cells shared by all sequences (0: 4096, capped at training)
     uint32_t n_batch;           // most tokens one smol_decode call takes (default 512)
     int32_t n_threads;          // CPU threads (0: all cores)
-    uint32_t n_seq_max;         // most sequences at once (default 1)
+    uint32_t n_seq_max;         // most sequences at once (default 1, at most 64)
     const char * device;        // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
     uint64_t gpu_mem;           // device memory budget in bytes (0: none, every head resident)
     smol_kv_offload kv_offload; // default AUTO
@@ -236,8 +237,14 @@ SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
 SMOL_API const float * smol_get_logits(smol_context * ctx, int32_t i);
 
 // Drops the cached tokens of seq_id with positions in [p0, p1) (p1 < 0: to
-// the end); seq_id < 0 drops every sequence.
+// the end); seq_id < 0 drops every sequence. A cell shared with other
+// sequences stays theirs; it is freed when no sequence holds it.
 SMOL_API void smol_kv_seq_rm(smol_context * ctx, smol_seq_id seq_id, smol_pos p0, smol_pos p1);
+// Gives dst the cached tokens of src with positions in [p0, p1) (p1 < 0: to
+// the end) without copying them: the cells are shared, as a common prompt
+// prefix is. dst then continues from there with smol_decode.
+SMOL_API void smol_kv_seq_cp(smol_context * ctx, smol_seq_id src, smol_seq_id dst, smol_pos p0,
+                             smol_pos p1);
 // The number of tokens seq_id holds in the cache.
 SMOL_API int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq_id);
 // Free KV cells.
@@ -299,6 +306,109 @@ SMOL_API smol_token smol_sampler_sample(smol_sampler * sampler, const float * lo
                                         int32_t n_vocab);
 SMOL_API void smol_sampler_accept(smol_sampler * sampler, smol_token token);
 SMOL_API void smol_sampler_reset(smol_sampler * sampler);
+
+// --- serving engine -------------------------------------------------------
+//
+// Many requests over one model: the engine owns a context whose sequence
+// slots it fills from a queue, and each step runs one batch that mixes the
+// next token of every running request with bounded chunks of admitted
+// prompts (continuous batching, chunked prefill). A prefix cache (a radix
+// tree over blocks of tokens) lets a request reuse the KV of any earlier
+// request's prefix. When the cache runs out of cells, cached prefixes are
+// evicted (least recently used first), then the youngest request is
+// preempted: queued again and recomputed later, which gives the same tokens.
+// On the CPU a request's logits are the same bits whatever else is batched
+// with it, so batching never changes greedy output.
+
+typedef struct smol_engine smol_engine;
+typedef int64_t smol_request_id;
+
+typedef enum smol_finish_reason {
+    SMOL_FINISH_NONE = 0,      // still generating
+    SMOL_FINISH_STOP = 1,      // an end-of-generation or stop token
+    SMOL_FINISH_LENGTH = 2,    // max_tokens reached
+    SMOL_FINISH_CANCELLED = 3, // smol_engine_cancel, or the callback said stop
+    SMOL_FINISH_ERROR = 4,     // the engine could not run it (see message)
+} smol_finish_reason;
+
+// One event per generated token; the last event of a request has finish set
+// (its token is the last one generated, or -1 if none comes with it).
+typedef struct smol_engine_event {
+    smol_request_id id;
+    smol_token token;
+    const float * logits; // what token was drawn from (n_vocab); NULL if none
+    int32_t n_vocab;
+    smol_finish_reason finish;
+    int32_t n_prompt;     // prompt tokens
+    int32_t n_cached;     // of them, taken from the prefix cache
+    int32_t n_generated;  // tokens generated so far, this one included
+    const char * message; // with SMOL_FINISH_ERROR, what went wrong
+} smol_engine_event;
+
+// Called on the thread that steps the engine; return false to cancel the
+// request (its final event follows). Do not step the engine from it.
+typedef bool (*smol_engine_event_fn)(const smol_engine_event * event, void * user_data);
+
+typedef struct smol_engine_params {
+    smol_context_params context; // n_ctx: cells for all requests; n_seq_max: parallel
+                                 // requests (at most 63; one sequence holds the cache)
+    uint32_t n_chunk;            // most prompt tokens of one request per step (256)
+    uint32_t n_queue_max;        // most requests waiting for a slot (256); more: SMOL_ERR_BUSY
+    bool prefix_cache;           // reuse the KV of earlier prefixes (true)
+    uint32_t prefix_block;       // tokens per cached block (16)
+    bool worker_thread;          // step on an internal thread (false: call step)
+} smol_engine_params;
+
+typedef struct smol_request_params {
+    const smol_token * prompt; // copied at submission
+    int32_t n_prompt;
+    smol_sampler_params sampler;
+    int32_t max_tokens;             // <= 0: up to the context; prompt + max_tokens <= n_ctx
+    const smol_token * stop_tokens; // besides end-of-generation tokens
+    int32_t n_stop_tokens;
+    bool ignore_eog; // keep generating through end-of-generation tokens
+    smol_engine_event_fn on_event;
+    void * user_data;
+} smol_request_params;
+
+typedef struct smol_engine_stats {
+    int32_t n_running;
+    int32_t n_queued;
+    int64_t n_finished;
+    int64_t n_prompt_tokens;    // prompt tokens of admitted requests
+    int64_t n_prefill_tokens;   // prompt tokens computed (the rest came cached)
+    int64_t n_generated_tokens; // tokens generated
+    int64_t n_prefix_hit_tokens;
+    int64_t n_prefix_hit_requests;
+    double prefix_hit_rate; // n_prefix_hit_tokens / n_prompt_tokens
+    int32_t n_prefix_blocks;
+    int64_t n_preempted;
+    int64_t n_steps;
+    int32_t n_cells;
+    int32_t n_cells_used;
+    uint64_t kv_bytes_resident;  // bytes of the cells in use
+    uint64_t kv_bytes_offloaded; // of them, in host memory behind a device (0 on the CPU)
+} smol_engine_stats;
+
+SMOL_API smol_engine_params smol_engine_default_params(void);
+SMOL_API smol_request_params smol_request_default_params(void);
+SMOL_API smol_status smol_engine_create(smol_model * model, const smol_engine_params * params,
+                                        smol_engine ** out);
+// Cancels what is left (final events are not sent) and frees the engine.
+SMOL_API void smol_engine_free(smol_engine * engine);
+// Queues a request. SMOL_ERR_INVALID_ARGUMENT for an empty prompt, tokens
+// outside the vocabulary or prompt + max_tokens beyond n_ctx; SMOL_ERR_BUSY
+// when the queue is full.
+SMOL_API smol_status smol_engine_submit(smol_engine * engine, const smol_request_params * params,
+                                        smol_request_id * out);
+// Ends a request early; its final event (SMOL_FINISH_CANCELLED) comes from
+// the next step, unless it finished first. SMOL_ERR_INVALID_ARGUMENT for an
+// id the engine never gave.
+SMOL_API smol_status smol_engine_cancel(smol_engine * engine, smol_request_id id);
+// Runs one batch (events are sent from here); *n_active gets the requests
+// still running or queued. Not with worker_thread.
+SMOL_API smol_status smol_engine_step(smol_engine * engine, int32_t * n_active);
+SMOL_API smol_engine_stats smol_engine_get_stats(const smol_engine * engine);
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,8 @@
 #
 # Results:
 #   DIR/llama_cpp_python-VERSION/vendor/llama.cpp   the llama.cpp sources
-#   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize}
+#   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize,
+#                      llama-server}
 #   DIR/build-cuda/bin/...                          (with --cuda)
 #   DIR/venv/bin/python                             llama-cpp-python, numpy, gguf
 set -euo pipefail
@@ -115,8 +116,9 @@ fi
 build_tools() {
     local bdir=$1; shift
     # llama-cli needs the server tree in this llama.cpp; llama-completion is
-    # the plain prompt-in, text-out tool, llama-tokenize dumps token ids.
-    local targets="llama-bench llama-completion llama-quantize llama-tokenize"
+    # the plain prompt-in, text-out tool, llama-tokenize dumps token ids;
+    # llama-server is the serving peer of smol-server (scripts/bench-serve.py).
+    local targets="llama-bench llama-completion llama-quantize llama-tokenize llama-server"
     local missing=0 t
     for t in $targets; do [ -x "$bdir/bin/$t" ] || missing=1; done
     if [ "$missing" = 0 ]; then
@@ -131,7 +133,7 @@ build_tools() {
         -DGGML_NATIVE=ON \
         -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_APP=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_OPENSSL=OFF \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets smol up on a fresh Debian machine and shows it working: installs the
-# build and test dependencies (Debian packages, two PyPI packages for the
-# cross-checks), builds smol in build/, fetches SmolLM2-135M-Instruct into
+# build and test dependencies (Debian packages; PyPI packages for the
+# cross-checks and the server test), builds smol in build/, fetches SmolLM2-135M-Instruct into
 # models/ and generates text with it.
 #
 #   scripts/setup.sh            everything, ending with a generated answer
@@ -13,13 +13,15 @@ run_demo=1
 [ "${1:-}" = "--no-run" ] && run_demo=0
 
 scripts/install-packages.sh build-essential cmake git python3 python3-pip python3-venv \
-    clang-format cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
+    clang-format cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev \
+    pkg-config
 
-# The cross-check scripts read GGUF with the independent `gguf` package.
-if ! python3 -c "import gguf, numpy" 2>/dev/null; then
-    echo "setup: installing the Python packages gguf and numpy"
-    python3 -m pip install --quiet gguf numpy 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages gguf numpy
+# The cross-check scripts read GGUF with the independent `gguf` package; the
+# server test talks to smol-server through the official `openai` client.
+if ! python3 -c "import gguf, numpy, openai" 2>/dev/null; then
+    echo "setup: installing the Python packages gguf, numpy and openai"
+    python3 -m pip install --quiet gguf numpy openai 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages gguf numpy openai
 fi
 
 scripts/fetch-model.sh

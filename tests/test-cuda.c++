@@ -297,7 +297,7 @@ struct attn_setup {
         for (int c = 0; c < history; ++c) {
             if (rng() % 10 == 0) continue; // a free cell
             kv.cell_pos[size_t(c)] = int32_t(rng() % 500);
-            kv.cell_seq[size_t(c)] = int32_t(rng() % 2);
+            kv.cell_seqs[size_t(c)] = uint64_t(1) << (rng() % 2);
         }
         kv.n_used = history;
         int c = 0;
@@ -307,7 +307,7 @@ struct attn_setup {
             seq.push_back(int32_t(rng() % 2));
             cell.push_back(c);
             kv.cell_pos[size_t(c)] = pos.back();
-            kv.cell_seq[size_t(c)] = seq.back();
+            kv.cell_seqs[size_t(c)] = uint64_t(1) << seq.back();
             kv.n_used = std::max(kv.n_used, c + 1);
         }
         q = random_floats(rng, size_t(n_head * hd * n_tok));

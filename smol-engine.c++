@@ -1,0 +1,604 @@
+// smol-engine.c++ - the serving engine (smol-engine.h): the radix tree of
+// cached prefixes, the scheduler's step (admission, the mixed batch of
+// decode tokens and prefill chunks, eviction and preemption when cells run
+// out, sampling and stop rules), the worker thread, and the C API.
+
+#include "smol-engine.h"
+
+#include "smol-error.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace smol {
+
+// --- radix tree ---------------------------------------------------------------
+
+radix_tree::radix_tree(int32_t block_size) : block_(block_size) {}
+
+std::vector<radix_tree::node *> radix_tree::match(const smol_token * tokens, int32_t n,
+                                                  int32_t max_blocks) {
+    std::vector<node *> path;
+    node * at = &root_;
+    ++clock_;
+    std::vector<smol_token> key;
+    for (int32_t b = 0; b < max_blocks && (b + 1) * block_ <= n; ++b) {
+        key.assign(tokens + size_t(b) * block_, tokens + size_t(b + 1) * block_);
+        const auto it = at->children.find(key);
+        if (it == at->children.end()) break;
+        at = it->second.get();
+        at->last_use = clock_;
+        path.push_back(at);
+    }
+    return path;
+}
+
+int32_t radix_tree::insert(const smol_token * tokens, const int32_t * cells, int32_t n,
+                           std::vector<int32_t> & new_cells) {
+    node * at = &root_;
+    ++clock_;
+    int32_t added = 0;
+    for (int32_t b = 0; (b + 1) * block_ <= n; ++b) {
+        std::vector<smol_token> key(tokens + size_t(b) * block_, tokens + size_t(b + 1) * block_);
+        auto it = at->children.find(key);
+        if (it == at->children.end()) {
+            auto child = std::make_unique<node>();
+            child->key = key;
+            child->cells.assign(cells + size_t(b) * block_, cells + size_t(b + 1) * block_);
+            child->parent = at;
+            new_cells.insert(new_cells.end(), child->cells.begin(), child->cells.end());
+            it = at->children.emplace(std::move(key), std::move(child)).first;
+            ++n_blocks_;
+            ++added;
+        }
+        at = it->second.get();
+        at->last_use = clock_;
+    }
+    return added;
+}
+
+void radix_tree::acquire(const std::vector<node *> & path) {
+    for (node * x : path) ++x->refs;
+}
+
+void radix_tree::release(const std::vector<node *> & path) {
+    for (node * x : path) {
+        SMOL_ASSERT_MSG(x->refs > 0, "radix_tree: release without acquire");
+        --x->refs;
+    }
+}
+
+bool radix_tree::evict(std::vector<int32_t> & freed) {
+    // The tree holds at most n_ctx / block nodes: a walk is cheap next to a
+    // decode step.
+    node * best = nullptr;
+    std::vector<node *> stack{&root_};
+    while (!stack.empty()) {
+        node * x = stack.back();
+        stack.pop_back();
+        for (auto & kv : x->children) stack.push_back(kv.second.get());
+        if (x != &root_ && x->children.empty() && x->refs == 0 &&
+            (!best || x->last_use < best->last_use)) {
+            best = x;
+        }
+    }
+    if (!best) return false;
+    freed.insert(freed.end(), best->cells.begin(), best->cells.end());
+    best->parent->children.erase(best->key);
+    --n_blocks_;
+    return true;
+}
+
+// --- engine -------------------------------------------------------------------
+
+namespace {
+
+smol_context_params engine_context_params(const llama_model & model, smol_engine_params p) {
+    smol_context_params c = p.context;
+    if (c.n_seq_max == 0) c.n_seq_max = 4;
+    if (c.n_seq_max > uint32_t(kv_max_seqs - 1)) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_create: " + std::to_string(c.n_seq_max) +
+                        " parallel requests asked for; at most " + std::to_string(kv_max_seqs - 1) +
+                        " (one sequence of the 64 holds the prefix cache)");
+    }
+    c.n_seq_max += 1; // the last one is the prefix cache's
+    if (c.n_ctx == 0) c.n_ctx = uint32_t(std::min(4096, model.hp.n_ctx_train));
+    return c;
+}
+
+} // namespace
+
+engine::engine(const llama_model & model, const smol_engine_params & params)
+    : model_(model), params_(params), ctx_(model, engine_context_params(model, params)),
+      tree_(int32_t(params.prefix_block ? params.prefix_block : 16)) {
+    params_.context = ctx_.params;
+    if (params_.n_chunk == 0) params_.n_chunk = 256;
+    if (params_.n_queue_max == 0) params_.n_queue_max = 256;
+    if (params_.prefix_block == 0) params_.prefix_block = 16;
+    cache_seq_ = smol_seq_id(ctx_.params.n_seq_max - 1);
+    for (smol_seq_id s = cache_seq_ - 1; s >= 0; --s) free_seqs_.push_back(s);
+    batch_cap_ = int32_t(ctx_.params.n_batch);
+    batch_ = smol_batch_init(batch_cap_);
+    if (!batch_.token) throw error(SMOL_ERR_OUT_OF_MEMORY, "smol_engine_create: no memory");
+    stats_.n_cells = ctx_.kv.n_cells;
+    if (params_.worker_thread) worker_ = std::thread([this] { worker(); });
+}
+
+engine::~engine() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+    for (auto * list : {&running_}) {
+        for (auto & r : *list) smol_sampler_free(r->sampler);
+    }
+    for (auto & r : queue_) smol_sampler_free(r->sampler);
+    for (auto & r : incoming_) smol_sampler_free(r->sampler);
+    smol_batch_free(&batch_);
+}
+
+smol_request_id engine::submit(const smol_request_params & p) {
+    const int32_t n_ctx = int32_t(ctx_.params.n_ctx);
+    if (!p.prompt || p.n_prompt <= 0) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, "smol_engine_submit: the prompt is empty");
+    }
+    for (int32_t i = 0; i < p.n_prompt; ++i) {
+        if (p.prompt[i] < 0 || p.prompt[i] >= model_.hp.n_vocab) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT, "smol_engine_submit: prompt token " +
+                                                       std::to_string(p.prompt[i]) +
+                                                       " is outside the vocabulary");
+        }
+    }
+    if (p.n_prompt >= n_ctx) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_submit: the prompt has " + std::to_string(p.n_prompt) +
+                        " tokens; the context holds " + std::to_string(n_ctx) +
+                        " with room for one generated token");
+    }
+    const int32_t max_tokens = p.max_tokens > 0 ? p.max_tokens : n_ctx - p.n_prompt;
+    if (int64_t(p.n_prompt) + max_tokens > n_ctx) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_submit: max_tokens " + std::to_string(max_tokens) + " with a " +
+                        std::to_string(p.n_prompt) + "-token prompt is beyond the context of " +
+                        std::to_string(n_ctx) + " tokens");
+    }
+    auto r = std::make_unique<request>();
+    r->tokens.assign(p.prompt, p.prompt + p.n_prompt);
+    r->n_prompt = p.n_prompt;
+    r->max_tokens = max_tokens;
+    if (p.stop_tokens && p.n_stop_tokens > 0)
+        r->stop.assign(p.stop_tokens, p.stop_tokens + p.n_stop_tokens);
+    r->ignore_eog = p.ignore_eog;
+    r->on_event = p.on_event;
+    r->user_data = p.user_data;
+    if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    // Every slot taken and n_queue_max waiting: refuse rather than queue
+    // without bound.
+    if (n_active_ >= int64_t(cache_seq_) + params_.n_queue_max) {
+        smol_sampler_free(r->sampler);
+        throw error(SMOL_ERR_BUSY, "smol_engine_submit: " + std::to_string(params_.n_queue_max) +
+                                       " requests are waiting already; retry later");
+    }
+    r->id = next_id_++;
+    ++n_active_;
+    const smol_request_id id = r->id;
+    incoming_.push_back(std::move(r));
+    cv_.notify_all();
+    return id;
+}
+
+bool engine::cancel(smol_request_id id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id <= 0 || id >= next_id_) return false;
+    cancels_.push_back(id);
+    cv_.notify_all();
+    return true;
+}
+
+void engine::worker() {
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] {
+                return stop_ || !incoming_.empty() || !cancels_.empty() || stats_.n_running > 0 ||
+                       stats_.n_queued > 0;
+            });
+            if (stop_) return;
+        }
+        try {
+            step();
+        } catch (const std::exception & e) {
+            // Only an allocation can fail here; the requests stay queued.
+            std::fprintf(stderr, "smol engine: %s\n", e.what());
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+}
+
+bool engine::emit(request & r, smol_token token, const float * logits, smol_finish_reason reason) {
+    if (!r.on_event) return true;
+    smol_engine_event ev{};
+    ev.id = r.id;
+    ev.token = token;
+    ev.logits = logits;
+    ev.n_vocab = model_.hp.n_vocab;
+    ev.finish = reason;
+    ev.n_prompt = r.n_prompt;
+    ev.n_cached = r.n_cached;
+    ev.n_generated = r.n_generated;
+    ev.message = reason == SMOL_FINISH_ERROR ? smol_last_error() : nullptr;
+    return r.on_event(&ev, r.user_data);
+}
+
+void engine::release_seq(request & r) {
+    if (r.seq >= 0) {
+        ctx_.kv.seq_rm(r.seq, 0, -1);
+        free_seqs_.push_back(r.seq);
+        r.seq = -1;
+    }
+    tree_.release(r.held);
+    r.held.clear();
+    r.cells.clear();
+    r.n_past = 0;
+}
+
+// Gives the tree the whole blocks of the first n cached tokens of r; the
+// cells of new blocks become the cache sequence's too, so they stay after r.
+void engine::cache_prefix(request & r, int32_t n) {
+    if (!params_.prefix_cache || r.seq < 0) return;
+    scratch_cells_.clear();
+    tree_.insert(r.tokens.data(), r.cells.data(), std::min(n, r.n_past), scratch_cells_);
+    if (!scratch_cells_.empty())
+        ctx_.kv.cells_add_seq(scratch_cells_.data(), int32_t(scratch_cells_.size()), cache_seq_);
+}
+
+void engine::finish(request_ptr & r, smol_finish_reason reason, smol_token token,
+                    const float * logits) {
+    if (reason == SMOL_FINISH_STOP || reason == SMOL_FINISH_LENGTH) cache_prefix(*r, r->n_past);
+    release_seq(*r);
+    emit(*r, token, logits, reason);
+    smol_sampler_free(r->sampler);
+    r->sampler = nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.n_finished;
+    --n_active_;
+}
+
+void engine::preempt(request & r) {
+    release_seq(r);
+    r.prompt_cached = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.n_preempted;
+}
+
+bool engine::make_room(int32_t cells) {
+    while (ctx_.kv.n_free() < cells) {
+        scratch_cells_.clear();
+        if (!tree_.evict(scratch_cells_)) return false;
+        ctx_.kv.cells_rm_seq(scratch_cells_.data(), int32_t(scratch_cells_.size()), cache_seq_);
+    }
+    return true;
+}
+
+void engine::admit() {
+    while (!free_seqs_.empty() && !queue_.empty()) {
+        request & r = *queue_.front();
+        const int32_t n = int32_t(r.tokens.size());
+        // Keep at least the last token to compute: its logits give the next.
+        std::vector<radix_tree::node *> path;
+        if (params_.prefix_cache) {
+            path = tree_.match(r.tokens.data(), n, (n - 1) / tree_.block_size());
+        }
+        const int32_t n_hit = int32_t(path.size()) * tree_.block_size();
+        // Admit only what can start: its first chunk must find cells, but
+        // running requests are not preempted for a newcomer.
+        const int32_t first = std::min<int32_t>(n - n_hit, int32_t(params_.n_chunk));
+        tree_.acquire(path); // not evicted to make room for its own chunk
+        if (!make_room(first) && !running_.empty()) {
+            tree_.release(path);
+            break;
+        }
+        request_ptr owned = std::move(queue_.front());
+        queue_.pop_front();
+        owned->seq = free_seqs_.back();
+        free_seqs_.pop_back();
+        owned->admitted = ++admit_clock_;
+        owned->held = std::move(path);
+        for (const radix_tree::node * x : owned->held)
+            owned->cells.insert(owned->cells.end(), x->cells.begin(), x->cells.end());
+        if (n_hit > 0) ctx_.kv.cells_add_seq(owned->cells.data(), n_hit, owned->seq);
+        owned->n_past = n_hit;
+        const bool fresh = !owned->counted;
+        if (fresh) {
+            owned->n_cached = n_hit;
+            owned->counted = true;
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (fresh) {
+                stats_.n_prompt_tokens += owned->n_prompt;
+                stats_.n_prefix_hit_tokens += n_hit;
+                stats_.n_prefix_hit_requests += n_hit > 0;
+            }
+        }
+        running_.push_back(std::move(owned));
+    }
+}
+
+int32_t engine::step() {
+    std::lock_guard<std::mutex> step_lock(step_mu_);
+    std::vector<smol_request_id> cancels;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        while (!incoming_.empty()) {
+            queue_.push_back(std::move(incoming_.front()));
+            incoming_.pop_front();
+        }
+        cancels.swap(cancels_);
+    }
+    // Cancellations, queued or running.
+    for (smol_request_id id : cancels) {
+        for (auto * list : {&queue_}) {
+            for (auto it = list->begin(); it != list->end(); ++it) {
+                if ((*it)->id == id) {
+                    finish(*it, SMOL_FINISH_CANCELLED, -1, nullptr);
+                    list->erase(it);
+                    break;
+                }
+            }
+        }
+        for (auto it = running_.begin(); it != running_.end(); ++it) {
+            if ((*it)->id == id) {
+                finish(*it, SMOL_FINISH_CANCELLED, -1, nullptr);
+                running_.erase(it);
+                break;
+            }
+        }
+    }
+
+    admit();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.n_running = int32_t(running_.size());
+        stats_.n_queued = int32_t(queue_.size());
+    }
+
+    // Plan the batch: one token for every request that is decoding, then
+    // prompt chunks, oldest request first, within the batch and the cells.
+    // Cells for the decode tokens come first: cached prefixes are evicted,
+    // then the youngest request is preempted.
+    std::sort(running_.begin(), running_.end(), [](const request_ptr & a, const request_ptr & b) {
+        return a.get()->admitted < b.get()->admitted;
+    });
+    for (;;) {
+        int32_t n_decode = 0;
+        for (auto & r : running_) n_decode += int32_t(r->tokens.size()) - r->n_past == 1;
+        if (make_room(std::min(n_decode, batch_cap_)) || running_.size() <= 1) break;
+        request_ptr victim = std::move(running_.back());
+        running_.pop_back();
+        preempt(*victim);
+        queue_.push_front(std::move(victim));
+    }
+    int32_t budget = batch_cap_;
+    int32_t n = 0;
+    for (auto & r : running_) {
+        r->nb = 0;
+        if (int32_t(r->tokens.size()) - r->n_past == 1 && budget > 0 && ctx_.kv.n_free() > n) {
+            r->b0 = n;
+            r->nb = 1;
+            ++n;
+            --budget;
+        }
+    }
+    for (auto & r : running_) {
+        const int32_t pending = int32_t(r->tokens.size()) - r->n_past;
+        if (pending <= 1 || budget <= 0) continue;
+        int32_t take = std::min({pending, int32_t(params_.n_chunk), budget});
+        make_room(n + take);
+        take = std::min(take, ctx_.kv.n_free() - n);
+        if (take <= 0) continue;
+        r->b0 = n;
+        r->nb = take;
+        n += take;
+        budget -= take;
+    }
+    if (n == 0 && running_.size() > 1) {
+        // Nothing fits: prompts in flight hold every cell. The youngest
+        // gives way; the others go on next step.
+        request_ptr victim = std::move(running_.back());
+        running_.pop_back();
+        preempt(*victim);
+        queue_.push_front(std::move(victim));
+    } else if (n == 0 && running_.size() == 1) {
+        set_last_error("the KV cache cannot hold this request; raise n_ctx");
+        finish(running_.front(), SMOL_FINISH_ERROR, -1, nullptr);
+        running_.clear();
+    }
+
+    if (n > 0) {
+        batch_.n_tokens = 0;
+        for (auto & r : running_) {
+            for (int32_t j = 0; j < r->nb; ++j) {
+                const int32_t p = r->n_past + j;
+                const bool last = p == int32_t(r->tokens.size()) - 1;
+                smol_batch_add(&batch_, batch_cap_, r->tokens[size_t(p)], p, r->seq, last);
+            }
+        }
+        int32_t n_prefill = 0, n_sampled = 0;
+        try {
+            ctx_.decode(batch_);
+        } catch (const std::exception & e) {
+            // The batch was checked as it was built: this is a bug or a
+            // backend failure. Every request in it ends with the message.
+            set_last_error(e.what());
+            for (auto & r : running_) {
+                if (r->nb > 0) {
+                    finish(r, SMOL_FINISH_ERROR, -1, nullptr);
+                    r.reset();
+                }
+            }
+            running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
+            n = 0;
+        }
+        const int32_t * cells = ctx_.last_cells();
+        for (auto & r : running_) {
+            if (!r || r->nb == 0) continue;
+            r->cells.insert(r->cells.end(), cells + r->b0, cells + r->b0 + r->nb);
+            n_prefill += std::max(0, std::min(r->n_past + r->nb, r->n_prompt) - r->n_past);
+            r->n_past += r->nb;
+            if (!r->prompt_cached && r->n_past >= r->n_prompt) {
+                cache_prefix(*r, r->n_prompt);
+                r->prompt_cached = true;
+            }
+            if (r->n_past != int32_t(r->tokens.size())) continue;
+            // The last token known was decoded: draw the next.
+            const float * logits = ctx_.logits(r->b0 + r->nb - 1);
+            const smol_token t = smol_sampler_sample(r->sampler, logits, model_.hp.n_vocab);
+            smol_sampler_accept(r->sampler, t);
+            r->tokens.push_back(t);
+            ++r->n_generated;
+            ++n_sampled;
+            smol_finish_reason why = SMOL_FINISH_NONE;
+            if ((!r->ignore_eog && model_.vocab.is_eog(t)) ||
+                std::find(r->stop.begin(), r->stop.end(), t) != r->stop.end()) {
+                why = SMOL_FINISH_STOP;
+            } else if (r->n_generated >= r->max_tokens) {
+                why = SMOL_FINISH_LENGTH;
+            }
+            if (why != SMOL_FINISH_NONE) {
+                finish(r, why, t, logits);
+                r.reset();
+            } else if (!emit(*r, t, logits, SMOL_FINISH_NONE)) {
+                finish(r, SMOL_FINISH_CANCELLED, -1, nullptr);
+                r.reset();
+            }
+        }
+        running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.n_prefill_tokens += n_prefill;
+        stats_.n_generated_tokens += n_sampled;
+        ++stats_.n_steps;
+    }
+
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.n_running = int32_t(running_.size());
+    stats_.n_queued = int32_t(queue_.size());
+    stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
+    stats_.n_prefix_blocks = tree_.n_blocks();
+    return stats_.n_running + stats_.n_queued + int32_t(incoming_.size());
+}
+
+smol_engine_stats engine::stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    smol_engine_stats s = stats_;
+    s.n_queued += int32_t(incoming_.size()); // submitted since the last step
+    s.prefix_hit_rate =
+        s.n_prompt_tokens > 0 ? double(s.n_prefix_hit_tokens) / double(s.n_prompt_tokens) : 0.0;
+    const uint64_t cell_bytes = uint64_t(ctx_.kv.n_layer) * uint64_t(ctx_.kv.n_head_kv) *
+                                uint64_t(ctx_.kv.head_dim) * 2 * sizeof(uint16_t);
+    s.kv_bytes_resident = uint64_t(s.n_cells_used) * cell_bytes;
+    s.kv_bytes_offloaded = 0; // every head is resident until KV placement lands
+    return s;
+}
+
+} // namespace smol
+
+// --- the C API ------------------------------------------------------------------
+
+struct smol_engine {
+    std::unique_ptr<smol::engine> e;
+};
+
+extern "C" {
+
+smol_engine_params smol_engine_default_params(void) {
+    smol_engine_params p{};
+    p.context = smol_context_default_params();
+    p.context.n_seq_max = 4;
+    p.n_chunk = 256;
+    p.n_queue_max = 256;
+    p.prefix_cache = true;
+    p.prefix_block = 16;
+    p.worker_thread = false;
+    return p;
+}
+
+smol_request_params smol_request_default_params(void) {
+    smol_request_params p{};
+    p.sampler = smol_sampler_default_params();
+    p.max_tokens = 0;
+    return p;
+}
+
+smol_status smol_engine_create(smol_model * model, const smol_engine_params * params,
+                               smol_engine ** out) {
+    if (!model || !out) {
+        smol::set_last_error("smol_engine_create: model and out must not be NULL");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    *out = nullptr;
+    const smol_engine_params p = params ? *params : smol_engine_default_params();
+    if (p.prefix_block > 4096) {
+        smol::set_last_error("smol_engine_create: prefix_block above 4096 tokens");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        auto e = std::make_unique<smol_engine>();
+        e->e = std::make_unique<smol::engine>(*model->m, p);
+        *out = e.release();
+    });
+}
+
+void smol_engine_free(smol_engine * engine) {
+    delete engine;
+}
+
+smol_status smol_engine_submit(smol_engine * engine, const smol_request_params * params,
+                               smol_request_id * out) {
+    if (!engine || !params) {
+        smol::set_last_error("smol_engine_submit: engine and params must not be NULL");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        const smol_request_id id = engine->e->submit(*params);
+        if (out) *out = id;
+    });
+}
+
+smol_status smol_engine_cancel(smol_engine * engine, smol_request_id id) {
+    if (!engine || !engine->e->cancel(id)) {
+        smol::set_last_error("smol_engine_cancel: no request " + std::to_string(id));
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return SMOL_OK;
+}
+
+smol_status smol_engine_step(smol_engine * engine, int32_t * n_active) {
+    if (!engine) {
+        smol::set_last_error("smol_engine_step: engine must not be NULL");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    if (engine->e->params().worker_thread) {
+        smol::set_last_error("smol_engine_step: this engine steps on its own worker thread");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        const int32_t n = engine->e->step();
+        if (n_active) *n_active = n;
+    });
+}
+
+smol_engine_stats smol_engine_get_stats(const smol_engine * engine) {
+    return engine ? engine->e->stats() : smol_engine_stats{};
+}
+
+} // extern "C"

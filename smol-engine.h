@@ -1,0 +1,155 @@
+// smol-engine.h - the serving engine: many requests over one model and one
+// KV cache. A scheduler admits requests into sequence slots, runs one batch
+// per step that mixes the decode tokens of running requests with bounded
+// prefill chunks of admitted ones (continuous batching, chunked prefill),
+// and, when cells run out, evicts cached prefixes and then preempts the
+// youngest request (it is queued again and recomputed, with the same
+// result). A radix tree over token blocks lets a request reuse the KV of
+// any earlier request's prefix. The C API in smol.h wraps it.
+
+#ifndef SMOL_ENGINE_H
+#define SMOL_ENGINE_H
+
+#include "smol-llama.h"
+#include "smol.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace smol {
+
+// --- prefix cache -------------------------------------------------------------
+
+// A radix tree whose edges are blocks of block_size tokens: a node is one
+// block of a cached prefix and names the KV cells that hold it. It only
+// keeps the books; the engine gives the cells of new blocks to its own
+// sequence (so they outlive their request) and takes them back on eviction.
+class radix_tree {
+  public:
+    struct node {
+        std::vector<smol_token> key; // the block's tokens
+        std::vector<int32_t> cells;  // the cell of each of them
+        node * parent = nullptr;
+        std::map<std::vector<smol_token>, std::unique_ptr<node>> children;
+        int32_t refs = 0;      // requests using it: not evicted meanwhile
+        uint64_t last_use = 0; // for LRU eviction
+    };
+
+    explicit radix_tree(int32_t block_size);
+    int32_t block_size() const { return block_; }
+    int32_t n_blocks() const { return n_blocks_; }
+
+    // The nodes of the longest cached prefix of tokens[0, n), whole blocks,
+    // at most max_blocks; marks them used now.
+    std::vector<node *> match(const smol_token * tokens, int32_t n, int32_t max_blocks);
+    // Adds the whole blocks of tokens[0, n), held in cells[0, n). Blocks
+    // already cached are only marked used; the cells of new blocks are
+    // appended to new_cells (the caller makes them the cache's). Returns the
+    // number of new blocks.
+    int32_t insert(const smol_token * tokens, const int32_t * cells, int32_t n,
+                   std::vector<int32_t> & new_cells);
+    void acquire(const std::vector<node *> & path);
+    void release(const std::vector<node *> & path);
+    // Removes the least recently used leaf that no request uses and appends
+    // its cells to freed; false when there is none.
+    bool evict(std::vector<int32_t> & freed);
+
+  private:
+    int32_t block_;
+    int32_t n_blocks_ = 0;
+    uint64_t clock_ = 0;
+    node root_;
+};
+
+// --- engine -------------------------------------------------------------------
+
+class engine {
+  public:
+    engine(const llama_model & model, const smol_engine_params & params);
+    ~engine();
+    engine(const engine &) = delete;
+    engine & operator=(const engine &) = delete;
+
+    // Queues a request (throws smol::error on bad input or a full queue).
+    smol_request_id submit(const smol_request_params & params);
+    // Asks for a request to end; its final event says CANCELLED. False if
+    // the id is unknown or already finished.
+    bool cancel(smol_request_id id);
+    // Runs one batch; returns the requests still running or queued. With a
+    // worker thread, only that thread steps.
+    int32_t step();
+    smol_engine_stats stats() const;
+    const smol_engine_params & params() const { return params_; }
+    llama_context & context() { return ctx_; }
+
+  private:
+    struct request {
+        smol_request_id id = 0;
+        std::vector<smol_token> tokens; // the prompt, then what was generated
+        int32_t n_prompt = 0;
+        int32_t n_past = 0; // tokens[0, n_past) are in the cache
+        int32_t n_generated = 0;
+        int32_t max_tokens = 0;
+        int32_t n_cached = 0; // prompt tokens the prefix cache gave at admission
+        std::vector<smol_token> stop;
+        bool ignore_eog = false;
+        smol_sampler * sampler = nullptr;
+        smol_engine_event_fn on_event = nullptr;
+        void * user_data = nullptr;
+        smol_seq_id seq = -1;
+        std::vector<int32_t> cells; // the cell of each position in [0, n_past)
+        std::vector<radix_tree::node *> held;
+        uint64_t admitted = 0; // admission order: the youngest is preempted first
+        bool cancelled = false;
+        bool prompt_cached = false; // its prompt's blocks went into the tree
+        bool counted = false;       // in the prompt and prefix-hit figures
+        // Within a step: the batch slice [b0, b0 + nb).
+        int32_t b0 = 0, nb = 0;
+    };
+    using request_ptr = std::unique_ptr<request>;
+
+    void worker();
+    void admit();
+    bool make_room(int32_t cells); // evicts cached prefixes; false if short
+    void preempt(request & r);
+    void finish(request_ptr & r, smol_finish_reason reason, smol_token token, const float * logits);
+    void release_seq(request & r);
+    void cache_prefix(request & r, int32_t n);
+    bool emit(request & r, smol_token token, const float * logits, smol_finish_reason reason);
+
+    const llama_model & model_;
+    smol_engine_params params_;
+    llama_context ctx_;
+    radix_tree tree_;
+    smol_seq_id cache_seq_; // the sequence that holds the cached prefixes' cells
+    smol_batch batch_{};
+    int32_t batch_cap_ = 0;
+
+    std::vector<request_ptr> running_;
+    std::deque<request_ptr> queue_;
+    std::vector<smol_seq_id> free_seqs_;
+    uint64_t admit_clock_ = 0;
+    std::vector<int32_t> scratch_cells_;
+
+    // Shared with other threads: submissions, cancellations, the figures.
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<request_ptr> incoming_;
+    std::vector<smol_request_id> cancels_;
+    smol_request_id next_id_ = 1;
+    int64_t n_active_ = 0; // submitted and not finished
+    smol_engine_stats stats_{};
+    bool stop_ = false;
+    std::mutex step_mu_;
+    std::thread worker_;
+};
+
+} // namespace smol
+
+#endif // SMOL_ENGINE_H

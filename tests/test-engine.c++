@@ -1,0 +1,524 @@
+// test-engine.c++ - what serving relies on: KV cells shared between
+// sequences, logits that are the same bits whatever else is in the batch
+// and wherever a sequence's cells lie, the radix tree of cached prefixes on
+// its own, and the engine (continuous batching, chunked prefill, prefix
+// reuse, preemption, cancellation, bad requests) on random llamas and on
+// the real SmolLM2-135M-Instruct.
+
+#include "smol-engine.h"
+#include "smol.h"
+#include "tiny-model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct model_deleter {
+    void operator()(smol_model * m) const { smol_model_free(m); }
+};
+struct context_deleter {
+    void operator()(smol_context * c) const { smol_context_free(c); }
+};
+struct engine_deleter {
+    void operator()(smol_engine * e) const { smol_engine_free(e); }
+};
+using model_ptr = std::unique_ptr<smol_model, model_deleter>;
+using context_ptr = std::unique_ptr<smol_context, context_deleter>;
+using engine_ptr = std::unique_ptr<smol_engine, engine_deleter>;
+
+std::string temp_path(const std::string & name) {
+    return (std::filesystem::temp_directory_path() /
+            ("smol-test-engine-" + std::to_string(::getpid()) + "-" + name))
+        .string();
+}
+
+model_ptr load(const std::string & path) {
+    smol_model * m = nullptr;
+    const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return model_ptr(m);
+}
+
+model_ptr load_real() {
+    INFO("the real model is missing: run scripts/fetch-model.sh (looked for " << SMOL_MODEL << ")");
+    REQUIRE(std::filesystem::exists(SMOL_MODEL));
+    return load(SMOL_MODEL);
+}
+
+// A tiny random llama of weight type t, written to a temporary file.
+struct tiny_file {
+    std::string path;
+    model_ptr model;
+    int n_vocab = 0;
+    tiny_file(smol_type t, uint32_t seed, const std::string & name) : path(temp_path(name)) {
+        tiny::shape s;
+        s.wtype = t;
+        tiny::write(path, s, seed);
+        model = load(path);
+        n_vocab = s.n_vocab;
+    }
+    ~tiny_file() { std::filesystem::remove(path); }
+};
+
+context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_seq, int threads = 2) {
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_ctx;
+    p.n_seq_max = n_seq;
+    p.n_threads = threads;
+    smol_context * c = nullptr;
+    const smol_status st = smol_context_create(m, &p, &c);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return context_ptr(c);
+}
+
+std::vector<int> random_ids(std::mt19937 & rng, int n, int lo, int hi) {
+    std::uniform_int_distribution<int> d(lo, hi - 1);
+    std::vector<int> v(static_cast<size_t>(n));
+    for (auto & x : v) x = d(rng);
+    return v;
+}
+
+bool same_bits(const float * a, const float * b, int n) {
+    return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0;
+}
+
+// One batch entry: which sequence, which of its tokens.
+struct slot {
+    smol_seq_id seq;
+    smol_pos pos;
+    smol_token token;
+};
+
+// Decodes entries in batches of the given sizes; returns the logits of
+// every entry of sequence `keep`, by position.
+std::map<smol_pos, std::vector<float>> decode_mixed(smol_context * c, const std::vector<slot> & all,
+                                                    const std::vector<int> & sizes,
+                                                    smol_seq_id keep, int n_vocab) {
+    std::map<smol_pos, std::vector<float>> out;
+    smol_batch b = smol_batch_init(int32_t(all.size()));
+    size_t i = 0, k = 0;
+    while (i < all.size()) {
+        const size_t n = std::min(all.size() - i, size_t(sizes[k % sizes.size()]));
+        ++k;
+        b.n_tokens = 0;
+        for (size_t j = i; j < i + n; ++j)
+            smol_batch_add(&b, int32_t(all.size()), all[j].token, all[j].pos, all[j].seq, true);
+        const smol_status st = smol_decode(c, &b);
+        INFO(smol_last_error());
+        REQUIRE(st == SMOL_OK);
+        for (size_t j = i; j < i + n; ++j) {
+            if (all[j].seq != keep) continue;
+            const float * l = smol_get_logits(c, int32_t(j - i));
+            REQUIRE(l);
+            out[all[j].pos].assign(l, l + n_vocab);
+        }
+        i += n;
+    }
+    smol_batch_free(&b);
+    return out;
+}
+
+// Decodes `ids` as sequence 0 alone, in one batch, and again in a context
+// whose cells were fragmented by other sequences, interleaved with them in
+// batches of odd sizes (a one-token step among them); every logit row must
+// be the same bits.
+void check_batch_invariance(smol_model * m, const std::vector<int> & ids, int n_vocab,
+                            std::mt19937 & rng) {
+    const int n = int(ids.size());
+    context_ptr alone = make_context(m, 256, 1);
+    std::vector<slot> solo;
+    for (int i = 0; i < n; ++i) solo.push_back({0, i, ids[size_t(i)]});
+    const auto want = decode_mixed(alone.get(), solo, {n}, 0, n_vocab);
+
+    context_ptr mixed = make_context(m, 256, 4);
+    // Fill the low cells with sequences 1 and 2, then drop 1: holes.
+    const std::vector<int> f1 = random_ids(rng, 23, 0, n_vocab),
+                           f2 = random_ids(rng, 9, 0, n_vocab);
+    std::vector<slot> fill;
+    for (int i = 0; i < 23; ++i) {
+        fill.push_back({1, i, f1[size_t(i)]});
+        if (i < 9) fill.push_back({2, i, f2[size_t(i)]});
+    }
+    decode_mixed(mixed.get(), fill, {11, 21}, 0, n_vocab);
+    smol_kv_seq_rm(mixed.get(), 1, 0, -1);
+    // Sequence 0 interleaved with 2 and a new 3, in uneven batches.
+    const std::vector<int> f3 = random_ids(rng, n, 0, n_vocab);
+    std::vector<slot> work;
+    for (int i = 0; i < n; ++i) {
+        if (i % 3 == 0) work.push_back({2, 9 + i / 3, f2[size_t(i / 3) % f2.size()]});
+        work.push_back({0, i, ids[size_t(i)]});
+        if (i % 2 == 1) work.push_back({3, i / 2, f3[size_t(i)]});
+    }
+    const auto got = decode_mixed(mixed.get(), work, {1, 5, 2, 13, 1, 7}, 0, n_vocab);
+    REQUIRE(got.size() == want.size());
+    for (const auto & [pos, row] : want) {
+        CAPTURE(pos);
+        CHECK(same_bits(got.at(pos).data(), row.data(), n_vocab));
+    }
+}
+
+} // namespace
+
+// --- shared cells ---------------------------------------------------------------
+
+TEST_CASE("a cell shared by two sequences serves both and is freed when neither holds it") {
+    tiny_file f(SMOL_TYPE_Q8_0, 1234, "share.gguf");
+    context_ptr c = make_context(f.model.get(), 64, 3);
+    std::mt19937 rng(7);
+    const std::vector<int> prefix = random_ids(rng, 10, 0, f.n_vocab);
+    const std::vector<int> tail = random_ids(rng, 4, 0, f.n_vocab);
+    std::vector<slot> s0;
+    for (int i = 0; i < 10; ++i) s0.push_back({0, i, prefix[size_t(i)]});
+    decode_mixed(c.get(), s0, {10}, 0, f.n_vocab);
+    CHECK(smol_kv_free_cells(c.get()) == 54);
+
+    smol_kv_seq_cp(c.get(), 0, 1, 0, -1);
+    CHECK(smol_kv_seq_len(c.get(), 1) == 10);
+    CHECK(smol_kv_free_cells(c.get()) == 54); // shared, not copied
+    // Sequence 1 continues from the shared prefix as sequence 2 does from
+    // its own copy of it: the same bits.
+    std::vector<slot> s1, s2;
+    for (int i = 0; i < 4; ++i) s1.push_back({1, 10 + i, tail[size_t(i)]});
+    for (int i = 0; i < 10; ++i) s2.push_back({2, i, prefix[size_t(i)]});
+    for (int i = 0; i < 4; ++i) s2.push_back({2, 10 + i, tail[size_t(i)]});
+    const auto shared = decode_mixed(c.get(), s1, {4}, 1, f.n_vocab);
+    const auto own = decode_mixed(c.get(), s2, {14}, 2, f.n_vocab);
+    for (int p = 10; p < 14; ++p) {
+        CAPTURE(p);
+        CHECK(same_bits(shared.at(p).data(), own.at(p).data(), f.n_vocab));
+    }
+    // A position a sequence holds through a shared cell cannot be decoded again.
+    smol_batch b = smol_batch_init(1);
+    smol_batch_add(&b, 1, tail[0], 5, 1, true);
+    CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+    smol_batch_free(&b);
+
+    smol_kv_seq_rm(c.get(), 0, 0, -1);
+    CHECK(smol_kv_seq_len(c.get(), 1) == 14); // still sequence 1's
+    CHECK(smol_kv_free_cells(c.get()) == 64 - 14 - 14);
+    smol_kv_seq_rm(c.get(), 1, 0, -1);
+    CHECK(smol_kv_free_cells(c.get()) == 64 - 14);
+    smol_kv_seq_rm(c.get(), -1, 0, -1);
+    CHECK(smol_kv_free_cells(c.get()) == 64);
+}
+
+TEST_CASE("more than 64 sequences are refused with a message") {
+    tiny_file f(SMOL_TYPE_F32, 99, "seqmax.gguf");
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = 64;
+    p.n_seq_max = 65;
+    smol_context * c = nullptr;
+    CHECK(smol_context_create(f.model.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("64") != std::string::npos);
+    p.n_seq_max = 64;
+    REQUIRE(smol_context_create(f.model.get(), &p, &c) == SMOL_OK);
+    smol_context_free(c);
+}
+
+// --- batch invariance -----------------------------------------------------------
+
+TEST_CASE("a sequence's logits are the same bits alone, batched, chunked and fragmented") {
+    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0,
+                        SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
+        const uint32_t seed = std::random_device{}();
+        CAPTURE(seed);
+        CAPTURE(std::string(smol_type_name(t)));
+        tiny_file f(t, seed, "inv.gguf");
+        std::mt19937 rng(seed);
+        check_batch_invariance(f.model.get(), random_ids(rng, 40, 0, f.n_vocab), f.n_vocab, rng);
+    }
+}
+
+TEST_CASE("SmolLM2-135M's logits are the same bits alone, batched, chunked and fragmented") {
+    model_ptr m = load_real();
+    smol_model_info info;
+    smol_model_get_info(m.get(), &info);
+    std::mt19937 rng(2026);
+    const std::string text = "The quick brown fox jumps over the lazy dog; then it naps.";
+    std::vector<smol_token> ids(64);
+    int32_t n = 0;
+    REQUIRE(smol_tokenize(m.get(), text.data(), text.size(), true, false, ids.data(), 64, &n) ==
+            SMOL_OK);
+    ids.resize(size_t(n));
+    check_batch_invariance(m.get(), std::vector<int>(ids.begin(), ids.end()), info.n_vocab, rng);
+}
+
+// --- the radix tree -------------------------------------------------------------
+
+TEST_CASE("the prefix tree matches whole blocks, counts users and evicts the least recent leaf") {
+    smol::radix_tree tree(4);
+    const std::vector<smol_token> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    const std::vector<smol_token> b = {1, 2, 3, 4, 50, 60, 70, 80};
+    std::vector<int32_t> cells_a(a.size()), cells_b(b.size());
+    for (size_t i = 0; i < a.size(); ++i) cells_a[i] = int32_t(100 + i);
+    for (size_t i = 0; i < b.size(); ++i) cells_b[i] = int32_t(200 + i);
+
+    std::vector<int32_t> added;
+    CHECK(tree.insert(a.data(), cells_a.data(), int32_t(a.size()), added) == 2); // 2 whole blocks
+    CHECK(added == std::vector<int32_t>{100, 101, 102, 103, 104, 105, 106, 107});
+    added.clear();
+    CHECK(tree.insert(b.data(), cells_b.data(), int32_t(b.size()), added) == 1);
+    CHECK(added == std::vector<int32_t>{204, 205, 206, 207}); // its first block was cached
+    CHECK(tree.n_blocks() == 3);
+
+    auto path = tree.match(b.data(), int32_t(b.size()), 8);
+    REQUIRE(path.size() == 2);
+    CHECK(path[0]->cells[0] == 100); // the first request's cells
+    CHECK(path[1]->cells[0] == 204);
+    CHECK(tree.match(a.data(), 7, 8).size() == 1); // 7 tokens: one whole block
+    CHECK(tree.match(a.data(), 10, 1).size() == 1);
+    const std::vector<smol_token> other = {9, 9, 9, 9};
+    CHECK(tree.match(other.data(), 4, 8).empty());
+
+    // b's path is in use: only a's second block may go; then nothing.
+    tree.acquire(path);
+    tree.match(a.data(), 10, 8); // a is now the most recent, but unused
+    std::vector<int32_t> freed;
+    CHECK(tree.evict(freed));
+    CHECK(freed == std::vector<int32_t>{104, 105, 106, 107});
+    freed.clear();
+    CHECK_FALSE(tree.evict(freed));
+    tree.release(path);
+    // Least recent first: b's leaf, then the shared root block.
+    CHECK(tree.evict(freed));
+    CHECK(freed == std::vector<int32_t>{204, 205, 206, 207});
+    CHECK(tree.evict(freed));
+    CHECK(tree.n_blocks() == 0);
+    CHECK_FALSE(tree.evict(freed));
+}
+
+// --- the engine -----------------------------------------------------------------
+
+namespace {
+
+struct result {
+    std::vector<smol_token> tokens;
+    std::vector<std::vector<float>> logits;
+    smol_finish_reason finish = SMOL_FINISH_NONE;
+    int32_t n_cached = 0;
+    int events_after_finish = 0;
+};
+
+bool collect(const smol_engine_event * ev, void * user) {
+    auto * r = static_cast<result *>(user);
+    if (r->finish != SMOL_FINISH_NONE) ++r->events_after_finish;
+    if (ev->token >= 0) {
+        r->tokens.push_back(ev->token);
+        if (ev->logits) r->logits.emplace_back(ev->logits, ev->logits + ev->n_vocab);
+    }
+    r->finish = ev->finish;
+    r->n_cached = ev->n_cached;
+    return true;
+}
+
+engine_ptr make_engine(smol_model * m, uint32_t n_ctx, uint32_t parallel, uint32_t chunk,
+                       bool prefix = true) {
+    smol_engine_params p = smol_engine_default_params();
+    p.context.n_ctx = n_ctx;
+    p.context.n_batch = n_ctx;
+    p.context.n_seq_max = parallel;
+    p.context.n_threads = 2;
+    p.n_chunk = chunk;
+    p.prefix_cache = prefix;
+    p.prefix_block = 8;
+    smol_engine * e = nullptr;
+    const smol_status st = smol_engine_create(m, &p, &e);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return engine_ptr(e);
+}
+
+smol_request_id submit(smol_engine * e, const std::vector<int> & prompt, int max_tokens,
+                       result * out) {
+    smol_request_params p = smol_request_default_params();
+    p.prompt = prompt.data();
+    p.n_prompt = int32_t(prompt.size());
+    p.max_tokens = max_tokens;
+    p.sampler.temperature = 0; // greedy
+    p.ignore_eog = true;
+    p.on_event = collect;
+    p.user_data = out;
+    smol_request_id id = 0;
+    const smol_status st = smol_engine_submit(e, &p, &id);
+    INFO(smol_last_error());
+    REQUIRE(st == SMOL_OK);
+    return id;
+}
+
+void run(smol_engine * e, int max_steps = 10000) {
+    int32_t active = 1;
+    for (int i = 0; active > 0 && i < max_steps; ++i) {
+        REQUIRE(smol_engine_step(e, &active) == SMOL_OK);
+    }
+    REQUIRE(active == 0);
+}
+
+void check_same(const result & a, const result & b) {
+    CHECK(a.tokens == b.tokens);
+    REQUIRE(a.logits.size() == b.logits.size());
+    for (size_t i = 0; i < a.logits.size(); ++i) {
+        CAPTURE(i);
+        CHECK(a.logits[i] == b.logits[i]);
+    }
+}
+
+} // namespace
+
+TEST_CASE("concurrent requests give exactly the tokens and logits each gives alone") {
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    tiny_file f(SMOL_TYPE_Q4_1, seed, "batch.gguf");
+    std::mt19937 rng(seed);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 6; ++i) prompts.push_back(random_ids(rng, 5 + 7 * i, 0, f.n_vocab));
+
+    std::vector<result> alone(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        engine_ptr e = make_engine(f.model.get(), 256, 1, 256, false);
+        submit(e.get(), prompts[i], 12, &alone[i]);
+        run(e.get());
+        CHECK(alone[i].finish == SMOL_FINISH_LENGTH);
+        CHECK(alone[i].tokens.size() == 12);
+    }
+    // Four slots for six requests, prompts in chunks of 8 beside decode steps.
+    engine_ptr e = make_engine(f.model.get(), 256, 4, 8, false);
+    std::vector<result> together(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) submit(e.get(), prompts[i], 12, &together[i]);
+    run(e.get());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        check_same(together[i], alone[i]);
+        CHECK(together[i].events_after_finish == 0);
+    }
+    const smol_engine_stats st = smol_engine_get_stats(e.get());
+    CHECK(st.n_finished == 6);
+    CHECK(st.n_generated_tokens == 72);
+    CHECK(st.n_cells_used == 0); // no prefix cache: everything freed
+}
+
+TEST_CASE("a shared prefix is reused from the cache and gives the logits of recomputing it") {
+    model_ptr m = load_real();
+    const std::string system = "<|im_start|>system\nYou are a helpful assistant who answers in "
+                               "one short sentence and never makes things up.<|im_end|>\n";
+    std::vector<std::vector<int>> prompts;
+    for (const char * q : {"What is the capital of France?", "Name a primary colour."}) {
+        const std::string text =
+            system + "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n";
+        std::vector<smol_token> ids(256);
+        int32_t n = 0;
+        REQUIRE(smol_tokenize(m.get(), text.data(), text.size(), false, true, ids.data(), 256,
+                              &n) == SMOL_OK);
+        prompts.emplace_back(ids.begin(), ids.begin() + n);
+    }
+    engine_ptr cached = make_engine(m.get(), 512, 2, 64, true);
+    result first, second;
+    submit(cached.get(), prompts[0], 6, &first);
+    run(cached.get());
+    submit(cached.get(), prompts[1], 6, &second);
+    run(cached.get());
+    CHECK(first.n_cached == 0);
+    CHECK(second.n_cached >= 16); // the system prompt's whole blocks
+    const smol_engine_stats st = smol_engine_get_stats(cached.get());
+    CHECK(st.n_prefix_hit_requests == 1);
+    CHECK(st.n_prefix_hit_tokens == second.n_cached);
+    CHECK(st.prefix_hit_rate > 0.0);
+    CHECK(st.n_prefill_tokens == st.n_prompt_tokens - second.n_cached);
+    MESSAGE("prefix cache: " << second.n_cached << " of " << prompts[1].size()
+                             << " prompt tokens reused");
+
+    engine_ptr fresh = make_engine(m.get(), 512, 1, 512, false);
+    result recomputed;
+    submit(fresh.get(), prompts[1], 6, &recomputed);
+    run(fresh.get());
+    check_same(second, recomputed);
+}
+
+TEST_CASE("when cells run out, requests are preempted, recomputed and give the same tokens") {
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "preempt.gguf");
+    std::mt19937 rng(seed);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 3; ++i) prompts.push_back(random_ids(rng, 20, 0, f.n_vocab));
+    std::vector<result> alone(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        engine_ptr e = make_engine(f.model.get(), 64, 1, 64, false);
+        submit(e.get(), prompts[i], 30, &alone[i]);
+        run(e.get());
+    }
+    // 64 cells for three requests of 50: at most one fits at its end.
+    engine_ptr e = make_engine(f.model.get(), 64, 3, 16, true);
+    std::vector<result> together(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) submit(e.get(), prompts[i], 30, &together[i]);
+    run(e.get());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        CHECK(together[i].finish == SMOL_FINISH_LENGTH);
+        check_same(together[i], alone[i]);
+    }
+    CHECK(smol_engine_get_stats(e.get()).n_preempted > 0);
+}
+
+TEST_CASE("a cancelled request frees its sequence and the others go on") {
+    tiny_file f(SMOL_TYPE_Q4_0, 4321, "cancel.gguf");
+    std::mt19937 rng(5);
+    const std::vector<int> p1 = random_ids(rng, 12, 0, f.n_vocab);
+    const std::vector<int> p2 = random_ids(rng, 9, 0, f.n_vocab);
+    engine_ptr e = make_engine(f.model.get(), 128, 2, 64, false);
+    result r1, r2;
+    const smol_request_id id1 = submit(e.get(), p1, 100, &r1);
+    submit(e.get(), p2, 10, &r2);
+    int32_t active = 0;
+    for (int i = 0; i < 3; ++i) REQUIRE(smol_engine_step(e.get(), &active) == SMOL_OK);
+    CHECK(smol_engine_cancel(e.get(), id1) == SMOL_OK);
+    run(e.get());
+    CHECK(r1.finish == SMOL_FINISH_CANCELLED);
+    CHECK(r1.tokens.size() < 100);
+    CHECK(r2.finish == SMOL_FINISH_LENGTH);
+    CHECK(r2.tokens.size() == 10);
+    CHECK(smol_engine_get_stats(e.get()).n_cells_used == 0);
+    CHECK(smol_engine_cancel(e.get(), 999) == SMOL_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("the engine refuses bad requests with a message and a full queue with BUSY") {
+    tiny_file f(SMOL_TYPE_F16, 77, "bad.gguf");
+    smol_engine_params p = smol_engine_default_params();
+    p.context.n_ctx = 64;
+    p.context.n_seq_max = 1;
+    p.n_queue_max = 2;
+    smol_engine * raw = nullptr;
+    REQUIRE(smol_engine_create(f.model.get(), &p, &raw) == SMOL_OK);
+    engine_ptr e(raw);
+    const std::vector<int> ok = {1, 2, 3};
+    smol_request_params r = smol_request_default_params();
+    r.prompt = ok.data();
+    r.n_prompt = 0;
+    CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_ERR_INVALID_ARGUMENT);
+    r.n_prompt = 3;
+    r.max_tokens = 62;
+    CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("context") != std::string::npos);
+    const std::vector<int> bad = {1, 100000};
+    r.prompt = bad.data();
+    r.n_prompt = 2;
+    r.max_tokens = 4;
+    CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_ERR_INVALID_ARGUMENT);
+    r.prompt = ok.data();
+    r.n_prompt = 3;
+    // One slot and two places in the queue.
+    for (int i = 0; i < 3; ++i) CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_OK);
+    CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_ERR_BUSY);
+    p.context.n_seq_max = 64;
+    CHECK(smol_engine_create(f.model.get(), &p, &raw) == SMOL_ERR_INVALID_ARGUMENT);
+}

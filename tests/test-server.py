@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""smol-server against the official `openai` client, on the real model.
+
+Starts smol-server on a free loopback port and checks: chat, streaming and
+completions through the openai client; stop strings, seeds and usage counts;
+that concurrent greedy requests give exactly the text each gives alone; that
+a shared system prompt hits the prefix cache without changing the output;
+that every bad input gets its 4xx/503 JSON error in OpenAI's shape while a
+concurrent request completes; and that clients that hang up free their
+sequences. Bounded: a few short requests, loopback only.
+
+    tests/test-server.py build/examples/smol-server models/SmolLM2-135M-Instruct.Q4_1.gguf
+"""
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    import openai
+except ImportError:
+    print("test-server: FAIL: the Python package 'openai' is missing; scripts/setup.sh installs "
+          "it (python3 -m pip install openai)", file=sys.stderr)
+    sys.exit(1)
+
+SERVER, MODEL = sys.argv[1], sys.argv[2]
+PARALLEL, QUEUE, N_CTX, MAX_BODY = 4, 4, 2048, 65536
+failures = []
+T0 = time.time()
+
+
+def check(cond, what):
+    print(f"  {'ok  ' if cond else 'FAIL'} {time.time() - T0:5.1f}s  {what}", flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def start_server():
+    proc = subprocess.Popen(
+        [SERVER, "--model", MODEL, "--host", "127.0.0.1", "--port", "0", "--parallel",
+         str(PARALLEL), "--max-queue", str(QUEUE), "-c", str(N_CTX), "-t", "2", "--max-body",
+         str(MAX_BODY), "--chunk", "64"],
+        stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("listening on http://127.0.0.1:"):
+        proc.kill()
+        sys.exit("test-server: FAIL: smol-server did not start: " + line)
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def raw(port, method, path, body=None, headers=None):
+    """One plain HTTP request; returns (status, parsed JSON or text)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, body=body, headers=headers or {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data
+
+
+def metrics(port):
+    _, text = raw(port, "GET", "/metrics")
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.split()
+            out[k] = float(v)
+    return out
+
+
+def is_openai_error(status, body, want_status):
+    return (status == want_status and isinstance(body, dict) and "error" in body
+            and isinstance(body["error"].get("message"), str) and body["error"]["message"]
+            and isinstance(body["error"].get("type"), str)
+            and "param" in body["error"] and "code" in body["error"])
+
+
+def main():
+    proc, port = start_server()
+    try:
+        run(port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if failures:
+        print(f"test-server: {len(failures)} FAILED: " + "; ".join(failures))
+        sys.exit(1)
+    print("test-server: all passed")
+
+
+def run(port):
+    t0 = time.time()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                           max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    print(f"test-server: smol-server on port {port}, model {model}")
+    check(model == "SmolLM2-135M-Instruct.Q4_1", "GET /v1/models names the model")
+    check(raw(port, "GET", "/health") == (200, {"status": "ok"}), "GET /health")
+
+    # --- chat, streaming, completions -------------------------------------------
+    q = [{"role": "user", "content": "Name three colours."}]
+    chat = client.chat.completions.create(model=model, messages=q, max_tokens=24, temperature=0)
+    text = chat.choices[0].message.content
+    check(bool(text) and chat.choices[0].finish_reason in ("stop", "length"),
+          f"chat completion answers: {text!r}")
+    check(chat.usage.prompt_tokens > 0 and 0 < chat.usage.completion_tokens <= 24 and
+          chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens,
+          f"usage counts {chat.usage.prompt_tokens}+{chat.usage.completion_tokens}")
+    parts, finish, usage = [], None, None
+    for ev in client.chat.completions.create(model=model, messages=q, max_tokens=24,
+                                             temperature=0, stream=True,
+                                             stream_options={"include_usage": True}):
+        if ev.choices:
+            parts.append(ev.choices[0].delta.content or "")
+            finish = ev.choices[0].finish_reason or finish
+        if ev.usage:
+            usage = ev.usage
+    check("".join(parts) == text and len(parts) > 3, "streamed chat gives the same text in pieces")
+    check(finish == chat.choices[0].finish_reason and usage is not None and
+          usage.completion_tokens == chat.usage.completion_tokens,
+          "streamed chat ends with finish_reason and usage")
+
+    comp = client.completions.create(model=model, prompt="The capital of France is",
+                                     max_tokens=12, temperature=0)
+    check(comp.choices[0].text.startswith(" Paris"), f"completion: {comp.choices[0].text!r}")
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=12, temperature=0,
+        stream=True) if c.choices)
+    check(streamed == comp.choices[0].text, "streamed completion gives the same text")
+
+    # --- stop strings, seeds -----------------------------------------------------
+    cut = client.completions.create(model=model, prompt="The capital of France is",
+                                    max_tokens=12, temperature=0, stop=["\n"])
+    want = comp.choices[0].text.split("\n")[0]
+    check(cut.choices[0].text == want and cut.choices[0].finish_reason == "stop",
+          f"stop string cuts the text: {cut.choices[0].text!r}")
+    cut_s = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=12, temperature=0,
+        stop=["\n"], stream=True) if c.choices)
+    check(cut_s == want, "a streamed stop string is held back, not sent")
+    a, b = (client.completions.create(model=model, prompt="Once upon a time", max_tokens=16,
+                                      temperature=0.9, seed=1234).choices[0].text
+            for _ in range(2))
+    check(a == b, "the same seed gives the same sampled text")
+
+    # --- batching never changes results ---------------------------------------
+    prompts = [f"Write one sentence about the number {n}." for n in (3, 17, 42, 99, 256, 1000)]
+
+    def ask(p):
+        r = client.chat.completions.create(model=model, max_tokens=16, temperature=0,
+                                           messages=[{"role": "user", "content": p}])
+        return r.choices[0].message.content
+
+    alone = [ask(p) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(ask, prompts))
+    check(together == alone, f"{len(prompts)} concurrent greedy requests give the text each "
+                             "gives alone")
+
+    # --- prefix cache -----------------------------------------------------------
+    system = ("You are Pip, a cheerful assistant for a small bakery in Lyon. You answer in one "
+              "short sentence, you never invent prices, and you always mention the croissants. "
+              f"Session {time.time()}.")
+
+    def with_system(question):
+        return client.chat.completions.create(
+            model=model, max_tokens=16, temperature=0,
+            messages=[{"role": "system", "content": system},
+                      {"role": "user", "content": question}])
+
+    m0 = metrics(port)
+    first = with_system("When do you open?")
+    other = with_system("Do you sell bread?")
+    again = with_system("When do you open?")
+    m1 = metrics(port)
+    hits = m1["smol_prefix_cache_hit_tokens_total"] - m0["smol_prefix_cache_hit_tokens_total"]
+    cached = other.usage.prompt_tokens_details.cached_tokens
+    check(cached >= 32 and hits >= cached,
+          f"a shared system prompt hits the prefix cache ({cached} of "
+          f"{other.usage.prompt_tokens} prompt tokens; /metrics +{hits:.0f})")
+    check(again.choices[0].message.content == first.choices[0].message.content,
+          "a request served from the cache gives the text it gave computed afresh")
+    check(m1["smol_prefix_cache_hit_ratio"] > 0, "/metrics reports the hit ratio")
+
+    # --- bad input while a request runs ----------------------------------------
+    good_want = alone[2]
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault("text", ask(prompts[2])))
+    worker.start()
+    chat_path = "/v1/chat/completions"
+    ok_body = {"model": model, "messages": q, "max_tokens": 4}
+    cases = [
+        ("malformed JSON", chat_path, b'{"model": ', 400),
+        ("a body that is not an object", chat_path, b"[1, 2]", 400),
+        ("messages of the wrong type", chat_path,
+         json.dumps({"model": model, "messages": "hi"}).encode(), 400),
+        ("temperature of the wrong type", chat_path,
+         json.dumps({**ok_body, "temperature": "hot"}).encode(), 400),
+        ("stop of the wrong type", chat_path, json.dumps({**ok_body, "stop": 5}).encode(), 400),
+        ("max_tokens of the wrong type", chat_path,
+         json.dumps({**ok_body, "max_tokens": "many"}).encode(), 400),
+        ("an unknown model", chat_path, json.dumps({**ok_body, "model": "gpt-9"}).encode(), 404),
+        ("max_tokens beyond the context", chat_path,
+         json.dumps({**ok_body, "max_tokens": N_CTX}).encode(), 400),
+        ("a prompt beyond the context", "/v1/completions",
+         json.dumps({"model": model, "prompt": "hello " * N_CTX}).encode(), 400),
+        ("an oversized body", chat_path, b"{" + b" " * (MAX_BODY + 10) + b"}", 413),
+        ("an unknown path", "/v1/nothing", b"{}", 404),
+    ]
+    for name, path, body, want_status in cases:
+        status, reply = raw(port, "POST", path, body)
+        check(is_openai_error(status, reply, want_status),
+              f"{name}: HTTP {status} {json.dumps(reply)[:90]}")
+    try:
+        client.chat.completions.create(model="gpt-9", messages=q, max_tokens=4)
+        check(False, "the openai client raises NotFoundError for an unknown model")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "the openai client raises NotFoundError for an unknown model")
+    worker.join()
+    check(box.get("text") == good_want, "the concurrent request completed with its usual text")
+
+    # --- too many requests, and clients that hang up --------------------------
+    hogs = []
+    for i in range(PARALLEL + QUEUE):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", chat_path, body=json.dumps(
+            {"model": model, "stream": True, "max_tokens": 1000, "temperature": 0,
+             "messages": [{"role": "user", "content": f"Tell a long story number {i}."}]}),
+            headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.fp.readline()  # the first event: the request is in
+        hogs.append((c, r))
+    status, reply = raw(port, "POST", chat_path, json.dumps(ok_body).encode())
+    check(is_openai_error(status, reply, 503), f"beyond every slot and the queue: HTTP {status}")
+    deadline = time.time() + 10
+    while time.time() < deadline:  # the engine admits them as it steps
+        m = metrics(port)
+        if m["smol_requests_running"] == PARALLEL:
+            break
+        time.sleep(0.1)
+    check(m["smol_requests_running"] == PARALLEL and m["smol_requests_queued"] == QUEUE,
+          f"/metrics: {m['smol_requests_running']:.0f} running, "
+          f"{m['smol_requests_queued']:.0f} queued")
+    # A non-streaming client that hangs up too.
+    s = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"model": model, "max_tokens": 1000,
+                       "messages": [{"role": "user", "content": "Count to a thousand."}]})
+    for c, r in hogs:
+        r.close()
+        c.close()
+    s.sendall((f"POST {chat_path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    time.sleep(1.0)
+    s.close()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = metrics(port)
+        if m["smol_requests_running"] + m["smol_requests_queued"] == 0:
+            break
+        time.sleep(0.2)
+    check(m["smol_requests_running"] + m["smol_requests_queued"] == 0 and
+          m["smol_client_disconnects_total"] >= PARALLEL + QUEUE,
+          f"clients that hang up free their sequences "
+          f"({m['smol_client_disconnects_total']:.0f} disconnects seen)")
+    check(ask(prompts[0]) == alone[0], "the server still answers as before")
+    print(f"test-server: {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
