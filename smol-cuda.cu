@@ -1816,15 +1816,18 @@ size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
 
 // The flash kernel's splits over the cells for an attention node, or 0 where
 // the classic kernel runs it. It splits only while the query tiles and heads
-// alone leave SMs idle: a prompt chunk after a long history, a small model.
+// alone leave SMs short of work: a prompt chunk after a long history, a
+// small model.
 int cuda_backend::flash_splits(const tensor * t) const {
 #if defined(SMOL_FLASH_ATTENTION)
     const int n_tok = int(t->ne[1]), n_head = t->iparams[1], hd = t->iparams[3];
     const bool flash = hd == 64 && (attn_ == attn_kernel::flash ||
                                     (attn_ == attn_kernel::automatic && n_tok >= fa_min_tok));
     if (!flash) return 0;
+    // Four blocks an SM keep enough loads in flight for a decode-sized batch
+    // (forced with SMOL_ATTN=flash) at long contexts.
     const int blocks = (n_tok + fa_rows - 1) / fa_rows * n_head;
-    return std::min(16, std::max(1, (2 * n_sm_ + blocks - 1) / blocks));
+    return std::min(64, std::max(1, (4 * n_sm_ + blocks - 1) / blocks));
 #else
     (void)t;
     return 0;
