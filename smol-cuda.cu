@@ -836,6 +836,308 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
     if (threadIdx.x == 0) p.done[th] = 0;
 }
 
+// --- attention: tensor-core prefill ---------------------------------------------
+
+#if !defined(SMOL_HIP)
+// The mma.sync and ldmatrix instructions below are NVIDIA's (sm_80 and up);
+// the HIP build keeps the kernel above for every batch.
+#define SMOL_FLASH_ATTENTION 1
+
+constexpr int fa_rows = 64;    // queries a block: four warps of 16
+constexpr int fa_cells = 64;   // cells a tile
+constexpr int fa_min_tok = 16; // from this many tokens a batch takes the flash kernel
+
+// D += A B for one 16x16 (row) by 16x8 (column) product of f16 with f32
+// accumulators, the fragments in the layout the PTX ISA gives for m16n8k16.
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 f16 matrices from shared memory, transposed: lanes 8i..8i+7 give
+// the rows of matrix i; register i of lane l gets column l / 4, rows
+// 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the B fragment of a row-major
+// operand).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t * row) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const uint16_t * p) {
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+// Two floats as f16 (round to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    return uint32_t(f32_to_f16(lo)) | (uint32_t(f32_to_f16(hi)) << 16);
+}
+
+// Block (tile of 64 queries, head); warp w owns queries 16w..16w+15 of the
+// tile. The block walks the cells [0, n_used) in tiles of 64: it votes on
+// whether any of its queries sees any cell of the tile (causal prefill
+// skips about half the tiles, other sequences' cells are skipped too),
+// loads the tile's K and V with 16-byte loads, and each warp computes
+// S = Q K^T with tensor cores, masks it per (query, cell), keeps an online
+// softmax in f32, and adds P V with P rounded to f16. The query is rounded
+// to f16 as on the CPU; unlike the CPU, P is rounded before it is
+// normalised (see the test's bound).
+//
+// Fragment layouts (m16n8k16, g = lane / 4, t = lane % 4): A holds rows g
+// and g + 8, columns 2t, 2t + 1 (+ 8); B holds rows 2t, 2t + 1 (+ 8) of
+// column g; C holds rows g and g + 8, columns 2t and 2t + 1.
+template <int HD>
+__global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params p) {
+    static_assert(HD % 16 == 0, "head size a multiple of 16");
+    constexpr int LD = HD + 8; // f16 a row in shared memory: 16-byte rows, no bank conflicts
+    constexpr int half = HD / 2, n_dt = HD / 8;
+    __shared__ __align__(16) uint16_t qs[fa_rows * LD];
+    __shared__ __align__(16) uint16_t ks[fa_cells * LD];
+    __shared__ __align__(16) uint16_t vs[fa_cells * LD];
+    __shared__ int c_pos[fa_cells], c_seen[fa_cells];
+    __shared__ seq_mask c_seq[fa_cells];
+
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int g = lane / 4, t = lane % 4;
+    // Block y serves query head h0 * group + y of the view's kv heads.
+    const int h = p.h0 * p.group + int(blockIdx.y), hk = h / p.group - p.h0;
+    // The last tokens of a causal prompt see the most cells: their tiles start first.
+    const int tok0 = int(gridDim.x - 1 - blockIdx.x) * fa_rows;
+
+    for (int e = threadIdx.x; e < fa_rows * half; e += blockDim.x) {
+        const int qi = e / half, j = e % half, tok = tok0 + qi;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (tok < p.n_tok) {
+            const float * src = p.q + tok * p.ldq + h * HD;
+            x0 = src[2 * j];
+            x1 = src[2 * j + 1];
+            if (p.rope.pos) {
+                float c, sn;
+                rope_get(p.rope, tok, j, c, sn);
+                rope_pair(x0, x1, c, sn);
+            }
+        }
+        // The query meets the f16 cache as f16, as on the CPU.
+        *reinterpret_cast<uint32_t *>(qs + qi * LD + 2 * j) = pack_f16x2(x0, x1);
+    }
+    // This thread's two query rows; a row past the batch sees no cell.
+    const int row0 = tok0 + warp * 16 + g, row1 = row0 + 8;
+    const int pos0 = row0 < p.n_tok ? p.pos[row0] : -1, seq0 = row0 < p.n_tok ? p.seq[row0] : -1;
+    const int pos1 = row1 < p.n_tok ? p.pos[row1] : -1, seq1 = row1 < p.n_tok ? p.seq[row1] : -1;
+    __syncthreads();
+
+    uint32_t qa[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        const uint16_t * q0 = qs + (warp * 16 + g) * LD + kk * 16 + 2 * t;
+        qa[kk][0] = ld_u32(q0);
+        qa[kk][1] = ld_u32(q0 + 8 * LD);
+        qa[kk][2] = ld_u32(q0 + 8);
+        qa[kk][3] = ld_u32(q0 + 8 * LD + 8);
+    }
+
+    // Scores in log2 units, so exp2f serves as the exponential.
+    const float scale = p.scale * 1.4426950408889634f;
+    float m0 = -INFINITY, m1 = -INFINITY; // running maxima of rows g and g + 8
+    float l0 = 0.0f, l1 = 0.0f;           // this thread's part of their sums
+    float o[n_dt][4];
+#pragma unroll
+    for (int n = 0; n < n_dt; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+    // With S splits, block z takes the z-th run of whole tiles of the cells.
+    const int n_used = *p.n_used;
+    const int chunk =
+        p.S == 1 ? n_used : ((n_used + p.S - 1) / p.S + fa_cells - 1) / fa_cells * fa_cells;
+    const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
+    const uint16_t * K = p.K + hk * p.head_stride;
+    const uint16_t * V = p.V + hk * p.head_stride;
+    for (int c0 = c_begin; c0 < c_end; c0 += fa_cells) {
+        __syncthreads(); // the last tile's cells, K and V are read
+        if (threadIdx.x < fa_cells) {
+            const int c = c0 + int(threadIdx.x);
+            c_pos[threadIdx.x] = c < c_end ? p.cell_pos[c] : -1;
+            c_seq[threadIdx.x] = c < c_end ? p.cell_seqs[c] : seq_mask(0);
+            c_seen[threadIdx.x] = 0;
+        }
+        __syncthreads();
+        // Bit 4j + i: row g sees cell 8j + 2t + i; bit 4j + 2 + i: row g + 8 does.
+        uint32_t vis = 0;
+#pragma unroll
+        for (int j = 0; j < fa_cells / 8; ++j) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int col = 8 * j + 2 * t + i, cp = c_pos[col];
+                const seq_mask cs = c_seq[col];
+                const bool v0 = kv_cell_visible(cp, cs, seq0, pos0);
+                const bool v1 = kv_cell_visible(cp, cs, seq1, pos1);
+                vis |= uint32_t(v0) << (4 * j + i) | uint32_t(v1) << (4 * j + 2 + i);
+                if (v0 || v1) c_seen[col] = 1;
+            }
+        }
+        if (!__syncthreads_or(vis != 0)) continue; // no query of the block sees the tile
+
+        // A cell no query sees is read as zeros, so a free cell's stale
+        // (perhaps not finite) values cannot reach the sum through 0 * V.
+        for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
+            const int r = e / (HD / 8), ch = e % (HD / 8);
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (c_seen[r]) {
+                const size_t at = size_t(c0 + r) * HD + ch * 8;
+                kv = *reinterpret_cast<const uint4 *>(K + at);
+                vv = *reinterpret_cast<const uint4 *>(V + at);
+            }
+            *reinterpret_cast<uint4 *>(ks + r * LD + ch * 8) = kv;
+            *reinterpret_cast<uint4 *>(vs + r * LD + ch * 8) = vv;
+        }
+        __syncthreads();
+        if (!__any_sync(0xffffffffu, vis != 0)) continue; // none of this warp's rows
+
+        float s[fa_cells / 8][4];
+#pragma unroll
+        for (int j = 0; j < fa_cells / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int j = 0; j < fa_cells / 8; ++j) {
+                const uint16_t * kr = ks + (8 * j + g) * LD + kk * 16 + 2 * t;
+                mma_f16_16816(s[j], qa[kk], ld_u32(kr), ld_u32(kr + 8));
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < fa_cells / 8; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                s[j][i] = (vis >> (4 * j + i)) & 1u ? s[j][i] * scale : -INFINITY;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        // The four lanes of a quad hold one row between them.
+        mx0 = fmaxf(mx0, SMOL_SHFL_XOR(mx0, 1));
+        mx0 = fmaxf(mx0, SMOL_SHFL_XOR(mx0, 2));
+        mx1 = fmaxf(mx1, SMOL_SHFL_XOR(mx1, 1));
+        mx1 = fmaxf(mx1, SMOL_SHFL_XOR(mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // A row that saw nothing yet has nothing to rescale (and -inf - -inf
+        // would be NaN).
+        const float corr0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - mn0);
+        const float corr1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        l0 *= corr0;
+        l1 *= corr1;
+#pragma unroll
+        for (int n = 0; n < n_dt; ++n) {
+            o[n][0] *= corr0;
+            o[n][1] *= corr0;
+            o[n][2] *= corr1;
+            o[n][3] *= corr1;
+        }
+        // P as the A fragments of P V: cells 16kk..16kk+15 are the score
+        // tiles 2kk and 2kk + 1. A masked score weighs exactly zero.
+        uint32_t pa[fa_cells / 16][4];
+#pragma unroll
+        for (int j = 0; j < fa_cells / 8; ++j) {
+            float pr[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                pr[i] = (vis >> (4 * j + i)) & 1u ? exp2f(s[j][i] - (i < 2 ? mn0 : mn1)) : 0.0f;
+            }
+            l0 += pr[0] + pr[1];
+            l1 += pr[2] + pr[3];
+            pa[j / 2][(j % 2) * 2 + 0] = pack_f16x2(pr[0], pr[1]);
+            pa[j / 2][(j % 2) * 2 + 1] = pack_f16x2(pr[2], pr[3]);
+        }
+        // B fragments of V for two column tiles at once: lanes 0-7 give rows
+        // 16kk..+7 at columns 16n2, lanes 8-15 rows 16kk+8..+15 there, lanes
+        // 16-31 the same rows at columns 16n2 + 8.
+        const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+        for (int kk = 0; kk < fa_cells / 16; ++kk) {
+#pragma unroll
+            for (int n2 = 0; n2 < HD / 16; ++n2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vs + (kk * 16 + mr + 8 * (mi & 1)) * LD + n2 * 16 +
+                                         8 * (mi >> 1));
+                mma_f16_16816(o[2 * n2], pa[kk], b[0], b[1]);
+                mma_f16_16816(o[2 * n2 + 1], pa[kk], b[2], b[3]);
+            }
+        }
+    }
+
+    l0 += SMOL_SHFL_XOR(l0, 1);
+    l0 += SMOL_SHFL_XOR(l0, 2);
+    l1 += SMOL_SHFL_XOR(l1, 1);
+    l1 += SMOL_SHFL_XOR(l1, 2);
+    if (p.S > 1) {
+        // This split's (max, sum, unnormalised sum of V) per (token, head),
+        // for flash_merge_kernel.
+        const int rows[2] = {row0, row1};
+        const float ms[2] = {m0, m1}, ls[2] = {l0, l1};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (rows[r] >= p.n_tok) continue;
+            float * part =
+                p.part + ((size_t(rows[r]) * gridDim.y + blockIdx.y) * p.S + blockIdx.z) * (HD + 2);
+            if (t == 0) {
+                part[0] = ms[r];
+                part[1] = ls[r];
+            }
+#pragma unroll
+            for (int n = 0; n < n_dt; ++n) {
+                part[2 + 8 * n + 2 * t] = o[n][2 * r];
+                part[2 + 8 * n + 2 * t + 1] = o[n][2 * r + 1];
+            }
+        }
+        return;
+    }
+    // A query that sees no cell gets zeros, as from the kernel above.
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int n = 0; n < n_dt; ++n) {
+        const int col = h * HD + 8 * n + 2 * t;
+        if (row0 < p.n_tok) {
+            float * d = p.out + size_t(row0) * p.ldo + col;
+            d[0] = o[n][0] * inv0;
+            d[1] = o[n][1] * inv0;
+        }
+        if (row1 < p.n_tok) {
+            float * d = p.out + size_t(row1) * p.ldo + col;
+            d[0] = o[n][2] * inv1;
+            d[1] = o[n][3] * inv1;
+        }
+    }
+}
+
+// Block (token, head), a thread an element: merges the S splits of the flash
+// kernel. Maxima are in log2 units; a split that saw nothing has max -inf.
+__global__ void flash_merge_kernel(const attn_params p) {
+    // Block x = tok * n_q + y, for the view's query heads as the flash launch had them.
+    const int n_q = int(gridDim.x) / p.n_tok;
+    const int tok = int(blockIdx.x) / n_q, h = p.h0 * p.group + int(blockIdx.x) % n_q;
+    const float * part = p.part + size_t(blockIdx.x) * p.S * (p.hd + 2);
+    float mx = -INFINITY;
+    for (int i = 0; i < p.S; ++i) mx = fmaxf(mx, part[i * (p.hd + 2)]);
+    float l = 0.0f, acc = 0.0f;
+    if (mx != -INFINITY) {
+        for (int i = 0; i < p.S; ++i) {
+            const float * o = part + i * (p.hd + 2);
+            if (o[0] == -INFINITY) continue;
+            const float f = exp2f(o[0] - mx);
+            l += o[1] * f;
+            acc += o[2 + threadIdx.x] * f;
+        }
+    }
+    p.out[size_t(tok) * p.ldo + h * p.hd + threadIdx.x] = l > 0.0f ? acc / l : 0.0f;
+}
+#endif // !SMOL_HIP
+
 // --- matmul kernel choice ------------------------------------------------------------
 
 // One candidate of the autotune table: the small-batch kernel with a token
@@ -955,6 +1257,20 @@ int env_flag(const char * name, int fallback) {
     return v && *v ? std::atoi(v) : fallback;
 }
 
+// Which attention kernel runs: by the batch's token count (automatic), or
+// the one SMOL_ATTN names, so that both can be compared on one device.
+enum class attn_kernel : uint8_t { automatic, flash, classic };
+
+attn_kernel attn_kernel_from_env() {
+    const char * v = std::getenv("SMOL_ATTN");
+    if (!v || !*v || std::strcmp(v, "auto") == 0) return attn_kernel::automatic;
+    if (std::strcmp(v, "flash") == 0) return attn_kernel::flash;
+    if (std::strcmp(v, "classic") == 0) return attn_kernel::classic;
+    throw error(SMOL_ERR_INVALID_ARGUMENT, std::string("SMOL_ATTN=") + v +
+                                               " names no attention kernel; use auto, flash or "
+                                               "classic");
+}
+
 // --- the backend ----------------------------------------------------------------
 
 class cuda_backend final : public backend {
@@ -1020,6 +1336,7 @@ class cuda_backend final : public backend {
     void note_used(const mm_key & key, const mm_choice & c);
     void load_table();
     size_t attn_splits(const tensor * t, int & Q, int & W) const;
+    int flash_splits(const tensor * t) const;
     void check_launch(const char * what) const {
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) gpu_fail(e, what);
@@ -1030,6 +1347,7 @@ class cuda_backend final : public backend {
     int n_sm_ = 1;
     bool fuse_ = true;
     bool graphs_ = true;
+    attn_kernel attn_ = attn_kernel::automatic;
     cudaStream_t stream_ = nullptr;   // compute
     cudaStream_t h2d_ = nullptr;      // PREFETCH copies
     cudaStream_t d2h_ = nullptr;      // OFFLOAD copies
@@ -1104,6 +1422,7 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     table_path_ = default_table_path(gpu_name_);
     load_table();
     fuse_ = env_flag("SMOL_CUDA_FUSE", 1) != 0;
+    attn_ = attn_kernel_from_env();
 #if defined(SMOL_HIP)
     graphs_ = false; // not yet tried on ROCm
 #else
@@ -1602,6 +1921,28 @@ size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
     return size_t(std::min<int64_t>(64, (2 * n_sm_ + queries - 1) / queries));
 }
 
+// The flash kernel's splits over the cells for an attention node, or 0 where
+// the classic kernel runs it. It splits only while the query tiles and heads
+// alone leave SMs short of work: a prompt chunk after a long history, a
+// small model.
+int cuda_backend::flash_splits(const tensor * t) const {
+#if defined(SMOL_FLASH_ATTENTION)
+    const int n_tok = int(t->ne[1]), n_head = t->iparams[1], hd = t->iparams[3];
+    const bool flash = hd == 64 && (attn_ == attn_kernel::flash ||
+                                    (attn_ == attn_kernel::automatic && n_tok >= fa_min_tok));
+    if (!flash) return 0;
+    // Four blocks an SM keep enough loads in flight for a decode-sized batch
+    // (forced with SMOL_ATTN=flash) at long contexts.
+    // A head group's node covers only its own query heads.
+    const int n_q = t->kv.k ? (t->kv.h1 - t->kv.h0) * (n_head / t->iparams[2]) : n_head;
+    const int blocks = (n_tok + fa_rows - 1) / fa_rows * n_q;
+    return std::min(64, std::max(1, (4 * n_sm_ + blocks - 1) / blocks));
+#else
+    (void)t;
+    return 0;
+#endif
+}
+
 void cuda_backend::make_steps(graph & g) {
     const auto & nodes = g.nodes();
     const size_t n = nodes.size();
@@ -1731,6 +2072,10 @@ size_t cuda_backend::step_work() const {
             const size_t S = attn_splits(t, Q, W);
             if (S > 1) {
                 work = std::max(work, size_t(t->ne[1]) * size_t(t->iparams[1]) * S *
+                                          size_t(t->iparams[3] + 2) * sizeof(float));
+            }
+            if (const int fs = flash_splits(t); fs > 1) {
+                work = std::max(work, size_t(t->ne[1]) * size_t(t->iparams[1]) * size_t(fs) *
                                           size_t(t->iparams[3] + 2) * sizeof(float));
             }
         }
@@ -2287,6 +2632,22 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.done = static_cast<int *>(done_.p);
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const int n_q = (view.h1 - view.h0) * p.group;
+#if defined(SMOL_FLASH_ATTENTION)
+    // Tensor cores for batches of many tokens; decode keeps the classic
+    // kernel. SMOL_ATTN=flash forces it for any batch (not for head sizes it
+    // lacks), SMOL_ATTN=classic never takes it.
+    if (const int fs = flash_splits(t); fs > 0) {
+        p.S = fs;
+        const dim3 fgrid(unsigned((p.n_tok + fa_rows - 1) / fa_rows), unsigned(n_q), unsigned(fs));
+        flash_attention_kernel<64><<<fgrid, 4 * warp_size, 0, stream_>>>(p);
+        check_launch("flash attention");
+        if (fs > 1) {
+            flash_merge_kernel<<<unsigned(p.n_tok * n_q), unsigned(p.hd), 0, stream_>>>(p);
+            check_launch("flash attention merge");
+        }
+        return;
+    }
+#endif
     const dim3 grid(unsigned((p.n_tok + p.Q - 1) / p.Q), unsigned(n_q), unsigned(p.S));
     const int threads = p.Q * p.W * warp_size;
     // Room for the streams' states, and for the split weights of the merge.

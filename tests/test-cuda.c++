@@ -284,15 +284,7 @@ struct attn_setup {
 
     attn_setup(std::mt19937 & rng, int nh, int nkv, int d, int cells, int tokens)
         : n_head(nh), n_head_kv(nkv), hd(d), n_cells(cells), n_tok(tokens) {
-        kv.init(2, n_head_kv, hd, n_cells);
-        const size_t n = kv.bytes_per_tensor() / 2;
-        std::vector<float> kh = random_floats(rng, n), vh = random_floats(rng, n);
-        k_hist.resize(n);
-        v_hist.resize(n);
-        for (size_t i = 0; i < n; ++i) {
-            k_hist[i] = smol::cpu::fp32_to_fp16(kh[i]);
-            v_hist[i] = smol::cpu::fp32_to_fp16(vh[i]);
-        }
+        fill_cache(rng);
         const int history = n_cells - n_tok - 3;
         for (int c = 0; c < history; ++c) {
             if (rng() % 10 == 0) continue; // a free cell
@@ -310,6 +302,60 @@ struct attn_setup {
             kv.cell_seqs[size_t(c)] = uint64_t(1) << seq.back();
             kv.n_used = std::max(kv.n_used, c + 1);
         }
+        fill_batch(rng);
+    }
+
+    // A cache as a server leaves it: `history` cells before the batch, one
+    // in eight free, the others of three sequences with positions rising per
+    // sequence, then a quarter of them swapped so that cells are not in
+    // position order. The batch continues sequence 0 (a prompt) with every
+    // fifth token continuing sequence 1; it takes the free cells first, then
+    // cells past the history.
+    struct served {
+        int history;
+    };
+    attn_setup(std::mt19937 & rng, int nh, int nkv, int d, served h, int tokens)
+        : n_head(nh), n_head_kv(nkv), hd(d), n_cells(h.history + tokens + 16), n_tok(tokens) {
+        fill_cache(rng);
+        int next[3] = {0, 0, 0};
+        for (int c = 0; c < h.history; ++c) {
+            if (rng() % 8 == 0) continue;
+            const int s = int(rng() % 3);
+            kv.cell_pos[size_t(c)] = next[s]++;
+            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+        }
+        for (int i = 0; i < h.history / 4; ++i) {
+            const size_t a = rng() % size_t(h.history), b = rng() % size_t(h.history);
+            std::swap(kv.cell_pos[a], kv.cell_pos[b]);
+            std::swap(kv.cell_seqs[a], kv.cell_seqs[b]);
+        }
+        kv.n_used = h.history;
+        int c = 0;
+        for (int i = 0; i < n_tok; ++i) {
+            while (kv.cell_pos[size_t(c)] >= 0) ++c;
+            const int s = i % 5 == 4 ? 1 : 0;
+            pos.push_back(next[s]++);
+            seq.push_back(s);
+            cell.push_back(c);
+            kv.cell_pos[size_t(c)] = pos.back();
+            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+            kv.n_used = std::max(kv.n_used, c + 1);
+        }
+        fill_batch(rng);
+    }
+
+    void fill_cache(std::mt19937 & rng) {
+        kv.init(2, n_head_kv, hd, n_cells);
+        const size_t n = kv.bytes_per_tensor() / 2;
+        std::vector<float> kh = random_floats(rng, n), vh = random_floats(rng, n);
+        k_hist.resize(n);
+        v_hist.resize(n);
+        for (size_t i = 0; i < n; ++i) {
+            k_hist[i] = smol::cpu::fp32_to_fp16(kh[i]);
+            v_hist[i] = smol::cpu::fp32_to_fp16(vh[i]);
+        }
+    }
+    void fill_batch(std::mt19937 & rng) {
         q = random_floats(rng, size_t(n_head * hd * n_tok));
         k = random_floats(rng, size_t(n_head_kv * hd * n_tok));
         v = random_floats(rng, size_t(n_head_kv * hd * n_tok));
@@ -386,6 +432,123 @@ TEST_CASE("kv_store and attention match the CPU for decode and prefill shapes") 
             // The CPU rounds the softmax weights to f16 (as llama.cpp does);
             // the GPU keeps them in f32.
             CHECK(rel_err(got.out, want.out) <= 2e-3);
+        }
+    }
+}
+
+namespace {
+
+// A GPU backend that runs the attention kernel SMOL_ATTN names.
+std::unique_ptr<backend> gpu_attention(const char * kernel) {
+    setenv("SMOL_ATTN", kernel, 1);
+    auto be = gpu();
+    unsetenv("SMOL_ATTN");
+    return be;
+}
+
+// The largest |got - want| of an attention output, and where: token, head
+// and element. An unwritten (NaN) element counts as infinite.
+struct attn_err {
+    double err = 0;
+    size_t at = 0;
+    std::string where(const attn_setup & a, const std::vector<float> & got,
+                      const std::vector<float> & want) const {
+        const size_t row = size_t(a.n_head * a.hd);
+        return "token " + std::to_string(at / row) + " (pos " + std::to_string(a.pos[at / row]) +
+               ", seq " + std::to_string(a.seq[at / row]) + "), head " +
+               std::to_string(at % row / size_t(a.hd)) + ", element " +
+               std::to_string(at % size_t(a.hd)) + ": got " + std::to_string(got[at]) + ", want " +
+               std::to_string(want[at]);
+    }
+};
+
+attn_err worst(const std::vector<float> & got, const std::vector<float> & want) {
+    REQUIRE(got.size() == want.size());
+    attn_err w;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double e =
+            std::isfinite(got[i]) ? std::fabs(double(got[i]) - double(want[i])) : double(INFINITY);
+        if (e > w.err) {
+            w.err = e;
+            w.at = i;
+        }
+    }
+    return w;
+}
+
+double max_abs_f16(const std::vector<uint16_t> & x) {
+    double m = 0;
+    for (uint16_t h : x) m = std::max(m, std::fabs(double(smol::cpu::fp16_to_fp32(h))));
+    return m;
+}
+
+} // namespace
+
+// The output is sum_c p_c V_c with sum_c p_c = 1. The CPU rounds each
+// normalised p_c to f16 before the sum; the flash kernel rounds p_c * l / e^m
+// (relative to a running maximum, so at most 1) to f16 and divides by l after
+// the sum. A normal f16 is within 2^-11 of its value (relative) and a
+// subnormal within 2^-25 (absolute, which the division by l >= 1 does not
+// enlarge), so each side is within (2^-11 + n_cells 2^-25) max|V| of the
+// exact sum, and the two within twice that: 1.1e-3 max|V| for 2,200 cells.
+// Scores summed in another order and exp2 against exp move p_c by about
+// 1e-6 relative. Hence 1.5e-3 max|V| per element; the classic kernel keeps
+// p_c in f32 and is held to the same bound.
+constexpr double flash_attn_tol = 1.5e-3;
+
+TEST_CASE("flash attention matches the CPU for prompts over served caches, with GQA") {
+    auto flash = gpu_attention("flash");
+    if (!flash) return;
+    auto classic = gpu_attention("classic");
+    auto automatic = gpu_attention("auto");
+    auto c_be = cpu();
+    struct heads {
+        int n_head, n_head_kv;
+        std::vector<int> n_toks;
+    };
+    // GQA groups of 1, 3 (SmolLM2-135M's 9 / 3) and 5; SmolLM2-1.7B's 32
+    // heads. On an H200 (132 SMs) every batch but 1.7B's 1,100 tokens (576
+    // blocks, over the 528 it aims at) is split over the cells and merged.
+    const heads hs[] = {{4, 4, {1, 5, 17, 64, 100, 512}},
+                        {9, 3, {1, 5, 17, 64, 100, 512}},
+                        {10, 2, {17, 100, 512}},
+                        {32, 32, {64, 1100}}};
+    int run = 0;
+    for (const heads & H : hs) {
+        for (int n_tok : H.n_toks) {
+            for (int history : {0, 37, 1000}) {
+                const bool rope = ++run % 2 == 0;
+                const uint32_t seed = fresh_seed();
+                CAPTURE(seed);
+                CAPTURE(H.n_head);
+                CAPTURE(H.n_head_kv);
+                CAPTURE(n_tok);
+                CAPTURE(history);
+                CAPTURE(rope);
+                std::mt19937 rng(seed);
+                attn_setup a(rng, H.n_head, H.n_head_kv, 64, attn_setup::served{history}, n_tok);
+                const auto want = a.run(*c_be, rope);
+                const auto f = a.run(*flash, rope);
+                const auto c = a.run(*classic, rope);
+                const auto au = a.run(*automatic, rope);
+                const double v_max = max_abs_f16(want.V);
+                const attn_err ef = worst(f.out, want.out), ec = worst(c.out, want.out);
+                INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
+                                                     << ef.where(a, f.out, want.out));
+                INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
+                                                       << ec.where(a, c.out, want.out));
+                CHECK(ef.err <= flash_attn_tol * v_max);
+                CHECK(ec.err <= flash_attn_tol * v_max);
+                // Each override ran its own kernel (they round differently),
+                // and without one the batch took the kernel its size calls for
+                // (the flash kernel from 16 tokens).
+                if (n_tok > 1)
+                    CHECK_MESSAGE(f.out != c.out, "SMOL_ATTN=flash ran the classic kernel");
+                CHECK_MESSAGE(au.out == (n_tok >= 16 ? f.out : c.out),
+                              "without SMOL_ATTN a batch of " << n_tok << " tokens took the "
+                                                              << (n_tok >= 16 ? "classic" : "flash")
+                                                              << " kernel");
+            }
         }
     }
 }
@@ -976,6 +1139,73 @@ TEST_CASE("a random llama of SmolLM2-135M's shape decodes on the GPU to the floa
         smol_batch_free(&b);
     }
     std::filesystem::remove(path);
+}
+
+TEST_CASE(
+    "a random llama of SmolLM2-135M's shape prefills alike with flash and classic attention") {
+    if (!have_gpu()) return;
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("135m-flash.gguf");
+    tiny::shape s;
+    s.n_vocab = 49152;
+    s.n_embd = 576;
+    s.n_head = 9;
+    s.n_head_kv = 3;
+    s.n_ff = 1536;
+    s.n_layer = 30;
+    s.n_ctx = 2048;
+    s.rope_base = 100000.0f;
+    s.wtype = SMOL_TYPE_Q4_1;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // Two chunks of 200: the second attends to the first from the cache.
+    const std::vector<int> ids = random_ids(rng, 400, s.n_vocab);
+    auto logits_with = [&](const char * kernel) {
+        setenv("SMOL_ATTN", kernel, 1);
+        context_ptr c = make_context(m.get(), "cuda:0", 512, 200);
+        unsetenv("SMOL_ATTN");
+        return decode_all(c.get(), ids, s.n_vocab, 200);
+    };
+    const auto flash = logits_with("flash"), classic = logits_with("classic");
+    REQUIRE(flash.size() == ids.size());
+    // Per token, relative to its largest logit: the attention outputs differ
+    // by the f16 rounding of the softmax weights (see flash_attn_tol), which
+    // 30 layers carry to the logits; the GPU's logits are held to 2e-2 of
+    // float64 (above), and so are these to each other.
+    double worst_e = 0;
+    size_t worst_i = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const double e = rel_err(flash[i], classic[i]);
+        if (!(e <= worst_e)) {
+            worst_e = e;
+            worst_i = i;
+        }
+    }
+    INFO("largest relative logit difference " << worst_e << " at token " << worst_i);
+    CHECK(worst_e < 2e-2);
+    CHECK_MESSAGE(flash != classic,
+                  "SMOL_ATTN=flash and classic gave the same bits: one kernel ran");
+    MESSAGE("135M-shaped q4_1 prefill, flash against classic attention: largest relative logit "
+            "difference "
+            << worst_e);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("a SMOL_ATTN that names no attention kernel stops the GPU backend with a message") {
+    if (!have_gpu()) return;
+    setenv("SMOL_ATTN", "fast", 1);
+    std::string message;
+    try {
+        smol::make_cuda_backend(0);
+    } catch (const smol::error & e) {
+        message = e.what();
+    }
+    unsetenv("SMOL_ATTN");
+    INFO(message);
+    CHECK(message.find("SMOL_ATTN=fast") != std::string::npos);
+    CHECK(message.find("flash") != std::string::npos);
 }
 
 // The GPU multiplies with f32 activations up to 32 tokens and f16 above,
