@@ -17,6 +17,8 @@
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
 #                                             bench, ceilings, peers, hf
+#   scripts/bench-gpu.sh --offload            add the long-context phase (per-head KV
+#                                             placement under a 24 GiB budget, 1.7B f16)
 #   scripts/bench-gpu.sh --peers              add the llama.cpp phase (needs its source)
 #   scripts/bench-gpu.sh --hf                 add HF transformers on the random 1.7B f16
 #   scripts/bench-gpu.sh --pack DIR           (here, before) put the build dependencies
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --only) phases=$2; shift ;;
         --peers) phases="$phases,peers" ;;
+        --offload) phases="$phases,offload" ;;
         --hf) phases="$phases,hf" ;;
         --pack)
             dir=${2:?usage: bench-gpu.sh --pack DIR}
@@ -187,6 +190,33 @@ if start >= 0:
     data = json.loads(text[start:])
     json.dump(data, open(sys.argv[1], "w"), indent=1)
 EOF
+fi
+
+# --- long contexts under a budget --------------------------------------------------
+# SmolLM2-1.7B's shape (random f16) with a 24 GiB device budget standing in for
+# a consumer card: decode at 32K depth with the planner's placement (the cache
+# fits) and with every head offloaded; prefill of 32K tokens both ways; decode
+# at 128K depth, where the planner must offload part of the cache.
+offload_bench() {
+    local f
+    f=$(model_path 1.7B f16)
+    [ -s "$f" ] || { echo "no $f: run the models phase"; return 1; }
+    local common=(--device cuda:0 -m "$f" --gpu-mem 24GiB -b 4096 -r "${OFFLOAD_REPS:-1}")
+    local mode
+    for mode in auto all; do
+        "$bench" "${common[@]}" -p 0 -n 32 -d 32768 --kv-offload $mode 2>&1 || return 1
+        "$bench" "${common[@]}" -p 32768 -n 0 --kv-offload $mode 2>&1 || return 1
+    done
+    "$bench" "${common[@]}" -p 0 -n 16 -d 131072 2>&1
+}
+if has offload; then
+    {
+        echo
+        echo "### long contexts, SmolLM2-1.7B shape (random f16), --gpu-mem 24GiB"
+        echo
+    } >>"$summary"
+    phase offload offload_bench
+    grep '^|' "$tmp/offload.txt" >>"$summary"
 fi
 
 # --- ceilings ----------------------------------------------------------------------
