@@ -1936,7 +1936,11 @@ int cuda_backend::flash_splits(const tensor * t) const {
     // A head group's node covers only its own query heads.
     const int n_q = t->kv.k ? (t->kv.h1 - t->kv.h0) * (n_head / t->iparams[2]) : n_head;
     const int blocks = (n_tok + fa_rows - 1) / fa_rows * n_q;
-    return std::min(64, std::max(1, (4 * n_sm_ + blocks - 1) / blocks));
+    int fs = std::min(64, std::max(1, (4 * n_sm_ + blocks - 1) / blocks));
+    // A prompt's partials stay within n_tok x the layer's heads, the work
+    // space the planner reserved before it chose the head groups.
+    if (n_tok >= fa_rows) fs = std::min(fs, std::max(1, n_head / n_q));
+    return fs;
 #else
     (void)t;
     return 0;
@@ -2074,9 +2078,15 @@ size_t cuda_backend::step_work() const {
                 work = std::max(work, size_t(t->ne[1]) * size_t(t->iparams[1]) * S *
                                           size_t(t->iparams[3] + 2) * sizeof(float));
             }
-            if (const int fs = flash_splits(t); fs > 1) {
-                work = std::max(work, size_t(t->ne[1]) * size_t(t->iparams[1]) * size_t(fs) *
-                                          size_t(t->iparams[3] + 2) * sizeof(float));
+            // Partials of a flash launch: (query heads x splits) stays within
+            // the layer's heads for prompts (see flash_splits), so one bound
+            // serves any head grouping the planner may choose later.
+            if (const int fs = flash_splits(t); fs > 0) {
+                const size_t heads = t->ne[1] >= fa_rows ? size_t(t->iparams[1])
+                                                         : size_t(t->iparams[1]) * size_t(fs);
+                if (fs > 1 || t->ne[1] >= fa_rows)
+                    work = std::max(work, size_t(t->ne[1]) * heads * size_t(t->iparams[3] + 2) *
+                                              sizeof(float));
             }
         }
 #if defined(SMOL_HAVE_BLAS)
@@ -2116,7 +2126,8 @@ size_t cuda_backend::compute_bytes(graph & g) {
         }
     }
     staging += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
-    const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) * 2 * sizeof(int32_t) : 0;
+    const size_t cells =
+        g.batch.kv ? size_t(g.batch.kv->n_cells) * (sizeof(int32_t) + sizeof(uint64_t)) + 8 : 0;
     size_t fixed = done_.size;
 #if defined(SMOL_HAVE_BLAS)
     fixed += blas_ws_.size;

@@ -850,7 +850,10 @@ TEST_CASE("split-K kernels in a fused llama layer give the logits of the default
                 layer_setup L(rng, t, n_tok);
                 const auto a = L.run(*tuned), ref = L.run(*plain);
                 CHECK(tuned->mm_used().find("ks=" + std::to_string(ks)) != std::string::npos);
-                CHECK(rel_err(a, ref) <= 1e-5);
+                // Split-K sums the same products in another order: each
+                // dot of K <= 1536 terms may move by about K * 2^-24
+                // relative (1e-4), far below what a wrong split would do.
+                CHECK(rel_err(a, ref) <= 1e-4);
             }
         }
     }
@@ -1368,8 +1371,16 @@ void check_gpu_placements(smol_model * m, int n_head_kv, int n_vocab, uint32_t n
         CHECK(mi.n_heads_resident == 0);
         CHECK(mi.host_pinned >= mi.host_kv);
         CHECK(same_bits(placed_workload(all.get(), n_vocab, prompts, n_steps), want));
-        const uint64_t budget =
-            mi.device_weights + mi.device_compute + mi.device_staging + mi.host_kv / 2;
+        // A mixed plan needs room for the two staging slots and at least
+        // one resident group beside them, and must still leave a group out.
+        if (mi.device_staging + mi.device_staging / 2 >= mi.host_kv) {
+            MESSAGE("G = " << G
+                           << ": no mixed plan exists (two staging slots and one resident "
+                              "group would hold the whole cache)");
+            continue;
+        }
+        const uint64_t budget = mi.device_weights + mi.device_compute + mi.device_staging +
+                                (mi.host_kv - mi.device_staging) / 2;
         context_ptr mixed = make_placed(m, n_ctx, n_batch, 2, SMOL_KV_OFFLOAD_AUTO, G, budget);
         smol_memory_info mm;
         smol_context_memory(mixed.get(), &mm);
