@@ -505,8 +505,12 @@ smol_engine_stats engine::stats() const {
         s.n_prompt_tokens > 0 ? double(s.n_prefix_hit_tokens) / double(s.n_prompt_tokens) : 0.0;
     const uint64_t cell_bytes = uint64_t(ctx_.kv.n_layer) * uint64_t(ctx_.kv.n_head_kv) *
                                 uint64_t(ctx_.kv.head_dim) * 2 * sizeof(uint16_t);
-    s.kv_bytes_resident = uint64_t(s.n_cells_used) * cell_bytes;
-    s.kv_bytes_offloaded = 0; // every head is resident until KV placement lands
+    // The cells in use, split by where their heads live (per-head placement).
+    const smol_memory_info mi = ctx_.memory_info();
+    const uint64_t used = uint64_t(s.n_cells_used) * cell_bytes;
+    const uint64_t n_heads = uint64_t(std::max(mi.n_heads, 1));
+    s.kv_bytes_offloaded = used / n_heads * (n_heads - uint64_t(mi.n_heads_resident));
+    s.kv_bytes_resident = used - s.kv_bytes_offloaded;
     return s;
 }
 

@@ -386,8 +386,8 @@ typedef struct smol_engine_stats {
     int64_t n_steps;
     int32_t n_cells;
     int32_t n_cells_used;
-    uint64_t kv_bytes_resident;  // bytes of the cells in use
-    uint64_t kv_bytes_offloaded; // of them, in host memory behind a device (0 on the CPU)
+    uint64_t kv_bytes_resident;  // bytes of the cells in use, in resident heads
+    uint64_t kv_bytes_offloaded; // bytes of the cells in use, in heads offloaded to host memory
 } smol_engine_stats;
 
 SMOL_API smol_engine_params smol_engine_default_params(void);

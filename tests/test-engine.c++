@@ -323,8 +323,11 @@ bool collect(const smol_engine_event * ev, void * user) {
 }
 
 engine_ptr make_engine(smol_model * m, uint32_t n_ctx, uint32_t parallel, uint32_t chunk,
-                       bool prefix = true) {
+                       bool prefix = true, const char * device = nullptr,
+                       smol_kv_offload offload = SMOL_KV_OFFLOAD_AUTO) {
     smol_engine_params p = smol_engine_default_params();
+    p.context.device = device;
+    p.context.kv_offload = offload;
     p.context.n_ctx = n_ctx;
     p.context.n_batch = n_ctx;
     p.context.n_seq_max = parallel;
@@ -405,6 +408,49 @@ TEST_CASE("concurrent requests give exactly the tokens and logits each gives alo
     CHECK(st.n_finished == 6);
     CHECK(st.n_generated_tokens == 72);
     CHECK(st.n_cells_used == 0); // no prefix cache: everything freed
+}
+
+TEST_CASE("with every KV head offloaded on the simulated device, the engine gives the CPU's "
+          "tokens and logits") {
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "offload.gguf");
+    std::mt19937 rng(seed);
+    // A shared system prompt (two prefix blocks) and distinct questions, so
+    // batching, chunked prefill and prefix reuse all meet offloaded heads.
+    const std::vector<int> system = random_ids(rng, 16, 0, f.n_vocab);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 5; ++i) {
+        std::vector<int> p = system;
+        const std::vector<int> tail = random_ids(rng, 3 + 4 * i, 0, f.n_vocab);
+        p.insert(p.end(), tail.begin(), tail.end());
+        prompts.push_back(p);
+    }
+    auto serve = [&](const char * device, smol_kv_offload offload, smol_engine_stats * st) {
+        engine_ptr e = make_engine(f.model.get(), 256, 3, 8, true, device, offload);
+        std::vector<result> out(prompts.size());
+        for (size_t i = 0; i < prompts.size(); ++i) submit(e.get(), prompts[i], 10, &out[i]);
+        run(e.get());
+        *st = smol_engine_get_stats(e.get());
+        return out;
+    };
+    smol_engine_stats cpu_st{}, sim_st{};
+    const std::vector<result> cpu = serve(nullptr, SMOL_KV_OFFLOAD_AUTO, &cpu_st);
+    const std::vector<result> sim = serve("sim", SMOL_KV_OFFLOAD_ALL, &sim_st);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        CHECK(sim[i].tokens.size() == 10);
+        check_same(sim[i], cpu[i]);
+    }
+    CHECK(sim_st.n_prefix_hit_tokens > 0);
+    CHECK(sim_st.n_prefix_hit_tokens == cpu_st.n_prefix_hit_tokens);
+    // The prefix cache still holds cells: on the CPU they are resident, on
+    // the simulated device every head of them lives in host memory.
+    REQUIRE(cpu_st.n_cells_used > 0);
+    CHECK(cpu_st.kv_bytes_offloaded == 0);
+    CHECK(cpu_st.kv_bytes_resident > 0);
+    CHECK(sim_st.kv_bytes_resident == 0);
+    CHECK(sim_st.kv_bytes_offloaded == cpu_st.kv_bytes_resident);
 }
 
 TEST_CASE("a shared prefix is reused from the cache and gives the logits of recomputing it") {

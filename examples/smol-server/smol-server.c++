@@ -46,6 +46,8 @@ struct options {
     int threads = 0;
     bool no_prefix_cache = false;
     std::string device = "cpu";
+    std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
+    std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
 };
 
 // --- errors in OpenAI's shape --------------------------------------------------
@@ -611,9 +613,10 @@ std::string metrics(server_state & st) {
         double(s.n_preempted));
     put("smol_kv_cells", "gauge", "KV cells of the context.", s.n_cells);
     put("smol_kv_cells_used", "gauge", "KV cells holding tokens.", s.n_cells_used);
-    put("smol_kv_bytes_resident", "gauge", "Bytes of the KV cells in use.",
+    put("smol_kv_bytes_resident", "gauge", "Bytes of the KV cells in use, in resident heads.",
         double(s.kv_bytes_resident));
-    put("smol_kv_bytes_offloaded", "gauge", "Of them, bytes in host memory behind a device.",
+    put("smol_kv_bytes_offloaded", "gauge",
+        "Bytes of the KV cells in use, in heads offloaded to host memory.",
         double(s.kv_bytes_offloaded));
     put("smol_engine_steps_total", "counter", "Batches run.", double(s.n_steps));
     put("smol_http_errors_total", "counter", "Requests answered with an error.",
@@ -667,7 +670,10 @@ int main(int argc, char ** argv) {
     app.add_option("--max-body", o.max_body, "largest request body in bytes (default 1 MiB)");
     app.add_option("--chunk", o.chunk, "most prompt tokens of one request per step (default 256)");
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
-    app.add_option("--device", o.device, "cpu or cuda:N (default cpu)");
+    app.add_option("--device", o.device, "cpu, sim (a simulated device) or cuda:N (default cpu)");
+    app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB (default: none)");
+    app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
+        ->check(CLI::IsMember({"auto", "none", "all"}));
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
     CLI11_PARSE(app, argc, argv);
 
@@ -690,6 +696,14 @@ int main(int argc, char ** argv) {
     ep.context.n_seq_max = o.parallel;
     ep.context.n_threads = o.threads;
     ep.context.device = o.device.c_str();
+    if (!o.gpu_mem.empty() && smol_parse_size(o.gpu_mem.c_str(), &ep.context.gpu_mem) != SMOL_OK) {
+        std::fprintf(stderr, "smol-server: --gpu-mem: %s\n", smol_last_error());
+        smol_model_free(st.model);
+        return 1;
+    }
+    ep.context.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
+                            : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
+                                                    : SMOL_KV_OFFLOAD_AUTO;
     ep.n_chunk = o.chunk;
     ep.n_queue_max = o.max_queue;
     ep.prefix_cache = !o.no_prefix_cache;
