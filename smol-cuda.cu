@@ -838,12 +838,13 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
 
 // --- attention: tensor-core prefill ---------------------------------------------
 
+constexpr int fa_rows = 64; // queries a block: four warps of 16 (the work space sizes it too)
+
 #if !defined(SMOL_HIP)
 // The mma.sync and ldmatrix instructions below are NVIDIA's (sm_80 and up);
 // the HIP build keeps the kernel above for every batch.
 #define SMOL_FLASH_ATTENTION 1
 
-constexpr int fa_rows = 64;    // queries a block: four warps of 16
 constexpr int fa_cells = 64;   // cells a tile
 constexpr int fa_min_tok = 16; // from this many tokens a batch takes the flash kernel
 
