@@ -2732,28 +2732,37 @@ void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c,
     }
 }
 
-template <bool SWIGLU>
-void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st) {
+// Calls f(std::integral_constant<int, T>) for a weight type T known at run
+// time, so each kernel template is instantiated once per type and chosen here.
+template <typename F> void with_weight_type(int type, F && f) {
     switch (type) {
     case SMOL_TYPE_F32:
-        launch_mm_small<SMOL_TYPE_F32, SWIGLU>(p, rows, c, st);
+        f(std::integral_constant<int, SMOL_TYPE_F32>{});
         break;
     case SMOL_TYPE_F16:
-        launch_mm_small<SMOL_TYPE_F16, SWIGLU>(p, rows, c, st);
+        f(std::integral_constant<int, SMOL_TYPE_F16>{});
         break;
     case SMOL_TYPE_BF16:
-        launch_mm_small<SMOL_TYPE_BF16, SWIGLU>(p, rows, c, st);
+        f(std::integral_constant<int, SMOL_TYPE_BF16>{});
         break;
     case SMOL_TYPE_Q8_0:
-        launch_mm_small<SMOL_TYPE_Q8_0, SWIGLU>(p, rows, c, st);
+        f(std::integral_constant<int, SMOL_TYPE_Q8_0>{});
         break;
     case SMOL_TYPE_Q4_0:
-        launch_mm_small<SMOL_TYPE_Q4_0, SWIGLU>(p, rows, c, st);
+        f(std::integral_constant<int, SMOL_TYPE_Q4_0>{});
         break;
     case SMOL_TYPE_Q4_1:
-        launch_mm_small<SMOL_TYPE_Q4_1, SWIGLU>(p, rows, c, st);
+        f(std::integral_constant<int, SMOL_TYPE_Q4_1>{});
+        break;
+    default:
         break;
     }
+}
+
+template <bool SWIGLU>
+void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st) {
+    with_weight_type(type,
+                     [&](auto t) { launch_mm_small<decltype(t)::value, SWIGLU>(p, rows, c, st); });
 }
 
 #if defined(SMOL_HAVE_BLAS)
@@ -2777,22 +2786,11 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
         __half * dq = reinterpret_cast<__half *>(ws);
         const size_t chunks = size_t(N) * size_t(K / 8);
         const unsigned grid = unsigned(grid_for(chunks, 256));
-        switch (type) {
-        case SMOL_TYPE_BF16:
-            dequant_f16_kernel<SMOL_TYPE_BF16><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
-            break;
-        case SMOL_TYPE_Q8_0:
-            dequant_f16_kernel<SMOL_TYPE_Q8_0><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
-            break;
-        case SMOL_TYPE_Q4_0:
-            dequant_f16_kernel<SMOL_TYPE_Q4_0><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
-            break;
-        case SMOL_TYPE_Q4_1:
-            dequant_f16_kernel<SMOL_TYPE_Q4_1><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
-            break;
-        default:
-            break;
-        }
+        with_weight_type(type, [&](auto t) {
+            constexpr int T = decltype(t)::value;
+            if constexpr (T != SMOL_TYPE_F32 && T != SMOL_TYPE_F16)
+                dequant_f16_kernel<T><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
+        });
         check_launch("dequant_f16");
         wh = dq;
         ldw = K;
