@@ -6,7 +6,8 @@
 #
 #   scripts/test-gpu.sh                  build in build-gpu, test, time
 #   scripts/test-gpu.sh --pack-deps DIR  (on a machine with the packages) put
-#                                        doctest, nlohmann_json, CLI11 and the
+#                                        doctest, nlohmann_json, CLI11,
+#                                        cpp-httplib (a single header) and the
 #                                        python gguf wheel in DIR, for a GPU
 #                                        machine that cannot download them
 #
@@ -31,6 +32,36 @@ if(NOT TARGET ${name}::${pkg##*:})
 endif()
 EOF
     done
+    # cpp-httplib for smol-server: upstream's single header (Debian's package
+    # is a split header and a shared library, useless elsewhere), the same
+    # version as Debian's, from Debian's source of it, checked by sha256.
+    httplib=${HTTPLIB_SRC:-/tmp/httplib-src}
+    hdr=$httplib/yhirose-cpp-httplib-7992b14/httplib.h
+    if [ ! -s "$hdr" ]; then
+        mkdir -p "$httplib"
+        orig=$httplib/cpp-httplib_0.11.4+ds.orig.tar.xz
+        curl -fsSL -o "$orig" \
+            http://deb.debian.org/debian/pool/main/c/cpp-httplib/cpp-httplib_0.11.4+ds.orig.tar.xz &&
+            echo "8b1a5df569003b6a4f24c68489bbda5c64aec94697bdc9ebba5d79408b2ae7eb  $orig" |
+            sha256sum -c --quiet &&
+            tar -xJf "$orig" -C "$httplib" || { echo "test-gpu: cannot fetch cpp-httplib" >&2; exit 1; }
+        [ -s "$hdr" ] || { echo "test-gpu: no httplib.h in $orig" >&2; exit 1; }
+    fi
+    cp "$hdr" "$dir/include/httplib.h"
+    mkdir -p "$dir/lib/cmake/httplib"
+    cat >"$dir/lib/cmake/httplib/httplibConfig.cmake" <<'EOF'
+# cpp-httplib 0.11.4 header-only, as upstream's package names it.
+include(CMakeFindDependencyMacro)
+find_dependency(Threads)
+if(NOT TARGET httplib::httplib)
+  add_library(httplib::httplib INTERFACE IMPORTED)
+  set_target_properties(
+    httplib::httplib
+    PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}/../../../include"
+               INTERFACE_LINK_LIBRARIES Threads::Threads)
+endif()
+set(httplib_VERSION 0.11.4)
+EOF
     python3 -m pip download --no-deps --only-binary=:all: -d "$dir/whl" gguf >/dev/null
     du -sh "$dir"
     exit 0
