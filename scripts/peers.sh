@@ -104,9 +104,13 @@ describe_llama() {
 if [ -n "$pack" ]; then
     log "writing the trimmed source tarball $pack"
     describe_llama > "$dir/PEER_VERSION"
+    # tools/ui: only what llama-server's build needs without the web UI
+    # (its CMakeLists.txt and the templates of the empty asset table).
     tar -czf "$pack" -C "$vendor" \
         --exclude=./.git --exclude=./models --exclude=./docs --exclude=./media \
-        --exclude=./tools/ui --exclude=./PEER_VERSION . \
+        --exclude=./tools/ui/src --exclude=./tools/ui/static --exclude=./tools/ui/tests \
+        --exclude=./tools/ui/.storybook --exclude=./tools/ui/scripts \
+        --exclude='./tools/ui/package*.json' --exclude=./PEER_VERSION . \
         -C "$dir" PEER_VERSION
     rm -f "$dir/PEER_VERSION"
     log "$pack: $(du -h "$pack" | cut -f1)"
