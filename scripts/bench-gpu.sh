@@ -6,9 +6,12 @@
 # the real 135M Q4_1 and the random f16 files, measures the ceilings (device
 # copy bandwidth, bf16 matmul rate, through torch), and with --peers builds
 # llama.cpp's llama-bench and llama-batched-bench for sm_90 from carried
-# source and runs them on the same files. $OUT (the device tool's output
-# folder, else build-gpu/bench-logs) gets four files: summary.md (the
-# tables), log.txt (every phase's output), bench-smol.json, autotune-table.txt.
+# source and runs them on the same files; with --serve it measures
+# smol-server on the GPU with scripts/bench-serve.py (and llama.cpp's
+# llama-server the same way when --peers is given too). $OUT (the device
+# tool's output folder, else build-gpu/bench-logs) gets summary.md (the
+# tables), log.txt (every phase's output), bench-smol.json,
+# autotune-table.txt and, with --serve, serve.json (every bench-serve row).
 #
 # The real 135M file (94 MiB) is larger than what travels to the device; when
 # models/ lacks it there, a random 135M q4_1 takes its row (named -random-)
@@ -16,19 +19,35 @@
 #
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
-#                                             bench, ceilings, peers, hf
+#                                             serve, peers, bench, offload, ceilings, hf
+#                                             (they run in this order)
 #   scripts/bench-gpu.sh --offload            add the long-context phase (per-head KV
 #                                             placement under a 24 GiB budget, 1.7B f16)
 #   scripts/bench-gpu.sh --peers              add the llama.cpp phase (needs its source)
+#   scripts/bench-gpu.sh --serve              add the serving phase: smol-server --device
+#                                             cuda:0 (and llama-server -ngl 99 -fa on with
+#                                             --peers) on the 135M file, bench-serve.py at
+#                                             concurrency 1,4,16,64, then greedy texts of
+#                                             requests alone against the same run together
 #   scripts/bench-gpu.sh --hf                 add HF transformers on the random 1.7B f16
 #   scripts/bench-gpu.sh --pack DIR           (here, before) put the build dependencies
 #                                             and llama.cpp's trimmed source in DIR
 #
 # Phases are split so each fits a 10-minute call; build outputs (build-gpu,
 # build-peers) stay on a warm machine between calls, the random models in
-# /tmp/smol-random too. Environment: SMOL_GPU_DEPS=DIR (default .gpu-deps
-# when it exists): packed CMake packages, the gguf wheel and
-# llama.cpp-src.tar.gz; REPS (default 3); MODELS_1_7B=0 leaves the 1.7B out.
+# /tmp/smol-random too. When the build phase runs with peers asked for, the
+# llama.cpp build starts first, in the background (its own session, nice 10,
+# log in build-peers/build.log) and the phases that need it wait for it.
+# Environment: SMOL_GPU_DEPS=DIR (default .gpu-deps when it exists): packed
+# CMake packages, the gguf wheel and llama.cpp-src.tar.gz; REPS (default 3);
+# MODELS_1_7B=0 leaves the 1.7B out; DEADLINE=EPOCH-SECONDS: phases that
+# would not end before it are skipped and say so (a 10-minute call).
+# Serving: SERVE_TOKENS (generated tokens per request, a comma list; default
+# 128), SERVE_RUNS (runs of each server, alternating; default 2),
+# SERVE_CONCURRENCY (default 1,4,16,64), SERVE_PARALLEL (requests generating
+# at once in each server; default 32), SERVE_CTX (KV cells; default 8192),
+# SERVE_DEVICE (smol-server's --device; default cuda:0); PEERS_BIN (where the
+# llama.cpp programs are; default build-peers/cuda/bin).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
@@ -40,6 +59,7 @@ while [ $# -gt 0 ]; do
         --peers) phases="$phases,peers" ;;
         --offload) phases="$phases,offload" ;;
         --hf) phases="$phases,hf" ;;
+        --serve) phases="$phases,serve" ;;
         --pack)
             dir=${2:?usage: bench-gpu.sh --pack DIR}
             scripts/test-gpu.sh --pack-deps "$dir" || exit 1
@@ -62,7 +82,7 @@ w.close()
 EOF
             du -sh "$dir"
             exit 0 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
         *) echo "bench-gpu: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -81,19 +101,28 @@ export SMOL_AUTOTUNE_FILE=${SMOL_AUTOTUNE_FILE:-$build/autotune.txt}
 summary=$out/summary.md
 all_log=$out/log.txt
 log() { echo "== $(date +%T) $*" | tee -a "$summary" "$all_log"; }
-# Runs a phase's command with its output appended to log.txt and kept in a
-# scratch file $tmp/NAME.txt for the summary, timing it.
+# Runs a phase's command (in a subshell) with its output appended to log.txt
+# as it comes and kept in a scratch file $tmp/NAME.txt for the summary,
+# timing it.
 tmp=$(mktemp -d)
 phase() {
     local name=$1; shift
     local t0
     t0=$(date +%s)
     log "$name"
-    "$@" >"$tmp/$name.txt" 2>&1
+    ("$@") 2>&1 | tee "$tmp/$name.txt" >>"$all_log"
     local rc=$?
-    cat "$tmp/$name.txt" >>"$all_log"
     log "$name: exit $rc after $(($(date +%s) - t0)) s"
     return $rc
+}
+
+# True when a phase of about $1 seconds ends before DEADLINE; else says so.
+time_for() {
+    [ -z "${DEADLINE:-}" ] && return 0
+    local left=$((DEADLINE - $(date +%s)))
+    [ "$left" -ge "$1" ] && return 0
+    log "$2: skipped, $left s left before DEADLINE and it takes about $1 s"
+    return 1
 }
 
 {
@@ -117,9 +146,89 @@ build_smol() {
     command -v ninja >/dev/null && gen=(-G Ninja)
     cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOL_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-90}" -DSMOL_BUILD_TESTS=OFF \
-        "${prefix[@]}" &&
-        cmake --build "$build" -j "$(nproc)" --target smol-bench smol-quantize
+        "${prefix[@]}" || return 1
+    # smol-server exists as a target when cpp-httplib was found.
+    local targets=(smol-bench smol-quantize)
+    [ -d "$build/examples/CMakeFiles/smol-server.dir" ] && targets+=(smol-server)
+    cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 }
+# --- llama.cpp: the build ------------------------------------------------------------------
+peers_build=$root/build-peers
+peers_bin=${PEERS_BIN:-$peers_build/cuda/bin}
+build_peers() {
+    local src=$peers_build/src tarball=${PEERS_SRC:-$deps/llama.cpp-src.tar.gz}
+    if [ ! -f "$src/CMakeLists.txt" ]; then
+        [ -f "$tarball" ] || { echo "no llama.cpp source at $tarball (scripts/bench-gpu.sh --pack DIR)"; return 1; }
+        mkdir -p "$src" && tar -xzf "$tarball" -C "$src" || return 1
+    fi
+    cat "$src/PEER_VERSION" 2>/dev/null
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    # llama-server without its web UI (no assets to fetch offline).
+    cmake -S "$src" -B "$peers_build/cuda" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON &&
+        cmake --build "$peers_build/cuda" -j "$(nproc)" \
+            --target llama-bench llama-batched-bench llama-server
+}
+peers_built() {
+    local t
+    for t in llama-bench llama-batched-bench llama-server; do
+        [ -x "$peers_bin/$t" ] || return 1
+    done
+}
+# The llama.cpp build in a session of its own (it outlives a device call that
+# ends first); build.rc holds its exit status when it is done.
+start_peers_build() {
+    peers_built && return 0
+    if [ -s "$peers_build/build.pid" ] && [ ! -f "$peers_build/build.rc" ] &&
+        kill -0 "$(cat "$peers_build/build.pid")" 2>/dev/null; then
+        return 0
+    fi
+    mkdir -p "$peers_build"
+    rm -f "$peers_build/build.rc" "$peers_build/build.pid"
+    export peers_build deps
+    export -f build_peers
+    # shellcheck disable=SC2016 # expanded by the inner shell
+    setsid nice -n 10 bash -c 'echo $$ >"$peers_build/build.pid"
+        build_peers >"$peers_build/build.log" 2>&1; echo $? >"$peers_build/build.rc"' \
+        </dev/null >/dev/null 2>&1 &
+    echo "llama.cpp build started in the background (log $peers_build/build.log)"
+}
+# Waits for that build until DEADLINE less $1 seconds; true when it is built.
+wait_peers_build() {
+    local reserve=${1:-0} t0
+    t0=$(date +%s)
+    while ! peers_built; do
+        if [ -f "$peers_build/build.rc" ] ||
+            ! kill -0 "$(cat "$peers_build/build.pid" 2>/dev/null)" 2>/dev/null; then
+            echo "llama.cpp build ended with exit $(cat "$peers_build/build.rc" 2>/dev/null)"
+            tail -30 "$peers_build/build.log" 2>/dev/null
+            return 1
+        fi
+        if [ -n "${DEADLINE:-}" ] && [ "$(date +%s)" -ge $((DEADLINE - reserve)) ]; then
+            echo "llama.cpp build still running after $(($(date +%s) - t0)) s of waiting"
+            tail -3 "$peers_build/build.log" 2>/dev/null
+            return 1
+        fi
+        sleep 5
+    done
+    echo "llama.cpp is built (waited $(($(date +%s) - t0)) s)"
+}
+peers_log_done=0
+peers_log() {
+    if [ "$peers_log_done" = 0 ] && [ -f "$peers_build/build.log" ]; then
+        { echo "== llama.cpp build log"; cat "$peers_build/build.log"; } >>"$all_log"
+        grep -E '^(llama-cpp-python|-- Using CUDA)' "$peers_build/build.log" >>"$summary"
+        peers_log_done=1
+    fi
+}
+
+if has build && has peers; then
+    start_peers_build | tee -a "$summary"
+fi
 if has build; then
     phase build build_smol || { tail -30 "$tmp/build.txt"; exit 1; }
 fi
@@ -171,15 +280,221 @@ if has autotune; then
     grep -c -v '^#' "$SMOL_AUTOTUNE_FILE" 2>/dev/null | sed 's/^/autotune table lines: /' >>"$summary"
 fi
 
+# --- serving ---------------------------------------------------------------------------
+# smol-server on the GPU, and llama-server when llama.cpp is built, each with
+# SERVE_PARALLEL requests generating at once and SERVE_CTX KV cells, both up
+# at once on their own ports (an idle server does no work); bench-serve.py
+# measures them in turn, SERVE_RUNS times each, alternating. Then the greedy
+# texts of four requests alone and among 28 others at once.
+serve_pids=()
+start_server() {
+    local name=$1 port=$2
+    shift 2
+    "$@" >"$tmp/server-$name.txt" 2>&1 &
+    local pid=$!
+    serve_pids+=("$pid")
+    if python3 - "$port" "$pid" 180 <<'EOF'; then
+import os, sys, time, urllib.request
+port, pid, limit = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+t0 = time.time()
+while time.time() - t0 < limit:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(f"the server (pid {pid}) exited")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            if r.status == 200:
+                print(f"up on port {port} after {time.time() - t0:.1f} s")
+                sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(0.25)
+sys.exit(f"no /health on port {port} after {limit:.0f} s")
+EOF
+        return 0
+    fi
+    echo "$name: the server did not come up; its output:"
+    tail -40 "$tmp/server-$name.txt"
+    return 1
+}
+stop_servers() {
+    local pid i
+    for pid in "${serve_pids[@]}"; do kill "$pid" 2>/dev/null; done
+    for pid in "${serve_pids[@]}"; do
+        for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    serve_pids=()
+}
+# Greedy texts of four requests sent one at a time, then the same four among
+# 28 other requests at once: the same text or not, per server.
+same_text_check() {
+    python3 - "$@" <<'EOF'
+import concurrent.futures, http.client, json, sys
+def model_id(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/v1/models")
+    return json.loads(c.getresponse().read())["data"][0]["id"]
+def complete(port, prompt, n):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body = {"model": model_id(port), "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "ignore_eos": True}
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = json.loads(r.read())
+    c.close()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {data}")
+    return data["choices"][0]["text"]
+for arg in sys.argv[1:]:
+    name, port = arg.split(":")
+    port = int(port)
+    probes = [f"Probe {i}: the {w} of the old house was" for i, w in
+              enumerate(["door", "window", "garden", "roof"])]
+    others = [f"Filler {i}: a list of {i + 3} things found in a drawer:" for i in range(28)]
+    alone = [complete(port, p, 64) for p in probes]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        futs = [pool.submit(complete, port, p, 64) for p in probes + others]
+        together = [f.result() for f in futs][:4]
+    same = sum(a == b for a, b in zip(alone, together))
+    print(f"{name}: {same} of 4 greedy texts (64 tokens) the same alone and sent with 28 others")
+    for i, (a, b) in enumerate(zip(alone, together)):
+        if a != b:
+            k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+            print(f"  probe {i}: differ from character {k} of {len(a)}: "
+                  f"alone {a[k:k + 40]!r} / together {b[k:k + 40]!r}")
+EOF
+}
+serve_bench() {
+    local conc=${SERVE_CONCURRENCY:-1,4,16,64} par=${SERVE_PARALLEL:-32} ctx=${SERVE_CTX:-8192}
+    local names=(smol) ports=(18500)
+    start_server smol 18500 "$build/examples/smol-server" -m "$real" --device "${SERVE_DEVICE:-cuda:0}" \
+        --port 18500 --parallel "$par" --max-queue 64 -c "$ctx" || { stop_servers; return 1; }
+    if [ "$serve_peer" = 1 ]; then
+        if start_server llama.cpp 18600 "$peers_bin/llama-server" -m "$real" --port 18600 \
+            -ngl 99 -fa on -np "$par" -c "$ctx"; then
+            names+=(llama.cpp)
+            ports+=(18600)
+        fi
+    fi
+    local t r i rc=0
+    for t in ${SERVE_TOKENS//,/ }; do
+        for r in $(seq "${SERVE_RUNS:-2}"); do
+            for i in "${!names[@]}"; do
+                echo "-- ${names[$i]}, $t tokens per request, run $r"
+                python3 "$root/scripts/bench-serve.py" --port "${ports[$i]}" --concurrency "$conc" \
+                    --max-tokens "$t" --label "${names[$i]} t$t r$r" \
+                    --json "$tmp/serve-${names[$i]}-t$t-r$r.json" || rc=1
+            done
+        done
+    done
+    local args=()
+    for i in "${!names[@]}"; do args+=("${names[$i]}:${ports[$i]}"); done
+    same_text_check "${args[@]}" || rc=1
+    stop_servers
+    return $rc
+}
+serve_table() {
+    python3 - "$out/serve.json" "$tmp"/serve-*.json <<'EOF'
+import collections, json, sys
+rows = []
+for f in sys.argv[2:]:
+    rows += json.load(open(f))
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+by = collections.defaultdict(list)  # (server, tokens, concurrency) -> rows by run
+for row in rows:
+    server, t, r = row["label"].split()
+    by[server, int(t[1:]), row["concurrency"]].append((int(r[1:]), row))
+for t in sorted({k[1] for k in by}):
+    print(f"\n{t} tokens per request; tok/s of each run; latency and TTFT of run 1\n")
+    print("| concurrency | requests | smol tok/s | llama.cpp tok/s | smol / llama.cpp "
+          "| smol latency p50 / p99 s | llama.cpp latency p50 / p99 s "
+          "| smol TTFT p50 s | llama.cpp TTFT p50 s |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    for c in sorted({k[2] for k in by if k[1] == t}):
+        s = [x for _, x in sorted(by["smol", t, c])]
+        l = [x for _, x in sorted(by["llama.cpp", t, c])]
+        ratio = (" %.2f" % (sum(a["tok_s"] / b["tok_s"] for a, b in zip(s, l)) / len(l))
+                 if s and l else " -")
+        tok = lambda xs: " / ".join(f"{x['tok_s']:.1f}" for x in xs) or "-"
+        lat = lambda xs: f"{xs[0]['latency_s'][0]:.3f} / {xs[0]['latency_s'][2]:.3f}" if xs else "-"
+        ttft = lambda xs: f"{xs[0]['ttft_s'][0]:.3f}" if xs else "-"
+        print(f"| {c} | {(s or l)[0]['requests']} | {tok(s)} | {tok(l)} |{ratio} | {lat(s)} "
+              f"| {lat(l)} | {ttft(s)} | {ttft(l)} |")
+EOF
+}
+if has serve; then
+    serve_peer=0
+    if has peers; then
+        # The llama.cpp build must leave the cores before anything is timed.
+        phase peers-wait wait_peers_build 150 && serve_peer=1
+        cat "$tmp/peers-wait.txt" >>"$summary"
+        peers_log
+        [ "$serve_peer" = 0 ] && echo "llama-server is not built: smol-server alone" >>"$summary"
+    fi
+    if [ ! -x "$build/examples/smol-server" ]; then
+        log "serve: no $build/examples/smol-server (cpp-httplib not found at configure time)"
+    elif time_for 120 serve; then
+        SERVE_TOKENS=${SERVE_TOKENS:-128}
+        { echo; echo "### serving (SmolLM2-135M shape, $(basename "$real"))"; echo; } >>"$summary"
+        phase serve serve_bench
+        grep -E '^(--|\||up on|[a-z.]+: [0-9] of 4|  probe)' "$tmp/serve.txt" >>"$summary"
+        for f in "$tmp"/server-*.txt; do { echo "== $f"; cat "$f"; } >>"$all_log"; done
+        serve_table >>"$summary" 2>&1
+    fi
+fi
+
+# --- llama.cpp ---------------------------------------------------------------------------
+if has peers; then
+    if ! peers_built && [ -s "$peers_build/build.pid" ]; then
+        phase peers-wait2 wait_peers_build 120
+    fi
+    peers_log
+    peers_ok=0
+    if peers_built; then
+        peers_ok=1
+    elif [ -s "$peers_build/build.pid" ] && [ ! -f "$peers_build/build.rc" ] &&
+        kill -0 "$(cat "$peers_build/build.pid")" 2>/dev/null; then
+        log "peers: the llama.cpp build is still running; run --only peers again"
+    elif time_for 400 peers-build && phase peers-build build_peers; then
+        peers_ok=1
+    fi
+    if [ "$peers_ok" = 1 ]; then
+        lb=$peers_bin
+        if time_for 60 peers-bench; then
+            phase peers-bench "$lb/llama-bench" -m "$bench_list" -ngl 99 -fa 1 -p 512,4096 -n 128 \
+                -r "$reps" -o md
+            { echo; echo "### llama.cpp (same files)"; echo; grep '^|' "$tmp/peers-bench.txt"; } >>"$summary"
+        fi
+        if time_for 60 peers-batched; then
+            : >"$tmp/peers-batched.txt"
+            for f in "${bench_files[@]}"; do
+                # M sequences of a 16-token prompt and 128 new tokens each, as smol-bench
+                # --batched M; the cache holds 128 x 144 tokens.
+                "$lb/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 20480 -b 2048 -ub 512 \
+                    -npp 16 -ntg 128 -npl 1,8,32,128 >>"$tmp/peers-batched.txt" 2>&1
+            done
+            cat "$tmp/peers-batched.txt" >>"$all_log"
+            { echo; echo "### llama-batched-bench"; echo; grep '^|' "$tmp/peers-batched.txt"; } >>"$summary"
+        fi
+    fi
+fi
+
 # --- smol's table ------------------------------------------------------------------
-if has bench; then
+if has bench && time_for 120 bench-smol; then
     {
         echo
         echo "### smol (random-weight files say so in their names: *-random-*)"
         echo
     } >>"$summary"
-    phase bench-smol "$bench" --device cuda:0 -m "$list" -p 512,4096 -n 128 \
-        --batched 1,8,32,128 -r "$reps" -oe json -o md 2>"$out/bench-smol.json"
+    # The table on stdout, the JSON on stderr.
+    bench_smol() {
+        "$bench" --device cuda:0 -m "$list" -p 512,4096 -n 128 --batched 1,8,32,128 \
+            -r "$reps" -oe json -o md 2>"$out/bench-smol.json"
+    }
+    phase bench-smol bench_smol
     grep '^|' "$tmp/bench-smol.txt" >>"$summary"
     # The stderr JSON ends with the array; keep only that.
     python3 - "$out/bench-smol.json" <<'EOF' 2>/dev/null
@@ -254,43 +569,6 @@ EOF
 if has ceilings; then
     phase ceilings ceilings
     { echo; echo "### ceilings"; echo; sed 's/^/    /' "$tmp/ceilings.txt"; } >>"$summary"
-fi
-
-# --- llama.cpp -------------------------------------------------------------------------
-peers_build=$root/build-peers
-build_peers() {
-    local src=$peers_build/src tarball=${PEERS_SRC:-$deps/llama.cpp-src.tar.gz}
-    if [ ! -f "$src/CMakeLists.txt" ]; then
-        [ -f "$tarball" ] || { echo "no llama.cpp source at $tarball (scripts/bench-gpu.sh --pack DIR)"; return 1; }
-        mkdir -p "$src" && tar -xzf "$tarball" -C "$src" || return 1
-    fi
-    cat "$src/PEER_VERSION" 2>/dev/null
-    local gen=()
-    command -v ninja >/dev/null && gen=(-G Ninja)
-    cmake -S "$src" -B "$peers_build/cuda" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON &&
-        cmake --build "$peers_build/cuda" -j "$(nproc)" --target llama-bench llama-batched-bench
-}
-if has peers; then
-    if [ -x "$peers_build/cuda/bin/llama-bench" ] || phase peers-build build_peers; then
-        lb=$peers_build/cuda/bin
-        phase peers-bench "$lb/llama-bench" -m "$bench_list" -ngl 99 -fa 1 -p 512,4096 -n 128 \
-            -r "$reps" -o md
-        { echo; echo "### llama.cpp (same files)"; echo; grep '^|' "$tmp/peers-bench.txt"; } >>"$summary"
-        if [ -x "$lb/llama-batched-bench" ]; then
-            : >"$tmp/peers-batched.txt"
-            for f in "${bench_files[@]}"; do
-                # M sequences of a 16-token prompt and 128 new tokens each, as smol-bench
-                # --batched M; the cache holds 128 x 144 tokens.
-                "$lb/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 20480 -b 2048 -ub 512 \
-                    -npp 16 -ntg 128 -npl 1,8,32,128 >>"$tmp/peers-batched.txt" 2>&1
-            done
-            cat "$tmp/peers-batched.txt" >>"$all_log"
-            { echo; echo "### llama-batched-bench"; echo; grep '^|' "$tmp/peers-batched.txt"; } >>"$summary"
-        fi
-    fi
 fi
 
 # --- HF transformers ---------------------------------------------------------------------
