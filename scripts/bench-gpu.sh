@@ -191,8 +191,10 @@ start_peers_build() {
     rm -f "$peers_build/build.rc" "$peers_build/build.pid"
     export peers_build deps
     export -f build_peers
+    local session=(setsid)
+    command -v setsid >/dev/null || session=()
     # shellcheck disable=SC2016 # expanded by the inner shell
-    setsid nice -n 10 bash -c 'echo $$ >"$peers_build/build.pid"
+    "${session[@]}" nice -n 10 bash -c 'echo $$ >"$peers_build/build.pid"
         build_peers >"$peers_build/build.log" 2>&1; echo $? >"$peers_build/build.rc"' \
         </dev/null >/dev/null 2>&1 &
     echo "llama.cpp build started in the background (log $peers_build/build.log)"
