@@ -438,8 +438,15 @@ int32_t engine::step() {
             ctx_.decode(batch_);
         } catch (const std::exception & e) {
             // The batch was checked as it was built: this is a bug or a
-            // backend failure. Every request in it ends with the message.
-            set_last_error(e.what());
+            // backend failure. Every request in it ends with the message,
+            // which says what the step held.
+            int32_t n_req = 0;
+            for (auto & r : running_) n_req += r->nb > 0;
+            set_last_error(std::string(e.what()) + " (in a step of " + std::to_string(n) +
+                           " tokens from " + std::to_string(n_req) + " requests; " +
+                           std::to_string(ctx_.kv.n_cells - ctx_.kv.n_free()) + " of " +
+                           std::to_string(ctx_.kv.n_cells) + " cells held, " +
+                           std::to_string(ctx_.kv.n_used) + " in the used range)");
             for (auto & r : running_) {
                 if (r->nb > 0) {
                     finish(r, SMOL_FINISH_ERROR, -1, nullptr);

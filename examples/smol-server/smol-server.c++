@@ -115,6 +115,13 @@ bool on_event(const smol_engine_event * ev, void * user) {
             s->finish = ev->finish;
             if (ev->message) s->error = ev->message;
         }
+        if (ev->finish == SMOL_FINISH_ERROR) {
+            // The engine could not go on with it (a failed step): said here
+            // and to the client.
+            std::fprintf(stderr, "smol-server: request %lld failed: %s\n",
+                         static_cast<long long>(ev->id),
+                         ev->message ? ev->message : "(no message)");
+        }
         // An end-of-generation or stop token ends the text; it is not part of it.
         if (ev->token >= 0 && ev->finish != SMOL_FINISH_STOP) s->tokens.push_back(ev->token);
     }
@@ -457,6 +464,15 @@ struct job {
 
     const char * finish_reason() const { return finish_name(finish, text.stopped); }
 
+    // The engine's failure of this request, in OpenAI's error shape.
+    json failure() const {
+        std::lock_guard<std::mutex> lock(state->mu);
+        return error_body({500,
+                           "generation failed: " +
+                               (state->error.empty() ? std::string("(no message)") : state->error),
+                           "server_error", "", "generation_failed"});
+    }
+
     json usage() const {
         std::lock_guard<std::mutex> lock(state->mu);
         return json{{"prompt_tokens", state->n_prompt},
@@ -537,7 +553,9 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
                     }
                 }
             }
-            const std::string out = dump(j->whole(all));
+            const std::string out =
+                dump(j->finish == SMOL_FINISH_ERROR ? j->failure() : j->whole(all));
+            if (j->finish == SMOL_FINISH_ERROR) j->st.n_http_errors++;
             sink.write(out.data(), out.size());
             sink.done();
             return true;
@@ -570,6 +588,13 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
                 return true;
             }
             if (!j->finished) return true;
+            if (j->finish == SMOL_FINISH_ERROR) {
+                // The stream ends with the error, as OpenAI's streams do.
+                j->st.n_http_errors++;
+                send(j->failure());
+                sink.done();
+                return true;
+            }
             if (!send(j->chunk("", j->finish_reason(), false))) return gone();
             if (j->include_usage) {
                 json u = j->chunk("", nullptr, false);
