@@ -9,7 +9,7 @@ number of generated tokens (ignore_eos), from that many client threads at
 once. Loopback only.
 
     scripts/bench-serve.py --port 8080 [--concurrency 1,4,16,64] [--max-tokens 32]
-                           [--requests 8,16,32,64] [--json out.json]
+                           [--requests 8,16,32,64] [--first-request N] [--json out.json]
 """
 
 import argparse
@@ -31,7 +31,8 @@ def prompt(i):
 
 
 def one(host, port, model, i, max_tokens):
-    """One streamed completion: (latency s, time to first token s, tokens)."""
+    """One streamed completion: (latency s, time to first token s, tokens,
+    the error the stream ended with or None)."""
     body = {"model": model, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -41,12 +42,14 @@ def one(host, port, model, i, max_tokens):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-    ttft, chunks, usage = None, 0, None
+    ttft, chunks, usage, err = None, 0, None, None
     for raw in r:
         line = raw.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         ev = json.loads(line[6:])
+        if ev.get("error"):
+            err = str(ev["error"].get("message", ev["error"]))
         if ev.get("usage"):
             usage = ev["usage"].get("completion_tokens")
         for ch in ev.get("choices", []):
@@ -55,7 +58,17 @@ def one(host, port, model, i, max_tokens):
                 if ttft is None:
                     ttft = time.perf_counter() - t0
     c.close()
-    return time.perf_counter() - t0, ttft or 0.0, usage if usage else chunks
+    return time.perf_counter() - t0, ttft or 0.0, usage if usage else chunks, err
+
+
+def one_or_error(host, port, model, i, max_tokens):
+    """one(), with a broken connection or an HTTP error counted as a failed
+    request rather than ending the run."""
+    t0 = time.perf_counter()
+    try:
+        return one(host, port, model, i, max_tokens)
+    except (OSError, http.client.HTTPException, RuntimeError, ValueError) as e:
+        return time.perf_counter() - t0, 0.0, 0, f"{type(e).__name__}: {e}"
 
 
 def pct(xs, p):
@@ -71,6 +84,9 @@ def main():
     ap.add_argument("--requests", default="",
                     help="requests per level (default: max(8, 2 x concurrency), at most 64)")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--first-request", type=int, default=0,
+                    help="number of the first request (its prompt); runs that should not "
+                         "share prompts start apart")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -89,23 +105,33 @@ def main():
           f"TTFT p50 / p90 / p99 (s) |")
     print("| ---: | ---: | ---: | --- | --- |")
     rows = []
-    next_id = 0
+    next_id = a.first_request
     for level, n in zip(levels, counts):
         ids = list(range(next_id, next_id + n))
         next_id += n
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(level) as pool:
-            res = list(pool.map(lambda i: one(a.host, a.port, model, i, a.max_tokens), ids))
+            res = list(pool.map(lambda i: one_or_error(a.host, a.port, model, i, a.max_tokens),
+                                ids))
         wall = time.perf_counter() - t0
         lat, ttft, toks = [r[0] for r in res], [r[1] for r in res], sum(r[2] for r in res)
+        errors = [r[3] for r in res if r[3]]
+        # Requests that ended with fewer tokens than asked for (ignore_eos):
+        # the figures of such a level do not measure what they say.
+        short = sum(r[2] < a.max_tokens for r in res)
         row = {"label": a.label, "concurrency": level, "requests": n, "tokens": toks,
                "wall_s": wall, "tok_s": toks / wall,
                "latency_s": [pct(lat, p) for p in (50, 90, 99)],
-               "ttft_s": [pct(ttft, p) for p in (50, 90, 99)]}
+               "ttft_s": [pct(ttft, p) for p in (50, 90, 99)],
+               "errors": len(errors), "short": short}
         rows.append(row)
         print(f"| {level} | {n} | {row['tok_s']:.1f} | "
               + " / ".join(f"{x:.2f}" for x in row["latency_s"]) + " | "
               + " / ".join(f"{x:.2f}" for x in row["ttft_s"]) + " |", flush=True)
+        if errors or short:
+            print(f"  ({short} of {n} requests ended short of {a.max_tokens} tokens, "
+                  f"{len(errors)} with an error" + (f": {errors[0]}" if errors else "") + ")",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
