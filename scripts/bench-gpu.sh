@@ -19,8 +19,8 @@
 #
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
-#                                             serve, peers, bench, offload, ceilings, hf
-#                                             (they run in this order)
+#                                             serve-probe, serve, peers, bench, offload,
+#                                             ceilings, hf (they run in this order)
 #   scripts/bench-gpu.sh --offload            add the long-context phase (per-head KV
 #                                             placement under a 24 GiB budget, 1.7B f16)
 #   scripts/bench-gpu.sh --peers              add the llama.cpp phase (needs its source)
@@ -28,7 +28,11 @@
 #                                             cuda:0 (and llama-server -ngl 99 -fa on with
 #                                             --peers) on the 135M file, bench-serve.py at
 #                                             concurrency 1,4,16,64, then greedy texts of
-#                                             requests alone against the same run together
+#                                             requests alone against the same run together;
+#                                             serve-probe (with --only) first runs smol-server
+#                                             alone through the levels twice, as it is and
+#                                             under variants that leave one mechanism out,
+#                                             and says which ended every request whole
 #   scripts/bench-gpu.sh --hf                 add HF transformers on the random 1.7B f16
 #   scripts/bench-gpu.sh --pack DIR           (here, before) put the build dependencies
 #                                             and llama.cpp's trimmed source in DIR
@@ -46,8 +50,10 @@
 # 128), SERVE_RUNS (runs of each server, alternating; default 2),
 # SERVE_CONCURRENCY (default 1,4,16,64), SERVE_PARALLEL (requests generating
 # at once in each server; default 32), SERVE_CTX (KV cells; default 8192),
-# SERVE_DEVICE (smol-server's --device; default cuda:0); PEERS_BIN (where the
-# llama.cpp programs are; default build-peers/cuda/bin).
+# SERVE_DEVICE (smol-server's --device; default cuda:0), SERVE_PICK=1 (the
+# table takes the first variant serve-probe found whole, when smol-server as
+# it is was not); PEERS_BIN (where the llama.cpp programs are; default
+# build-peers/cuda/bin).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
@@ -82,7 +88,7 @@ w.close()
 EOF
             du -sh "$dir"
             exit 0 ;;
-        -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
         *) echo "bench-gpu: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -369,11 +375,59 @@ for arg in sys.argv[1:]:
                   f"alone {a[k:k + 40]!r} / together {b[k:k + 40]!r}")
 EOF
 }
+# smol-server's command line in cmd, under a variant: as-is, NAME=VALUE (an
+# environment variable) or --option[=value] (one more option, the last word).
+smol_cmd() {
+    local v=$1 port=$2 pre=(env) post=() ctx=${SERVE_CTX:-8192}
+    case "$v" in
+        --ctx-size=*) ctx=${v#--ctx-size=} ;;
+        --*) post+=("$v") ;;
+        *=*) pre+=("$v") ;;
+    esac
+    cmd=("${pre[@]}" "$build/examples/smol-server" -m "$real" --device "${SERVE_DEVICE:-cuda:0}"
+        --port "$port" --parallel "${SERVE_PARALLEL:-32}" --max-queue 64 -c "$ctx" "${post[@]}")
+}
+engine_counters() {
+    python3 - "$1" <<'EOF'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+keep = ("smol_requests_finished_total", "smol_preemptions_total", "smol_kv_cells_used",
+        "smol_prefix_cache_hit_requests_total", "smol_http_errors_total", "smol_engine_steps_total")
+print("   ", ", ".join(l for l in text.splitlines() if l.split(" ")[0] in keep))
+EOF
+}
+# smol-server alone, through the levels twice at 32 tokens a request (the
+# prefix cache fills on the way), as it is and under variants that leave out
+# one mechanism each; says which ended every request whole. Not timed: it
+# may run beside the llama.cpp build.
+serve_probe() {
+    local v r fails short
+    : >"$tmp/probe-clean.txt"
+    for v in as-is SMOL_CUDA_GRAPHS=0 SMOL_ATTN=classic --no-prefix-cache --ctx-size=65536; do
+        echo "-- probe: smol-server $v"
+        smol_cmd "$v" 18500
+        start_server probe 18500 "${cmd[@]}" || { stop_servers; continue; }
+        : >"$tmp/probe-run.txt"
+        for r in 1 2; do
+            python3 "$root/scripts/bench-serve.py" --port 18500 --max-tokens 32 \
+                --concurrency "${SERVE_CONCURRENCY:-1,4,16,64}" 2>&1 | tee -a "$tmp/probe-run.txt"
+            engine_counters 18500
+        done
+        stop_servers
+        fails=$(grep -c 'failed:' "$tmp/server-probe.txt")
+        short=$(grep -c 'ended short' "$tmp/probe-run.txt")
+        echo "   $v: $fails requests failed, $short levels with requests short of their tokens"
+        grep -m4 'failed:' "$tmp/server-probe.txt" | cut -c1-400
+        grep -m3 -B1 'Error\|error' "$tmp/server-probe.txt" | grep -v 'failed:' | cut -c1-300
+        [ "$fails" = 0 ] && [ "$short" = 0 ] && echo "$v" >>"$tmp/probe-clean.txt"
+    done
+    echo "variants that ended every request whole: $(tr '\n' ' ' <"$tmp/probe-clean.txt")"
+}
 serve_bench() {
     local conc=${SERVE_CONCURRENCY:-1,4,16,64} par=${SERVE_PARALLEL:-32} ctx=${SERVE_CTX:-8192}
     local names=(smol) ports=(18500)
-    start_server smol 18500 "$build/examples/smol-server" -m "$real" --device "${SERVE_DEVICE:-cuda:0}" \
-        --port 18500 --parallel "$par" --max-queue 64 -c "$ctx" || { stop_servers; return 1; }
+    smol_cmd "${smol_variant:-as-is}" 18500
+    start_server smol 18500 "${cmd[@]}" || { stop_servers; return 1; }
     if [ "$serve_peer" = 1 ]; then
         if start_server llama.cpp 18600 "$peers_bin/llama-server" -m "$real" --port 18600 \
             -ngl 99 -fa on -np "$par" -c "$ctx"; then
@@ -381,13 +435,16 @@ serve_bench() {
             ports+=(18600)
         fi
     fi
-    local t r i rc=0
+    local t r i rc=0 first=0
     for t in ${SERVE_TOKENS//,/ }; do
         for r in $(seq "${SERVE_RUNS:-2}"); do
+            # Prompts of their own in each run (no prefix reuse across runs);
+            # the two servers get the same ones.
+            first=$((first + 1000))
             for i in "${!names[@]}"; do
                 echo "-- ${names[$i]}, $t tokens per request, run $r"
                 python3 "$root/scripts/bench-serve.py" --port "${ports[$i]}" --concurrency "$conc" \
-                    --max-tokens "$t" --label "${names[$i]} t$t r$r" \
+                    --max-tokens "$t" --label "${names[$i]} t$t r$r" --first-request "$first" \
                     --json "$tmp/serve-${names[$i]}-t$t-r$r.json" || rc=1
             done
         done
@@ -420,7 +477,9 @@ for t in sorted({k[1] for k in by}):
         l = [x for _, x in sorted(by["llama.cpp", t, c])]
         ratio = (" %.2f" % (sum(a["tok_s"] / b["tok_s"] for a, b in zip(s, l)) / len(l))
                  if s and l else " -")
-        tok = lambda xs: " / ".join(f"{x['tok_s']:.1f}" for x in xs) or "-"
+        # * : some request of that run ended short of its tokens (or failed)
+        tok = lambda xs: " / ".join(f"{x['tok_s']:.1f}" + ("*" if x.get("short") else "")
+                                    for x in xs) or "-"
         lat = lambda xs: f"{xs[0]['latency_s'][0]:.3f} / {xs[0]['latency_s'][2]:.3f}" if xs else "-"
         ttft = lambda xs: f"{xs[0]['ttft_s'][0]:.3f}" if xs else "-"
         print(f"| {c} | {(s or l)[0]['requests']} | {tok(s)} | {tok(l)} |{ratio} | {lat(s)} "
@@ -429,6 +488,17 @@ EOF
 }
 if has serve; then
     serve_peer=0
+    smol_variant=as-is
+    if has serve-probe && [ -x "$build/examples/smol-server" ]; then
+        { echo; echo "### smol-server probe"; echo; } >>"$summary"
+        phase serve-probe serve_probe
+        grep -E '^(--|   |variants)' "$tmp/serve-probe.txt" >>"$summary"
+        # SERVE_PICK=1: the table takes the first variant that ended every
+        # request whole, when smol-server as it is did not.
+        if [ "${SERVE_PICK:-0}" = 1 ] && [ -s "$tmp/probe-clean.txt" ]; then
+            smol_variant=$(head -1 "$tmp/probe-clean.txt")
+        fi
+    fi
     if has peers; then
         # The llama.cpp build must leave the cores before anything is timed.
         phase peers-wait wait_peers_build 150 && serve_peer=1
@@ -440,9 +510,9 @@ if has serve; then
         log "serve: no $build/examples/smol-server (cpp-httplib not found at configure time)"
     elif time_for 120 serve; then
         SERVE_TOKENS=${SERVE_TOKENS:-128}
-        { echo; echo "### serving (SmolLM2-135M shape, $(basename "$real"))"; echo; } >>"$summary"
+        { echo; echo "### serving (SmolLM2-135M shape, $(basename "$real"); smol-server $smol_variant)"; echo; } >>"$summary"
         phase serve serve_bench
-        grep -E '^(--|\||up on|[a-z.]+: [0-9] of 4|  probe)' "$tmp/serve.txt" >>"$summary"
+        grep -E '^(--|\||up on|[a-z.]+: [0-9] of 4|  probe|  \()' "$tmp/serve.txt" >>"$summary"
         for f in "$tmp"/server-*.txt; do { echo "== $f"; cat "$f"; } >>"$all_log"; done
         serve_table >>"$summary" 2>&1
     fi
@@ -493,7 +563,8 @@ if has bench && time_for 120 bench-smol; then
     } >>"$summary"
     # The table on stdout, the JSON on stderr.
     bench_smol() {
-        "$bench" --device cuda:0 -m "$list" -p 512,4096 -n 128 --batched 1,8,32,128 \
+        # At most 64 sequences share the cache's cells.
+        "$bench" --device cuda:0 -m "$list" -p 512,4096 -n 128 --batched 1,8,32,64 \
             -r "$reps" -oe json -o md 2>"$out/bench-smol.json"
     }
     phase bench-smol bench_smol
