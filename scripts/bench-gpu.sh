@@ -403,7 +403,8 @@ EOF
 serve_probe() {
     local v r fails short
     : >"$tmp/probe-clean.txt"
-    for v in as-is SMOL_CUDA_GRAPHS=0 SMOL_ATTN=classic --no-prefix-cache --ctx-size=65536; do
+    for v in as-is SMOL_CUDA_GRAPHS=0 SMOL_ATTN=classic SMOL_CUDA_FUSE=0 --no-prefix-cache \
+        --ctx-size=65536; do
         echo "-- probe: smol-server $v"
         smol_cmd "$v" 18500
         start_server probe 18500 "${cmd[@]}" || { stop_servers; continue; }
