@@ -425,8 +425,19 @@ int32_t engine::step() {
     }
 
     if (n > 0) {
-        batch_.n_tokens = 0;
+        // The batch in the order of the slices planned above (decode tokens,
+        // then prompt chunks), which is not always the requests' order: a
+        // younger request decodes while an older one is still in its prompt
+        // when, say, the prefix cache left it one token to compute.
+        slices_.clear();
         for (auto & r : running_) {
+            if (r->nb > 0) slices_.push_back(r.get());
+        }
+        std::sort(slices_.begin(), slices_.end(),
+                  [](const request * a, const request * b) { return a->b0 < b->b0; });
+        batch_.n_tokens = 0;
+        for (request * r : slices_) {
+            SMOL_ASSERT_MSG(batch_.n_tokens == r->b0, "engine: a slice out of place");
             for (int32_t j = 0; j < r->nb; ++j) {
                 const int32_t p = r->n_past + j;
                 const bool last = p == int32_t(r->tokens.size()) - 1;
@@ -469,6 +480,15 @@ int32_t engine::step() {
             if (r->n_past != int32_t(r->tokens.size())) continue;
             // The last token known was decoded: draw the next.
             const float * logits = ctx_.logits(r->b0 + r->nb - 1);
+            if (!logits) {
+                // Cannot happen with the slices in place; were it to, this
+                // request alone ends, rather than a token -1 failing the
+                // next step for every request in it.
+                set_last_error("engine: no logits for request " + std::to_string(r->id));
+                finish(r, SMOL_FINISH_ERROR, -1, nullptr);
+                r.reset();
+                continue;
+            }
             const smol_token t = smol_sampler_sample(r->sampler, logits, model_.hp.n_vocab);
             smol_sampler_accept(r->sampler, t);
             r->tokens.push_back(t);

@@ -136,6 +136,7 @@ class engine {
     std::vector<smol_seq_id> free_seqs_;
     uint64_t admit_clock_ = 0;
     std::vector<int32_t> scratch_cells_;
+    std::vector<request *> slices_; // a step's requests in batch order
 
     // Shared with other threads: submissions, cancellations, the figures.
     mutable std::mutex mu_;

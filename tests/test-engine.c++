@@ -490,6 +490,42 @@ TEST_CASE("a shared prefix is reused from the cache and gives the logits of reco
     check_same(second, recomputed);
 }
 
+TEST_CASE("a request the prefix cache leaves one token to compute decodes beside an older "
+          "request still in its prompt") {
+    // Its slice of the batch comes first (a decode token) though it is the
+    // younger request: the batch must follow the slices, not the requests'
+    // order, or its logits are another token's (none: a token -1 failed the
+    // next step for every request in it).
+    const uint32_t seed = std::random_device{}();
+    CAPTURE(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "hit-order.gguf");
+    std::mt19937 rng(seed);
+    const std::vector<int> shared = random_ids(rng, 17, 0, f.n_vocab); // two blocks of 8, and one
+    const std::vector<int> other = random_ids(rng, 30, 0, f.n_vocab);
+    result shared_alone, other_alone;
+    for (auto [prompt, out] :
+         {std::pair{&shared, &shared_alone}, std::pair{&other, &other_alone}}) {
+        engine_ptr e = make_engine(f.model.get(), 256, 1, 256, false);
+        submit(e.get(), *prompt, 10, out);
+        run(e.get());
+    }
+    // Prompts in chunks of 8: the older request takes four steps for its
+    // prompt; the younger finds 16 of its 17 tokens cached and decodes at once.
+    engine_ptr e = make_engine(f.model.get(), 256, 3, 8, true);
+    result first, older, younger;
+    submit(e.get(), shared, 10, &first);
+    run(e.get());
+    submit(e.get(), other, 10, &older);
+    submit(e.get(), shared, 10, &younger);
+    run(e.get());
+    CHECK(younger.n_cached == 16);
+    CHECK(older.finish == SMOL_FINISH_LENGTH);
+    CHECK(younger.finish == SMOL_FINISH_LENGTH);
+    check_same(first, shared_alone);
+    check_same(older, other_alone);
+    check_same(younger, shared_alone);
+}
+
 TEST_CASE("when cells run out, requests are preempted, recomputed and give the same tokens") {
     const uint32_t seed = std::random_device{}();
     CAPTURE(seed);
