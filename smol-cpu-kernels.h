@@ -95,6 +95,17 @@ struct kernels {
     void (*swiglu)(float * y, const float * g, const float * u, int64_t n); // y = silu(g) * u
     // y[i] = exp(x[i] - max) for i < n; returns the sum.
     float (*softmax_exp)(float * y, const float * x, float max, int64_t n);
+
+    // Attention over a sequence's cells (rows hd long in an f16 cache, at
+    // cells[j] * hd). attn_scores: out[j] = (K row . q) * scale for j < n;
+    // returns the largest. attn_values: acc = sum of p[j] * V row over
+    // j < n in increasing j, one FMA per element and cell, cells with
+    // p[j] == 0 skipped. Each output is computed the same way whatever the
+    // other cells are.
+    float (*attn_scores)(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
+                         const float * q, float scale, float * out);
+    void (*attn_values)(const uint16_t * v, const int32_t * cells, const float * p, int32_t n,
+                        int64_t hd, float * acc);
 };
 
 size_t act_bytes(smol_type t, int64_t K);

@@ -857,21 +857,25 @@ void run_attention(tensor * t, const op_args & a) {
         a.k.row_to_f32(SMOL_TYPE_F16, qh16, qh, hd);
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
-        float mx = -INFINITY;
-        for (int32_t j = 0; j < n_vis; ++j) {
-            scores[j] = a.k.dot_f16_f32(K + size_t(cells[j]) * hd, qh, hd) * scale;
-            mx = std::max(mx, scores[j]);
-        }
+        const float mx = a.k.attn_scores(K, cells, n_vis, hd, qh, scale, scores);
         a.k.softmax_exp(scores, scores, mx, n_vis);
-        double sum = 0;
-        for (int32_t j = 0; j < n_vis; ++j) sum += double(scores[j]);
-        const float inv = float(1.0 / sum);
-        std::fill(acc, acc + hd, 0.0f);
-        for (int32_t j = 0; j < n_vis; ++j) {
-            if (scores[j] == 0.0f) continue;
-            const float pc = cpu::fp16_to_fp32(cpu::fp32_to_fp16(scores[j] * inv));
-            if (pc != 0.0f) a.k.axpy_f16(pc, V + size_t(cells[j]) * hd, acc, hd);
+        // The sum in double, in four interleaved parts (one chain of double
+        // additions would take as long as the scores).
+        double part[4] = {0, 0, 0, 0};
+        int32_t j = 0;
+        for (; j + 4 <= n_vis; j += 4)
+            for (int l = 0; l < 4; ++l) part[l] += double(scores[j + l]);
+        for (; j < n_vis; ++j) part[0] += double(scores[j]);
+        const double sum = (part[0] + part[1]) + (part[2] + part[3]);
+        // The weights, normalised and rounded to f16 (exactly, as the
+        // scalar conversion does) in place.
+        a.k.scale(scores, scores, float(1.0 / sum), n_vis);
+        for (int32_t j0 = 0; j0 < n_vis; j0 += 1024) {
+            const int32_t n = std::min<int32_t>(1024, n_vis - j0);
+            a.k.f32_to_f16(scores + j0, qh16, n);
+            a.k.row_to_f32(SMOL_TYPE_F16, qh16, scores + j0, n);
         }
+        a.k.attn_values(V, cells, scores, n_vis, hd, acc);
         std::memcpy(row_f32(t, i) + h * hd, acc, size_t(hd) * sizeof(float));
     }
 }
