@@ -714,25 +714,39 @@ void run_rms_norm(tensor * t, const op_args & a) {
     }
 }
 
+// Up to this many tokens, each thread converts all the activations of a
+// matmul itself: no barrier inside the op, no shared work buffer, so the
+// executor may start a matmul while others of the same input still run.
+constexpr int64_t mul_mat_private_tokens = 4;
+
 void run_mul_mat(tensor * t, const op_args & a) {
     const tensor * w = t->src[0];
     const tensor * x = t->src[1];
     const int64_t K = w->ne[0], N = w->ne[1], n_tok = x->ne[1];
     const size_t act_row = cpu::act_bytes(w->type, K);
-    // Phase 1: each thread converts its share of activation rows.
-    int64_t i0, i1;
-    split(n_tok, a.ith, a.nth, i0, i1);
-    for (int64_t i = i0; i < i1; ++i) {
-        const float * src = row_f32(x, i);
-        a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
+    const uint8_t * act = a.work;
+    if (n_tok <= mul_mat_private_tokens) {
+        thread_local std::vector<uint8_t> own;
+        if (own.size() < size_t(n_tok) * act_row) own.resize(size_t(n_tok) * act_row);
+        for (int64_t i = 0; i < n_tok; ++i)
+            a.k.act_from_f32(w->type, row_f32(x, i), own.data() + i * act_row, K);
+        act = own.data();
+    } else {
+        // Phase 1: each thread converts its share of activation rows.
+        int64_t i0, i1;
+        split(n_tok, a.ith, a.nth, i0, i1);
+        for (int64_t i = i0; i < i1; ++i) {
+            const float * src = row_f32(x, i);
+            a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
+        }
+        a.pool.barrier();
     }
-    a.pool.barrier();
     // Phase 2: each thread multiplies its rows of the weight for all tokens.
     // Ranges are rounded to 16 rows so kernels keep their full tiles.
     int64_t r0 = (N * a.ith / a.nth) & ~int64_t(15);
     int64_t r1 = a.ith == a.nth - 1 ? N : (N * (a.ith + 1) / a.nth) & ~int64_t(15);
     if (r1 > r0) {
-        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, a.work, act_row, n_tok,
+        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok,
                    static_cast<float *>(t->data), t->ne[0]);
     }
 }
@@ -892,7 +906,52 @@ const op_fn op_table[OP_COUNT] = {
 
 } // namespace
 
+namespace {
+
+bool overlaps(const tensor * a, const tensor * b) {
+    if (!a || !b || !a->data || !b->data) return false;
+    const uint8_t * a0 = static_cast<const uint8_t *>(a->data);
+    const uint8_t * b0 = static_cast<const uint8_t *>(b->data);
+    return a0 < b0 + b->nbytes() && b0 < a0 + a->nbytes();
+}
+
+// Whether node t may start while the nodes [first, t) since the last
+// barrier still run on other threads: t must be a matmul that keeps its
+// activations to itself or a rope, none of its sources may be one of those
+// nodes, and its memory may meet none of theirs (the arena reuses memory).
+bool may_skip_barrier(const std::vector<tensor *> & nodes, size_t first, size_t t) {
+    const tensor * n = nodes[t];
+    const bool own_work = n->kind == OP_MUL_MAT && n->src[1]->ne[1] <= mul_mat_private_tokens;
+    if (!own_work && n->kind != OP_ROPE) return false;
+    if (n->view_of || n->deps[0]) return false;
+    for (size_t i = first; i < t; ++i) {
+        const tensor * p = nodes[i];
+        if (p->kind != OP_MUL_MAT && p->kind != OP_ROPE) return false;
+        if (overlaps(n, p)) return false;
+        for (const tensor * s : n->src) {
+            if (s == p || overlaps(s, p)) return false;
+        }
+        for (const tensor * s : p->src) {
+            if (overlaps(n, s)) return false;
+        }
+    }
+    return true;
+}
+
+} // namespace
+
 void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
+    // Barriers the plain program can leave out: in decode the q, k and v
+    // matmuls of one input run back to back, and so do the gate and up.
+    const std::vector<tensor *> & nodes = g.nodes();
+    no_barrier_.assign(nodes.size(), 0);
+    for (size_t n = 1, first = 0; n < nodes.size(); ++n) {
+        if (may_skip_barrier(nodes, first, n)) {
+            no_barrier_[n] = 1;
+        } else {
+            first = n;
+        }
+    }
     // One captured pointer keeps the closure inside std::function's small
     // buffer: running a graph allocates nothing.
     struct step_state {
@@ -916,9 +975,10 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
                      ith,
                      nth};
         if (!st.s) {
-            for (tensor * t : st.g->nodes()) {
-                op_table[t->kind](t, args);
-                e.pool_.barrier();
+            const std::vector<tensor *> & nodes = st.g->nodes();
+            for (size_t n = 0; n < nodes.size(); ++n) {
+                op_table[nodes[n]->kind](nodes[n], args);
+                if (n + 1 == nodes.size() || !e.no_barrier_[n + 1]) e.pool_.barrier();
             }
             return;
         }
