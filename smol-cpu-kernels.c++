@@ -1369,36 +1369,31 @@ __attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const 
     }
 }
 
-// Rows r..r+RM-1 (all below r1) x tokens [0, n_tok) of x, in tiles of
-// RN tokens; the last tile takes the tokens left.
-template <smol_type T, int RM, int RN>
-static void f_rows(const uint8_t * wb, size_t w_row_bytes, int64_t r, int64_t K,
-                   const float * const * x, int64_t n_tok, float * y, int64_t ldy) {
+// Rows r..r+RM-1 x tokens x[0..m), 1 <= m <= 6: one tile of that size.
+template <smol_type T, int RM>
+static void f_tile_m(const uint8_t * wb, size_t w_row_bytes, int64_t r, int64_t K,
+                     const float * const * x, int64_t m, float * y, int64_t ldy) {
     const uint8_t * w[RM];
     for (int i = 0; i < RM; i++) w[i] = wb + (size_t)(r + i) * w_row_bytes;
-    int64_t j = 0;
-    for (; j + RN <= n_tok; j += RN) f_tile<T, RM, RN>(w, x + j, K, y + j * ldy + r, ldy);
-    const int64_t left = n_tok - j;
-    if (left <= 0) return;
-    if constexpr (RN > 1) {
-        // The tile of the tokens left over: the same sums per output.
-        switch (left) {
-        case 1:
-            f_tile<T, RM, 1>(w, x + j, K, y + j * ldy + r, ldy);
-            break;
-        case 2:
-            f_tile<T, RM, 2>(w, x + j, K, y + j * ldy + r, ldy);
-            break;
-        case 3:
-            f_tile<T, RM, 3>(w, x + j, K, y + j * ldy + r, ldy);
-            break;
-        case 4:
-            f_tile<T, RM, 4>(w, x + j, K, y + j * ldy + r, ldy);
-            break;
-        default:
-            f_tile<T, RM, 5>(w, x + j, K, y + j * ldy + r, ldy);
-            break;
-        }
+    switch (m) {
+    case 1:
+        f_tile<T, RM, 1>(w, x, K, y + r, ldy);
+        break;
+    case 2:
+        f_tile<T, RM, 2>(w, x, K, y + r, ldy);
+        break;
+    case 3:
+        f_tile<T, RM, 3>(w, x, K, y + r, ldy);
+        break;
+    case 4:
+        f_tile<T, RM, 4>(w, x, K, y + r, ldy);
+        break;
+    case 5:
+        f_tile<T, RM, 5>(w, x, K, y + r, ldy);
+        break;
+    default:
+        f_tile<T, RM, 6>(w, x, K, y + r, ldy);
+        break;
     }
 }
 
@@ -1406,7 +1401,8 @@ template <smol_type T>
 static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
                      const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y,
                      int64_t ldy) {
-    constexpr int NT = 6; // tokens per prefill tile
+    constexpr int NT = 6;                // tokens per prefill tile
+    constexpr int64_t f_block_rows = 64; // rows per block
     // Token chunks whose f32 activations stay in L2 while every row pair of
     // this thread's range sweeps them.
     const int64_t tc = n_tok == 1 ? 1 : max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
@@ -1427,17 +1423,31 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
             }
         }
         float * yc = y + t0 * ldy;
-        int64_t r = r0;
         if (nt == 1) {
             const size_t rb = row_bytes(T, K);
+            int64_t r = r0;
             for (; r + 8 <= r1; r += 8) {
                 prefetch_rows(wb, w_row_bytes, r + 16, r1, rb);
-                f_rows<T, 8, 1>(wb, w_row_bytes, r, K, xp, 1, yc, ldy);
+                const uint8_t * w[8];
+                for (int i = 0; i < 8; i++) w[i] = wb + (size_t)(r + i) * w_row_bytes;
+                f_tile<T, 8, 1>(w, xp, K, yc + r, ldy);
             }
+            for (; r < r1; r++) f_tile_m<T, 1>(wb, w_row_bytes, r, K, xp, 1, yc, ldy);
         } else {
-            for (; r + 2 <= r1; r += 2) f_rows<T, 2, NT>(wb, w_row_bytes, r, K, xp, nt, yc, ldy);
+            // A block of rows (in L2) meets one tile of tokens (in L1) after
+            // another: each activation load from L1 feeds two FMAs.
+            for (int64_t rb = r0; rb < r1; rb += f_block_rows) {
+                const int64_t re = min_i64(r1, rb + f_block_rows);
+                for (int64_t j = 0; j < nt; j += NT) {
+                    const int64_t m = min_i64(NT, nt - j);
+                    int64_t r = rb;
+                    for (; r + 2 <= re; r += 2)
+                        f_tile_m<T, 2>(wb, w_row_bytes, r, K, xp + j, m, yc + j * ldy, ldy);
+                    for (; r < re; r++)
+                        f_tile_m<T, 1>(wb, w_row_bytes, r, K, xp + j, m, yc + j * ldy, ldy);
+                }
+            }
         }
-        for (; r < r1; r++) f_rows<T, 1, NT>(wb, w_row_bytes, r, K, xp, nt, yc, ldy);
         if (xp != xs) free(xp);
     }
     free(xbuf);
