@@ -843,12 +843,12 @@ void run_attention(tensor * t, const op_args & a) {
     int32_t * own = reinterpret_cast<int32_t *>(acc + hd); // cell order, no list given
     uint16_t qh16[1024];
     float qh[1024];
-    int64_t w0, w1;
-    split(n_tok * n_q, a.ith, a.nth, w0, w1);
     int64_t listed = -1; // the token whose cells `own` holds
     const int32_t * cells = nullptr;
     int32_t n_vis = 0;
-    for (int64_t w = w0; w < w1; ++w) {
+    // (token, head) pairs dealt out in turn: a later token sees more cells,
+    // so contiguous ranges would leave the last thread the most work.
+    for (int64_t w = a.ith; w < n_tok * n_q; w += a.nth) {
         const int64_t i = w / n_q;
         const int h = q0 + int(w % n_q), hk = h / group;
         const smol_pos p = a.batch.pos[i];
