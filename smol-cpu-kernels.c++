@@ -593,96 +593,159 @@ static float softmax_exp(float * y, const float * x, float max, int64_t n) {
 
 // --- attention over the cells of a sequence ---------------------------------------
 //
-// scores: out[j] = (K row cells[j] . q) * scale for j < n, rows hd long;
-// returns the largest. values: acc = sum over j of p[j] * V row cells[j],
-// in increasing j (one FMA per element and cell, skipping p[j] == 0); acc
-// is overwritten. Each score and each element of acc is computed the same
-// way whatever n and cells are, so a query's result depends only on its
-// own cells.
+// The queries of one kv head (GQA) share each K and V row they read. For
+// query g: scores out[g * ldo + j] = (K row cells[j] . q_g) * scale for
+// j < n (q_g = q + g * hd), and mx[g] their largest; values acc[g * hd + d]
+// = sum over j of p[g * ldp + j] * V row cells[j][d], in increasing j (one
+// FMA per element and cell, cells with p == 0 skipped). Each score and each
+// element of acc is computed the same way whatever n, cells and nq are, so a
+// query's result depends only on its own cells.
 
-static float attn_scores(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
-                         const float * q, float scale, float * out) {
-    float mx = -INFINITY;
-    int32_t j = 0;
 #if defined(__AVX2__)
+// G queries x C cells: lane sums over d, then hsum8x8's order, the d tail.
+template <int G, int C>
+static inline void score_block(const uint16_t * const r[C], int64_t hd, const float * q,
+                               float * sums) {
+    __m256 acc[G * C];
+    for (int i = 0; i < G * C; i++) acc[i] = _mm256_setzero_ps();
     const int64_t h8 = hd & ~(int64_t)7;
-    __m256 vmx = _mm256_set1_ps(-INFINITY);
-    for (; j < n; j += 8) {
-        const int m = n - j < 8 ? (int)(n - j) : 8;
-        const uint16_t * r[8];
-        for (int c = 0; c < 8; c++) r[c] = k + (size_t)cells[j + (c < m ? c : 0)] * (size_t)hd;
-        __m256 acc[8];
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < h8; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + d);
-            for (int c = 0; c < 8; c++)
-                acc[c] = _mm256_fmadd_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r[c] + d))), qv, acc[c]);
+    for (int64_t d = 0; d < h8; d += 8) {
+        __m256 kv[C];
+        for (int c = 0; c < C; c++) kv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r[c] + d)));
+        for (int g = 0; g < G; g++) {
+            __m256 qv = _mm256_loadu_ps(q + g * hd + d);
+            if (C > 1) __asm__("" : "+x"(qv));
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_fmadd_ps(kv[c], qv, acc[g * C + c]);
         }
-        alignas(32) float sums[8];
-        _mm256_store_ps(sums, hsum8x8(acc));
-        for (int c = 0; c < m; c++) {
-            __m128 v = _mm_set_ss(sums[c]);
+    }
+    for (int i = 0; i < G * C; i += 8) {
+        __m256 v[8];
+        for (int l = 0; l < 8; l++) v[l] = i + l < G * C ? acc[i + l] : _mm256_setzero_ps();
+        alignas(32) float s8[8];
+        _mm256_store_ps(s8, hsum8x8(v));
+        for (int l = 0; l < 8 && i + l < G * C; l++) sums[i + l] = s8[l];
+    }
+    for (int g = 0; g < G; g++) {
+        for (int c = 0; c < C; c++) {
+            __m128 v = _mm_set_ss(sums[g * C + c]);
             for (int64_t d = h8; d < hd; d++)
-                v = _mm_fmadd_ss(_mm_set_ss(h2f(r[c][d])), _mm_set_ss(q[d]), v);
-            sums[c] = _mm_cvtss_f32(v) * scale;
+                v = _mm_fmadd_ss(_mm_set_ss(h2f(r[c][d])), _mm_set_ss(q[g * hd + d]), v);
+            sums[g * C + c] = _mm_cvtss_f32(v);
         }
-        if (m == 8) {
-            const __m256 sv = _mm256_load_ps(sums);
-            _mm256_storeu_ps(out + j, sv);
-            vmx = _mm256_max_ps(vmx, sv);
-        } else {
+    }
+}
+
+template <int G, int C>
+static void scores_g(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
+                     const float * q, float scale, float * out, int64_t ldo, float * mx) {
+    for (int g = 0; g < G; g++) mx[g] = -INFINITY;
+    for (int32_t j = 0; j < n; j += C) {
+        const int m = n - j < C ? (int)(n - j) : C;
+        const uint16_t * r[C];
+        for (int c = 0; c < C; c++) r[c] = k + (size_t)cells[j + (c < m ? c : 0)] * (size_t)hd;
+        float sums[G * C];
+        score_block<G, C>(r, hd, q, sums);
+        for (int g = 0; g < G; g++) {
             for (int c = 0; c < m; c++) {
-                out[j + c] = sums[c];
-                mx = mx > sums[c] ? mx : sums[c];
+                const float s = sums[g * C + c] * scale;
+                out[g * ldo + j + c] = s;
+                mx[g] = mx[g] > s ? mx[g] : s;
             }
         }
     }
-    alignas(32) float m8[8];
-    _mm256_store_ps(m8, vmx);
-    for (int c = 0; c < 8; c++) mx = mx > m8[c] ? mx : m8[c];
-#else
-    for (; j < n; j++) {
-        const uint16_t * r = k + (size_t)cells[j] * (size_t)hd;
-        float sum = 0.0f;
-        for (int64_t d = 0; d < hd; d++) sum += h2f(r[d]) * q[d];
-        out[j] = sum * scale;
-        mx = mx > out[j] ? mx : out[j];
-    }
-#endif
-    return mx;
 }
 
-static void attn_values(const uint16_t * v, const int32_t * cells, const float * p, int32_t n,
-                        int64_t hd, float * acc) {
-    int64_t d0 = 0;
-#if defined(__AVX2__)
-    // 64 elements of acc at a time, in registers across all cells.
-    for (; d0 + 64 <= hd; d0 += 64) {
-        __m256 a[8];
-        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-        for (int32_t j = 0; j < n; j++) {
-            if (p[j] == 0.0f) continue;
-            const __m256 pj = _mm256_set1_ps(p[j]);
-            const uint16_t * r = v + (size_t)cells[j] * (size_t)hd + d0;
-            for (int i = 0; i < 8; i++)
-                a[i] = _mm256_fmadd_ps(
-                    pj, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * i))), a[i]);
+// G queries x 8 D elements of acc, starting at element d0, in registers
+// across all cells.
+template <int G, int D>
+static void values_g(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
+                     int32_t n, int64_t hd, int64_t d0, float * acc) {
+    __m256 a[G * D];
+    for (int i = 0; i < G * D; i++) a[i] = _mm256_setzero_ps();
+    for (int32_t j = 0; j < n; j++) {
+        const uint16_t * r = v + (size_t)cells[j] * (size_t)hd + d0;
+        __m256 vv[D];
+        for (int i = 0; i < D; i++) vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * i)));
+        for (int g = 0; g < G; g++) {
+            const float pj = p[g * ldp + j];
+            if (pj == 0.0f) continue;
+            const __m256 pv = _mm256_set1_ps(pj);
+            for (int i = 0; i < D; i++) a[g * D + i] = _mm256_fmadd_ps(pv, vv[i], a[g * D + i]);
         }
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < D; i++) _mm256_storeu_ps(acc + g * hd + d0 + 8 * i, a[g * D + i]);
+}
+#endif
+
+static void attn_scores(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
+                        const float * q, int nq, float scale, float * out, int64_t ldo,
+                        float * mx) {
+#if defined(__AVX2__)
+    for (int g = 0; g < nq;) {
+        const int left = nq - g;
+        if (left >= 3) {
+            scores_g<3, 4>(k, cells, n, hd, q + g * hd, scale, out + g * ldo, ldo, mx + g);
+            g += 3;
+        } else if (left == 2) {
+            scores_g<2, 6>(k, cells, n, hd, q + g * hd, scale, out + g * ldo, ldo, mx + g);
+            g += 2;
+        } else {
+            scores_g<1, 8>(k, cells, n, hd, q + g * hd, scale, out + g * ldo, ldo, mx + g);
+            g += 1;
+        }
+    }
+#else
+    for (int g = 0; g < nq; g++) {
+        mx[g] = -INFINITY;
+        for (int32_t j = 0; j < n; j++) {
+            const uint16_t * r = k + (size_t)cells[j] * (size_t)hd;
+            float sum = 0.0f;
+            for (int64_t d = 0; d < hd; d++) sum += h2f(r[d]) * q[g * hd + d];
+            out[g * ldo + j] = sum * scale;
+            mx[g] = mx[g] > out[g * ldo + j] ? mx[g] : out[g * ldo + j];
+        }
     }
 #endif
-    for (int64_t d = d0; d < hd; d++) acc[d] = 0.0f;
-    if (d0 == hd) return;
-    for (int32_t j = 0; j < n; j++) {
-        if (p[j] == 0.0f) continue;
-        const uint16_t * r = v + (size_t)cells[j] * (size_t)hd;
+}
+
+static void attn_values(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
+                        int nq, int32_t n, int64_t hd, float * acc) {
+    int64_t d0 = 0;
 #if defined(__AVX2__)
-        for (int64_t d = d0; d < hd; d++)
-            acc[d] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(p[j]), _mm_set_ss(h2f(r[d])), _mm_set_ss(acc[d])));
-#else
-        for (int64_t d = d0; d < hd; d++) acc[d] += p[j] * h2f(r[d]);
+    // 32 elements of acc for up to 3 queries at a time (12 registers).
+    for (; d0 + 32 <= hd; d0 += 32) {
+        for (int g = 0; g < nq;) {
+            const int left = nq - g;
+            if (left >= 3) {
+                values_g<3, 4>(v, cells, p + g * ldp, ldp, n, hd, d0, acc + g * hd);
+                g += 3;
+            } else if (left == 2) {
+                values_g<2, 4>(v, cells, p + g * ldp, ldp, n, hd, d0, acc + g * hd);
+                g += 2;
+            } else {
+                values_g<1, 4>(v, cells, p + g * ldp, ldp, n, hd, d0, acc + g * hd);
+                g += 1;
+            }
+        }
+    }
 #endif
+    if (d0 == hd) return;
+    for (int g = 0; g < nq; g++) {
+        for (int64_t d = d0; d < hd; d++) acc[g * hd + d] = 0.0f;
+        for (int32_t j = 0; j < n; j++) {
+            const float pj = p[g * ldp + j];
+            if (pj == 0.0f) continue;
+            const uint16_t * r = v + (size_t)cells[j] * (size_t)hd;
+            for (int64_t d = d0; d < hd; d++) {
+#if defined(__AVX2__)
+                acc[g * hd + d] = _mm_cvtss_f32(
+                    _mm_fmadd_ss(_mm_set_ss(pj), _mm_set_ss(h2f(r[d])), _mm_set_ss(acc[g * hd + d])));
+#else
+                acc[g * hd + d] += pj * h2f(r[d]);
+#endif
+            }
+        }
     }
 }
 

@@ -442,9 +442,12 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
         }
         if (t->kind == OP_ATTENTION) {
             const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) : 0;
-            // Scores and the visible cells' indices per cell, one head's sum.
-            p.scratch_bytes =
-                std::max(p.scratch_bytes, (2 * cells + size_t(t->iparams[3])) * sizeof(float));
+            // Per query of a kv head's group: scores per cell, the query and
+            // its sum; the visible cells' indices per cell.
+            const size_t group = size_t(t->iparams[1] / t->iparams[2]);
+            p.scratch_bytes = std::max(p.scratch_bytes, ((group + 1) * cells +
+                                                         2 * group * size_t(t->iparams[3])) *
+                                                            sizeof(float));
         }
     }
     p.arena_bytes = top;
@@ -820,37 +823,46 @@ void run_kv_store(tensor * t, const op_args & a) {
     }
 }
 
-// Per (token, head): scores over the visible cells, softmax, then the
-// weighted sum of V. The query and the normalised weights are rounded to f16
-// before they meet the f16 cache, and the softmax sum is kept in double, as
-// llama.cpp's attention does, so the two engines round alike. The visible
-// cells are taken in position order when the batch lists them (see
-// batch_info), so a sequence's result is the same bits alone or batched and
-// wherever its cells lie; otherwise in cell order. A node covers the query
-// heads of its view's kv heads; K and V come from the view's bases, resident
-// memory or a staging slot alike (both indexed by cell).
+// Per (token, kv head): scores over the visible cells for the query heads
+// that share the kv head, softmax, then the weighted sum of V. The queries
+// and the normalised weights are rounded to f16 before they meet the f16
+// cache, and the softmax sum is kept in double, as llama.cpp's attention
+// does, so the two engines round alike. The visible cells are taken in
+// position order when the batch lists them (see batch_info), so a
+// sequence's result is the same bits alone or batched and wherever its
+// cells lie; otherwise in cell order. A query's result does not depend on
+// how many queries share the kernel calls. A node covers the query heads of
+// its view's kv heads; K and V come from the view's bases, resident memory
+// or a staging slot alike (both indexed by cell).
 void run_attention(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
     const kv_view view = node_kv_view(t, kv);
     const int n_head = t->iparams[1], n_head_kv = t->iparams[2], hd = t->iparams[3];
     const int group = n_head / n_head_kv;
-    const int q0 = view.h0 * group, n_q = (view.h1 - view.h0) * group;
+    const int n_kv = view.h1 - view.h0;
     const float scale = 1.0f / std::sqrt(float(hd));
     const int64_t n_tok = q->ne[1];
-    float * scores = a.scratch;
-    float * acc = a.scratch + kv.n_cells;
-    int32_t * own = reinterpret_cast<int32_t *>(acc + hd); // cell order, no list given
-    uint16_t qh16[1024];
-    float qh[1024];
+    const int64_t ld = kv.n_cells;
+    float * scores = a.scratch;                       // group x n_cells
+    int32_t * own = reinterpret_cast<int32_t *>(scores + size_t(group) * ld); // n_cells
+    float * qh = reinterpret_cast<float *>(own + ld);  // group x hd
+    float * acc = qh + size_t(group) * hd;             // group x hd
+    uint16_t h16[1024];
+    float mx[64];
+    // Work items: (token, kv head) with its whole group of queries, dealt
+    // out to the threads in turn (a later token sees more cells); with too
+    // few of those to share (decode), (token, query head).
+    const int per_item = group <= 64 && n_tok * n_kv >= 4 * int64_t(a.nth) ? group : 1;
+    const int items_per_kv = group / per_item;
     int64_t listed = -1; // the token whose cells `own` holds
     const int32_t * cells = nullptr;
     int32_t n_vis = 0;
-    // (token, head) pairs dealt out in turn: a later token sees more cells,
-    // so contiguous ranges would leave the last thread the most work.
-    for (int64_t w = a.ith; w < n_tok * n_q; w += a.nth) {
-        const int64_t i = w / n_q;
-        const int h = q0 + int(w % n_q), hk = h / group;
+    for (int64_t w = a.ith; w < n_tok * n_kv * items_per_kv; w += a.nth) {
+        const int64_t i = w / (n_kv * items_per_kv);
+        const int r = int(w % (n_kv * items_per_kv));
+        const int hk = view.h0 + r / items_per_kv;
+        const int h0 = hk * group + (r % items_per_kv) * per_item;
         const smol_pos p = a.batch.pos[i];
         const smol_seq_id s = a.batch.seq[i];
         if (a.batch.seq_cells) {
@@ -867,30 +879,36 @@ void run_attention(tensor * t, const op_args & a) {
             cells = own;
             listed = i;
         }
-        a.k.f32_to_f16(row_f32(q, i) + h * hd, qh16, hd);
-        a.k.row_to_f32(SMOL_TYPE_F16, qh16, qh, hd);
+        for (int g = 0; g < per_item; ++g) {
+            a.k.f32_to_f16(row_f32(q, i) + (h0 + g) * hd, h16, hd);
+            a.k.row_to_f32(SMOL_TYPE_F16, h16, qh + g * hd, hd);
+        }
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
-        const float mx = a.k.attn_scores(K, cells, n_vis, hd, qh, scale, scores);
-        a.k.softmax_exp(scores, scores, mx, n_vis);
-        // The sum in double, in four interleaved parts (one chain of double
-        // additions would take as long as the scores).
-        double part[4] = {0, 0, 0, 0};
-        int32_t j = 0;
-        for (; j + 4 <= n_vis; j += 4)
-            for (int l = 0; l < 4; ++l) part[l] += double(scores[j + l]);
-        for (; j < n_vis; ++j) part[0] += double(scores[j]);
-        const double sum = (part[0] + part[1]) + (part[2] + part[3]);
-        // The weights, normalised and rounded to f16 (exactly, as the
-        // scalar conversion does) in place.
-        a.k.scale(scores, scores, float(1.0 / sum), n_vis);
-        for (int32_t j0 = 0; j0 < n_vis; j0 += 1024) {
-            const int32_t n = std::min<int32_t>(1024, n_vis - j0);
-            a.k.f32_to_f16(scores + j0, qh16, n);
-            a.k.row_to_f32(SMOL_TYPE_F16, qh16, scores + j0, n);
+        a.k.attn_scores(K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
+        for (int g = 0; g < per_item; ++g) {
+            float * sc = scores + g * ld;
+            a.k.softmax_exp(sc, sc, mx[g], n_vis);
+            // The sum in double, in four interleaved parts (one chain of
+            // double additions would take as long as the scores).
+            double part[4] = {0, 0, 0, 0};
+            int32_t j = 0;
+            for (; j + 4 <= n_vis; j += 4)
+                for (int l = 0; l < 4; ++l) part[l] += double(sc[j + l]);
+            for (; j < n_vis; ++j) part[0] += double(sc[j]);
+            const double sum = (part[0] + part[1]) + (part[2] + part[3]);
+            // The weights, normalised and rounded to f16 (exactly, as the
+            // scalar conversion does) in place.
+            a.k.scale(sc, sc, float(1.0 / sum), n_vis);
+            for (int32_t j0 = 0; j0 < n_vis; j0 += 1024) {
+                const int32_t n = std::min<int32_t>(1024, n_vis - j0);
+                a.k.f32_to_f16(sc + j0, h16, n);
+                a.k.row_to_f32(SMOL_TYPE_F16, h16, sc + j0, n);
+            }
         }
-        a.k.attn_values(V, cells, scores, n_vis, hd, acc);
-        std::memcpy(row_f32(t, i) + h * hd, acc, size_t(hd) * sizeof(float));
+        a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
+        for (int g = 0; g < per_item; ++g)
+            std::memcpy(row_f32(t, i) + (h0 + g) * hd, acc + g * hd, size_t(hd) * sizeof(float));
     }
 }
 

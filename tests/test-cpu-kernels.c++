@@ -869,7 +869,7 @@ TEST_CASE("the attention primitives match float64 on f16 rows") {
     }
 }
 
-TEST_CASE("attention over scattered cells matches float64, one cell's result alone or among others") {
+TEST_CASE("attention over scattered cells matches float64, a query's result alone or among others") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
     std::mt19937 rng(seed);
@@ -878,59 +878,82 @@ TEST_CASE("attention over scattered cells matches float64, one cell's result alo
         CAPTURE(variant);
         for (int64_t hd : {64, 128, 72, 13}) {
             for (int32_t n : {1, 7, 8, 9, 37, 200}) {
-                CAPTURE(hd);
-                CAPTURE(n);
-                const int32_t n_cells = 2 * n + 5;
-                const std::vector<float> kf = gaussian(rng, size_t(n_cells * hd)),
-                                         vf = gaussian(rng, size_t(n_cells * hd)),
-                                         q = gaussian(rng, size_t(hd));
-                std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-                k->f32_to_f16(kf.data(), kh.data(), int64_t(kf.size()));
-                k->f32_to_f16(vf.data(), vh.data(), int64_t(vf.size()));
-                // Distinct cells in a scattered order.
-                std::vector<int32_t> cells(static_cast<size_t>(n_cells));
-                for (int32_t c = 0; c < n_cells; c++) cells[size_t(c)] = c;
-                std::shuffle(cells.begin(), cells.end(), rng);
-                cells.resize(size_t(n));
-                const float scale = 0.125f;
-                std::vector<float> sc(static_cast<size_t>(n));
-                const float mx = k->attn_scores(kh.data(), cells.data(), n, hd, q.data(), scale,
-                                                sc.data());
-                float want_mx = -INFINITY;
-                int bad = 0, alone_differs = 0;
-                for (int32_t j = 0; j < n; j++) {
-                    double ref = 0.0, mag = 0.0;
-                    for (int64_t d = 0; d < hd; d++) {
-                        const double pr = ref_half(kh[size_t(cells[size_t(j)] * hd + d)]) * q[size_t(d)];
-                        ref += pr;
-                        mag += std::fabs(pr);
+                for (int nq : {1, 2, 3, 5}) {
+                    CAPTURE(hd);
+                    CAPTURE(n);
+                    CAPTURE(nq);
+                    const int32_t n_cells = 2 * n + 5;
+                    const std::vector<float> kf = gaussian(rng, size_t(n_cells * hd)),
+                                             vf = gaussian(rng, size_t(n_cells * hd)),
+                                             q = gaussian(rng, size_t(nq * hd));
+                    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+                    k->f32_to_f16(kf.data(), kh.data(), int64_t(kf.size()));
+                    k->f32_to_f16(vf.data(), vh.data(), int64_t(vf.size()));
+                    // Distinct cells in a scattered order.
+                    std::vector<int32_t> cells(static_cast<size_t>(n_cells));
+                    for (int32_t c = 0; c < n_cells; c++) cells[size_t(c)] = c;
+                    std::shuffle(cells.begin(), cells.end(), rng);
+                    cells.resize(size_t(n));
+                    const float scale = 0.125f;
+                    const int64_t ld = n + 3;
+                    std::vector<float> sc(static_cast<size_t>(nq * ld)), mx(static_cast<size_t>(nq));
+                    k->attn_scores(kh.data(), cells.data(), n, hd, q.data(), nq, scale, sc.data(),
+                                   ld, mx.data());
+                    int bad = 0, alone_differs = 0, bad_max = 0;
+                    for (int g = 0; g < nq; g++) {
+                        float want_mx = -INFINITY;
+                        for (int32_t j = 0; j < n; j++) {
+                            const float got = sc[size_t(g * ld + j)];
+                            double ref = 0.0, mag = 0.0;
+                            for (int64_t d = 0; d < hd; d++) {
+                                const double pr = ref_half(kh[size_t(cells[size_t(j)] * hd + d)]) *
+                                                  q[size_t(g * hd + d)];
+                                ref += pr;
+                                mag += std::fabs(pr);
+                            }
+                            bad += std::fabs(got - ref * scale) >
+                                   (hd + 2) * 6e-8 * mag * scale + 1e-30;
+                            want_mx = std::max(want_mx, got);
+                            // The same query and cell alone: the same bits.
+                            float one = 0.0f, one_mx = 0.0f;
+                            k->attn_scores(kh.data(), cells.data() + j, 1, hd, q.data() + g * hd,
+                                           1, scale, &one, 1, &one_mx);
+                            alone_differs += std::memcmp(&one, &got, sizeof one) != 0;
+                        }
+                        bad_max += mx[size_t(g)] != want_mx;
                     }
-                    bad += std::fabs(sc[size_t(j)] - ref * scale) > (hd + 2) * 6e-8 * mag * scale + 1e-30;
-                    want_mx = std::max(want_mx, sc[size_t(j)]);
-                    float one = 0.0f;
-                    k->attn_scores(kh.data(), cells.data() + j, 1, hd, q.data(), scale, &one);
-                    alone_differs += std::memcmp(&one, &sc[size_t(j)], sizeof one) != 0;
-                }
-                CHECK(bad == 0);
-                CHECK(alone_differs == 0);
-                CHECK(mx == want_mx);
+                    CHECK(bad == 0);
+                    CHECK(alone_differs == 0);
+                    CHECK(bad_max == 0);
 
-                // Weights with some zeros, as softmax gives for far cells.
-                std::vector<float> p = gaussian(rng, size_t(n));
-                for (int32_t j = 0; j < n; j += 3) p[size_t(j)] = 0.0f;
-                std::vector<float> acc(static_cast<size_t>(hd), std::numeric_limits<float>::quiet_NaN());
-                k->attn_values(vh.data(), cells.data(), p.data(), n, hd, acc.data());
-                bad = 0;
-                for (int64_t d = 0; d < hd; d++) {
-                    double ref = 0.0, mag = 0.0;
-                    for (int32_t j = 0; j < n; j++) {
-                        const double pr = p[size_t(j)] * ref_half(vh[size_t(cells[size_t(j)] * hd + d)]);
-                        ref += pr;
-                        mag += std::fabs(pr);
+                    // Weights with some zeros, as softmax gives for far cells.
+                    std::vector<float> p = gaussian(rng, size_t(nq * ld));
+                    for (int32_t j = 0; j < n; j += 3) p[size_t(j)] = 0.0f;
+                    std::vector<float> acc(static_cast<size_t>(nq * hd),
+                                           std::numeric_limits<float>::quiet_NaN());
+                    k->attn_values(vh.data(), cells.data(), p.data(), ld, nq, n, hd, acc.data());
+                    bad = alone_differs = 0;
+                    std::vector<float> one(static_cast<size_t>(hd));
+                    for (int g = 0; g < nq; g++) {
+                        for (int64_t d = 0; d < hd; d++) {
+                            double ref = 0.0, mag = 0.0;
+                            for (int32_t j = 0; j < n; j++) {
+                                const double pr = p[size_t(g * ld + j)] *
+                                                  ref_half(vh[size_t(cells[size_t(j)] * hd + d)]);
+                                ref += pr;
+                                mag += std::fabs(pr);
+                            }
+                            bad += !(std::fabs(acc[size_t(g * hd + d)] - ref) <=
+                                     (n + 2) * 6e-8 * mag + 1e-30);
+                        }
+                        k->attn_values(vh.data(), cells.data(), p.data() + g * ld, ld, 1, n, hd,
+                                       one.data());
+                        alone_differs += std::memcmp(one.data(), acc.data() + g * hd,
+                                                     size_t(hd) * sizeof(float)) != 0;
                     }
-                    bad += !(std::fabs(acc[size_t(d)] - ref) <= (n + 2) * 6e-8 * mag + 1e-30);
+                    CHECK(bad == 0);
+                    CHECK(alone_differs == 0);
                 }
-                CHECK(bad == 0);
             }
         }
     }
