@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX2__)
@@ -429,6 +430,19 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+// The lane sums of a[0..7] in one vector (lane i: a[i]), each added in the
+// order above, whichever vectors share the call.
+static inline __m256 hsum8x8(const __m256 a[8]) {
+    const __m256 ab = _mm256_hadd_ps(a[0], a[1]); // a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, ...
+    const __m256 cd = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 ef = _mm256_hadd_ps(a[4], a[5]);
+    const __m256 gh = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd); // (a0+a1)+(a2+a3), ... | (a4+a5)+(a6+a7), ...
+    const __m256 efgh = _mm256_hadd_ps(ef, gh);
+    return _mm256_add_ps(_mm256_permute2f128_ps(abcd, efgh, 0x20),
+                         _mm256_permute2f128_ps(abcd, efgh, 0x31));
+}
+
 // e^x for x in float range: 2^n * e^r with n = round(x / ln 2) and a degree-7
 // polynomial (Cephes' expf) for e^r; relative error about 2e-7. Inputs below
 // ln(2^-126) give 0, which is what softmax wants for -inf.
@@ -577,6 +591,164 @@ static float softmax_exp(float * y, const float * x, float max, int64_t n) {
     return sum;
 }
 
+// --- attention over the cells of a sequence ---------------------------------------
+//
+// The queries of one kv head (GQA) share each K and V row they read. For
+// query g: scores out[g * ldo + j] = (K row cells[j] . q_g) * scale for
+// j < n (q_g = q + g * hd), and mx[g] their largest; values acc[g * hd + d]
+// = sum over j of p[g * ldp + j] * V row cells[j][d], in increasing j (one
+// FMA per element and cell, cells with p == 0 skipped). Each score and each
+// element of acc is computed the same way whatever n, cells and nq are, so a
+// query's result depends only on its own cells.
+
+#if defined(__AVX2__)
+// G queries x C cells: lane sums over d, then hsum8x8's order, the d tail.
+template <int G, int C>
+static inline void score_block(const uint16_t * const r[C], int64_t hd, const float * q,
+                               float * sums) {
+    __m256 acc[G * C];
+    for (int i = 0; i < G * C; i++) acc[i] = _mm256_setzero_ps();
+    const int64_t h8 = hd & ~(int64_t)7;
+    for (int64_t d = 0; d < h8; d += 8) {
+        __m256 kv[C];
+        for (int c = 0; c < C; c++) kv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r[c] + d)));
+        for (int g = 0; g < G; g++) {
+            __m256 qv = _mm256_loadu_ps(q + g * hd + d);
+            if (C > 1) __asm__("" : "+x"(qv));
+            for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_fmadd_ps(kv[c], qv, acc[g * C + c]);
+        }
+    }
+    for (int i = 0; i < G * C; i += 8) {
+        __m256 v[8];
+        for (int l = 0; l < 8; l++) v[l] = i + l < G * C ? acc[i + l] : _mm256_setzero_ps();
+        alignas(32) float s8[8];
+        _mm256_store_ps(s8, hsum8x8(v));
+        for (int l = 0; l < 8 && i + l < G * C; l++) sums[i + l] = s8[l];
+    }
+    for (int g = 0; g < G; g++) {
+        for (int c = 0; c < C; c++) {
+            __m128 v = _mm_set_ss(sums[g * C + c]);
+            for (int64_t d = h8; d < hd; d++)
+                v = _mm_fmadd_ss(_mm_set_ss(h2f(r[c][d])), _mm_set_ss(q[g * hd + d]), v);
+            sums[g * C + c] = _mm_cvtss_f32(v);
+        }
+    }
+}
+
+template <int G, int C>
+static void scores_g(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
+                     const float * q, float scale, float * out, int64_t ldo, float * mx) {
+    for (int g = 0; g < G; g++) mx[g] = -INFINITY;
+    for (int32_t j = 0; j < n; j += C) {
+        const int m = n - j < C ? (int)(n - j) : C;
+        const uint16_t * r[C];
+        for (int c = 0; c < C; c++) r[c] = k + (size_t)cells[j + (c < m ? c : 0)] * (size_t)hd;
+        float sums[G * C];
+        score_block<G, C>(r, hd, q, sums);
+        for (int g = 0; g < G; g++) {
+            for (int c = 0; c < m; c++) {
+                const float s = sums[g * C + c] * scale;
+                out[g * ldo + j + c] = s;
+                mx[g] = mx[g] > s ? mx[g] : s;
+            }
+        }
+    }
+}
+
+// G queries x 8 D elements of acc, starting at element d0, in registers
+// across all cells.
+template <int G, int D>
+static void values_g(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
+                     int32_t n, int64_t hd, int64_t d0, float * acc) {
+    __m256 a[G * D];
+    for (int i = 0; i < G * D; i++) a[i] = _mm256_setzero_ps();
+    for (int32_t j = 0; j < n; j++) {
+        const uint16_t * r = v + (size_t)cells[j] * (size_t)hd + d0;
+        __m256 vv[D];
+        for (int i = 0; i < D; i++) vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * i)));
+        for (int g = 0; g < G; g++) {
+            const float pj = p[g * ldp + j];
+            if (pj == 0.0f) continue;
+            const __m256 pv = _mm256_set1_ps(pj);
+            for (int i = 0; i < D; i++) a[g * D + i] = _mm256_fmadd_ps(pv, vv[i], a[g * D + i]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < D; i++) _mm256_storeu_ps(acc + g * hd + d0 + 8 * i, a[g * D + i]);
+}
+#endif
+
+static void attn_scores(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
+                        const float * q, int nq, float scale, float * out, int64_t ldo,
+                        float * mx) {
+#if defined(__AVX2__)
+    for (int g = 0; g < nq;) {
+        const int left = nq - g;
+        if (left >= 3) {
+            scores_g<3, 4>(k, cells, n, hd, q + g * hd, scale, out + g * ldo, ldo, mx + g);
+            g += 3;
+        } else if (left == 2) {
+            scores_g<2, 6>(k, cells, n, hd, q + g * hd, scale, out + g * ldo, ldo, mx + g);
+            g += 2;
+        } else {
+            scores_g<1, 8>(k, cells, n, hd, q + g * hd, scale, out + g * ldo, ldo, mx + g);
+            g += 1;
+        }
+    }
+#else
+    for (int g = 0; g < nq; g++) {
+        mx[g] = -INFINITY;
+        for (int32_t j = 0; j < n; j++) {
+            const uint16_t * r = k + (size_t)cells[j] * (size_t)hd;
+            float sum = 0.0f;
+            for (int64_t d = 0; d < hd; d++) sum += h2f(r[d]) * q[g * hd + d];
+            out[g * ldo + j] = sum * scale;
+            mx[g] = mx[g] > out[g * ldo + j] ? mx[g] : out[g * ldo + j];
+        }
+    }
+#endif
+}
+
+static void attn_values(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
+                        int nq, int32_t n, int64_t hd, float * acc) {
+    int64_t d0 = 0;
+#if defined(__AVX2__)
+    // 32 elements of acc for up to 3 queries at a time (12 registers).
+    for (; d0 + 32 <= hd; d0 += 32) {
+        for (int g = 0; g < nq;) {
+            const int left = nq - g;
+            if (left >= 3) {
+                values_g<3, 4>(v, cells, p + g * ldp, ldp, n, hd, d0, acc + g * hd);
+                g += 3;
+            } else if (left == 2) {
+                values_g<2, 4>(v, cells, p + g * ldp, ldp, n, hd, d0, acc + g * hd);
+                g += 2;
+            } else {
+                values_g<1, 4>(v, cells, p + g * ldp, ldp, n, hd, d0, acc + g * hd);
+                g += 1;
+            }
+        }
+    }
+#endif
+    if (d0 == hd) return;
+    for (int g = 0; g < nq; g++) {
+        for (int64_t d = d0; d < hd; d++) acc[g * hd + d] = 0.0f;
+        for (int32_t j = 0; j < n; j++) {
+            const float pj = p[g * ldp + j];
+            if (pj == 0.0f) continue;
+            const uint16_t * r = v + (size_t)cells[j] * (size_t)hd;
+            for (int64_t d = d0; d < hd; d++) {
+#if defined(__AVX2__)
+                acc[g * hd + d] = _mm_cvtss_f32(
+                    _mm_fmadd_ss(_mm_set_ss(pj), _mm_set_ss(h2f(r[d])), _mm_set_ss(acc[g * hd + d])));
+#else
+                acc[g * hd + d] += pj * h2f(r[d]);
+#endif
+            }
+        }
+    }
+}
+
 // --- matmul: the portable path ----------------------------------------------------
 //
 // Every variant computes a quantized dot product the same way, as ggml does:
@@ -696,11 +868,10 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 #define SMOL_CPU_VNNI 0
 #endif
 
-// Up to this many tokens, matmul streams the weights row group by row group
-// (decode, small batches) instead of packing panels (measured crossovers on
-// Zen 3; f32 panels cost more to pack and their tiles are 6 tokens wide).
+// Up to this many tokens, the quantized matmul streams the weights row group
+// by row group (decode, small batches) instead of packing panels (measured
+// crossover on Zen 3).
 constexpr int64_t gemv_max_tokens_q = 4;
-constexpr int64_t gemv_max_tokens_f = 8;
 
 constexpr int64_t q_panel_rows = 16;
 // Blocks per q panel: 24 keeps a 4-bit panel within ~15 KiB of L1; q8_0
@@ -710,11 +881,6 @@ constexpr int64_t q_panel_blocks = 24;
 constexpr int64_t q8_panel_blocks = 18;
 // Activation bytes per token chunk: about half of Zen 3's 512 KiB L2.
 constexpr int64_t act_chunk_bytes = 256 * 1024;
-// f32 panels: 64 rows (4 micro-panels of 16) x up to 192 k = 48 KiB on the
-// stack, L2-resident, swept once per tile of 6 tokens.
-constexpr int64_t f_panel_rows = 64;
-constexpr int64_t f_panel_k = 192;
-constexpr int f_tile_tokens = 6;
 
 static inline __m256i unpack_nibbles(const uint8_t * qs) {
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
@@ -1073,23 +1239,24 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
     }
 }
 
-// Decode reads each weight once, from memory: asking for the rows two
-// groups ahead keeps more cache-line fills in flight than the hardware
-// prefetcher does on its own.
-static inline void prefetch_rows(const uint8_t * w, size_t w_row_bytes, int64_t r, int64_t r1,
-                                 size_t bytes) {
-    for (int64_t i = r; i < r + 8 && i < r1; i++) {
-        const uint8_t * p = w + (size_t)i * w_row_bytes;
-        for (size_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
-    }
+// Decode reads each weight once, from memory. Asking for the rows about
+// 24 KiB ahead, one cache line per row at a time as the kernel moves along
+// them, keeps more fills in flight than the hardware prefetcher does alone
+// (measured on Zen 3: asking for whole rows at once did less). The distance
+// in rows, a multiple of 8.
+static inline int64_t prefetch_distance(size_t row_bytes) {
+    const int64_t rows = (int64_t)((24u << 10) / row_bytes) & ~(int64_t)7;
+    return rows < 8 ? 8 : rows > 64 ? 64 : rows;
 }
 
 // Decode, quantized: 8 rows x 1 token, streaming the weights. Two rows
 // share each vpmaddubsw (row r's low-nibble half in the low 128 bits, row
 // r+1's in the high), and three vphaddd fold the four pair vectors into
 // the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
+// pf, when given, is 8 rows further on, streamed in as prefetch_distance
+// says (w_row_bytes apart).
 static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
-                     float * out) {
+                     float * out, const uint8_t * pf, size_t w_row_bytes) {
     const size_t bs = block_bytes(t);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -1098,6 +1265,9 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const size_t o = (size_t)b * bs;
+        if (pf && o % 64 < bs)
+            for (int i = 0; i < 8; i++)
+                _mm_prefetch((const char *)(pf + i * w_row_bytes + o), _MM_HINT_T0);
         __m256i pr[4];
         if (t == SMOL_TYPE_Q8_0) {
             const __m256i x = _mm256_loadu_si256((const __m256i *)a[b].qs);
@@ -1167,15 +1337,17 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
     if (n_tok <= gemv_max_tokens_q) {
         // Few tokens: packing a panel would cost more than it saves; each
         // token reads the group's rows again, from L1.
+        const int64_t pf_rows = prefetch_distance(row_bytes(t, K));
         for (int64_t r = r0; r < r1; r += 8) {
             const uint8_t * rows[8];
             for (int i = 0; i < 8; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-            prefetch_rows(wb, w_row_bytes, r + 16, r1, row_bytes(t, K));
             const int64_t n = min_i64(8, r1 - r);
+            const uint8_t * pf =
+                r + pf_rows + 8 <= r1 ? wb + (size_t)(r + pf_rows) * w_row_bytes : nullptr;
             for (int64_t j = 0; j < n_tok; j++) {
                 float out[8];
                 q_gemv_8(t, rows, (const block_q8_act *)(ab + (size_t)j * act_row_bytes), K / QK,
-                         out);
+                         out, j == 0 ? pf : nullptr, w_row_bytes);
                 for (int64_t i = 0; i < n; i++) y[j * ldy + r + i] = out[i];
             }
         }
@@ -1198,11 +1370,18 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
 }
 
 // --- float weights ---
+//
+// Every output is one dot product computed in one order, whatever the
+// number of tokens: lane l of an 8-float accumulator sums w[k] x[k] for
+// k = l, l + 8, l + 16, ... in increasing k (one FMA each); the lanes are
+// added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the last
+// K mod 8 products are added after that, in order. Decode (one token,
+// 8 rows at a time) and prefill (tiles of 2 rows x 6 tokens) run those same
+// steps per output, so a token's result does not depend on its batch. The
+// weights are read in their own layout (no packing); f16 activations are
+// widened once per chunk of tokens.
 
-static inline __m256 load8(const float * p) {
-    return _mm256_loadu_ps(p);
-}
-static inline __m256 load8(const uint16_t * p) {
+static inline __m256 load8_f16(const uint16_t * p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 static inline __m256 load8_bf16(const uint16_t * p) {
@@ -1210,247 +1389,146 @@ static inline __m256 load8_bf16(const uint16_t * p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-static inline __m256 load_w8(smol_type t, const uint8_t * row, int64_t k) {
-    if (t == SMOL_TYPE_F16) return load8((const uint16_t *)row + k);
-    if (t == SMOL_TYPE_BF16) return load8_bf16((const uint16_t *)row + k);
-    return load8((const float *)row + k);
+template <smol_type T> static inline __m256 load_w8(const uint8_t * row, int64_t k) {
+    if (T == SMOL_TYPE_F16) return load8_f16((const uint16_t *)row + k);
+    if (T == SMOL_TYPE_BF16) return load8_bf16((const uint16_t *)row + k);
+    return _mm256_loadu_ps((const float *)row + k);
 }
 
-static inline float load_w1(smol_type t, const uint8_t * row, int64_t k) {
-    if (t == SMOL_TYPE_F16) return h2f(((const uint16_t *)row)[k]);
-    if (t == SMOL_TYPE_BF16) return bf2f(((const uint16_t *)row)[k]);
+template <smol_type T> static inline float load_w1(const uint8_t * row, int64_t k) {
+    if (T == SMOL_TYPE_F16) return h2f(((const uint16_t *)row)[k]);
+    if (T == SMOL_TYPE_BF16) return bf2f(((const uint16_t *)row)[k]);
     return ((const float *)row)[k];
 }
 
-// Packs columns k0..k0+n of 16 rows as f32, k-major: dst[k * 16 + r].
-static void f_pack16(smol_type t, const uint8_t * const rows[16], int64_t k0, int64_t n,
-                     float * dst) {
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        for (int v = 0; v < 2; v++) {
-            __m256i c[8];
-            for (int i = 0; i < 8; i++)
-                c[i] = _mm256_castps_si256(load_w8(t, rows[8 * v + i], k0 + k));
-            transpose8_epi32(c);
-            for (int j = 0; j < 8; j++)
-                _mm256_store_ps(dst + (k + j) * 16 + 8 * v, _mm256_castsi256_ps(c[j]));
+// RM rows x RN tokens: y[j * ldy + i] = row w[i] . token x[j] (f32), K long.
+// Not inlined: GCC keeps the 12 accumulators of the 2 x 6 tile in registers
+// only when the tile is a function of its own.
+template <smol_type T, int RM, int RN>
+__attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const float * const x[RN],
+                                             int64_t K, float * y, int64_t ldy,
+                                             const uint8_t * pf = nullptr, size_t pf_stride = 0) {
+    __m256 acc[RN * RM];
+    for (int i = 0; i < RN * RM; i++) acc[i] = _mm256_setzero_ps();
+    const int64_t K8 = K & ~(int64_t)7;
+    constexpr int64_t el = T == SMOL_TYPE_F32 ? 4 : 2;
+    for (int64_t k = 0; k < K8; k += 8) {
+        // Decode streams the weights: pf, when given, is RM rows further on,
+        // asked for one cache line per row every 64 bytes of progress.
+        if (pf && (k * el) % 64 == 0)
+            for (int i = 0; i < RM; i++)
+                _mm_prefetch((const char *)(pf + i * pf_stride + k * el), _MM_HINT_T0);
+        __m256 wv[RM];
+        for (int i = 0; i < RM; i++) wv[i] = load_w8<T>(w[i], k);
+        for (int j = 0; j < RN; j++) {
+            __m256 xv = _mm256_loadu_ps(x[j] + k);
+            // In a register: folded into each FMA, it would be loaded RM
+            // times, and the loads (two per cycle) would bound the loop.
+            if (RM > 1) __asm__("" : "+x"(xv));
+            for (int i = 0; i < RM; i++) acc[j * RM + i] = _mm256_fmadd_ps(wv[i], xv, acc[j * RM + i]);
         }
     }
-    for (; k < n; k++)
-        for (int i = 0; i < 16; i++) dst[k * 16 + i] = load_w1(t, rows[i], k0 + k);
-}
-
-// 16 packed rows x 6 tokens over n k; x[t] points at token t's f32 values.
-// out[t * 16 + r].
-// Not inlined: inlined into the loops around it, GCC runs out of general
-// registers and reloads the token pointers from the stack on every k.
-// With init, the sums start from init[t * 16 + r] (a later chunk of K).
-__attribute__((noinline)) static void f_tile_16x6(const float * w, const float * const x[6],
-                                                  int64_t n, const float * init, float * out) {
-    auto start = [init](int o) { return init ? _mm256_loadu_ps(init + o) : _mm256_setzero_ps(); };
-    __m256 c00 = start(0), c01 = start(8), c10 = start(16), c11 = start(24), c20 = start(32),
-           c21 = start(40);
-    __m256 c30 = start(48), c31 = start(56), c40 = start(64), c41 = start(72), c50 = start(80),
-           c51 = start(88);
-    const float * x0 = x[0];
-    const float * x1 = x[1];
-    const float * x2 = x[2];
-    const float * x3 = x[3];
-    const float * x4 = x[4];
-    const float * x5 = x[5];
-    for (int64_t k = 0; k < n; k++, w += 16) {
-        const __m256 a0 = _mm256_load_ps(w);
-        const __m256 a1 = _mm256_load_ps(w + 8);
-        __m256 b = _mm256_broadcast_ss(x0 + k);
-        c00 = _mm256_fmadd_ps(a0, b, c00);
-        c01 = _mm256_fmadd_ps(a1, b, c01);
-        b = _mm256_broadcast_ss(x1 + k);
-        c10 = _mm256_fmadd_ps(a0, b, c10);
-        c11 = _mm256_fmadd_ps(a1, b, c11);
-        b = _mm256_broadcast_ss(x2 + k);
-        c20 = _mm256_fmadd_ps(a0, b, c20);
-        c21 = _mm256_fmadd_ps(a1, b, c21);
-        b = _mm256_broadcast_ss(x3 + k);
-        c30 = _mm256_fmadd_ps(a0, b, c30);
-        c31 = _mm256_fmadd_ps(a1, b, c31);
-        b = _mm256_broadcast_ss(x4 + k);
-        c40 = _mm256_fmadd_ps(a0, b, c40);
-        c41 = _mm256_fmadd_ps(a1, b, c41);
-        b = _mm256_broadcast_ss(x5 + k);
-        c50 = _mm256_fmadd_ps(a0, b, c50);
-        c51 = _mm256_fmadd_ps(a1, b, c51);
+    constexpr int n = RN * RM, n8 = (n + 7) / 8 * 8;
+    alignas(32) float sums[n8];
+    for (int g = 0; g < n; g += 8) {
+        __m256 v[8];
+        for (int i = 0; i < 8; i++) v[i] = g + i < n ? acc[g + i] : _mm256_setzero_ps();
+        _mm256_store_ps(sums + g, hsum8x8(v));
     }
-    _mm256_storeu_ps(out + 0, c00);
-    _mm256_storeu_ps(out + 8, c01);
-    _mm256_storeu_ps(out + 16, c10);
-    _mm256_storeu_ps(out + 24, c11);
-    _mm256_storeu_ps(out + 32, c20);
-    _mm256_storeu_ps(out + 40, c21);
-    _mm256_storeu_ps(out + 48, c30);
-    _mm256_storeu_ps(out + 56, c31);
-    _mm256_storeu_ps(out + 64, c40);
-    _mm256_storeu_ps(out + 72, c41);
-    _mm256_storeu_ps(out + 80, c50);
-    _mm256_storeu_ps(out + 88, c51);
-}
-
-#if defined(__AVX512F__)
-// Two adjacent 16-row panels (one 512-bit vector each per k) x 6 tokens;
-// out[t * 16 + r] for each panel.
-__attribute__((noinline)) static void f_tile_32x6(const float * w0, const float * w1,
-                                                  const float * const x[6], int64_t n,
-                                                  const float * init0, const float * init1,
-                                                  float * out0, float * out1) {
-    __m512 c[6][2];
-    for (int j = 0; j < 6; j++) {
-        c[j][0] = init0 ? _mm512_loadu_ps(init0 + 16 * j) : _mm512_setzero_ps();
-        c[j][1] = init1 ? _mm512_loadu_ps(init1 + 16 * j) : _mm512_setzero_ps();
-    }
-    for (int64_t k = 0; k < n; k++) {
-        const __m512 a0 = _mm512_load_ps(w0 + 16 * k);
-        const __m512 a1 = _mm512_load_ps(w1 + 16 * k);
-        for (int j = 0; j < 6; j++) {
-            const __m512 b = _mm512_set1_ps(x[j][k]);
-            c[j][0] = _mm512_fmadd_ps(a0, b, c[j][0]);
-            c[j][1] = _mm512_fmadd_ps(a1, b, c[j][1]);
-        }
-    }
-    for (int j = 0; j < 6; j++) {
-        _mm512_storeu_ps(out0 + 16 * j, c[j][0]);
-        _mm512_storeu_ps(out1 + 16 * j, c[j][1]);
-    }
-}
-#endif
-
-static void matmul_f_tiles(smol_type t, const uint8_t * wb, size_t w_row_bytes, int64_t K,
-                           int64_t r0, int64_t r1, const uint8_t * ab, size_t act_row_bytes,
-                           int64_t n_tok, float * y, int64_t ldy) {
-    alignas(64) float panel[f_panel_rows * f_panel_k];
-    alignas(32) float xbuf[f_tile_tokens * f_panel_k]; // f16 activations, widened
-    const int64_t n_kc = (K + f_panel_k - 1) / f_panel_k;
-    const int64_t kc = (K + n_kc - 1) / n_kc;
-    // Token chunks whose activations (this K chunk of them) stay in L2.
-    const int64_t x_bytes = t == SMOL_TYPE_F16 ? 2 : 4;
-    int64_t tc = act_chunk_bytes / 2 / (kc * x_bytes);
-    tc = max_i64(f_tile_tokens, tc - tc % f_tile_tokens);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t t1 = min_i64(n_tok, t0 + tc);
-        for (int64_t k0 = 0; k0 < K; k0 += kc) {
-            const int64_t n = min_i64(kc, K - k0);
-            for (int64_t rb = r0; rb < r1; rb += f_panel_rows) {
-                const int64_t n_sub = (min_i64(f_panel_rows, r1 - rb) + 15) / 16;
-                for (int64_t s = 0; s < n_sub; s++) {
-                    const uint8_t * rows[16];
-                    for (int i = 0; i < 16; i++)
-                        rows[i] = wb + (size_t)min_i64(rb + 16 * s + i, r1 - 1) * w_row_bytes;
-                    f_pack16(t, rows, k0, n, panel + s * 16 * kc);
-                }
-                for (int64_t i = t0; i < t1; i += f_tile_tokens) {
-                    const int64_t nt = min_i64(f_tile_tokens, t1 - i);
-                    const float * x[f_tile_tokens];
-                    for (int j = 0; j < f_tile_tokens; j++) {
-                        const uint8_t * row = ab + (size_t)min_i64(i + j, t1 - 1) * act_row_bytes;
-                        if (t == SMOL_TYPE_F16) {
-                            f16_to_f32_row((const uint16_t *)row + k0, xbuf + j * kc, n);
-                            x[j] = xbuf + j * kc;
-                        } else {
-                            x[j] = (const float *)row + k0;
-                        }
-                    }
-                    int64_t s = 0;
-#if defined(__AVX512F__)
-                    for (; s + 2 <= n_sub; s += 2) {
-                        const int64_t r = rb + 16 * s;
-                        const int64_t nr0 = min_i64(16, r1 - r), nr1 = min_i64(16, r1 - r - 16);
-                        float out0[f_tile_tokens * 16], out1[f_tile_tokens * 16];
-                        float in0[f_tile_tokens * 16], in1[f_tile_tokens * 16];
-                        if (k0 > 0) {
-                            load_tile(y + i * ldy + r, nt, nr0, ldy, f_tile_tokens, in0);
-                            load_tile(y + i * ldy + r + 16, nt, nr1, ldy, f_tile_tokens, in1);
-                        }
-                        f_tile_32x6(panel + s * 16 * kc, panel + (s + 1) * 16 * kc, x, n,
-                                    k0 > 0 ? in0 : nullptr, k0 > 0 ? in1 : nullptr, out0, out1);
-                        store_tile(out0, nt, nr0, y + i * ldy + r, ldy);
-                        store_tile(out1, nt, nr1, y + i * ldy + r + 16, ldy);
-                    }
-#endif
-                    for (; s < n_sub; s++) {
-                        const int64_t r = rb + 16 * s;
-                        const int64_t nr = min_i64(16, r1 - r);
-                        float out[f_tile_tokens * 16], in[f_tile_tokens * 16];
-                        if (k0 > 0) load_tile(y + i * ldy + r, nt, nr, ldy, f_tile_tokens, in);
-                        f_tile_16x6(panel + s * 16 * kc, x, n, k0 > 0 ? in : nullptr, out);
-                        store_tile(out, nt, nr, y + i * ldy + r, ldy);
-                    }
-                }
-            }
+    for (int j = 0; j < RN; j++) {
+        for (int i = 0; i < RM; i++) {
+            __m128 s = _mm_set_ss(sums[j * RM + i]);
+            for (int64_t k = K8; k < K; k++)
+                s = _mm_fmadd_ss(_mm_set_ss(load_w1<T>(w[i], k)), _mm_set_ss(x[j][k]), s);
+            y[j * ldy + i] = _mm_cvtss_f32(s);
         }
     }
 }
 
-// Decode, float weights: 8 rows x 1 token, x already f32; out holds the
-// sums so far when k0 > 0. Each lane is one row, summed over k in order as
-// the tiles do (an 8 x 8 transpose turns rows into columns), so a token's
-// result does not depend on the path its batch size picks.
-static void f_gemv_8(smol_type t, const uint8_t * const rows[8], int64_t k0, const float * x,
-                     int64_t n, float * out) {
-    __m256 c = k0 > 0 ? _mm256_loadu_ps(out) : _mm256_setzero_ps();
-    const int64_t n8 = n & ~(int64_t)7;
-    for (int64_t k = 0; k < n8; k += 8) {
-        __m256i w[8];
-        for (int i = 0; i < 8; i++) w[i] = _mm256_castps_si256(load_w8(t, rows[i], k0 + k));
-        transpose8_epi32(w);
-        for (int j = 0; j < 8; j++)
-            c = _mm256_fmadd_ps(_mm256_castsi256_ps(w[j]), _mm256_broadcast_ss(x + k + j), c);
+// Rows r..r+RM-1 x tokens x[0..m), 1 <= m <= 6: one tile of that size.
+template <smol_type T, int RM>
+static void f_tile_m(const uint8_t * wb, size_t w_row_bytes, int64_t r, int64_t K,
+                     const float * const * x, int64_t m, float * y, int64_t ldy) {
+    const uint8_t * w[RM];
+    for (int i = 0; i < RM; i++) w[i] = wb + (size_t)(r + i) * w_row_bytes;
+    switch (m) {
+    case 1:
+        f_tile<T, RM, 1>(w, x, K, y + r, ldy);
+        break;
+    case 2:
+        f_tile<T, RM, 2>(w, x, K, y + r, ldy);
+        break;
+    case 3:
+        f_tile<T, RM, 3>(w, x, K, y + r, ldy);
+        break;
+    case 4:
+        f_tile<T, RM, 4>(w, x, K, y + r, ldy);
+        break;
+    case 5:
+        f_tile<T, RM, 5>(w, x, K, y + r, ldy);
+        break;
+    default:
+        f_tile<T, RM, 6>(w, x, K, y + r, ldy);
+        break;
     }
-    for (int64_t k = n8; k < n; k++) {
-        float col[8];
-        for (int i = 0; i < 8; i++) col[i] = load_w1(t, rows[i], k0 + k);
-        c = _mm256_fmadd_ps(_mm256_loadu_ps(col), _mm256_broadcast_ss(x + k), c);
-    }
-    _mm256_storeu_ps(out, c);
 }
 
-static void matmul_f(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
-                     int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
+template <smol_type T>
+static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
+                     const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y,
                      int64_t ldy) {
-    const uint8_t * wb = (const uint8_t *)w;
-    const uint8_t * ab = (const uint8_t *)act;
-    if (n_tok <= gemv_max_tokens_f) {
-        constexpr int64_t xc = 1024; // f16 activations are widened in chunks
-        alignas(32) float xbuf[gemv_max_tokens_f][xc];
-        for (int64_t k0 = 0; k0 < K; k0 += xc) {
-            const int64_t n = min_i64(xc, K - k0);
-            const float * x[gemv_max_tokens_f];
-            for (int64_t j = 0; j < n_tok; j++) {
-                const uint8_t * row = ab + (size_t)j * act_row_bytes;
-                if (t == SMOL_TYPE_F16) {
-                    f16_to_f32_row((const uint16_t *)row + k0, xbuf[j], n);
-                    x[j] = xbuf[j];
-                } else {
-                    x[j] = (const float *)row + k0;
-                }
+    constexpr int NT = 6;                // tokens per prefill tile
+    constexpr int64_t f_block_rows = 64; // rows per block
+    // Token chunks whose f32 activations stay in L2 while every row pair of
+    // this thread's range sweeps them.
+    const int64_t tc = n_tok == 1 ? 1 : max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
+    const bool widen = T == SMOL_TYPE_F16;
+    float * xbuf = widen ? (float *)malloc((size_t)min_i64(tc, n_tok) * (size_t)K * sizeof(float))
+                         : nullptr;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t nt = min_i64(tc, n_tok - t0);
+        const float * xs[1024];
+        const float ** xp = nt <= 1024 ? xs : (const float **)malloc((size_t)nt * sizeof(*xp));
+        for (int64_t j = 0; j < nt; j++) {
+            const uint8_t * row = ab + (size_t)(t0 + j) * act_row_bytes;
+            if (widen) {
+                f16_to_f32_row((const uint16_t *)row, xbuf + j * K, K);
+                xp[j] = xbuf + j * K;
+            } else {
+                xp[j] = (const float *)row;
             }
-            const size_t el = t == SMOL_TYPE_F32 ? 4 : 2;
-            for (int64_t r = r0; r < r1; r += 8) {
-                const uint8_t * rows[8];
-                for (int i = 0; i < 8; i++)
-                    rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
-                prefetch_rows(wb + k0 * el, w_row_bytes, r + 16, r1, (size_t)n * el);
-                const int64_t nr = min_i64(8, r1 - r);
-                for (int64_t j = 0; j < n_tok; j++) {
-                    float out[8] = {0};
-                    float * yj = y + j * ldy + r;
-                    if (k0 > 0)
-                        for (int64_t i = 0; i < nr; i++) out[i] = yj[i];
-                    f_gemv_8(t, rows, k0, x[j], n, out);
-                    for (int64_t i = 0; i < nr; i++) yj[i] = out[i];
+        }
+        float * yc = y + t0 * ldy;
+        if (nt == 1) {
+            const int64_t pf_rows = prefetch_distance(row_bytes(T, K));
+            int64_t r = r0;
+            for (; r + 8 <= r1; r += 8) {
+                const uint8_t * w[8];
+                for (int i = 0; i < 8; i++) w[i] = wb + (size_t)(r + i) * w_row_bytes;
+                const int64_t ahead = r + pf_rows;
+                f_tile<T, 8, 1>(w, xp, K, yc + r, ldy,
+                                ahead + 8 <= r1 ? wb + (size_t)ahead * w_row_bytes : nullptr,
+                                w_row_bytes);
+            }
+            for (; r < r1; r++) f_tile_m<T, 1>(wb, w_row_bytes, r, K, xp, 1, yc, ldy);
+        } else {
+            // A block of rows (in L2) meets one tile of tokens (in L1) after
+            // another: each activation load from L1 feeds two FMAs.
+            for (int64_t rb = r0; rb < r1; rb += f_block_rows) {
+                const int64_t re = min_i64(r1, rb + f_block_rows);
+                for (int64_t j = 0; j < nt; j += NT) {
+                    const int64_t m = min_i64(NT, nt - j);
+                    int64_t r = rb;
+                    for (; r + 2 <= re; r += 2)
+                        f_tile_m<T, 2>(wb, w_row_bytes, r, K, xp + j, m, yc + j * ldy, ldy);
+                    for (; r < re; r++)
+                        f_tile_m<T, 1>(wb, w_row_bytes, r, K, xp + j, m, yc + j * ldy, ldy);
                 }
             }
         }
-        return;
+        if (xp != xs) free(xp);
     }
-    matmul_f_tiles(t, wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+    free(xbuf);
 }
 
 #endif // __AVX2__
@@ -1467,9 +1545,16 @@ static void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, i
         matmul_q(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
         return;
     case SMOL_TYPE_F32:
+        matmul_f<SMOL_TYPE_F32>((const uint8_t *)w, w_row_bytes, K, r0, r1, (const uint8_t *)act,
+                                act_row_bytes, n_tok, y, ldy);
+        return;
     case SMOL_TYPE_F16:
+        matmul_f<SMOL_TYPE_F16>((const uint8_t *)w, w_row_bytes, K, r0, r1, (const uint8_t *)act,
+                                act_row_bytes, n_tok, y, ldy);
+        return;
     case SMOL_TYPE_BF16:
-        matmul_f(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
+        matmul_f<SMOL_TYPE_BF16>((const uint8_t *)w, w_row_bytes, K, r0, r1, (const uint8_t *)act,
+                                 act_row_bytes, n_tok, y, ldy);
         return;
     }
 #endif
@@ -1496,6 +1581,8 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
         v::add,
         v::swiglu,
         v::softmax_exp,
+        v::attn_scores,
+        v::attn_values,
     };
     return k;
 }

@@ -95,6 +95,19 @@ struct kernels {
     void (*swiglu)(float * y, const float * g, const float * u, int64_t n); // y = silu(g) * u
     // y[i] = exp(x[i] - max) for i < n; returns the sum.
     float (*softmax_exp)(float * y, const float * x, float max, int64_t n);
+
+    // Attention of nq queries (of one kv head) over a sequence's cells:
+    // rows hd long in an f16 cache, at cells[j] * hd. attn_scores:
+    // out[g * ldo + j] = (K row . q_g) * scale for j < n, q_g = q + g * hd,
+    // and mx[g] the largest. attn_values: acc[g * hd + d] = sum of
+    // p[g * ldp + j] * V row[d] over j < n in increasing j, one FMA per
+    // element and cell, cells with p == 0 skipped. Each output is computed
+    // the same way whatever the other cells and queries are.
+    void (*attn_scores)(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
+                        const float * q, int nq, float scale, float * out, int64_t ldo,
+                        float * mx);
+    void (*attn_values)(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
+                        int nq, int32_t n, int64_t hd, float * acc);
 };
 
 size_t act_bytes(smol_type t, int64_t K);

@@ -378,6 +378,7 @@ class executor {
     aligned_buffer work_;    // shared by all threads of one op
     aligned_buffer scratch_; // per-thread work space
     size_t scratch_per_thread_ = 0;
+    std::vector<uint8_t> no_barrier_; // node n may start before n - 1 ends
     arena_plan plan_, probe_;
     event_set events_;
 };

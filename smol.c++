@@ -442,9 +442,12 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
         }
         if (t->kind == OP_ATTENTION) {
             const size_t cells = g.batch.kv ? size_t(g.batch.kv->n_cells) : 0;
-            // Scores and the visible cells' indices per cell, one head's sum.
-            p.scratch_bytes =
-                std::max(p.scratch_bytes, (2 * cells + size_t(t->iparams[3])) * sizeof(float));
+            // Per query of a kv head's group: scores per cell, the query and
+            // its sum; the visible cells' indices per cell.
+            const size_t group = size_t(t->iparams[1] / t->iparams[2]);
+            p.scratch_bytes = std::max(p.scratch_bytes, ((group + 1) * cells +
+                                                         2 * group * size_t(t->iparams[3])) *
+                                                            sizeof(float));
         }
     }
     p.arena_bytes = top;
@@ -714,25 +717,39 @@ void run_rms_norm(tensor * t, const op_args & a) {
     }
 }
 
+// Up to this many tokens, each thread converts all the activations of a
+// matmul itself: no barrier inside the op, no shared work buffer, so the
+// executor may start a matmul while others of the same input still run.
+constexpr int64_t mul_mat_private_tokens = 4;
+
 void run_mul_mat(tensor * t, const op_args & a) {
     const tensor * w = t->src[0];
     const tensor * x = t->src[1];
     const int64_t K = w->ne[0], N = w->ne[1], n_tok = x->ne[1];
     const size_t act_row = cpu::act_bytes(w->type, K);
-    // Phase 1: each thread converts its share of activation rows.
-    int64_t i0, i1;
-    split(n_tok, a.ith, a.nth, i0, i1);
-    for (int64_t i = i0; i < i1; ++i) {
-        const float * src = row_f32(x, i);
-        a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
+    const uint8_t * act = a.work;
+    if (n_tok <= mul_mat_private_tokens) {
+        thread_local std::vector<uint8_t> own;
+        if (own.size() < size_t(n_tok) * act_row) own.resize(size_t(n_tok) * act_row);
+        for (int64_t i = 0; i < n_tok; ++i)
+            a.k.act_from_f32(w->type, row_f32(x, i), own.data() + i * act_row, K);
+        act = own.data();
+    } else {
+        // Phase 1: each thread converts its share of activation rows.
+        int64_t i0, i1;
+        split(n_tok, a.ith, a.nth, i0, i1);
+        for (int64_t i = i0; i < i1; ++i) {
+            const float * src = row_f32(x, i);
+            a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
+        }
+        a.pool.barrier();
     }
-    a.pool.barrier();
     // Phase 2: each thread multiplies its rows of the weight for all tokens.
     // Ranges are rounded to 16 rows so kernels keep their full tiles.
     int64_t r0 = (N * a.ith / a.nth) & ~int64_t(15);
     int64_t r1 = a.ith == a.nth - 1 ? N : (N * (a.ith + 1) / a.nth) & ~int64_t(15);
     if (r1 > r0) {
-        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, a.work, act_row, n_tok,
+        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok,
                    static_cast<float *>(t->data), t->ne[0]);
     }
 }
@@ -806,37 +823,46 @@ void run_kv_store(tensor * t, const op_args & a) {
     }
 }
 
-// Per (token, head): scores over the visible cells, softmax, then the
-// weighted sum of V. The query and the normalised weights are rounded to f16
-// before they meet the f16 cache, and the softmax sum is kept in double, as
-// llama.cpp's attention does, so the two engines round alike. The visible
-// cells are taken in position order when the batch lists them (see
-// batch_info), so a sequence's result is the same bits alone or batched and
-// wherever its cells lie; otherwise in cell order. A node covers the query
-// heads of its view's kv heads; K and V come from the view's bases, resident
-// memory or a staging slot alike (both indexed by cell).
+// Per (token, kv head): scores over the visible cells for the query heads
+// that share the kv head, softmax, then the weighted sum of V. The queries
+// and the normalised weights are rounded to f16 before they meet the f16
+// cache, and the softmax sum is kept in double, as llama.cpp's attention
+// does, so the two engines round alike. The visible cells are taken in
+// position order when the batch lists them (see batch_info), so a
+// sequence's result is the same bits alone or batched and wherever its
+// cells lie; otherwise in cell order. A query's result does not depend on
+// how many queries share the kernel calls. A node covers the query heads of
+// its view's kv heads; K and V come from the view's bases, resident memory
+// or a staging slot alike (both indexed by cell).
 void run_attention(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
     const kv_view view = node_kv_view(t, kv);
     const int n_head = t->iparams[1], n_head_kv = t->iparams[2], hd = t->iparams[3];
     const int group = n_head / n_head_kv;
-    const int q0 = view.h0 * group, n_q = (view.h1 - view.h0) * group;
+    const int n_kv = view.h1 - view.h0;
     const float scale = 1.0f / std::sqrt(float(hd));
     const int64_t n_tok = q->ne[1];
-    float * scores = a.scratch;
-    float * acc = a.scratch + kv.n_cells;
-    int32_t * own = reinterpret_cast<int32_t *>(acc + hd); // cell order, no list given
-    uint16_t qh16[1024];
-    float qh[1024];
-    int64_t w0, w1;
-    split(n_tok * n_q, a.ith, a.nth, w0, w1);
+    const int64_t ld = kv.n_cells;
+    float * scores = a.scratch;                       // group x n_cells
+    int32_t * own = reinterpret_cast<int32_t *>(scores + size_t(group) * ld); // n_cells
+    float * qh = reinterpret_cast<float *>(own + ld);  // group x hd
+    float * acc = qh + size_t(group) * hd;             // group x hd
+    uint16_t h16[1024];
+    float mx[64];
+    // Work items: (token, kv head) with its whole group of queries, dealt
+    // out to the threads in turn (a later token sees more cells); with too
+    // few of those to share (decode), (token, query head).
+    const int per_item = group <= 64 && n_tok * n_kv >= 4 * int64_t(a.nth) ? group : 1;
+    const int items_per_kv = group / per_item;
     int64_t listed = -1; // the token whose cells `own` holds
     const int32_t * cells = nullptr;
     int32_t n_vis = 0;
-    for (int64_t w = w0; w < w1; ++w) {
-        const int64_t i = w / n_q;
-        const int h = q0 + int(w % n_q), hk = h / group;
+    for (int64_t w = a.ith; w < n_tok * n_kv * items_per_kv; w += a.nth) {
+        const int64_t i = w / (n_kv * items_per_kv);
+        const int r = int(w % (n_kv * items_per_kv));
+        const int hk = view.h0 + r / items_per_kv;
+        const int h0 = hk * group + (r % items_per_kv) * per_item;
         const smol_pos p = a.batch.pos[i];
         const smol_seq_id s = a.batch.seq[i];
         if (a.batch.seq_cells) {
@@ -853,26 +879,36 @@ void run_attention(tensor * t, const op_args & a) {
             cells = own;
             listed = i;
         }
-        a.k.f32_to_f16(row_f32(q, i) + h * hd, qh16, hd);
-        a.k.row_to_f32(SMOL_TYPE_F16, qh16, qh, hd);
+        for (int g = 0; g < per_item; ++g) {
+            a.k.f32_to_f16(row_f32(q, i) + (h0 + g) * hd, h16, hd);
+            a.k.row_to_f32(SMOL_TYPE_F16, h16, qh + g * hd, hd);
+        }
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
-        float mx = -INFINITY;
-        for (int32_t j = 0; j < n_vis; ++j) {
-            scores[j] = a.k.dot_f16_f32(K + size_t(cells[j]) * hd, qh, hd) * scale;
-            mx = std::max(mx, scores[j]);
+        a.k.attn_scores(K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
+        for (int g = 0; g < per_item; ++g) {
+            float * sc = scores + g * ld;
+            a.k.softmax_exp(sc, sc, mx[g], n_vis);
+            // The sum in double, in four interleaved parts (one chain of
+            // double additions would take as long as the scores).
+            double part[4] = {0, 0, 0, 0};
+            int32_t j = 0;
+            for (; j + 4 <= n_vis; j += 4)
+                for (int l = 0; l < 4; ++l) part[l] += double(sc[j + l]);
+            for (; j < n_vis; ++j) part[0] += double(sc[j]);
+            const double sum = (part[0] + part[1]) + (part[2] + part[3]);
+            // The weights, normalised and rounded to f16 (exactly, as the
+            // scalar conversion does) in place.
+            a.k.scale(sc, sc, float(1.0 / sum), n_vis);
+            for (int32_t j0 = 0; j0 < n_vis; j0 += 1024) {
+                const int32_t n = std::min<int32_t>(1024, n_vis - j0);
+                a.k.f32_to_f16(sc + j0, h16, n);
+                a.k.row_to_f32(SMOL_TYPE_F16, h16, sc + j0, n);
+            }
         }
-        a.k.softmax_exp(scores, scores, mx, n_vis);
-        double sum = 0;
-        for (int32_t j = 0; j < n_vis; ++j) sum += double(scores[j]);
-        const float inv = float(1.0 / sum);
-        std::fill(acc, acc + hd, 0.0f);
-        for (int32_t j = 0; j < n_vis; ++j) {
-            if (scores[j] == 0.0f) continue;
-            const float pc = cpu::fp16_to_fp32(cpu::fp32_to_fp16(scores[j] * inv));
-            if (pc != 0.0f) a.k.axpy_f16(pc, V + size_t(cells[j]) * hd, acc, hd);
-        }
-        std::memcpy(row_f32(t, i) + h * hd, acc, size_t(hd) * sizeof(float));
+        a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
+        for (int g = 0; g < per_item; ++g)
+            std::memcpy(row_f32(t, i) + (h0 + g) * hd, acc + g * hd, size_t(hd) * sizeof(float));
     }
 }
 
@@ -888,7 +924,52 @@ const op_fn op_table[OP_COUNT] = {
 
 } // namespace
 
+namespace {
+
+bool overlaps(const tensor * a, const tensor * b) {
+    if (!a || !b || !a->data || !b->data) return false;
+    const uint8_t * a0 = static_cast<const uint8_t *>(a->data);
+    const uint8_t * b0 = static_cast<const uint8_t *>(b->data);
+    return a0 < b0 + b->nbytes() && b0 < a0 + a->nbytes();
+}
+
+// Whether node t may start while the nodes [first, t) since the last
+// barrier still run on other threads: t must be a matmul that keeps its
+// activations to itself or a rope, none of its sources may be one of those
+// nodes, and its memory may meet none of theirs (the arena reuses memory).
+bool may_skip_barrier(const std::vector<tensor *> & nodes, size_t first, size_t t) {
+    const tensor * n = nodes[t];
+    const bool own_work = n->kind == OP_MUL_MAT && n->src[1]->ne[1] <= mul_mat_private_tokens;
+    if (!own_work && n->kind != OP_ROPE) return false;
+    if (n->view_of || n->deps[0]) return false;
+    for (size_t i = first; i < t; ++i) {
+        const tensor * p = nodes[i];
+        if (p->kind != OP_MUL_MAT && p->kind != OP_ROPE) return false;
+        if (overlaps(n, p)) return false;
+        for (const tensor * s : n->src) {
+            if (s == p || overlaps(s, p)) return false;
+        }
+        for (const tensor * s : p->src) {
+            if (overlaps(n, s)) return false;
+        }
+    }
+    return true;
+}
+
+} // namespace
+
 void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
+    // Barriers the plain program can leave out: in decode the q, k and v
+    // matmuls of one input run back to back, and so do the gate and up.
+    const std::vector<tensor *> & nodes = g.nodes();
+    no_barrier_.assign(nodes.size(), 0);
+    for (size_t n = 1, first = 0; n < nodes.size(); ++n) {
+        if (may_skip_barrier(nodes, first, n)) {
+            no_barrier_[n] = 1;
+        } else {
+            first = n;
+        }
+    }
     // One captured pointer keeps the closure inside std::function's small
     // buffer: running a graph allocates nothing.
     struct step_state {
@@ -912,9 +993,10 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
                      ith,
                      nth};
         if (!st.s) {
-            for (tensor * t : st.g->nodes()) {
-                op_table[t->kind](t, args);
-                e.pool_.barrier();
+            const std::vector<tensor *> & nodes = st.g->nodes();
+            for (size_t n = 0; n < nodes.size(); ++n) {
+                op_table[nodes[n]->kind](nodes[n], args);
+                if (n + 1 == nodes.size() || !e.no_barrier_[n + 1]) e.pool_.barrier();
             }
             return;
         }

@@ -766,6 +766,43 @@ TEST_CASE("every variant's matmul agrees closely with generic") {
     }
 }
 
+TEST_CASE("a token's matmul outputs are the same bits whatever the batch around it") {
+    // Continuous batching relies on it: every path (decode rows, prefill
+    // tiles, the tiles of the tokens left over, token chunks) computes an
+    // output with the same operations in the same order.
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        const bool quantized = block_elems(t) > 1;
+        for (const shape & s : {shape{576, 1, 37, 13}, shape{1536, 0, 18, 7}, shape{64, 3, 20, 64},
+                                shape{576, 0, 16, 130}, shape{104, 2, 11, 9}, shape{13, 0, 5, 8}}) {
+            if (quantized && s.K % 32 != 0) continue;
+            CAPTURE(s.K);
+            CAPTURE(s.n_tok);
+            problem p(t, s.K, s.r0, s.r1, s.n_tok, rng);
+            for (const kernels * k : kernels_available()) {
+                const std::string variant = k->name;
+                CAPTURE(variant);
+                const std::vector<float> all = p.run(*k);
+                int differ = 0;
+                std::vector<float> one((size_t)p.ldy);
+                for (int64_t i = 0; i < p.n_tok; i++) {
+                    std::fill(one.begin(), one.end(), 0.0f);
+                    k->matmul(t, p.w.data(), p.w_row_bytes, p.K, p.r0, p.r1,
+                              p.act.data() + i * p.act_row_bytes, p.act_row_bytes, 1, one.data(),
+                              p.ldy);
+                    differ += std::memcmp(one.data() + p.r0, all.data() + i * p.ldy + p.r0,
+                                          size_t(p.r1 - p.r0) * sizeof(float)) != 0;
+                }
+                CHECK(differ == 0);
+            }
+        }
+    }
+}
+
 TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
@@ -827,6 +864,96 @@ TEST_CASE("the attention primitives match float64 on f16 rows") {
                 const double want = y0[i] + (double)a * ref_half(h[i]);
                 CHECK(std::fabs(y[i] - want) <=
                       1e-6 * (std::fabs(y0[i]) + std::fabs(a * ref_half(h[i]))));
+            }
+        }
+    }
+}
+
+TEST_CASE("attention over scattered cells matches float64, a query's result alone or among others") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        for (int64_t hd : {64, 128, 72, 13}) {
+            for (int32_t n : {1, 7, 8, 9, 37, 200}) {
+                for (int nq : {1, 2, 3, 5}) {
+                    CAPTURE(hd);
+                    CAPTURE(n);
+                    CAPTURE(nq);
+                    const int32_t n_cells = 2 * n + 5;
+                    const std::vector<float> kf = gaussian(rng, size_t(n_cells * hd)),
+                                             vf = gaussian(rng, size_t(n_cells * hd)),
+                                             q = gaussian(rng, size_t(nq * hd));
+                    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+                    k->f32_to_f16(kf.data(), kh.data(), int64_t(kf.size()));
+                    k->f32_to_f16(vf.data(), vh.data(), int64_t(vf.size()));
+                    // Distinct cells in a scattered order.
+                    std::vector<int32_t> cells(static_cast<size_t>(n_cells));
+                    for (int32_t c = 0; c < n_cells; c++) cells[size_t(c)] = c;
+                    std::shuffle(cells.begin(), cells.end(), rng);
+                    cells.resize(size_t(n));
+                    const float scale = 0.125f;
+                    const int64_t ld = n + 3;
+                    std::vector<float> sc(static_cast<size_t>(nq * ld)), mx(static_cast<size_t>(nq));
+                    k->attn_scores(kh.data(), cells.data(), n, hd, q.data(), nq, scale, sc.data(),
+                                   ld, mx.data());
+                    int bad = 0, alone_differs = 0, bad_max = 0;
+                    for (int g = 0; g < nq; g++) {
+                        float want_mx = -INFINITY;
+                        for (int32_t j = 0; j < n; j++) {
+                            const float got = sc[size_t(g * ld + j)];
+                            double ref = 0.0, mag = 0.0;
+                            for (int64_t d = 0; d < hd; d++) {
+                                const double pr = ref_half(kh[size_t(cells[size_t(j)] * hd + d)]) *
+                                                  q[size_t(g * hd + d)];
+                                ref += pr;
+                                mag += std::fabs(pr);
+                            }
+                            bad += std::fabs(got - ref * scale) >
+                                   (hd + 2) * 6e-8 * mag * scale + 1e-30;
+                            want_mx = std::max(want_mx, got);
+                            // The same query and cell alone: the same bits.
+                            float one = 0.0f, one_mx = 0.0f;
+                            k->attn_scores(kh.data(), cells.data() + j, 1, hd, q.data() + g * hd,
+                                           1, scale, &one, 1, &one_mx);
+                            alone_differs += std::memcmp(&one, &got, sizeof one) != 0;
+                        }
+                        bad_max += mx[size_t(g)] != want_mx;
+                    }
+                    CHECK(bad == 0);
+                    CHECK(alone_differs == 0);
+                    CHECK(bad_max == 0);
+
+                    // Weights with some zeros, as softmax gives for far cells.
+                    std::vector<float> p = gaussian(rng, size_t(nq * ld));
+                    for (int32_t j = 0; j < n; j += 3) p[size_t(j)] = 0.0f;
+                    std::vector<float> acc(static_cast<size_t>(nq * hd),
+                                           std::numeric_limits<float>::quiet_NaN());
+                    k->attn_values(vh.data(), cells.data(), p.data(), ld, nq, n, hd, acc.data());
+                    bad = alone_differs = 0;
+                    std::vector<float> one(static_cast<size_t>(hd));
+                    for (int g = 0; g < nq; g++) {
+                        for (int64_t d = 0; d < hd; d++) {
+                            double ref = 0.0, mag = 0.0;
+                            for (int32_t j = 0; j < n; j++) {
+                                const double pr = p[size_t(g * ld + j)] *
+                                                  ref_half(vh[size_t(cells[size_t(j)] * hd + d)]);
+                                ref += pr;
+                                mag += std::fabs(pr);
+                            }
+                            bad += !(std::fabs(acc[size_t(g * hd + d)] - ref) <=
+                                     (n + 2) * 6e-8 * mag + 1e-30);
+                        }
+                        k->attn_values(vh.data(), cells.data(), p.data() + g * ld, ld, 1, n, hd,
+                                       one.data());
+                        alone_differs += std::memcmp(one.data(), acc.data() + g * hd,
+                                                     size_t(hd) * sizeof(float)) != 0;
+                    }
+                    CHECK(bad == 0);
+                    CHECK(alone_differs == 0);
+                }
             }
         }
     }
