@@ -611,7 +611,8 @@ static inline void score_block(const uint16_t * const r[C], int64_t hd, const fl
     const int64_t h8 = hd & ~(int64_t)7;
     for (int64_t d = 0; d < h8; d += 8) {
         __m256 kv[C];
-        for (int c = 0; c < C; c++) kv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r[c] + d)));
+        for (int c = 0; c < C; c++)
+            kv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r[c] + d)));
         for (int g = 0; g < G; g++) {
             __m256 qv = _mm256_loadu_ps(q + g * hd + d);
             if (C > 1) __asm__("" : "+x"(qv));
@@ -665,7 +666,8 @@ static void values_g(const uint16_t * v, const int32_t * cells, const float * p,
     for (int32_t j = 0; j < n; j++) {
         const uint16_t * r = v + (size_t)cells[j] * (size_t)hd + d0;
         __m256 vv[D];
-        for (int i = 0; i < D; i++) vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * i)));
+        for (int i = 0; i < D; i++)
+            vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * i)));
         for (int g = 0; g < G; g++) {
             const float pj = p[g * ldp + j];
             if (pj == 0.0f) continue;
@@ -739,8 +741,8 @@ static void attn_values(const uint16_t * v, const int32_t * cells, const float *
             const uint16_t * r = v + (size_t)cells[j] * (size_t)hd;
             for (int64_t d = d0; d < hd; d++) {
 #if defined(__AVX2__)
-                acc[g * hd + d] = _mm_cvtss_f32(
-                    _mm_fmadd_ss(_mm_set_ss(pj), _mm_set_ss(h2f(r[d])), _mm_set_ss(acc[g * hd + d])));
+                acc[g * hd + d] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(pj), _mm_set_ss(h2f(r[d])),
+                                                             _mm_set_ss(acc[g * hd + d])));
 #else
                 acc[g * hd + d] += pj * h2f(r[d]);
 #endif
@@ -1425,7 +1427,8 @@ __attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const 
             // In a register: folded into each FMA, it would be loaded RM
             // times, and the loads (two per cycle) would bound the loop.
             if (RM > 1) __asm__("" : "+x"(xv));
-            for (int i = 0; i < RM; i++) acc[j * RM + i] = _mm256_fmadd_ps(wv[i], xv, acc[j * RM + i]);
+            for (int i = 0; i < RM; i++)
+                acc[j * RM + i] = _mm256_fmadd_ps(wv[i], xv, acc[j * RM + i]);
         }
     }
     constexpr int n = RN * RM, n8 = (n + 7) / 8 * 8;
@@ -1483,8 +1486,8 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
     // this thread's range sweeps them.
     const int64_t tc = n_tok == 1 ? 1 : max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
     const bool widen = T == SMOL_TYPE_F16;
-    float * xbuf = widen ? (float *)malloc((size_t)min_i64(tc, n_tok) * (size_t)K * sizeof(float))
-                         : nullptr;
+    float * xbuf =
+        widen ? (float *)malloc((size_t)min_i64(tc, n_tok) * (size_t)K * sizeof(float)) : nullptr;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t nt = min_i64(tc, n_tok - t0);
         const float * xs[1024];

@@ -104,8 +104,7 @@ struct kernels {
     // element and cell, cells with p == 0 skipped. Each output is computed
     // the same way whatever the other cells and queries are.
     void (*attn_scores)(const uint16_t * k, const int32_t * cells, int32_t n, int64_t hd,
-                        const float * q, int nq, float scale, float * out, int64_t ldo,
-                        float * mx);
+                        const float * q, int nq, float scale, float * out, int64_t ldo, float * mx);
     void (*attn_values)(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
                         int nq, int32_t n, int64_t hd, float * acc);
 };

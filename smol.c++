@@ -445,9 +445,9 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
             // Per query of a kv head's group: scores per cell, the query and
             // its sum; the visible cells' indices per cell.
             const size_t group = size_t(t->iparams[1] / t->iparams[2]);
-            p.scratch_bytes = std::max(p.scratch_bytes, ((group + 1) * cells +
-                                                         2 * group * size_t(t->iparams[3])) *
-                                                            sizeof(float));
+            p.scratch_bytes =
+                std::max(p.scratch_bytes,
+                         ((group + 1) * cells + 2 * group * size_t(t->iparams[3])) * sizeof(float));
         }
     }
     p.arena_bytes = top;
@@ -844,10 +844,10 @@ void run_attention(tensor * t, const op_args & a) {
     const float scale = 1.0f / std::sqrt(float(hd));
     const int64_t n_tok = q->ne[1];
     const int64_t ld = kv.n_cells;
-    float * scores = a.scratch;                       // group x n_cells
+    float * scores = a.scratch;                                               // group x n_cells
     int32_t * own = reinterpret_cast<int32_t *>(scores + size_t(group) * ld); // n_cells
-    float * qh = reinterpret_cast<float *>(own + ld);  // group x hd
-    float * acc = qh + size_t(group) * hd;             // group x hd
+    float * qh = reinterpret_cast<float *>(own + ld);                         // group x hd
+    float * acc = qh + size_t(group) * hd;                                    // group x hd
     uint16_t h16[1024];
     float mx[64];
     // Work items: (token, kv head) with its whole group of queries, dealt

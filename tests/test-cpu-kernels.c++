@@ -869,7 +869,8 @@ TEST_CASE("the attention primitives match float64 on f16 rows") {
     }
 }
 
-TEST_CASE("attention over scattered cells matches float64, a query's result alone or among others") {
+TEST_CASE(
+    "attention over scattered cells matches float64, a query's result alone or among others") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
     std::mt19937 rng(seed);
@@ -896,7 +897,8 @@ TEST_CASE("attention over scattered cells matches float64, a query's result alon
                     cells.resize(size_t(n));
                     const float scale = 0.125f;
                     const int64_t ld = n + 3;
-                    std::vector<float> sc(static_cast<size_t>(nq * ld)), mx(static_cast<size_t>(nq));
+                    std::vector<float> sc(static_cast<size_t>(nq * ld)),
+                        mx(static_cast<size_t>(nq));
                     k->attn_scores(kh.data(), cells.data(), n, hd, q.data(), nq, scale, sc.data(),
                                    ld, mx.data());
                     int bad = 0, alone_differs = 0, bad_max = 0;
@@ -916,8 +918,8 @@ TEST_CASE("attention over scattered cells matches float64, a query's result alon
                             want_mx = std::max(want_mx, got);
                             // The same query and cell alone: the same bits.
                             float one = 0.0f, one_mx = 0.0f;
-                            k->attn_scores(kh.data(), cells.data() + j, 1, hd, q.data() + g * hd,
-                                           1, scale, &one, 1, &one_mx);
+                            k->attn_scores(kh.data(), cells.data() + j, 1, hd, q.data() + g * hd, 1,
+                                           scale, &one, 1, &one_mx);
                             alone_differs += std::memcmp(&one, &got, sizeof one) != 0;
                         }
                         bad_max += mx[size_t(g)] != want_mx;
