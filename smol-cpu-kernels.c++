@@ -1438,6 +1438,11 @@ __attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const 
         for (int i = 0; i < 8; i++) v[i] = g + i < n ? acc[g + i] : _mm256_setzero_ps();
         _mm256_store_ps(sums + g, hsum8x8(v));
     }
+    if (K8 == K) {
+        // No tail: a token's RM sums are adjacent in y.
+        for (int j = 0; j < RN; j++) memcpy(y + j * ldy, sums + j * RM, RM * sizeof(float));
+        return;
+    }
     for (int j = 0; j < RN; j++) {
         for (int i = 0; i < RM; i++) {
             __m128 s = _mm_set_ss(sums[j * RM + i]);
