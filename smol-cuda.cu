@@ -845,8 +845,11 @@ constexpr int fa_rows = 64; // queries a block: four warps of 16 (the work space
 // the HIP build keeps the kernel above for every batch.
 #define SMOL_FLASH_ATTENTION 1
 
-constexpr int fa_cells = 64;   // cells a tile
-constexpr int fa_min_tok = 16; // from this many tokens a batch takes the flash kernel
+constexpr int fa_cells = 64; // cells a tile
+// From this many tokens a batch takes the flash kernel: every batch. For
+// decode it measured 1.09-1.46x the classic kernel's speed on the H200
+// (BENCHMARKS.md), offloaded head groups included.
+constexpr int fa_min_tok = 1;
 
 // D += A B for one 16x16 (row) by 16x8 (column) product of f16 with f32
 // accumulators, the fragments in the layout the PTX ISA gives for m16n8k16.
@@ -1933,7 +1936,7 @@ int cuda_backend::flash_splits(const tensor * t) const {
                                     (attn_ == attn_kernel::automatic && n_tok >= fa_min_tok));
     if (!flash) return 0;
     // Four blocks an SM keep enough loads in flight for a decode-sized batch
-    // (forced with SMOL_ATTN=flash) at long contexts.
+    // at long contexts.
     // A head group's node covers only its own query heads.
     const int n_q = t->kv.k ? (t->kv.h1 - t->kv.h0) * (n_head / t->iparams[2]) : n_head;
     const int blocks = (n_tok + fa_rows - 1) / fa_rows * n_q;
@@ -2645,9 +2648,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const int n_q = (view.h1 - view.h0) * p.group;
 #if defined(SMOL_FLASH_ATTENTION)
-    // Tensor cores for batches of many tokens; decode keeps the classic
-    // kernel. SMOL_ATTN=flash forces it for any batch (not for head sizes it
-    // lacks), SMOL_ATTN=classic never takes it.
+    // Tensor cores for every batch of a head size the kernel has (64);
+    // SMOL_ATTN=classic never takes it.
     if (const int fs = flash_splits(t); fs > 0) {
         p.S = fs;
         const dim3 fgrid(unsigned((p.n_tok + fa_rows - 1) / fa_rows), unsigned(n_q), unsigned(fs));
