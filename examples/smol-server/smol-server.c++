@@ -11,10 +11,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -808,11 +810,26 @@ int main(int argc, char ** argv) {
     g_server = &svr;
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    // cpp-httplib listens with a backlog of 5: 64 clients connecting at once
+    // overflow it, and the kernel drops their connection requests (a retry
+    // a second later, or a reset). The socket it binds is noted here and
+    // given a backlog of 1024 once bound (a second listen() changes it).
+    socket_t bound = INVALID_SOCKET;
+    bool binding = true;
+    svr.set_socket_options([&bound, &binding](socket_t sock) {
+        httplib::default_socket_options(sock);
+        if (binding) bound = sock;
+    });
     int port = o.port;
     if (port == 0) {
         port = svr.bind_to_any_port(o.host);
     } else if (!svr.bind_to_port(o.host, port)) {
         port = -1;
+    }
+    binding = false;
+    if (port >= 0 && bound != INVALID_SOCKET && ::listen(bound, 1024) != 0) {
+        std::fprintf(stderr, "smol-server: keeping the listen backlog of 5 (%s)\n",
+                     std::strerror(errno));
     }
     if (port < 0) {
         std::fprintf(stderr, "smol-server: cannot listen on %s:%d\n", o.host.c_str(), o.port);
