@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -378,7 +379,9 @@ class executor {
     aligned_buffer work_;    // shared by all threads of one op
     aligned_buffer scratch_; // per-thread work space
     size_t scratch_per_thread_ = 0;
-    std::vector<uint8_t> no_barrier_; // node n may start before n - 1 ends
+    std::vector<uint8_t> no_barrier_;                // node n may start before n - 1 ends
+    std::unique_ptr<std::atomic<int32_t>[]> chunks_; // per node: the next chunk of work
+    size_t n_chunks_ = 0;
     arena_plan plan_, probe_;
     event_set events_;
 };

@@ -673,6 +673,7 @@ struct op_args {
     uint8_t * work;
     float * scratch; // this thread's
     int ith, nth;
+    std::atomic<int32_t> * chunks; // per node (node_index), zero when the graph starts
 };
 
 inline float * row_f32(const tensor * x, int64_t i) {
@@ -744,13 +745,27 @@ void run_mul_mat(tensor * t, const op_args & a) {
         }
         a.pool.barrier();
     }
-    // Phase 2: each thread multiplies its rows of the weight for all tokens.
-    // Ranges are rounded to 16 rows so kernels keep their full tiles.
-    int64_t r0 = (N * a.ith / a.nth) & ~int64_t(15);
-    int64_t r1 = a.ith == a.nth - 1 ? N : (N * (a.ith + 1) / a.nth) & ~int64_t(15);
-    if (r1 > r0) {
-        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok,
-                   static_cast<float *>(t->data), t->ne[0]);
+    // Phase 2: each thread multiplies rows of the weight for all tokens. In
+    // decode, a fixed range each (contiguous, as streaming wants); with more
+    // tokens, chunks of rows taken in turn from a counter, so that a thread
+    // held up (by the machine or a slower chunk) leaves its share to the
+    // others. Ranges are multiples of 16 rows so kernels keep their full
+    // tiles; a row's result does not depend on which thread computes it.
+    float * y = static_cast<float *>(t->data);
+    if (n_tok <= mul_mat_private_tokens) {
+        const int64_t r0 = (N * a.ith / a.nth) & ~int64_t(15);
+        const int64_t r1 = a.ith == a.nth - 1 ? N : (N * (a.ith + 1) / a.nth) & ~int64_t(15);
+        if (r1 > r0)
+            a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok, y, t->ne[0]);
+        return;
+    }
+    const int64_t chunk = std::max<int64_t>(16, (N / (4 * int64_t(a.nth))) & ~int64_t(15));
+    const int64_t n_chunks = (N + chunk - 1) / chunk;
+    std::atomic<int32_t> & next = a.chunks[t->node_index];
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+        const int64_t r0 = c * chunk, r1 = std::min(N, r0 + chunk);
+        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok, y, t->ne[0]);
     }
 }
 
@@ -962,6 +977,11 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
     // Barriers the plain program can leave out: in decode the q, k and v
     // matmuls of one input run back to back, and so do the gate and up.
     const std::vector<tensor *> & nodes = g.nodes();
+    if (n_chunks_ < nodes.size()) {
+        chunks_.reset(new std::atomic<int32_t>[nodes.size()]);
+        n_chunks_ = nodes.size();
+    }
+    for (size_t n = 0; n < nodes.size(); ++n) chunks_[n].store(0, std::memory_order_relaxed);
     no_barrier_.assign(nodes.size(), 0);
     for (size_t n = 1, first = 0; n < nodes.size(); ++n) {
         if (may_skip_barrier(nodes, first, n)) {
@@ -991,7 +1011,8 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
                      e.work_.data,
                      reinterpret_cast<float *>(e.scratch_.data + e.scratch_per_thread_ * ith),
                      ith,
-                     nth};
+                     nth,
+                     e.chunks_.get()};
         if (!st.s) {
             const std::vector<tensor *> & nodes = st.g->nodes();
             for (size_t n = 0; n < nodes.size(); ++n) {
