@@ -1491,8 +1491,12 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
     // this thread's range sweeps them.
     const int64_t tc = n_tok == 1 ? 1 : max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
     const bool widen = T == SMOL_TYPE_F16;
+    // Rows of the widened activations 64-byte aligned: a 32-byte load that
+    // straddles two cache lines costs two.
+    const int64_t ldx = (K + 15) & ~(int64_t)15;
     float * xbuf =
-        widen ? (float *)malloc((size_t)min_i64(tc, n_tok) * (size_t)K * sizeof(float)) : nullptr;
+        widen ? (float *)aligned_alloc(64, (size_t)min_i64(tc, n_tok) * (size_t)ldx * sizeof(float))
+              : nullptr;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t nt = min_i64(tc, n_tok - t0);
         const float * xs[1024];
@@ -1500,8 +1504,8 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
         for (int64_t j = 0; j < nt; j++) {
             const uint8_t * row = ab + (size_t)(t0 + j) * act_row_bytes;
             if (widen) {
-                f16_to_f32_row((const uint16_t *)row, xbuf + j * K, K);
-                xp[j] = xbuf + j * K;
+                f16_to_f32_row((const uint16_t *)row, xbuf + j * ldx, K);
+                xp[j] = xbuf + j * ldx;
             } else {
                 xp[j] = (const float *)row;
             }
