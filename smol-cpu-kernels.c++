@@ -409,9 +409,18 @@ static void act_from_f32(smol_type t, const float * x, void * act, int64_t K) {
     case SMOL_TYPE_BF16:
         memcpy(act, x, (size_t)K * sizeof(float));
         break;
-    case SMOL_TYPE_F16:
-        f32_to_f16_row(x, (uint16_t *)act, K);
+    case SMOL_TYPE_F16: {
+        // Rounded to f16 (as ggml converts them), kept as f32 so that every
+        // thread's tiles read them as they are.
+        uint16_t h[256];
+        float * y = (float *)act;
+        for (int64_t k0 = 0; k0 < K; k0 += 256) {
+            const int64_t n = K - k0 < 256 ? K - k0 : 256;
+            f32_to_f16_row(x + k0, h, n);
+            f16_to_f32_row(h, y + k0, n);
+        }
         break;
+    }
     case SMOL_TYPE_Q4_0:
     case SMOL_TYPE_Q4_1:
     case SMOL_TYPE_Q8_0:
@@ -807,9 +816,9 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
                 break;
             }
             case SMOL_TYPE_F16: {
-                const uint16_t * x = (const uint16_t *)ai;
+                const float * x = (const float *)ai;
                 const uint16_t * v = (const uint16_t *)wr;
-                for (int64_t k = 0; k < K; k++) sum += h2f(v[k]) * h2f(x[k]);
+                for (int64_t k = 0; k < K; k++) sum += h2f(v[k]) * x[k];
                 break;
             }
             default:
@@ -846,8 +855,8 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
 // integer dot products are exact, as in ggml. With AVX-512 VNNI, vpdpbusd
 // does the multiply and the int32 sum on all 16 rows at once.
 //
-// Float types: 16 rows x 6 tokens of f32 FMAs (32 x 6 with AVX-512) over a
-// panel converted to f32 once; f16 activations are widened per token tile.
+// Float types: dot products in one order for every batch size (see "float
+// weights" below), the weights read as the file holds them.
 //
 // Decode and small batches stream each weight once, 8 rows at a time, with
 // software prefetch. Scratch lives on the stack: at most ~56 KiB per call.
@@ -1380,8 +1389,8 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
 // K mod 8 products are added after that, in order. Decode (one token,
 // 8 rows at a time) and prefill (tiles of 2 rows x 6 tokens) run those same
 // steps per output, so a token's result does not depend on its batch. The
-// weights are read in their own layout (no packing); f16 activations are
-// widened once per chunk of tokens.
+// weights are read in their own layout (no packing); activations are f32
+// (for f16 weights, rounded to f16 when converted).
 
 static inline __m256 load8_f16(const uint16_t * p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -1490,26 +1499,12 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
     // Token chunks whose f32 activations stay in L2 while every row pair of
     // this thread's range sweeps them.
     const int64_t tc = n_tok == 1 ? 1 : max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
-    const bool widen = T == SMOL_TYPE_F16;
-    // Rows of the widened activations 64-byte aligned: a 32-byte load that
-    // straddles two cache lines costs two.
-    const int64_t ldx = (K + 15) & ~(int64_t)15;
-    float * xbuf =
-        widen ? (float *)aligned_alloc(64, (size_t)min_i64(tc, n_tok) * (size_t)ldx * sizeof(float))
-              : nullptr;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t nt = min_i64(tc, n_tok - t0);
         const float * xs[1024];
         const float ** xp = nt <= 1024 ? xs : (const float **)malloc((size_t)nt * sizeof(*xp));
-        for (int64_t j = 0; j < nt; j++) {
-            const uint8_t * row = ab + (size_t)(t0 + j) * act_row_bytes;
-            if (widen) {
-                f16_to_f32_row((const uint16_t *)row, xbuf + j * ldx, K);
-                xp[j] = xbuf + j * ldx;
-            } else {
-                xp[j] = (const float *)row;
-            }
-        }
+        for (int64_t j = 0; j < nt; j++)
+            xp[j] = (const float *)(ab + (size_t)(t0 + j) * act_row_bytes);
         float * yc = y + t0 * ldy;
         if (nt == 1) {
             const int64_t pf_rows = prefetch_distance(row_bytes(T, K));
@@ -1540,7 +1535,6 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
         }
         if (xp != xs) free(xp);
     }
-    free(xbuf);
 }
 
 #endif // __AVX2__
@@ -1643,9 +1637,8 @@ size_t act_bytes(smol_type t, int64_t K) {
     switch (t) {
     case SMOL_TYPE_F32:
     case SMOL_TYPE_BF16:
-        return (size_t)K * sizeof(float);
     case SMOL_TYPE_F16:
-        return (size_t)K * sizeof(uint16_t);
+        return (size_t)K * sizeof(float);
     default:
         return (size_t)(K / QK) * sizeof(block_q8_act);
     }

@@ -68,8 +68,9 @@ struct kernels {
     void (*row_from_f32)(smol_type t, const float * src, void * dst, int64_t n);
 
     // Activations for weight type t: converts one row of K floats to the
-    // format matmul multiplies with t (f32 for f32/bf16, f16 for f16,
-    // block_q8_act for the quantized types). act_bytes(t, K) says its size.
+    // format matmul multiplies with t (f32 for f32/bf16, f32 rounded to f16
+    // for f16, block_q8_act for the quantized types). act_bytes(t, K) says
+    // its size.
     void (*act_from_f32)(smol_type t, const float * x, void * act, int64_t K);
 
     // y[i * ldy + r] = sum_k W[r][k] * X[i][k] for r in [r0, r1) and token i

@@ -345,9 +345,27 @@ TEST_CASE("row and activation sizes follow the GGUF block layouts") {
     CHECK(block_elems(SMOL_TYPE_Q4_1) == 32);
     CHECK(act_bytes(SMOL_TYPE_F32, 64) == 256);
     CHECK(act_bytes(SMOL_TYPE_BF16, 64) == 256);
-    CHECK(act_bytes(SMOL_TYPE_F16, 64) == 128);
+    CHECK(act_bytes(SMOL_TYPE_F16, 64) == 256); // f32 values rounded to f16
     CHECK(act_bytes(SMOL_TYPE_Q8_0, 64) == 80);
     CHECK(act_bytes(SMOL_TYPE_Q4_0, 64) == 80);
+}
+
+TEST_CASE("activations for f16 weights are the inputs rounded to f16, as f32") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    const int64_t K = 600; // more than one of the conversion's chunks, and a tail
+    const std::vector<float> x = gaussian(rng, size_t(K));
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        std::vector<float> act(static_cast<size_t>(K));
+        k->act_from_f32(SMOL_TYPE_F16, x.data(), act.data(), K);
+        int differ = 0;
+        for (int64_t i = 0; i < K; i++)
+            differ += act[size_t(i)] != fp16_to_fp32(fp32_to_fp16(x[size_t(i)]));
+        CHECK(differ == 0);
+    }
 }
 
 TEST_CASE("fp16_to_fp32 is exact on all 65536 inputs") {
