@@ -452,6 +452,16 @@ static inline __m256 hsum8x8(const __m256 a[8]) {
                          _mm256_permute2f128_ps(abcd, efgh, 0x31));
 }
 
+// The lane sums of N accumulators, each in hsum8x8's order, into sums[0, N)
+// (a multiple of 8 floats long, 32-byte aligned).
+template <int N> static inline void hsum_lanes(const __m256 acc[N], float * sums) {
+    for (int g = 0; g < N; g += 8) {
+        __m256 v[8];
+        for (int i = 0; i < 8; i++) v[i] = g + i < N ? acc[g + i] : _mm256_setzero_ps();
+        _mm256_store_ps(sums + g, hsum8x8(v));
+    }
+}
+
 // e^x for x in float range: 2^n * e^r with n = round(x / ln 2) and a degree-7
 // polynomial (Cephes' expf) for e^r; relative error about 2e-7. Inputs below
 // ln(2^-126) give 0, which is what softmax wants for -inf.
@@ -477,38 +487,6 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(underflow, p);
 }
 #endif
-
-static float dot_f16_f32(const uint16_t * a, const float * b, int64_t n) {
-    int64_t i = 0;
-    float sum = 0.0f;
-#if defined(__AVX2__)
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
-                             _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i + 8))),
-                             _mm256_loadu_ps(b + i + 8), s1);
-    }
-    for (; i + 8 <= n; i += 8)
-        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))),
-                             _mm256_loadu_ps(b + i), s0);
-    sum = hsum256(_mm256_add_ps(s0, s1));
-#endif
-    for (; i < n; i++) sum += h2f(a[i]) * b[i];
-    return sum;
-}
-
-static void axpy_f16(float a, const uint16_t * x, float * y, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX2__)
-    const __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8) {
-        const __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
-    }
-#endif
-    for (; i < n; i++) y[i] += a * h2f(x[i]);
-}
 
 static void f32_to_f16(const float * x, uint16_t * y, int64_t n) {
     f32_to_f16_row(x, y, n);
@@ -628,13 +606,7 @@ static inline void score_block(const uint16_t * const r[C], int64_t hd, const fl
             for (int c = 0; c < C; c++) acc[g * C + c] = _mm256_fmadd_ps(kv[c], qv, acc[g * C + c]);
         }
     }
-    for (int i = 0; i < G * C; i += 8) {
-        __m256 v[8];
-        for (int l = 0; l < 8; l++) v[l] = i + l < G * C ? acc[i + l] : _mm256_setzero_ps();
-        alignas(32) float s8[8];
-        _mm256_store_ps(s8, hsum8x8(v));
-        for (int l = 0; l < 8 && i + l < G * C; l++) sums[i + l] = s8[l];
-    }
+    hsum_lanes<G * C>(acc, sums);
     for (int g = 0; g < G; g++) {
         for (int c = 0; c < C; c++) {
             __m128 v = _mm_set_ss(sums[g * C + c]);
@@ -653,7 +625,7 @@ static void scores_g(const uint16_t * k, const int32_t * cells, int32_t n, int64
         const int m = n - j < C ? (int)(n - j) : C;
         const uint16_t * r[C];
         for (int c = 0; c < C; c++) r[c] = k + (size_t)cells[j + (c < m ? c : 0)] * (size_t)hd;
-        float sums[G * C];
+        alignas(32) float sums[(G * C + 7) / 8 * 8];
         score_block<G, C>(r, hd, q, sums);
         for (int g = 0; g < G; g++) {
             for (int c = 0; c < m; c++) {
@@ -1412,23 +1384,29 @@ template <smol_type T> static inline float load_w1(const uint8_t * row, int64_t 
     return ((const float *)row)[k];
 }
 
-// RM rows x RN tokens: y[j * ldy + i] = row w[i] . token x[j] (f32), K long.
+// RM rows x RN tokens: y[j * ldy + i] = weight row i . token j (f32), K
+// long; rows ws bytes apart from w, tokens ldx bytes apart from x.
 // Not inlined: GCC keeps the 12 accumulators of the 2 x 6 tile in registers
 // only when the tile is a function of its own.
 template <smol_type T, int RM, int RN>
-__attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const float * const x[RN],
-                                             int64_t K, float * y, int64_t ldy,
-                                             const uint8_t * pf = nullptr, size_t pf_stride = 0) {
+__attribute__((noinline)) static void f_tile(const uint8_t * w0, size_t ws, const uint8_t * x0,
+                                             size_t ldx, int64_t K, float * y, int64_t ldy,
+                                             const uint8_t * pf = nullptr) {
+    const uint8_t * w[RM];
+    for (int i = 0; i < RM; i++) w[i] = w0 + (size_t)i * ws;
+    const float * x[RN];
+    for (int j = 0; j < RN; j++) x[j] = (const float *)(x0 + (size_t)j * ldx);
     __m256 acc[RN * RM];
     for (int i = 0; i < RN * RM; i++) acc[i] = _mm256_setzero_ps();
     const int64_t K8 = K & ~(int64_t)7;
     constexpr int64_t el = T == SMOL_TYPE_F32 ? 4 : 2;
     for (int64_t k = 0; k < K8; k += 8) {
-        // Decode streams the weights: pf, when given, is RM rows further on,
-        // asked for one cache line per row every 64 bytes of progress.
+        // Decode streams the weights: pf, when given, is rows further on (ws
+        // bytes apart), asked for one cache line per row every 64 bytes of
+        // progress.
         if (pf && (k * el) % 64 == 0)
             for (int i = 0; i < RM; i++)
-                _mm_prefetch((const char *)(pf + i * pf_stride + k * el), _MM_HINT_T0);
+                _mm_prefetch((const char *)(pf + i * ws + k * el), _MM_HINT_T0);
         __m256 wv[RM];
         for (int i = 0; i < RM; i++) wv[i] = load_w8<T>(w[i], k);
         for (int j = 0; j < RN; j++) {
@@ -1440,13 +1418,8 @@ __attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const 
                 acc[j * RM + i] = _mm256_fmadd_ps(wv[i], xv, acc[j * RM + i]);
         }
     }
-    constexpr int n = RN * RM, n8 = (n + 7) / 8 * 8;
-    alignas(32) float sums[n8];
-    for (int g = 0; g < n; g += 8) {
-        __m256 v[8];
-        for (int i = 0; i < 8; i++) v[i] = g + i < n ? acc[g + i] : _mm256_setzero_ps();
-        _mm256_store_ps(sums + g, hsum8x8(v));
-    }
+    alignas(32) float sums[(RN * RM + 7) / 8 * 8];
+    hsum_lanes<RN * RM>(acc, sums);
     if (K8 == K) {
         // No tail: a token's RM sums are adjacent in y.
         for (int j = 0; j < RN; j++) memcpy(y + j * ldy, sums + j * RM, RM * sizeof(float));
@@ -1462,30 +1435,28 @@ __attribute__((noinline)) static void f_tile(const uint8_t * const w[RM], const 
     }
 }
 
-// Rows r..r+RM-1 x tokens x[0..m), 1 <= m <= 6: one tile of that size.
+// RM rows from w0 x m tokens from x0, 1 <= m <= 6: one tile of that size.
 template <smol_type T, int RM>
-static void f_tile_m(const uint8_t * wb, size_t w_row_bytes, int64_t r, int64_t K,
-                     const float * const * x, int64_t m, float * y, int64_t ldy) {
-    const uint8_t * w[RM];
-    for (int i = 0; i < RM; i++) w[i] = wb + (size_t)(r + i) * w_row_bytes;
+static void f_tile_m(const uint8_t * w0, size_t ws, const uint8_t * x0, size_t ldx, int64_t m,
+                     int64_t K, float * y, int64_t ldy) {
     switch (m) {
     case 1:
-        f_tile<T, RM, 1>(w, x, K, y + r, ldy);
+        f_tile<T, RM, 1>(w0, ws, x0, ldx, K, y, ldy);
         break;
     case 2:
-        f_tile<T, RM, 2>(w, x, K, y + r, ldy);
+        f_tile<T, RM, 2>(w0, ws, x0, ldx, K, y, ldy);
         break;
     case 3:
-        f_tile<T, RM, 3>(w, x, K, y + r, ldy);
+        f_tile<T, RM, 3>(w0, ws, x0, ldx, K, y, ldy);
         break;
     case 4:
-        f_tile<T, RM, 4>(w, x, K, y + r, ldy);
+        f_tile<T, RM, 4>(w0, ws, x0, ldx, K, y, ldy);
         break;
     case 5:
-        f_tile<T, RM, 5>(w, x, K, y + r, ldy);
+        f_tile<T, RM, 5>(w0, ws, x0, ldx, K, y, ldy);
         break;
     default:
-        f_tile<T, RM, 6>(w, x, K, y + r, ldy);
+        f_tile<T, RM, 6>(w0, ws, x0, ldx, K, y, ldy);
         break;
     }
 }
@@ -1496,44 +1467,36 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
                      int64_t ldy) {
     constexpr int NT = 6;                // tokens per prefill tile
     constexpr int64_t f_block_rows = 64; // rows per block
-    // Token chunks whose f32 activations stay in L2 while every row pair of
-    // this thread's range sweeps them.
-    const int64_t tc = n_tok == 1 ? 1 : max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
+    auto row = [&](int64_t r) { return wb + (size_t)r * w_row_bytes; };
+    auto tok = [&](int64_t t) { return ab + (size_t)t * act_row_bytes; };
+    if (n_tok == 1) {
+        const int64_t pf_rows = prefetch_distance(row_bytes(T, K));
+        int64_t r = r0;
+        for (; r + 8 <= r1; r += 8)
+            f_tile<T, 8, 1>(row(r), w_row_bytes, ab, act_row_bytes, K, y + r, ldy,
+                            r + pf_rows + 8 <= r1 ? row(r + pf_rows) : nullptr);
+        for (; r < r1; r++) f_tile<T, 1, 1>(row(r), w_row_bytes, ab, act_row_bytes, K, y + r, ldy);
+        return;
+    }
+    // Token chunks whose activations stay in L2 while the thread's row
+    // blocks sweep them; in a chunk, a block of rows (in L2) meets one tile
+    // of tokens (in L1) after another: each activation load feeds two FMAs.
+    const int64_t tc = max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
-        const int64_t nt = min_i64(tc, n_tok - t0);
-        const float * xs[1024];
-        const float ** xp = nt <= 1024 ? xs : (const float **)malloc((size_t)nt * sizeof(*xp));
-        for (int64_t j = 0; j < nt; j++)
-            xp[j] = (const float *)(ab + (size_t)(t0 + j) * act_row_bytes);
-        float * yc = y + t0 * ldy;
-        if (nt == 1) {
-            const int64_t pf_rows = prefetch_distance(row_bytes(T, K));
-            int64_t r = r0;
-            for (; r + 8 <= r1; r += 8) {
-                const uint8_t * w[8];
-                for (int i = 0; i < 8; i++) w[i] = wb + (size_t)(r + i) * w_row_bytes;
-                const int64_t ahead = r + pf_rows;
-                f_tile<T, 8, 1>(w, xp, K, yc + r, ldy,
-                                ahead + 8 <= r1 ? wb + (size_t)ahead * w_row_bytes : nullptr,
-                                w_row_bytes);
-            }
-            for (; r < r1; r++) f_tile_m<T, 1>(wb, w_row_bytes, r, K, xp, 1, yc, ldy);
-        } else {
-            // A block of rows (in L2) meets one tile of tokens (in L1) after
-            // another: each activation load from L1 feeds two FMAs.
-            for (int64_t rb = r0; rb < r1; rb += f_block_rows) {
-                const int64_t re = min_i64(r1, rb + f_block_rows);
-                for (int64_t j = 0; j < nt; j += NT) {
-                    const int64_t m = min_i64(NT, nt - j);
-                    int64_t r = rb;
-                    for (; r + 2 <= re; r += 2)
-                        f_tile_m<T, 2>(wb, w_row_bytes, r, K, xp + j, m, yc + j * ldy, ldy);
-                    for (; r < re; r++)
-                        f_tile_m<T, 1>(wb, w_row_bytes, r, K, xp + j, m, yc + j * ldy, ldy);
-                }
+        const int64_t t1 = min_i64(n_tok, t0 + tc);
+        for (int64_t rb = r0; rb < r1; rb += f_block_rows) {
+            const int64_t re = min_i64(r1, rb + f_block_rows);
+            for (int64_t j = t0; j < t1; j += NT) {
+                const int64_t m = min_i64(NT, t1 - j);
+                int64_t r = rb;
+                for (; r + 2 <= re; r += 2)
+                    f_tile_m<T, 2>(row(r), w_row_bytes, tok(j), act_row_bytes, m, K,
+                                   y + j * ldy + r, ldy);
+                for (; r < re; r++)
+                    f_tile_m<T, 1>(row(r), w_row_bytes, tok(j), act_row_bytes, m, K,
+                                   y + j * ldy + r, ldy);
             }
         }
-        if (xp != xs) free(xp);
     }
 }
 
@@ -1577,8 +1540,6 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
         v::row_from_f32,
         v::act_from_f32,
         v::matmul,
-        v::dot_f16_f32,
-        v::axpy_f16,
         v::f32_to_f16,
         v::dot_f32,
         v::sum_sq,

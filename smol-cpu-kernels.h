@@ -82,9 +82,7 @@ struct kernels {
                    int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
                    int64_t ldy);
 
-    // Attention primitives over f16 K and V rows.
-    float (*dot_f16_f32)(const uint16_t * a, const float * b, int64_t n);
-    void (*axpy_f16)(float a, const uint16_t * x, float * y, int64_t n); // y += a * x
+    // f32 to f16, round to nearest even (the KV cache's rows).
     void (*f32_to_f16)(const float * x, uint16_t * y, int64_t n);
 
     // f32 vector primitives.

@@ -850,7 +850,7 @@ TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
     }
 }
 
-TEST_CASE("the attention primitives match float64 on f16 rows") {
+TEST_CASE("f32_to_f16 rounds every variant's rows as the scalar conversion does") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
     std::mt19937 rng(seed);
@@ -859,30 +859,10 @@ TEST_CASE("the attention primitives match float64 on f16 rows") {
         CAPTURE(variant);
         for (int64_t n : {1, 7, 8, 16, 33, 64, 100, 1000}) {
             CAPTURE(n);
-            const std::vector<float> xf = gaussian(rng, n), b = gaussian(rng, n),
-                                     y0 = gaussian(rng, n);
+            const std::vector<float> xf = gaussian(rng, n);
             std::vector<uint16_t> h(n);
             k->f32_to_f16(xf.data(), h.data(), n);
             for (int64_t i = 0; i < n; i++) CHECK(h[i] == fp32_to_fp16(xf[i]));
-
-            double ref = 0.0, mag = 0.0;
-            for (int64_t i = 0; i < n; i++) {
-                ref += ref_half(h[i]) * b[i];
-                mag += std::fabs(ref_half(h[i]) * b[i]);
-            }
-            // f32 accumulation of n products: within n roundings of the sum of
-            // magnitudes (the worst case of a serial sum; SIMD sums do better).
-            CHECK(std::fabs(k->dot_f16_f32(h.data(), b.data(), n) - ref) <=
-                  (n + 1) * 6e-8 * mag + 1e-30);
-
-            std::vector<float> y = y0;
-            const float a = 0.37f;
-            k->axpy_f16(a, h.data(), y.data(), n);
-            for (int64_t i = 0; i < n; i++) {
-                const double want = y0[i] + (double)a * ref_half(h[i]);
-                CHECK(std::fabs(y[i] - want) <=
-                      1e-6 * (std::fabs(y0[i]) + std::fabs(a * ref_half(h[i]))));
-            }
         }
     }
 }
