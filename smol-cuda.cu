@@ -600,6 +600,22 @@ struct attn_params {
     rope_params rope;           // non-null pos: rotate q as it is loaded
 };
 
+// Elements 2j and 2j + 1 of query head h of token tok (hd apart per head),
+// turned by the rope when the kernel applies it; zeros past the batch.
+__device__ __forceinline__ void load_query_pair(const attn_params & p, int tok, int h, int hd,
+                                                int j, float & x0, float & x1) {
+    x0 = x1 = 0.0f;
+    if (tok >= p.n_tok) return;
+    const float * src = p.q + tok * p.ldq + h * hd;
+    x0 = src[2 * j];
+    x1 = src[2 * j + 1];
+    if (p.rope.pos) {
+        float c, sn;
+        rope_get(p.rope, tok, j, c, sn);
+        rope_pair(x0, x1, c, sn);
+    }
+}
+
 // Block (query group, head, split). Warp w serves query w % Q and walks the
 // split's cells in tiles of 32 (tile t goes to stream w / Q): each lane
 // scores one cell, the warp keeps an online softmax, then accumulates V with
@@ -616,23 +632,12 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
     const int h = p.h0 * p.group + blockIdx.y, s = blockIdx.z, tok0 = blockIdx.x * p.Q;
 
     for (int e = threadIdx.x; e < p.Q * half; e += blockDim.x) {
-        const int qi = e / half, j = e % half, tok = tok0 + qi;
-        float x0 = 0.0f, x1 = 0.0f;
-        if (tok < p.n_tok) {
-            const float * src = p.q + tok * p.ldq + h * hd;
-            x0 = src[2 * j];
-            x1 = src[2 * j + 1];
-            if (p.rope.pos) {
-                float c, sn;
-                rope_get(p.rope, tok, j, c, sn);
-                rope_pair(x0, x1, c, sn);
-            }
-            // The query meets the f16 cache as f16, as on the CPU.
-            x0 = f16_to_f32(f32_to_f16(x0));
-            x1 = f16_to_f32(f32_to_f16(x1));
-        }
-        qs[qi * hd + 2 * j] = x0;
-        qs[qi * hd + 2 * j + 1] = x1;
+        const int qi = e / half, j = e % half;
+        float x0, x1;
+        load_query_pair(p, tok0 + qi, h, hd, j, x0, x1);
+        // The query meets the f16 cache as f16, as on the CPU.
+        qs[qi * hd + 2 * j] = f16_to_f32(f32_to_f16(x0));
+        qs[qi * hd + 2 * j + 1] = f16_to_f32(f32_to_f16(x1));
     }
     __syncthreads();
 
@@ -914,18 +919,9 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
     const int tok0 = int(gridDim.x - 1 - blockIdx.x) * fa_rows;
 
     for (int e = threadIdx.x; e < fa_rows * half; e += blockDim.x) {
-        const int qi = e / half, j = e % half, tok = tok0 + qi;
-        float x0 = 0.0f, x1 = 0.0f;
-        if (tok < p.n_tok) {
-            const float * src = p.q + tok * p.ldq + h * HD;
-            x0 = src[2 * j];
-            x1 = src[2 * j + 1];
-            if (p.rope.pos) {
-                float c, sn;
-                rope_get(p.rope, tok, j, c, sn);
-                rope_pair(x0, x1, c, sn);
-            }
-        }
+        const int qi = e / half, j = e % half;
+        float x0, x1;
+        load_query_pair(p, tok0 + qi, h, HD, j, x0, x1);
         // The query meets the f16 cache as f16, as on the CPU.
         *reinterpret_cast<uint32_t *>(qs + qi * LD + 2 * j) = pack_f16x2(x0, x1);
     }
