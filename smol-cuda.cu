@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -878,6 +879,21 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16
                  : "memory");
 }
 
+// 16 bytes from global to shared memory without a register, in the group
+// the next commit closes; wait<N> returns once at most N groups are in flight.
+__device__ __forceinline__ void cp_async16(uint16_t * smem, const uint16_t * gmem) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ uint32_t ld_u32(const uint16_t * p) {
     return *reinterpret_cast<const uint32_t *>(p);
 }
@@ -888,28 +904,35 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
 }
 
 // Block (tile of 64 queries, head); warp w owns queries 16w..16w+15 of the
-// tile. The block walks the cells [0, n_used) in tiles of 64: it votes on
-// whether any of its queries sees any cell of the tile (causal prefill
-// skips about half the tiles, other sequences' cells are skipped too),
-// loads the tile's K and V with 16-byte loads, and each warp computes
-// S = Q K^T with tensor cores, masks it per (query, cell), keeps an online
-// softmax in f32, and adds P V with P rounded to f16. The query is rounded
-// to f16 as on the CPU; unlike the CPU, P is rounded before it is
-// normalised (see the test's bound).
+// tile. The block walks the cells [0, n_used) in tiles of 64 and sorts each
+// tile by the block's bounds (the least position of its queries and the set
+// of their sequences): a tile that every query sees whole is computed with no
+// masks; one that no query can see is skipped (causal prefill skips about
+// half, other sequences' cells are skipped too); the rest are masked per
+// (query, cell). The tile's K and V come in with 16-byte loads, and each warp
+// computes S = Q K^T with tensor cores, keeps an online softmax in f32, and
+// adds P V with P rounded to f16. The query is rounded to f16 as on the CPU;
+// unlike the CPU, P is rounded before it is normalised (see the test's
+// bound). A masked score weighs exactly zero, so a tile gives the same bits
+// masked or not when every query sees all of it.
 //
 // Fragment layouts (m16n8k16, g = lane / 4, t = lane % 4): A holds rows g
 // and g + 8, columns 2t, 2t + 1 (+ 8); B holds rows 2t, 2t + 1 (+ 8) of
 // column g; C holds rows g and g + 8, columns 2t and 2t + 1.
 template <int HD>
-__global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params p) {
+__global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_params p) {
     static_assert(HD % 16 == 0, "head size a multiple of 16");
     constexpr int LD = HD + 8; // f16 a row in shared memory: 16-byte rows, no bank conflicts
     constexpr int half = HD / 2, n_dt = HD / 8;
     __shared__ __align__(16) uint16_t qs[fa_rows * LD];
-    __shared__ __align__(16) uint16_t ks[fa_cells * LD];
-    __shared__ __align__(16) uint16_t vs[fa_cells * LD];
+    // K and V of a tile in two buffers: the next tile's copies are issued
+    // before this one is computed, so they arrive while it is.
+    __shared__ __align__(16) uint16_t ks[2][fa_cells * LD];
+    __shared__ __align__(16) uint16_t vs[2][fa_cells * LD];
     __shared__ int c_pos[fa_cells], c_seen[fa_cells];
     __shared__ seq_mask c_seq[fa_cells];
+    __shared__ int b_min_pos, b_max_pos;
+    __shared__ unsigned long long b_seqs;
 
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int g = lane / 4, t = lane % 4;
@@ -918,6 +941,11 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
     // The last tokens of a causal prompt see the most cells: their tiles start first.
     const int tok0 = int(gridDim.x - 1 - blockIdx.x) * fa_rows;
 
+    if (threadIdx.x == 0) {
+        b_min_pos = INT_MAX;
+        b_max_pos = -1;
+        b_seqs = 0;
+    }
     for (int e = threadIdx.x; e < fa_rows * half; e += blockDim.x) {
         const int qi = e / half, j = e % half;
         float x0, x1;
@@ -929,7 +957,14 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
     const int row0 = tok0 + warp * 16 + g, row1 = row0 + 8;
     const int pos0 = row0 < p.n_tok ? p.pos[row0] : -1, seq0 = row0 < p.n_tok ? p.seq[row0] : -1;
     const int pos1 = row1 < p.n_tok ? p.pos[row1] : -1, seq1 = row1 < p.n_tok ? p.seq[row1] : -1;
+    // A warp whose rows are all past the batch only helps to load.
+    const bool warp_rows = tok0 + warp * 16 < p.n_tok;
     __syncthreads();
+    if (threadIdx.x < fa_rows && tok0 + int(threadIdx.x) < p.n_tok) {
+        atomicMin(&b_min_pos, p.pos[tok0 + threadIdx.x]);
+        atomicMax(&b_max_pos, p.pos[tok0 + threadIdx.x]);
+        atomicOr(&b_seqs, 1ull << p.seq[tok0 + threadIdx.x]);
+    }
 
     uint32_t qa[HD / 16][4];
 #pragma unroll
@@ -940,6 +975,9 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
         qa[kk][2] = ld_u32(q0 + 8);
         qa[kk][3] = ld_u32(q0 + 8 * LD + 8);
     }
+    __syncthreads();
+    const int min_pos = b_min_pos, max_pos = b_max_pos;
+    const seq_mask seqs = b_seqs;
 
     // Scores in log2 units, so exp2f serves as the exponential.
     const float scale = p.scale * 1.4426950408889634f;
@@ -949,54 +987,11 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
 #pragma unroll
     for (int n = 0; n < n_dt; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-    // With S splits, block z takes the z-th run of whole tiles of the cells.
-    const int n_used = *p.n_used;
-    const int chunk =
-        p.S == 1 ? n_used : ((n_used + p.S - 1) / p.S + fa_cells - 1) / fa_cells * fa_cells;
-    const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
-    const uint16_t * K = p.K + hk * p.head_stride;
-    const uint16_t * V = p.V + hk * p.head_stride;
-    for (int c0 = c_begin; c0 < c_end; c0 += fa_cells) {
-        __syncthreads(); // the last tile's cells, K and V are read
-        if (threadIdx.x < fa_cells) {
-            const int c = c0 + int(threadIdx.x);
-            c_pos[threadIdx.x] = c < c_end ? p.cell_pos[c] : -1;
-            c_seq[threadIdx.x] = c < c_end ? p.cell_seqs[c] : seq_mask(0);
-            c_seen[threadIdx.x] = 0;
-        }
-        __syncthreads();
-        // Bit 4j + i: row g sees cell 8j + 2t + i; bit 4j + 2 + i: row g + 8 does.
-        uint32_t vis = 0;
-#pragma unroll
-        for (int j = 0; j < fa_cells / 8; ++j) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int col = 8 * j + 2 * t + i, cp = c_pos[col];
-                const seq_mask cs = c_seq[col];
-                const bool v0 = kv_cell_visible(cp, cs, seq0, pos0);
-                const bool v1 = kv_cell_visible(cp, cs, seq1, pos1);
-                vis |= uint32_t(v0) << (4 * j + i) | uint32_t(v1) << (4 * j + 2 + i);
-                if (v0 || v1) c_seen[col] = 1;
-            }
-        }
-        if (!__syncthreads_or(vis != 0)) continue; // no query of the block sees the tile
-
-        // A cell no query sees is read as zeros, so a free cell's stale
-        // (perhaps not finite) values cannot reach the sum through 0 * V.
-        for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
-            const int r = e / (HD / 8), ch = e % (HD / 8);
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (c_seen[r]) {
-                const size_t at = size_t(c0 + r) * HD + ch * 8;
-                kv = *reinterpret_cast<const uint4 *>(K + at);
-                vv = *reinterpret_cast<const uint4 *>(V + at);
-            }
-            *reinterpret_cast<uint4 *>(ks + r * LD + ch * 8) = kv;
-            *reinterpret_cast<uint4 *>(vs + r * LD + ch * 8) = vv;
-        }
-        __syncthreads();
-        if (!__any_sync(0xffffffffu, vis != 0)) continue; // none of this warp's rows
-
+    // One tile of cells from shared memory; MASKED tiles keep the cells of
+    // bit 4j + i (row g sees cell 8j + 2t + i) and bit 4j + 2 + i (row g + 8).
+    auto tile = [&](auto masked_tag, uint32_t vis, const uint16_t * ks, const uint16_t * vs) {
+        constexpr bool MASKED = decltype(masked_tag)::value;
+        auto seen = [&](int bit) { return !MASKED || ((vis >> bit) & 1u) != 0; };
         float s[fa_cells / 8][4];
 #pragma unroll
         for (int j = 0; j < fa_cells / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -1012,9 +1007,7 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
 #pragma unroll
         for (int j = 0; j < fa_cells / 8; ++j) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                s[j][i] = (vis >> (4 * j + i)) & 1u ? s[j][i] * scale : -INFINITY;
-            }
+            for (int i = 0; i < 4; ++i) s[j][i] = seen(4 * j + i) ? s[j][i] * scale : -INFINITY;
             mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
             mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
         }
@@ -1047,7 +1040,7 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
             float pr[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                pr[i] = (vis >> (4 * j + i)) & 1u ? exp2f(s[j][i] - (i < 2 ? mn0 : mn1)) : 0.0f;
+                pr[i] = seen(4 * j + i) ? exp2f(s[j][i] - (i < 2 ? mn0 : mn1)) : 0.0f;
             }
             l0 += pr[0] + pr[1];
             l1 += pr[2] + pr[3];
@@ -1069,7 +1062,99 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
                 mma_f16_16816(o[2 * n2 + 1], pa[kk], b[2], b[3]);
             }
         }
+    };
+
+    // With S splits, block z takes the z-th run of whole tiles of the cells.
+    const int n_used = *p.n_used;
+    const int chunk =
+        p.S == 1 ? n_used : ((n_used + p.S - 1) / p.S + fa_cells - 1) / fa_cells * fa_cells;
+    const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
+    const uint16_t * K = p.K + hk * p.head_stride;
+    const uint16_t * V = p.V + hk * p.head_stride;
+    // Each thread copies the same 16-byte pieces of every tile, so its own
+    // waits order its copies and its stores.
+    auto issue = [&](int c, int b) {
+        for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
+            const int r = e / (HD / 8), ch = e % (HD / 8);
+            if (c + r >= c_end) continue;
+            const size_t at = size_t(c + r) * HD + ch * 8;
+            cp_async16(ks[b] + r * LD + ch * 8, K + at);
+            cp_async16(vs[b] + r * LD + ch * 8, V + at);
+        }
+        cp_async_commit();
+    };
+    bool pending = false; // this tile's copies were issued with the last one
+    for (int c0 = c_begin, k = 0; c0 < c_end; c0 += fa_cells, ++k) {
+        const int b = k & 1;
+        __syncthreads(); // the last tile's cells, K and V are read
+        // Whether every query of the block sees this thread's cell, and
+        // whether none can.
+        bool all = true, none = true;
+        if (threadIdx.x < fa_cells) {
+            const int c = c0 + int(threadIdx.x);
+            const int cp = c < c_end ? p.cell_pos[c] : -1;
+            const seq_mask cs = c < c_end ? p.cell_seqs[c] : seq_mask(0);
+            c_pos[threadIdx.x] = cp;
+            c_seq[threadIdx.x] = cs;
+            c_seen[threadIdx.x] = 0;
+            all = cp >= 0 && cp <= min_pos && (cs & seqs) == seqs;
+            none = cp < 0 || cp > max_pos || (cs & seqs) == 0;
+        }
+        const bool whole = __syncthreads_and(all);
+        uint32_t vis = ~0u;
+        bool skip = false;
+        if (!whole) {
+            skip = __syncthreads_and(none);
+            if (!skip) {
+                vis = 0;
+#pragma unroll
+                for (int j = 0; j < fa_cells / 8; ++j) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        const int col = 8 * j + 2 * t + i, cp = c_pos[col];
+                        const seq_mask cs = c_seq[col];
+                        const bool v0 = kv_cell_visible(cp, cs, seq0, pos0);
+                        const bool v1 = kv_cell_visible(cp, cs, seq1, pos1);
+                        vis |= uint32_t(v0) << (4 * j + i) | uint32_t(v1) << (4 * j + 2 + i);
+                        if (v0 || v1) c_seen[col] = 1;
+                    }
+                }
+                skip = !__syncthreads_or(vis != 0); // no query of the block sees the tile
+            }
+        }
+        if (skip) {
+            // Copies issued ahead for this tile must land before the buffer
+            // is filled again.
+            if (pending) cp_async_wait<0>();
+            pending = false;
+            continue;
+        }
+        if (!pending) issue(c0, b);
+        pending = c0 + fa_cells < c_end;
+        if (pending) {
+            issue(c0 + fa_cells, b ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        if (!whole) {
+            // A cell no query sees is read as zeros, so a free cell's stale
+            // (perhaps not finite) values cannot reach the sum through 0 * V.
+            for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
+                const int r = e / (HD / 8), ch = e % (HD / 8);
+                if (c_seen[r]) continue;
+                *reinterpret_cast<uint4 *>(ks[b] + r * LD + ch * 8) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4 *>(vs[b] + r * LD + ch * 8) = make_uint4(0, 0, 0, 0);
+            }
+        }
+        __syncthreads();
+        if (whole) {
+            if (warp_rows) tile(std::false_type{}, vis, ks[b], vs[b]);
+        } else if (__any_sync(0xffffffffu, vis != 0)) {
+            tile(std::true_type{}, vis, ks[b], vs[b]);
+        }
     }
+    cp_async_wait<0>();
 
     l0 += SMOL_SHFL_XOR(l0, 1);
     l0 += SMOL_SHFL_XOR(l0, 2);
@@ -1078,23 +1163,22 @@ __global__ void __launch_bounds__(128) flash_attention_kernel(const attn_params 
     if (p.S > 1) {
         // This split's (max, sum, unnormalised sum of V) per (token, head),
         // for flash_merge_kernel.
-        const int rows[2] = {row0, row1};
-        const float ms[2] = {m0, m1}, ls[2] = {l0, l1};
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (rows[r] >= p.n_tok) continue;
+        auto put = [&](int row, float m, float l, int r) {
+            if (row >= p.n_tok) return;
             float * part =
-                p.part + ((size_t(rows[r]) * gridDim.y + blockIdx.y) * p.S + blockIdx.z) * (HD + 2);
+                p.part + ((size_t(row) * gridDim.y + blockIdx.y) * p.S + blockIdx.z) * (HD + 2);
             if (t == 0) {
-                part[0] = ms[r];
-                part[1] = ls[r];
+                part[0] = m;
+                part[1] = l;
             }
 #pragma unroll
             for (int n = 0; n < n_dt; ++n) {
                 part[2 + 8 * n + 2 * t] = o[n][2 * r];
                 part[2 + 8 * n + 2 * t + 1] = o[n][2 * r + 1];
             }
-        }
+        };
+        put(row0, m0, l0, 0);
+        put(row1, m1, l1, 1);
         return;
     }
     // A query that sees no cell gets zeros, as from the kernel above.
