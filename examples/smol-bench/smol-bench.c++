@@ -11,8 +11,9 @@
 // token per step together: M tokens a step) and names the matmul kernel
 // families that step used; --autotune times every matmul kernel candidate
 // on the models' shapes and writes the device's autotune table.
-// Long contexts: -d N fills N tokens of context first (not timed), so tgN
-// measures decoding at that depth; with --gpu-mem and --kv-offload the KV
+// Long contexts: -d N fills N tokens of context first (outside the test's
+// timing; the row's note gives the fill's own time), so tgN measures
+// decoding at that depth; with --gpu-mem and --kv-offload the KV
 // cache is placed per head, and each row also gives the plan (resident
 // heads, head group), the device's peak memory and the floor of a decode
 // step: (weights + resident KV read) / --device-bw + offloaded KV read /
@@ -104,6 +105,7 @@ struct result {
     int n_gen = 0;
     int n_seq = 0; // > 0: a batched decode test of n_seq sequences
     int n_depth = 0;
+    double fill_ns = 0; // filling the depth's context (once, before the test)
     placement_info place;
     std::string test_time;
     std::vector<double> samples_ns;
@@ -163,7 +165,10 @@ struct bench_state {
 
 // Prompt processing: n_prompt fresh random tokens in chunks of the batch
 // size, keeping the last token's logits as a generation would.
-void test_prompt(bench_state & b, int n_prompt, int pos0 = 0) {
+// With progress, a long prompt reports how far it got about every ten seconds.
+void test_prompt(bench_state & b, int n_prompt, int pos0 = 0, bool progress = false) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto shown = t0;
     for (int done = 0; done < n_prompt;) {
         const int n = std::min(n_prompt - done, b.capacity);
         b.batch.n_tokens = 0;
@@ -172,6 +177,13 @@ void test_prompt(bench_state & b, int n_prompt, int pos0 = 0) {
                            done + i == n_prompt - 1);
         check(smol_decode(b.ctx, &b.batch), "decode");
         done += n;
+        const auto t = std::chrono::steady_clock::now();
+        if (progress && t - shown > std::chrono::seconds(10) && done < n_prompt) {
+            const double s = std::chrono::duration<double>(t - t0).count();
+            std::fprintf(stderr, "smol-bench: %d of %d prompt tokens in %.0f s (%.0f tokens/s)\n",
+                         done, n_prompt, s, double(done) / s);
+            shown = t;
+        }
     }
     // A device backend may still be running; reading the logits waits for it.
     smol_get_logits(b.ctx, -1);
@@ -247,7 +259,10 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     smol_kv_seq_rm(b.ctx, -1, 0, -1);
     if (n_depth > 0) {
         if (progress) std::fprintf(stderr, "smol-bench: filling %d tokens of context\n", n_depth);
-        test_prompt(b, n_depth);
+        const auto t0 = std::chrono::steady_clock::now();
+        test_prompt(b, n_depth, 0, progress);
+        r.fill_ns =
+            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     }
     if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
     if (n_gen > 0) test_gen(b, 1, n_depth);
@@ -435,6 +450,10 @@ struct markdown_table {
                      r.place.gpu_mem ? (std::to_string(r.place.gpu_mem >> 20) + " MiB").c_str()
                                      : "none",
                      double(m.host_kv) / 1048576.0);
+        if (r.n_depth > 0) {
+            std::fprintf(out, "; depth filled in %.1f s (%.0f tokens/s)", r.fill_ns / 1e9,
+                         1e9 * r.n_depth / r.fill_ns);
+        }
         if (r.n_gen > 0) {
             const double ms = mean(r.samples_ns) / 1e6 / r.n_gen;
             std::fprintf(out, "; floor %.3f ms/token, measured %.3f (%.0f%% of the floor's speed)",
@@ -502,6 +521,7 @@ void print_json(std::FILE * out, const std::vector<result> & results) {
         std::fprintf(out, "    \"matmul_kernels\": %s,\n", json_string(r.families()).c_str());
         std::fprintf(out, "    \"matmul_kernels_detail\": %s,\n", json_string(r.kernels).c_str());
         std::fprintf(out, "    \"n_depth\": %d,\n", r.n_depth);
+        std::fprintf(out, "    \"depth_fill_ns\": %.0f,\n", r.fill_ns);
         std::fprintf(out, "    \"gpu_mem\": %llu,\n", (unsigned long long)r.place.gpu_mem);
         std::fprintf(out, "    \"heads_resident\": %d,\n", r.place.mem.n_heads_resident);
         std::fprintf(out, "    \"heads\": %d,\n", r.place.mem.n_heads);
