@@ -20,9 +20,15 @@
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
 #                                             serve-probe, serve, peers, bench, offload,
-#                                             ceilings, hf (they run in this order)
+#                                             capacity, ceilings, hf (in this order)
 #   scripts/bench-gpu.sh --offload            add the long-context phase (per-head KV
 #                                             placement under a 24 GiB budget, 1.7B f16)
+#   scripts/bench-gpu.sh --capacity           add the capacity phase: each CAPACITY entry
+#                                             (default 135M f16 at 1M tokens under 8 GiB, then
+#                                             1.7B f16 at 512K under 24 GiB) fills its whole
+#                                             context and decodes CAPACITY_GEN tokens (8) at
+#                                             the end, with nvidia-smi's view of the process
+#                                             sampled every second beside smol's own peak
 #   scripts/bench-gpu.sh --peers              add the llama.cpp phase (needs its source)
 #   scripts/bench-gpu.sh --serve              add the serving phase: smol-server --device
 #                                             cuda:0 (and llama-server -ngl 99 -fa on with
@@ -44,7 +50,7 @@
 # log in build-peers/build.log) and the phases that need it wait for it.
 # Environment: SMOL_GPU_DEPS=DIR (default .gpu-deps when it exists): packed
 # CMake packages, the gguf wheel and llama.cpp-src.tar.gz; REPS (default 3);
-# MODELS_1_7B=0 leaves the 1.7B out; DEADLINE=EPOCH-SECONDS: phases that
+# MODELS_1_7B=0 leaves the 1.7B out; MODELS="135M:f16,1.7B:f16" writes only those; DEADLINE=EPOCH-SECONDS: phases that
 # would not end before it are skipped and say so (a 10-minute call).
 # Serving: SERVE_TOKENS (generated tokens per request, a comma list; default
 # 128), SERVE_RUNS (runs of each server, alternating; default 2),
@@ -64,6 +70,7 @@ while [ $# -gt 0 ]; do
         --only) phases=$2; shift ;;
         --peers) phases="$phases,peers" ;;
         --offload) phases="$phases,offload" ;;
+        --capacity) phases="$phases,capacity" ;;
         --hf) phases="$phases,hf" ;;
         --serve) phases="$phases,serve" ;;
         --pack)
@@ -246,6 +253,11 @@ quantize=$build/examples/smol-quantize
 # --- random models ---------------------------------------------------------------
 want_models=("135M f16" "360M f16" "360M q8_0" "1.7B f16" "1.7B q8_0")
 [ "${MODELS_1_7B:-1}" = 0 ] && want_models=("135M f16" "360M f16" "360M q8_0")
+if [ -n "${MODELS:-}" ]; then
+    IFS=, read -ra picked <<<"$MODELS"
+    want_models=()
+    for m in "${picked[@]}"; do want_models+=("${m/:/ }"); done
+fi
 vocab=$real
 if [ ! -s "$real" ]; then
     vocab=$deps/smollm2-vocab.gguf
@@ -606,6 +618,43 @@ if has offload; then
     } >>"$summary"
     phase offload offload_bench
     grep '^|' "$tmp/offload.txt" >>"$summary"
+fi
+
+# --- capacity: whole contexts under a consumer card's budget -------------------------
+capacity_bench() {
+    local entry size type budget ctx gen=${CAPACITY_GEN:-8}
+    IFS=, read -ra entries <<<"${CAPACITY:-135M:f16:8GiB:1048576,1.7B:f16:24GiB:524288}"
+    for entry in "${entries[@]}"; do
+        IFS=: read -r size type budget ctx <<<"$entry"
+        local f
+        f=$(model_path "$size" "$type")
+        [ -s "$f" ] || { echo "no $f: run the models phase (MODELS=$size:$type)"; return 1; }
+        echo "-- $size $type, $ctx tokens under $budget; host memory before:"
+        free -g | sed -n 1,2p
+        local smi=$tmp/smi-$size.txt
+        : >"$smi"
+        (while sleep 1; do
+            nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits >>"$smi" 2>/dev/null
+        done) &
+        local sampler=$!
+        "$bench" --device cuda:0 -m "$f" --gpu-mem "$budget" -b "${CAPACITY_BATCH:-4096}" \
+            -p 0 -n "$gen" -d $((ctx - gen)) -r 1 --progress 2>&1
+        local rc=$?
+        kill "$sampler" 2>/dev/null
+        wait "$sampler" 2>/dev/null
+        awk -F', *' -v b="$budget" 'm < $2 { m = $2 }
+            END { printf "nvidia-smi: the process held at most %d MiB of device memory (budget %s)\n", m, b }' "$smi"
+        [ $rc = 0 ] || return $rc
+    done
+}
+if has capacity; then
+    {
+        echo
+        echo "### capacity: whole contexts under a budget (random weights)"
+        echo
+    } >>"$summary"
+    phase capacity capacity_bench
+    grep -E '^\||^nvidia-smi|^--' "$tmp/capacity.txt" >>"$summary"
 fi
 
 # --- ceilings ----------------------------------------------------------------------
