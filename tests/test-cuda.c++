@@ -344,6 +344,38 @@ struct attn_setup {
         fill_batch(rng);
     }
 
+    // A long prompt in position order, as a chunked prefill leaves the cache:
+    // cells 0..history-1 hold sequence 0's positions 0..history-1, the first
+    // `shared` of them held by sequence 1 too (a prefix both share). The
+    // batch continues sequence 0 at `history`, every fifth token (when
+    // shared > 0) continuing sequence 1 after the prefix instead. Most tiles
+    // of cells are seen whole by every query of a block of the flash kernel;
+    // blocks that mix the two sequences see the shared prefix whole and the
+    // rest masked.
+    struct prompt {
+        int history, shared;
+    };
+    attn_setup(std::mt19937 & rng, int nh, int nkv, int d, prompt h, int tokens)
+        : n_head(nh), n_head_kv(nkv), hd(d), n_cells(h.history + tokens + 5), n_tok(tokens) {
+        fill_cache(rng);
+        for (int c = 0; c < h.history; ++c) {
+            kv.cell_pos[size_t(c)] = c;
+            kv.cell_seqs[size_t(c)] = c < h.shared ? 3u : 1u;
+        }
+        int next[2] = {h.history, h.shared};
+        for (int i = 0; i < n_tok; ++i) {
+            const int s = h.shared > 0 && i % 5 == 4 ? 1 : 0;
+            const int c = h.history + i;
+            pos.push_back(next[s]++);
+            seq.push_back(s);
+            cell.push_back(c);
+            kv.cell_pos[size_t(c)] = pos.back();
+            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+        }
+        kv.n_used = h.history + n_tok;
+        fill_batch(rng);
+    }
+
     void fill_cache(std::mt19937 & rng) {
         kv.init(2, n_head_kv, hd, n_cells);
         const size_t n = kv.bytes_per_tensor() / 2;
@@ -564,6 +596,59 @@ TEST_CASE("flash attention matches the CPU for prompts over served caches, with 
                     CHECK_MESSAGE(f.out != c.out, "SMOL_ATTN=flash ran the classic kernel");
                 CHECK_MESSAGE(au.out == f.out, "without SMOL_ATTN a batch of "
                                                    << n_tok << " tokens took the classic kernel");
+            }
+        }
+    }
+}
+
+TEST_CASE("flash attention over a long prompt's cells matches the CPU: whole, masked and "
+          "skipped tiles") {
+    // Tiles that every query of a block sees whole run unmasked, those none
+    // can see are skipped: a prompt continued in chunks after its own
+    // history, alone or beside a second sequence that shares its prefix;
+    // decode and prompt batches, whole caches and head groups' views.
+    auto automatic = gpu_attention("auto");
+    if (!automatic) return;
+    auto classic = gpu_attention("classic");
+    auto c_be = cpu();
+    struct heads {
+        int n_head, n_head_kv, G;
+    };
+    const heads hs[] = {{9, 3, 0}, {9, 3, 1}, {32, 32, 4}};
+    int run = 0;
+    for (const heads & H : hs) {
+        for (int n_tok : {1, 3, 64, 200}) {
+            for (int history : {0, 64, 1000, 3000}) {
+                for (bool share : {false, true}) {
+                    if (share && history == 0) continue;
+                    const int shared = share ? history / 2 : 0;
+                    const bool rope = ++run % 2 == 0;
+                    const uint32_t seed = fresh_seed();
+                    CAPTURE(seed);
+                    CAPTURE(H.n_head);
+                    CAPTURE(H.n_head_kv);
+                    CAPTURE(H.G);
+                    CAPTURE(n_tok);
+                    CAPTURE(history);
+                    CAPTURE(shared);
+                    std::mt19937 rng(seed);
+                    attn_setup a(rng, H.n_head, H.n_head_kv, 64,
+                                 attn_setup::prompt{history, shared}, n_tok);
+                    const auto want = a.run(*c_be, rope);
+                    const auto f = a.run(*automatic, rope, H.G);
+                    const auto c = a.run(*classic, rope, H.G);
+                    const double v_max = max_abs_f16(want.V);
+                    const attn_err ef = worst(f.out, want.out), ec = worst(c.out, want.out);
+                    INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
+                                                         << ef.where(a, f.out, want.out));
+                    INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
+                                                           << ec.where(a, c.out, want.out));
+                    CHECK(ef.err <= flash_attn_tol * v_max);
+                    CHECK(ec.err <= flash_attn_tol * v_max);
+                    // (One token over its own cell alone is V in both.)
+                    if (n_tok > 1 || history > 0)
+                        CHECK_MESSAGE(f.out != c.out, "the default kernel was the classic one");
+                }
             }
         }
     }
