@@ -455,8 +455,10 @@ static inline __m256 hsum8x8(const __m256 a[8]) {
 // The lane sums of N accumulators, each in hsum8x8's order, into sums[0, N)
 // (a multiple of 8 floats long, 32-byte aligned).
 template <int N> static inline void hsum_lanes(const __m256 acc[N], float * sums) {
+#pragma GCC unroll 8
     for (int g = 0; g < N; g += 8) {
         __m256 v[8];
+#pragma GCC unroll 8
         for (int i = 0; i < 8; i++) v[i] = g + i < N ? acc[g + i] : _mm256_setzero_ps();
         _mm256_store_ps(sums + g, hsum8x8(v));
     }
@@ -594,6 +596,7 @@ template <int G, int C>
 static inline void score_block(const uint16_t * const r[C], int64_t hd, const float * q,
                                float * sums) {
     __m256 acc[G * C];
+#pragma GCC unroll 64
     for (int i = 0; i < G * C; i++) acc[i] = _mm256_setzero_ps();
     const int64_t h8 = hd & ~(int64_t)7;
     for (int64_t d = 0; d < h8; d += 8) {
@@ -643,6 +646,7 @@ template <int G, int D>
 static void values_g(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
                      int32_t n, int64_t hd, int64_t d0, float * acc) {
     __m256 a[G * D];
+#pragma GCC unroll 64
     for (int i = 0; i < G * D; i++) a[i] = _mm256_setzero_ps();
     for (int32_t j = 0; j < n; j++) {
         const uint16_t * r = v + (size_t)cells[j] * (size_t)hd + d0;
@@ -1098,10 +1102,12 @@ __attribute__((noinline)) static void
 q_tile_vnni(const q_panel * p, int64_t nbk, const block_q8_act * const a[NT],
             const int32_t * const corr[NT], const float * init, float * out) {
     __m512 acc[NT];
+#pragma GCC unroll 16
     for (int t = 0; t < NT; t++)
         acc[t] = init ? _mm512_loadu_ps(init + t * 16) : _mm512_setzero_ps();
     for (int64_t b = 0; b < nbk; b++) {
         __m512i s[NT];
+#pragma GCC unroll 16
         for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const __m512i w = _mm512_load_si512((const void *)p->q[b][j]);
@@ -1397,6 +1403,7 @@ __attribute__((noinline)) static void f_tile(const uint8_t * w0, size_t ws, cons
     const float * x[RN];
     for (int j = 0; j < RN; j++) x[j] = (const float *)(x0 + (size_t)j * ldx);
     __m256 acc[RN * RM];
+#pragma GCC unroll 64
     for (int i = 0; i < RN * RM; i++) acc[i] = _mm256_setzero_ps();
     const int64_t K8 = K & ~(int64_t)7;
     constexpr int64_t el = T == SMOL_TYPE_F32 ? 4 : 2;
