@@ -1243,7 +1243,9 @@ static inline int64_t prefetch_distance(size_t row_bytes) {
 // r+1's in the high), and three vphaddd fold the four pair vectors into
 // the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
 // pf, when given, is 8 rows further on, streamed in as prefetch_distance
-// says (w_row_bytes apart).
+// says (w_row_bytes apart): each 64 bytes of those rows is asked for once,
+// one line a row as soon as the kernel has moved past the last one asked
+// for (blocks of 34 or 20 bytes do not line up with lines).
 static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
                      float * out, const uint8_t * pf, size_t w_row_bytes) {
     const size_t bs = block_bytes(t);
@@ -1252,11 +1254,14 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
     // Lane l of the result holds row order[l].
     static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     __m256 acc = _mm256_setzero_ps();
+    size_t pf_next = 0; // the rows' next line to ask for, as a row offset
     for (int64_t b = 0; b < nb; b++) {
         const size_t o = (size_t)b * bs;
-        if (pf && o % 64 < bs)
+        if (pf && pf_next < o + bs) {
             for (int i = 0; i < 8; i++)
-                _mm_prefetch((const char *)(pf + i * w_row_bytes + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(pf + i * w_row_bytes + pf_next), _MM_HINT_T0);
+            pf_next += 64;
+        }
         __m256i pr[4];
         if (t == SMOL_TYPE_Q8_0) {
             const __m256i x = _mm256_loadu_si256((const __m256i *)a[b].qs);
