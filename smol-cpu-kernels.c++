@@ -1617,6 +1617,21 @@ size_t act_bytes(smol_type t, int64_t K) {
     }
 }
 
+int64_t matmul_token_chunk(smol_type t, int64_t K) {
+    switch (t) {
+    case SMOL_TYPE_F32:
+    case SMOL_TYPE_BF16:
+    case SMOL_TYPE_F16:
+        // Whole tiles of 6 tokens, as the float kernel takes them.
+        {
+            const int64_t n = (128 * 1024) / (K * (int64_t)sizeof(float)) / 6 * 6;
+            return n < 6 ? 6 : n;
+        }
+    default:
+        return INT64_MAX;
+    }
+}
+
 static bool cpu_has_avx2() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();

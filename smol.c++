@@ -745,12 +745,13 @@ void run_mul_mat(tensor * t, const op_args & a) {
         }
         a.pool.barrier();
     }
-    // Phase 2: each thread multiplies rows of the weight for all tokens. In
-    // decode, a fixed range each (contiguous, as streaming wants); with more
-    // tokens, chunks of rows taken in turn from a counter, so that a thread
-    // held up (by the machine or a slower chunk) leaves its share to the
-    // others. Ranges are multiples of 16 rows so kernels keep their full
-    // tiles; a row's result does not depend on which thread computes it.
+    // Phase 2: each thread multiplies rows of the weight. In decode, a fixed
+    // range each (contiguous, as streaming wants); with more tokens, chunks
+    // of rows of a chunk of tokens taken in turn from a counter, so that a
+    // thread held up (by the machine or a slower chunk) leaves its share to
+    // the others. Ranges are multiples of 16 rows so kernels keep their full
+    // tiles; a row's result does not depend on which thread computes it, nor
+    // a token's on the tokens beside it.
     float * y = static_cast<float *>(t->data);
     if (n_tok <= mul_mat_private_tokens) {
         const int64_t r0 = (N * a.ith / a.nth) & ~int64_t(15);
@@ -759,13 +760,21 @@ void run_mul_mat(tensor * t, const op_args & a) {
             a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok, y, t->ne[0]);
         return;
     }
+    // Items of (token chunk, row chunk), token chunk by token chunk: the
+    // threads share a token chunk's rows between them, and each finds the
+    // chunk's activations in its own L2 for every row chunk it takes.
     const int64_t chunk = std::max<int64_t>(16, (N / (4 * int64_t(a.nth))) & ~int64_t(15));
-    const int64_t n_chunks = (N + chunk - 1) / chunk;
+    const int64_t n_rc = (N + chunk - 1) / chunk;
+    const int64_t tc = std::min(n_tok, cpu::matmul_token_chunk(w->type, K));
+    const int64_t n_items = (n_tok + tc - 1) / tc * n_rc;
+    const int64_t ldy = t->ne[0];
     std::atomic<int32_t> & next = a.chunks[t->node_index];
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_chunks;
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_items;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
-        const int64_t r0 = c * chunk, r1 = std::min(N, r0 + chunk);
-        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok, y, t->ne[0]);
+        const int64_t t0 = c / n_rc * tc, t1 = std::min(n_tok, t0 + tc);
+        const int64_t r0 = c % n_rc * chunk, r1 = std::min(N, r0 + chunk);
+        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act + size_t(t0) * act_row, act_row,
+                   t1 - t0, y + t0 * ldy, ldy);
     }
 }
 

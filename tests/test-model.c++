@@ -176,6 +176,40 @@ TEST_CASE("a prompt decoded in one batch or token by token gives the same logits
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a prompt over several of the matmuls' token chunks gives the logits of one token "
+          "at a time") {
+    // At SmolLM2's width a float matmul hands its threads chunks of about 54
+    // tokens (activations in L2): a 150-token prompt spans three, in one
+    // batch and in batches that cut them elsewhere.
+    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_F32}) {
+        const uint32_t seed = fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(std::string(smol_type_name(t)));
+        const std::string path = temp_path("wide.gguf");
+        tiny::shape s;
+        s.n_embd = 576;
+        s.n_head = 9;
+        s.n_head_kv = 3;
+        s.n_ff = 1536;
+        s.wtype = t;
+        tiny::write(path, s, seed);
+        model_ptr m = load(path);
+        std::mt19937 rng(seed);
+        const std::vector<int> ids = random_ids(rng, 150, s.n_vocab);
+        context_ptr a = make_context(m.get(), 160), b = make_context(m.get(), 160, 512, 1, 1),
+                    c = make_context(m.get(), 160);
+        const auto whole = decode_all(a.get(), ids, s.n_vocab, 150);
+        const auto single = decode_all(b.get(), ids, s.n_vocab, 1);
+        const auto cut = decode_all(c.get(), ids, s.n_vocab, 61);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            CAPTURE(i);
+            CHECK(whole[i] == single[i]);
+            CHECK(cut[i] == single[i]);
+        }
+        std::filesystem::remove(path);
+    }
+}
+
 TEST_CASE("sequences batched together give the logits each gives alone") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
