@@ -16,7 +16,6 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX2__)
@@ -1493,7 +1492,7 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
     // Token chunks whose activations stay in L2 while the thread's row
     // blocks sweep them; in a chunk, a block of rows (in L2) meets one tile
     // of tokens (in L1) after another: each activation load feeds two FMAs.
-    const int64_t tc = max_i64(NT, (act_chunk_bytes / 2) / (K * 4) / NT * NT);
+    const int64_t tc = matmul_token_chunk(T, K);
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = min_i64(n_tok, t0 + tc);
         for (int64_t rb = r0; rb < r1; rb += f_block_rows) {
@@ -1621,12 +1620,12 @@ int64_t matmul_token_chunk(smol_type t, int64_t K) {
     switch (t) {
     case SMOL_TYPE_F32:
     case SMOL_TYPE_BF16:
-    case SMOL_TYPE_F16:
-        // Whole tiles of 6 tokens, as the float kernel takes them.
-        {
-            const int64_t n = (128 * 1024) / (K * (int64_t)sizeof(float)) / 6 * 6;
-            return n < 6 ? 6 : n;
-        }
+    case SMOL_TYPE_F16: {
+        // 128 KiB of f32 activations, in whole tiles of 6 tokens as the
+        // float kernel takes them.
+        const int64_t n = (128 * 1024) / (K * (int64_t)sizeof(float)) / 6 * 6;
+        return n < 6 ? 6 : n;
+    }
     default:
         return INT64_MAX;
     }

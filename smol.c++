@@ -728,52 +728,45 @@ void run_mul_mat(tensor * t, const op_args & a) {
     const tensor * x = t->src[1];
     const int64_t K = w->ne[0], N = w->ne[1], n_tok = x->ne[1];
     const size_t act_row = cpu::act_bytes(w->type, K);
-    const uint8_t * act = a.work;
+    float * y = static_cast<float *>(t->data);
+    const int64_t ldy = t->ne[0];
+    // Rows are split in multiples of 16 so kernels keep their full tiles; a
+    // row's result does not depend on which thread computes it, nor a
+    // token's on the tokens beside it.
     if (n_tok <= mul_mat_private_tokens) {
+        // Decode: each thread converts the few activations itself and
+        // streams a fixed, contiguous range of rows.
         thread_local std::vector<uint8_t> own;
         if (own.size() < size_t(n_tok) * act_row) own.resize(size_t(n_tok) * act_row);
         for (int64_t i = 0; i < n_tok; ++i)
             a.k.act_from_f32(w->type, row_f32(x, i), own.data() + i * act_row, K);
-        act = own.data();
-    } else {
-        // Phase 1: each thread converts its share of activation rows.
-        int64_t i0, i1;
-        split(n_tok, a.ith, a.nth, i0, i1);
-        for (int64_t i = i0; i < i1; ++i) {
-            const float * src = row_f32(x, i);
-            a.k.act_from_f32(w->type, src, a.work + i * act_row, K);
-        }
-        a.pool.barrier();
-    }
-    // Phase 2: each thread multiplies rows of the weight. In decode, a fixed
-    // range each (contiguous, as streaming wants); with more tokens, chunks
-    // of rows of a chunk of tokens taken in turn from a counter, so that a
-    // thread held up (by the machine or a slower chunk) leaves its share to
-    // the others. Ranges are multiples of 16 rows so kernels keep their full
-    // tiles; a row's result does not depend on which thread computes it, nor
-    // a token's on the tokens beside it.
-    float * y = static_cast<float *>(t->data);
-    if (n_tok <= mul_mat_private_tokens) {
         const int64_t r0 = (N * a.ith / a.nth) & ~int64_t(15);
         const int64_t r1 = a.ith == a.nth - 1 ? N : (N * (a.ith + 1) / a.nth) & ~int64_t(15);
         if (r1 > r0)
-            a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act, act_row, n_tok, y, t->ne[0]);
+            a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, own.data(), act_row, n_tok, y, ldy);
         return;
     }
-    // Items of (token chunk, row chunk), token chunk by token chunk: the
-    // threads share a token chunk's rows between them, and each finds the
-    // chunk's activations in its own L2 for every row chunk it takes.
+    // Each thread converts its share of activation rows into the shared
+    // work buffer.
+    int64_t i0, i1;
+    split(n_tok, a.ith, a.nth, i0, i1);
+    for (int64_t i = i0; i < i1; ++i)
+        a.k.act_from_f32(w->type, row_f32(x, i), a.work + i * act_row, K);
+    a.pool.barrier();
+    // Then items of (token chunk, row chunk), token chunk by token chunk,
+    // taken in turn from a counter: a thread held up (by the machine or a
+    // slower item) leaves its share to the others, and the threads sharing
+    // a token chunk each find its activations in their own L2.
     const int64_t chunk = std::max<int64_t>(16, (N / (4 * int64_t(a.nth))) & ~int64_t(15));
     const int64_t n_rc = (N + chunk - 1) / chunk;
     const int64_t tc = std::min(n_tok, cpu::matmul_token_chunk(w->type, K));
     const int64_t n_items = (n_tok + tc - 1) / tc * n_rc;
-    const int64_t ldy = t->ne[0];
     std::atomic<int32_t> & next = a.chunks[t->node_index];
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_items;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
         const int64_t t0 = c / n_rc * tc, t1 = std::min(n_tok, t0 + tc);
         const int64_t r0 = c % n_rc * chunk, r1 = std::min(N, r0 + chunk);
-        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, act + size_t(t0) * act_row, act_row,
+        a.k.matmul(w->type, w->data, w->nb[1], K, r0, r1, a.work + size_t(t0) * act_row, act_row,
                    t1 - t0, y + t0 * ldy, ldy);
     }
 }

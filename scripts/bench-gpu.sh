@@ -50,8 +50,9 @@
 # log in build-peers/build.log) and the phases that need it wait for it.
 # Environment: SMOL_GPU_DEPS=DIR (default .gpu-deps when it exists): packed
 # CMake packages, the gguf wheel and llama.cpp-src.tar.gz; REPS (default 3);
-# MODELS_1_7B=0 leaves the 1.7B out; MODELS="135M:f16,1.7B:f16" writes only those; DEADLINE=EPOCH-SECONDS: phases that
-# would not end before it are skipped and say so (a 10-minute call).
+# MODELS_1_7B=0 leaves the 1.7B out; MODELS="135M:f16,1.7B:f16" writes only
+# those; DEADLINE=EPOCH-SECONDS: phases that would not end before it are
+# skipped and say so (a 10-minute call).
 # Serving: SERVE_TOKENS (generated tokens per request, a comma list; default
 # 128), SERVE_RUNS (runs of each server, alternating; default 2),
 # SERVE_CONCURRENCY (default 1,4,16,64), SERVE_PARALLEL (requests generating
@@ -95,7 +96,7 @@ w.close()
 EOF
             du -sh "$dir"
             exit 0 ;;
-        -h|--help) sed -n '2,56p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
         *) echo "bench-gpu: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -638,11 +639,13 @@ capacity_bench() {
         done) &
         local sampler=$!
         "$bench" --device cuda:0 -m "$f" --gpu-mem "$budget" -b "${CAPACITY_BATCH:-4096}" \
-            -p 0 -n "$gen" -d $((ctx - gen)) -r 1 --progress 2>&1
+            -p 0 -n "$gen" -d $((ctx - gen)) -r 1 --progress 2>&1 &
+        local pid=$!
+        wait "$pid"
         local rc=$?
         kill "$sampler" 2>/dev/null
         wait "$sampler" 2>/dev/null
-        awk -F', *' -v b="$budget" 'm < $2 { m = $2 }
+        awk -F', *' -v p="$pid" -v b="$budget" '$1 == p && m < $2 { m = $2 }
             END { printf "nvidia-smi: the process held at most %d MiB of device memory (budget %s)\n", m, b }' "$smi"
         [ $rc = 0 ] || return $rc
     done

@@ -555,9 +555,9 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
                     }
                 }
             }
-            const std::string out =
-                dump(j->finish == SMOL_FINISH_ERROR ? j->failure() : j->whole(all));
-            if (j->finish == SMOL_FINISH_ERROR) j->st.n_http_errors++;
+            const bool failed = j->finish == SMOL_FINISH_ERROR;
+            const std::string out = dump(failed ? j->failure() : j->whole(all));
+            if (failed) j->st.n_http_errors++;
             sink.write(out.data(), out.size());
             sink.done();
             return true;
