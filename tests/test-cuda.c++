@@ -547,6 +547,24 @@ double max_abs_f16(const std::vector<uint16_t> & x) {
 // p_c in f32 and is held to the same bound.
 constexpr double flash_attn_tol = 1.5e-3;
 
+namespace {
+
+// The flash and classic kernels' outputs against the CPU's, each within
+// flash_attn_tol max|V|, saying where the largest error of each lies.
+void check_attention(const attn_setup & a, const attn_setup::result & want,
+                     const attn_setup::result & flash, const attn_setup::result & classic) {
+    const double v_max = max_abs_f16(want.V);
+    const attn_err ef = worst(flash.out, want.out), ec = worst(classic.out, want.out);
+    INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
+                                         << ef.where(a, flash.out, want.out));
+    INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
+                                           << ec.where(a, classic.out, want.out));
+    CHECK(ef.err <= flash_attn_tol * v_max);
+    CHECK(ec.err <= flash_attn_tol * v_max);
+}
+
+} // namespace
+
 TEST_CASE("flash attention matches the CPU for prompts over served caches, with GQA") {
     auto flash = gpu_attention("flash");
     if (!flash) return;
@@ -582,14 +600,7 @@ TEST_CASE("flash attention matches the CPU for prompts over served caches, with 
                 const auto f = a.run(*flash, rope);
                 const auto c = a.run(*classic, rope);
                 const auto au = a.run(*automatic, rope);
-                const double v_max = max_abs_f16(want.V);
-                const attn_err ef = worst(f.out, want.out), ec = worst(c.out, want.out);
-                INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
-                                                     << ef.where(a, f.out, want.out));
-                INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
-                                                       << ec.where(a, c.out, want.out));
-                CHECK(ef.err <= flash_attn_tol * v_max);
-                CHECK(ec.err <= flash_attn_tol * v_max);
+                check_attention(a, want, f, c);
                 // Each override ran its own kernel (they round differently),
                 // and without one every batch took the flash kernel.
                 if (n_tok > 1)
@@ -637,14 +648,7 @@ TEST_CASE("flash attention over a long prompt's cells matches the CPU: whole, ma
                     const auto want = a.run(*c_be, rope);
                     const auto f = a.run(*automatic, rope, H.G);
                     const auto c = a.run(*classic, rope, H.G);
-                    const double v_max = max_abs_f16(want.V);
-                    const attn_err ef = worst(f.out, want.out), ec = worst(c.out, want.out);
-                    INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
-                                                         << ef.where(a, f.out, want.out));
-                    INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
-                                                           << ec.where(a, c.out, want.out));
-                    CHECK(ef.err <= flash_attn_tol * v_max);
-                    CHECK(ec.err <= flash_attn_tol * v_max);
+                    check_attention(a, want, f, c);
                     // (One token over its own cell alone is V in both.)
                     if (n_tok > 1 || history > 0)
                         CHECK_MESSAGE(f.out != c.out, "the default kernel was the classic one");
@@ -686,14 +690,7 @@ TEST_CASE("decode attention over head groups' views matches the CPU, flash and c
                     const auto want = a.run(*c_be, rope);
                     const auto f = a.run(*automatic, rope, G);
                     const auto c = a.run(*classic, rope, G);
-                    const double v_max = max_abs_f16(want.V);
-                    const attn_err ef = worst(f.out, want.out), ec = worst(c.out, want.out);
-                    INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
-                                                         << ef.where(a, f.out, want.out));
-                    INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
-                                                           << ec.where(a, c.out, want.out));
-                    CHECK(ef.err <= flash_attn_tol * v_max);
-                    CHECK(ec.err <= flash_attn_tol * v_max);
+                    check_attention(a, want, f, c);
                     // The groups' stores filled the cache as one store does.
                     const auto whole = a.run(*automatic, rope);
                     CHECK(f.K == whole.K);
