@@ -67,6 +67,55 @@ namespace {
         if (e_ != cudaSuccess) gpu_fail(e_, #call);                                                \
     } while (0)
 
+// --- programmatic dependent launch --------------------------------------------
+//
+// A decode step is a chain of small kernels, each about as long as the gap
+// between two launches. On Hopper a kernel launched with programmatic
+// stream serialization may start while the one before it finishes: it
+// runs up to griddep_wait() (which returns once its predecessor has ended
+// and its writes are visible), so its launch, its block scheduling and
+// whatever it does before the wait (prefetching weights) overlap the
+// predecessor's tail. Each kernel launched that way calls griddep_wait()
+// before it reads or writes anything another kernel touches, then
+// griddep_launch() to let its own successor launch. Elsewhere both are
+// no-ops, as is the wait in a kernel launched the ordinary way.
+__device__ __forceinline__ void griddep_wait() {
+#if !defined(SMOL_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch() {
+#if !defined(SMOL_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...), with programmatic
+// stream serialization when pdl is set (see above).
+template <typename... P, typename... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   A &&... args) {
+#if !defined(SMOL_HIP)
+    if (pdl) {
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = stream;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+        return;
+    }
+#endif
+    (void)pdl;
+    kernel<<<grid, block, 0, stream>>>(std::forward<A>(args)...);
+}
+
 #if defined(SMOL_HAVE_BLAS)
 #define SMOL_BLAS_CHECK(call)                                                                      \
     do {                                                                                           \
@@ -136,6 +185,21 @@ __device__ float row_elem(int t, const uint8_t * row, int e) {
     return 0.0f;
 }
 
+// Eight f16 or bf16 weights of one 16-byte chunk as floats.
+template <int T> __device__ __forceinline__ void chunk_from_u4(const uint4 u, float (&v)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (T == SMOL_TYPE_F16) {
+            v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
+            v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
+        } else {
+            v[2 * i] = __uint_as_float(w[i] << 16);
+            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+}
+
 // Eight weights of chunk ch of a row (chunks of 8 elements; the quantized
 // types have 4 chunks per 32-element block) and where they meet the
 // activations: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
@@ -152,18 +216,7 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
         e0 = 8 * ch;
         e1 = e0 + 4;
     } else if constexpr (T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16) {
-        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if constexpr (T == SMOL_TYPE_F16) {
-                v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
-                v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
-            } else {
-                v[2 * i] = __uint_as_float(w[i] << 16);
-                v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-            }
-        }
+        chunk_from_u4<T>(reinterpret_cast<const uint4 *>(row)[ch], v);
         e0 = 8 * ch;
         e1 = e0 + 4;
     } else if constexpr (T == SMOL_TYPE_Q8_0) {
@@ -350,8 +403,15 @@ struct kv_store_params {
     rope_params rope;      // non-null pos: rotate k on the way in
 };
 
-// One block per token: converts its k and v rows to f16 in its cache cell.
+// A block a token, a thread a pair of elements of one of its kv heads (all
+// of them at once, up to 1024 threads): converts k and v to f16 in the
+// token's cache cell. Looping a block's 128 threads over the heads took
+// 9 us for one token of 32 heads; a block a (token, head) pair made a
+// 4096-token prompt's launch 131,072 blocks of one warp, and the 1.7B
+// model's prefill about 3% slower.
 __global__ void kv_store_kernel(const kv_store_params p) {
+    griddep_wait();
+    griddep_launch();
     const int i = blockIdx.x, half = p.hd / 2;
     const size_t cell = size_t(p.cell[i]);
     const float * k = p.k + i * p.ldk;
@@ -370,6 +430,14 @@ __global__ void kv_store_kernel(const kv_store_params p) {
         p.V[at] = f32_to_f16(v[hr * p.hd + 2 * j]);
         p.V[at + 1] = f32_to_f16(v[hr * p.hd + 2 * j + 1]);
     }
+}
+
+__device__ __forceinline__ void prefetch_l2(const void * p) {
+#if defined(SMOL_HIP)
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
 }
 
 // --- matmul: small batches ----------------------------------------------------
@@ -400,6 +468,10 @@ constexpr int mm_warps = 4; // warps per block of the small-batch kernels
 // the warp and (KS > 1, split-K) across the row's warps. MT = 1 is the GEMV
 // of single-token decode; KS > 1 gives a GEMV of few rows enough warps to
 // fill the GPU.
+//
+// A folded RMS norm scales x by its weights on the way in and multiplies
+// the dot by the token's 1 / rms at the end; the sum of squares is taken
+// from the same loads, so the weights' loads never wait for the norm.
 template <int T, int MT, bool SWIGLU, int KS>
 __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm_params p) {
     static_assert(mm_warps % KS == 0, "the warps of a block split into whole rows");
@@ -407,19 +479,6 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int ks = warp % KS;
     const int m0 = blockIdx.y * MT;
-    __shared__ float inv_rms[MT];
-    if (p.norm_w) {
-        for (int m = warp; m < MT; m += mm_warps) {
-            double ss = 0.0;
-            if (m0 + m < p.M) {
-                const float * xr = p.x + size_t(m0 + m) * p.ldx;
-                for (int k = lane; k < p.K; k += warp_size) ss += double(xr[k]) * double(xr[k]);
-            }
-            ss = warp_sum_f64(ss);
-            if (lane == 0) inv_rms[m] = rms_scale(ss, p.K, p.eps);
-        }
-        __syncthreads();
-    }
     // Which weight this warp's row belongs to. Selected with branches: a
     // run-time index into the parameter arrays would copy them to local
     // memory.
@@ -442,27 +501,52 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     // Past the last row: with KS > 1 the warp still takes part in the
     // block's reduction, with nothing to add.
     const bool valid = r < rows;
-    if (KS == 1 && !valid) return;
     const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
+    // The weights are no kernel's output: the first 4 KiB of the row head
+    // for L2 while the kernel before this one may still be running.
+    if (valid && ks == 0) {
+        const size_t at = size_t(lane) * 128;
+        if (at < p.w_row_bytes) {
+            prefetch_l2(wr + at);
+            if constexpr (SWIGLU) prefetch_l2(wu + at);
+        }
+    }
+    griddep_wait();
+    griddep_launch();
 
-    float acc[MT], acc_u[SWIGLU ? MT : 1];
+    // A folded RMS norm. The GEMV (MT = 1) sums the squares from its own
+    // loads of x and multiplies its dot by 1 / rms at the end, so its
+    // weights' loads never wait for the norm (a first pass over x made the
+    // 1.7B model's q, k, v, SwiGLU and output GEMVs 11-23% slower). With a batch
+    // tile, MT sums in the loop cost registers the tile needs: the block's
+    // warps take each token's 1 / rms first.
+    constexpr bool FOLD = MT == 1;
+    __shared__ float inv_rms[MT];
+    if (!FOLD && p.norm_w) {
+        for (int m = warp; m < MT; m += mm_warps) {
+            double sq = 0.0;
+            if (m0 + m < p.M) {
+                const float * xr = p.x + size_t(m0 + m) * p.ldx;
+                for (int k = lane; k < p.K; k += warp_size) sq += double(xr[k]) * double(xr[k]);
+            }
+            sq = warp_sum_f64(sq);
+            if (lane == 0) inv_rms[m] = rms_scale(sq, p.K, p.eps);
+        }
+        __syncthreads();
+    }
+    if (KS == 1 && !valid) return;
+
+    float acc[MT], acc_u[SWIGLU ? MT : 1], ss[MT];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
+    for (int m = 0; m < MT; ++m) acc[m] = ss[m] = 0.0f;
     if constexpr (SWIGLU) {
 #pragma unroll
         for (int m = 0; m < MT; ++m) acc_u[m] = 0.0f;
     }
-    // One chunk a lane at a time. Issuing several chunks' loads together
-    // (unrolled by 2 or 4) measured slower on the H200: 6.4 against 5.4 us
-    // for a 576 x 576 q4_1 GEMV and 53 against 36 us for the 49152-row
-    // output (likely register pressure: 74 registers a thread against 46).
-    const int n_ch = valid ? p.K / 8 : 0;
-    for (int ch = ks * warp_size + lane; ch < n_ch; ch += KS * warp_size) {
-        float v[8], vu[8];
-        int e0, e1;
-        load_chunk<T>(wr, ch, v, e0, e1);
-        if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu, e0, e1);
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
+    // Adds one chunk's products (vu: up's weights, read only with SWIGLU).
+    auto add_chunk = [&](const float(&v)[8], const float(&vu)[8], int e0, int e1) {
         float4 na = make_float4(1, 1, 1, 1), nb = na;
         if (p.norm_w) {
             na = *reinterpret_cast<const float4 *>(p.norm_w + e0);
@@ -475,11 +559,15 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
                 float4 a = *reinterpret_cast<const float4 *>(xr + e0);
                 float4 b = *reinterpret_cast<const float4 *>(xr + e1);
                 if (p.norm_w) {
-                    const float s = inv_rms[m];
-                    a = make_float4((a.x * s) * na.x, (a.y * s) * na.y, (a.z * s) * na.z,
-                                    (a.w * s) * na.w);
-                    b = make_float4((b.x * s) * nb.x, (b.y * s) * nb.y, (b.z * s) * nb.z,
-                                    (b.w * s) * nb.w);
+                    const float sc = FOLD ? 1.0f : inv_rms[m];
+                    if constexpr (FOLD) {
+                        ss[m] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x +
+                                 b.y * b.y + b.z * b.z + b.w * b.w;
+                    }
+                    a = make_float4((a.x * sc) * na.x, (a.y * sc) * na.y, (a.z * sc) * na.z,
+                                    (a.w * sc) * na.w);
+                    b = make_float4((b.x * sc) * nb.x, (b.y * sc) * nb.y, (b.z * sc) * nb.z,
+                                    (b.w * sc) * nb.w);
                 }
                 acc[m] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
                           v[5] * b.y + v[6] * b.z + v[7] * b.w;
@@ -489,19 +577,60 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
                 }
             }
         }
+    };
+    if constexpr (MT > 1) {
+        // A batch tile: each chunk serves MT tokens, one chunk at a time.
+        for (int ch = ks * warp_size + lane; ch < n_ch; ch += stride) {
+            float v[8], vu[8];
+            int e0, e1;
+            load_chunk<T>(wr, ch, v, e0, e1);
+            if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu, e0, e1);
+            add_chunk(v, vu, e0, e1);
+        }
+    } else {
+        // A quantized GEMV loads U chunks a lane before it uses any: its
+        // blocks are read in 2 and 4-byte pieces, and one chunk at a time
+        // kept too few bytes in flight (the 1.7B q8_0 decode went from
+        // 431-456 to 561-598 tokens/s with this and the attention changes
+        // that came with it). Float weights are read 16 bytes a chunk: for
+        // them four chunks (89 registers, five blocks an SM) or a cp.async
+        // ring in shared memory ran no faster than one (the 1.7B f16
+        // GEMVs stayed at 1.3-2.5 TB/s).
+        constexpr bool wide = T == SMOL_TYPE_F32 || T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16;
+        constexpr int U = wide ? 1 : SWIGLU ? 2 : 4;
+        for (int c0 = ks * warp_size + lane; c0 < n_ch; c0 += U * stride) {
+            float v[U][8], vu[U][8];
+            int e0[U], e1[U];
+            // Past the row's end a lane loads its last chunk again and drops
+            // it, so the U loads stay unconditional and fly together.
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int ch = min(c0 + u * stride, n_ch - 1);
+                load_chunk<T>(wr, ch, v[u], e0[u], e1[u]);
+                if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu[u], e0[u], e1[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (c0 + u * stride < n_ch) add_chunk(v[u], vu[u], e0[u], e1[u]);
+            }
+        }
     }
+    double ssd[MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         acc[m] = warp_sum(acc[m]);
         if constexpr (SWIGLU) acc_u[m] = warp_sum(acc_u[m]);
+        ssd[m] = FOLD && p.norm_w ? warp_sum_f64(double(ss[m])) : 0.0;
     }
     if constexpr (KS > 1) {
         // The row's first warp adds the others' sums, always in one order.
         __shared__ float part[mm_warps][SWIGLU ? 2 * MT : MT];
+        __shared__ double part_ss[mm_warps][MT];
         if (lane == 0) {
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 part[warp][m] = acc[m];
+                part_ss[warp][m] = ssd[m];
                 if constexpr (SWIGLU) part[warp][MT + m] = acc_u[m];
             }
         }
@@ -511,6 +640,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
         for (int m = 0; m < MT; ++m) {
             for (int j = 1; j < KS; ++j) {
                 acc[m] += part[warp + j][m];
+                ssd[m] += part_ss[warp + j][m];
                 if constexpr (SWIGLU) acc_u[m] += part[warp + j][MT + m];
             }
         }
@@ -520,8 +650,13 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             if (m0 + m < p.M) {
-                float val = acc[m];
-                if constexpr (SWIGLU) val = silu_mul(acc[m], acc_u[m]);
+                float val = acc[m], val_u = SWIGLU ? acc_u[m] : 0.0f;
+                if (FOLD && p.norm_w) {
+                    const float s = rms_scale(ssd[m], p.K, p.eps);
+                    val *= s;
+                    val_u *= s;
+                }
+                if constexpr (SWIGLU) val = silu_mul(val, val_u);
                 if (p.res) val = p.res[size_t(m0 + m) * p.ldr + r] + val;
                 y[size_t(m0 + m) * ldy + r] = val;
             }
@@ -851,7 +986,8 @@ constexpr int fa_rows = 64; // queries a block: four warps of 16 (the work space
 // the HIP build keeps the kernel above for every batch.
 #define SMOL_FLASH_ATTENTION 1
 
-constexpr int fa_cells = 64; // cells a tile
+constexpr int fa_cells = 64;        // cells a tile
+constexpr int fa_split_cells = 256; // the fewest cells a split of decode takes
 // From this many tokens a batch takes the flash kernel: every batch. For
 // decode it measured 1.09-1.46x the classic kernel's speed on the H200
 // (BENCHMARKS.md), offloaded head groups included.
@@ -934,6 +1070,18 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     __shared__ int b_min_pos, b_max_pos;
     __shared__ unsigned long long b_seqs;
 
+    griddep_wait();
+    griddep_launch();
+    // With S splits, block z takes the z-th run of whole tiles of the cells,
+    // a run of at least fa_split_cells: at short contexts fewer splits do
+    // the work (one below that many cells), and the blocks past them leave.
+    const int n_used = *p.n_used;
+    const int chunk =
+        p.S == 1
+            ? n_used
+            : max(fa_split_cells, ((n_used + p.S - 1) / p.S + fa_cells - 1) / fa_cells * fa_cells);
+    const int n_split = p.S == 1 ? 1 : max(1, (n_used + chunk - 1) / chunk);
+    if (int(blockIdx.z) >= n_split) return;
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int g = lane / 4, t = lane % 4;
     // Block y serves query head h0 * group + y of the view's kv heads.
@@ -1064,10 +1212,6 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         }
     };
 
-    // With S splits, block z takes the z-th run of whole tiles of the cells.
-    const int n_used = *p.n_used;
-    const int chunk =
-        p.S == 1 ? n_used : ((n_used + p.S - 1) / p.S + fa_cells - 1) / fa_cells * fa_cells;
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
     const uint16_t * K = p.K + hk * p.head_stride;
     const uint16_t * V = p.V + hk * p.head_stride;
@@ -1160,9 +1304,8 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     l0 += SMOL_SHFL_XOR(l0, 2);
     l1 += SMOL_SHFL_XOR(l1, 1);
     l1 += SMOL_SHFL_XOR(l1, 2);
-    if (p.S > 1) {
-        // This split's (max, sum, unnormalised sum of V) per (token, head),
-        // for flash_merge_kernel.
+    if (n_split > 1) {
+        // This split's (max, sum, unnormalised sum of V) per (token, head).
         auto put = [&](int row, float m, float l, int r) {
             if (row >= p.n_tok) return;
             float * part =
@@ -1179,6 +1322,54 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         };
         put(row0, m0, l0, 0);
         put(row1, m1, l1, 1);
+        // The block that finishes last for this (query tile, head) merges
+        // the splits, so no second launch is needed; it leaves the counter
+        // at zero for the next launch or replay.
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        int * done = p.done + blockIdx.y * gridDim.x + blockIdx.x;
+        if (threadIdx.x == 0) last = atomicAdd(done, 1) == n_split - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // A warp a row: its lanes read every split's (max, sum) at once
+        // (S <= 64, two a lane), then sum the accumulators with independent
+        // loads. Maxima are in log2 units; a split that saw nothing has
+        // max -inf. Other blocks wrote the partials: they are read from L2.
+        __shared__ float weight[4][64];
+        const int rows = min(fa_rows, p.n_tok - tok0);
+        for (int r = warp; r < rows; r += 4) {
+            const float * pr =
+                p.part + (size_t(tok0 + r) * gridDim.y + blockIdx.y) * p.S * (HD + 2);
+            float mi[2], li[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const int i = lane + warp_size * k;
+                mi[k] = i < n_split ? SMOL_LOAD_L2(pr + i * (HD + 2)) : -INFINITY;
+                li[k] = i < n_split ? SMOL_LOAD_L2(pr + i * (HD + 2) + 1) : 0.0f;
+            }
+            const float mx = warp_max(fmaxf(mi[0], mi[1]));
+            float L = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float f = mi[k] == -INFINITY ? 0.0f : exp2f(mi[k] - mx);
+                L += li[k] * f;
+                if (lane + warp_size * k < n_split) weight[warp][lane + warp_size * k] = f;
+            }
+            L = warp_sum(L);
+            __syncwarp();
+            for (int e = lane; e < HD; e += warp_size) {
+                float a = 0.0f;
+                for (int i = 0; i < n_split; ++i) {
+                    const float f = weight[warp][i];
+                    if (f != 0.0f) a += SMOL_LOAD_L2(pr + i * (HD + 2) + 2 + e) * f;
+                }
+                p.out[size_t(tok0 + r) * p.ldo + h * HD + e] = L > 0.0f ? a / L : 0.0f;
+            }
+            __syncwarp();
+        }
+        if (threadIdx.x == 0) *done = 0;
         return;
     }
     // A query that sees no cell gets zeros, as from the kernel above.
@@ -1199,27 +1390,6 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     }
 }
 
-// Block (token, head), a thread an element: merges the S splits of the flash
-// kernel. Maxima are in log2 units; a split that saw nothing has max -inf.
-__global__ void flash_merge_kernel(const attn_params p) {
-    // Block x = tok * n_q + y, for the view's query heads as the flash launch had them.
-    const int n_q = int(gridDim.x) / p.n_tok;
-    const int tok = int(blockIdx.x) / n_q, h = p.h0 * p.group + int(blockIdx.x) % n_q;
-    const float * part = p.part + size_t(blockIdx.x) * p.S * (p.hd + 2);
-    float mx = -INFINITY;
-    for (int i = 0; i < p.S; ++i) mx = fmaxf(mx, part[i * (p.hd + 2)]);
-    float l = 0.0f, acc = 0.0f;
-    if (mx != -INFINITY) {
-        for (int i = 0; i < p.S; ++i) {
-            const float * o = part + i * (p.hd + 2);
-            if (o[0] == -INFINITY) continue;
-            const float f = exp2f(o[0] - mx);
-            l += o[1] * f;
-            acc += o[2 + threadIdx.x] * f;
-        }
-    }
-    p.out[size_t(tok) * p.ldo + h * p.hd + threadIdx.x] = l > 0.0f ? acc / l : 0.0f;
-}
 #endif // !SMOL_HIP
 
 // --- matmul kernel choice ------------------------------------------------------------
@@ -1302,7 +1472,8 @@ size_t blas_work_bytes(int type, int64_t N, int64_t K, int64_t M) {
 }
 
 template <bool SWIGLU>
-void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st);
+void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st,
+                    bool pdl = false);
 
 // Where the table of this GPU lives: SMOL_AUTOTUNE_FILE, else
 // $XDG_CACHE_HOME/smol/autotune-<gpu>.txt, else ~/.cache/smol/...
@@ -1431,6 +1602,9 @@ class cuda_backend final : public backend {
     int n_sm_ = 1;
     bool fuse_ = true;
     bool graphs_ = true;
+    bool pdl_ = false;     // kernels may launch while the one before ends (see griddep_wait)
+    bool pdl_now_ = false; // ... in the launches being issued now
+    bool capturing_ = false;
     attn_kernel attn_ = attn_kernel::automatic;
     cudaStream_t stream_ = nullptr;   // compute
     cudaStream_t h2d_ = nullptr;      // PREFETCH copies
@@ -1511,6 +1685,11 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     graphs_ = false; // not yet tried on ROCm
 #else
     graphs_ = env_flag("SMOL_CUDA_GRAPHS", 1) != 0;
+    // Only where the kernels were compiled with the waits (sm_90 and up):
+    // code JIT-compiled from older PTX has none.
+    cudaFuncAttributes fa{};
+    SMOL_GPU_CHECK(cudaFuncGetAttributes(&fa, mm_small_kernel<SMOL_TYPE_F16, 1, false, 1>));
+    pdl_ = prop.major >= 9 && fa.ptxVersion >= 90 && env_flag("SMOL_CUDA_PDL", 1) != 0;
 #endif
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
@@ -1729,12 +1908,14 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 #endif
 }
 
-// Without a table: the token tile that holds the batch (up to 32), no split
-// of K, and cuBLAS above 32 tokens where there is one.
+// Without a table: the token tile that holds the batch (up to 32), and a
+// GEMV of few rows splits K over 2 or 4 warps a row, so that enough warps
+// are in flight (the H200's autotune chose 4 for 576 rows, 2 for 2048 and
+// 1 from 6144 up). choose() sends large batches to cuBLAS first.
 mm_choice cuda_backend::default_small(const mm_key & key) const {
     mm_choice c;
     c.mt = std::min(key.m, 32);
-    c.ks = 1;
+    c.ks = key.m > 1 ? 1 : key.n < 8 * n_sm_ ? 4 : key.n < 24 * n_sm_ ? 2 : 1;
     return c;
 }
 
@@ -1748,7 +1929,17 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
 #endif
     }
 #if defined(SMOL_HAVE_BLAS)
-    if (key.m > 32) return mm_choice{true, 1, 1, -1};
+    // Float weights go to cuBLAS once the batch times the weight bytes
+    // passes 48 MiB: the small-batch kernels' time grows with both, while
+    // cuBLAS took about 12 us plus the weights' read on the H200 (2048 x
+    // 2048 f16: 8.3 against 16.7 us at M = 4, 12.9 against 12.2 at M = 8).
+    // Quantized weights would be dequantized for it first.
+    const size_t elt = key.type == SMOL_TYPE_F32                                 ? 4
+                       : key.type == SMOL_TYPE_F16 || key.type == SMOL_TYPE_BF16 ? 2
+                                                                                 : 0;
+    const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
+    if (key.m > 32 || (key.m > 1 && batch_bytes >= 48.0 * 1024 * 1024))
+        return mm_choice{true, 1, 1, -1};
 #endif
     return default_small(key);
 }
@@ -2240,13 +2431,17 @@ void cuda_backend::prepare(graph & g) {
             nodes[i]->data = static_cast<uint8_t *>(arena_.p) + p.offset[i];
     }
     grow(work_, step_work(), "work space");
-    // A counter per (token, head) of every attention split over cells; a
-    // head group's launch may split with more tokens than a whole layer's.
+    // A counter per (token, head) of every attention split over cells (per
+    // (query tile, head) for the flash kernel); a head group's launch may
+    // split with more tokens than a whole layer's.
     size_t counters = 0;
     for (const step & s : steps_) {
         int Q, W;
-        if (!s.skip && s.t->kind == OP_ATTENTION && attn_splits(s.t, Q, W) > 1)
-            counters = std::max(counters, size_t(s.t->ne[1]) * size_t(s.t->iparams[1]));
+        if (s.skip || s.t->kind != OP_ATTENTION) continue;
+        const size_t n_tok = size_t(s.t->ne[1]), n_head = size_t(s.t->iparams[1]);
+        if (attn_splits(s.t, Q, W) > 1) counters = std::max(counters, n_tok * n_head);
+        if (flash_splits(s.t) > 1)
+            counters = std::max(counters, (n_tok + fa_rows - 1) / fa_rows * n_head);
     }
     if (counters * sizeof(int) > done_.size) {
         grow(done_, counters * sizeof(int), "attention counters");
@@ -2460,12 +2655,13 @@ void cuda_backend::run(graph & g) {
     try {
         bool capture = false;
         bool capturable = graphs_;
-        // Decode-sized graphs only: a prompt's graph is dominated by its
+        // Decode-sized graphs only (up to 32 tokens, whichever kernels
+        // their matmuls take): a prompt's graph is dominated by its
         // matmuls, and capturing it costs more than its launches.
         // Copies from pageable memory cannot be captured.
         for (const tensor * t : g.nodes()) {
             capturable = capturable && (t->kind != OP_COPY || mem_.host_pageable == 0) &&
-                         (t->kind != OP_MUL_MAT || small_mm(t));
+                         (t->kind != OP_MUL_MAT || small_mm(t) || t->src[1]->ne[1] <= 32);
         }
         if (capturable) {
             signature(g);
@@ -2489,8 +2685,11 @@ void cuda_backend::run(graph & g) {
             SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
             cudaGraph_t cg = nullptr;
             try {
+                capturing_ = true;
                 launch_all(g);
+                capturing_ = false;
             } catch (...) {
+                capturing_ = false;
                 (void)cudaStreamEndCapture(stream_, &cg);
                 if (cg) (void)cudaGraphDestroy(cg);
                 (void)cudaGetLastError();
@@ -2523,6 +2722,9 @@ void cuda_backend::run(graph & g) {
 void cuda_backend::launch_all(graph & g) {
     used_.clear();
     replayed_ = -1;
+    // Only captured decode steps: the copy program orders kernels by events
+    // across streams too, and a prompt's launches are few and long.
+    pdl_now_ = pdl_ && capturing_ && !sched_.has_copies();
     if (sched_.has_copies()) {
         launch_program(g);
         return;
@@ -2692,7 +2894,10 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
     p.n_head_kv = view.h1 - view.h0;
     p.cell = d_cell_;
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
-    kv_store_kernel<<<unsigned(k->ne[1]), 128, 0, stream_>>>(p);
+    const int pairs = p.n_head_kv * (p.hd / 2);
+    const unsigned threads =
+        unsigned(std::min(1024, (pairs + warp_size - 1) / warp_size * warp_size));
+    launch_kernel(kv_store_kernel, dim3(unsigned(k->ne[1])), dim3(threads), stream_, pdl_now_, p);
     check_launch("kv_store");
 }
 
@@ -2733,12 +2938,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     if (const int fs = flash_splits(t); fs > 0) {
         p.S = fs;
         const dim3 fgrid(unsigned((p.n_tok + fa_rows - 1) / fa_rows), unsigned(n_q), unsigned(fs));
-        flash_attention_kernel<64><<<fgrid, 4 * warp_size, 0, stream_>>>(p);
+        launch_kernel(flash_attention_kernel<64>, fgrid, dim3(4 * warp_size), stream_, pdl_now_, p);
         check_launch("flash attention");
-        if (fs > 1) {
-            flash_merge_kernel<<<unsigned(p.n_tok * n_q), unsigned(p.hd), 0, stream_>>>(p);
-            check_launch("flash attention merge");
-        }
         return;
     }
 #endif
@@ -2780,15 +2981,18 @@ rope_params cuda_backend::rope_for(const tensor * rope) const {
 // Launches mm_small_kernel for weight type T with the token tile and split
 // of a choice.
 template <int T, bool SWIGLU>
-void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c,
-                     cudaStream_t stream) {
+void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, cudaStream_t stream,
+                     bool pdl) {
     const int threads = mm_warps * warp_size;
     auto go = [&](auto mt, auto ks) {
         constexpr int MT = decltype(mt)::value, KS = decltype(ks)::value;
         constexpr int rows_per_block = mm_warps / KS;
         const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
                         unsigned((p.M + MT - 1) / MT));
-        mm_small_kernel<T, MT, SWIGLU, KS><<<grid, threads, 0, stream>>>(p);
+        // Batch tiles launched early measured slower (the 1.7B q8_0 at 32
+        // sequences: 883 against 1,067 tokens/s); GEMVs faster.
+        launch_kernel(mm_small_kernel<T, MT, SWIGLU, KS>, grid, dim3(threads), stream,
+                      pdl && MT == 1, p);
     };
     auto split = [&](auto mt) {
         if (c.ks >= 4) {
@@ -2842,9 +3046,10 @@ template <typename F> void with_weight_type(int type, F && f) {
 }
 
 template <bool SWIGLU>
-void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st) {
-    with_weight_type(type,
-                     [&](auto t) { launch_mm_small<decltype(t)::value, SWIGLU>(p, rows, c, st); });
+void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st,
+                    bool pdl) {
+    with_weight_type(
+        type, [&](auto t) { launch_mm_small<decltype(t)::value, SWIGLU>(p, rows, c, st, pdl); });
 }
 
 #if defined(SMOL_HAVE_BLAS)
@@ -2945,9 +3150,9 @@ void cuda_backend::run_mm(const step & s) {
     }
     note_used(mm_key{w->type, total_rows, K, mm_bucket(M)}, c);
     if (s.kind == step_kind::mm_swiglu) {
-        launch_mm_type<true>(int(w->type), p, p.rows[0], c, stream_);
+        launch_mm_type<true>(int(w->type), p, p.rows[0], c, stream_, pdl_now_);
     } else {
-        launch_mm_type<false>(int(w->type), p, total_rows, c, stream_);
+        launch_mm_type<false>(int(w->type), p, total_rows, c, stream_, pdl_now_);
     }
     check_launch("mul_mat");
 }

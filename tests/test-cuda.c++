@@ -741,12 +741,15 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
                 };
                 const auto got = run(*g_be);
                 const double e = rel_err(got, want);
-                // Up to 32 tokens the GPU multiplies f32 activations; beyond,
-                // tensor cores take them as f16 (f32 weights stay f32).
-                const bool f16_act = M > 32 && t != SMOL_TYPE_F32;
+                // The GPU's own kernels multiply f32 activations; where
+                // cuBLAS runs (float weights from 4 tokens, any weights
+                // above 32), tensor cores take them as f16 (f32 weights
+                // stay f32).
+                const bool f16_act =
+                    t != SMOL_TYPE_F32 && g_be->mm_used().find("cublas") != std::string::npos;
                 CHECK(e <= (f16_act ? 2e-3 : 2e-5));
-                (M > 32 ? worst_large : worst_small) =
-                    std::max(M > 32 ? worst_large : worst_small, e);
+                (f16_act ? worst_large : worst_small) =
+                    std::max(f16_act ? worst_large : worst_small, e);
                 // The CPU rounds activations to f16 (f16 weights) or 8 bits
                 // (quantized weights); against it the bound is its own error.
                 double cpu_tol = t == SMOL_TYPE_F32 || t == SMOL_TYPE_BF16 ? 1e-4
@@ -757,8 +760,8 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
             }
         }
     }
-    MESSAGE("largest error against float64: " << worst_small << " (M <= 32), " << worst_large
-                                              << " (M > 32)");
+    MESSAGE("largest error against float64: " << worst_small << " (f32 activations), "
+                                              << worst_large << " (f16 activations)");
 }
 
 TEST_CASE("every matmul kernel the autotune may choose matches float64") {
@@ -818,8 +821,10 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     const std::string path = (std::filesystem::temp_directory_path() /
                               ("smol-test-cuda-" + std::to_string(::getpid()) + "-autotune.txt"))
                                  .string();
+    // Not the built-in choice for 200 rows, which splits K on a GPU of
+    // more than 8 SMs.
     const smol::mm_key key{SMOL_TYPE_Q8_0, 200, 576, 1};
-    be->mm_choose(key, "gemv mt=1 ks=4", 1.5);
+    be->mm_choose(key, "gemv mt=1 ks=1", 1.5);
     CHECK(be->mm_table_save(path) == path);
     CHECK_THROWS_AS(be->mm_choose(key, "gemv mt=3 ks=1", 1), smol::error);
     std::mt19937 rng(fresh_seed());
@@ -835,7 +840,7 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     };
     setenv("SMOL_AUTOTUNE_FILE", path.c_str(), 1);
     auto again = gpu();
-    CHECK(kernel_of(*again) == "q8_0 200x576 M=1: gemv mt=1 ks=4\n");
+    CHECK(kernel_of(*again) == "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
     // The same table for another GPU: the built-in choice.
     std::ifstream in(path);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -845,11 +850,12 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     text = text.substr(0, at) + "\ngpu Some Other GPU" + text.substr(text.find('\n', at + 1));
     std::ofstream(path, std::ios::trunc) << text;
     auto other = gpu();
-    CHECK(kernel_of(*other) == "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
+    const std::string other_kernel = kernel_of(*other);
+    CHECK(other_kernel != "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
     // A missing file: the built-in choice too.
     setenv("SMOL_AUTOTUNE_FILE", (path + ".absent").c_str(), 1);
     auto none = gpu();
-    CHECK(kernel_of(*none) == "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
+    CHECK(kernel_of(*none) == other_kernel);
     unsetenv("SMOL_AUTOTUNE_FILE");
     std::filesystem::remove(path);
 }
@@ -953,7 +959,7 @@ TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CP
     if (!fused) return;
     auto plain = gpu("0");
     auto c_be = cpu();
-    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_1}) {
+    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_1}) {
         for (int n_tok : {1, 5, 32, 40}) {
             const uint32_t seed = fresh_seed();
             CAPTURE(seed);
@@ -963,8 +969,10 @@ TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CP
             std::mt19937 rng(seed);
             layer_setup L(rng, t, n_tok);
             const auto a = L.run(*fused), b = L.run(*plain), c = L.run(*c_be);
-            // Fusion only reorders the norm's sum of squares.
-            CHECK(rel_err(a, b) <= 1e-5);
+            // Fusion only reorders the norm: the fused matmul sums the
+            // squares from its own loads and applies 1 / rms after its dot
+            // (about K * 2^-24 relative a dot, as for split-K).
+            CHECK(rel_err(a, b) <= 1e-4);
             CHECK(rel_err(a, c) <= (t == SMOL_TYPE_F32 ? 5e-3 : 5e-2));
         }
     }
@@ -986,15 +994,18 @@ TEST_CASE("split-K kernels in a fused llama layer give the logits of the default
                 // Every launch of the layer (q, k, v together; output with
                 // the residual; gate and up as SwiGLU; down; the head).
                 const int b = smol::mm_bucket(n_tok);
-                const std::string c =
-                    (b == 1 ? "gemv mt=1" : "smallbatch mt=" + std::to_string(b)) +
-                    " ks=" + std::to_string(ks);
+                // The reference takes the same kernels without a split.
+                const std::string family =
+                    b == 1 ? "gemv mt=1" : "smallbatch mt=" + std::to_string(b);
                 for (auto [n, k] : {std::pair<int64_t, int64_t>{960, 576},
                                     {576, 576},
                                     {3072, 576},
                                     {576, 1536},
-                                    {1000, 576}})
-                    tuned->mm_choose(smol::mm_key{t, n, k, b}, c, -1);
+                                    {1000, 576}}) {
+                    tuned->mm_choose(smol::mm_key{t, n, k, b}, family + " ks=" + std::to_string(ks),
+                                     -1);
+                    plain->mm_choose(smol::mm_key{t, n, k, b}, family + " ks=1", -1);
+                }
                 std::mt19937 rng(seed);
                 layer_setup L(rng, t, n_tok);
                 const auto a = L.run(*tuned), ref = L.run(*plain);
@@ -1159,7 +1170,10 @@ TEST_CASE("replayed CUDA graphs and unfused ops give the logits of plain launche
     for (size_t i = 0; i < ids.size(); ++i) {
         CAPTURE(i);
         CHECK(a[i] == b[i]); // the same kernels, bit for bit
-        CHECK(rel_err(a[i], c[i]) < 1e-5);
+        // A fused matmul applies the norm's 1 / rms after its dot, the
+        // unfused ops before: the same sums rounded in another order
+        // (about K * 2^-24 relative a dot, as for split-K).
+        CHECK(rel_err(a[i], c[i]) < 1e-4);
     }
     std::filesystem::remove(path);
 }
