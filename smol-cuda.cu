@@ -752,6 +752,34 @@ __device__ __forceinline__ void load_query_pair(const attn_params & p, int tok, 
     }
 }
 
+// The merge of S <= 64 split partials laid out `stride` floats apart, each
+// (max, sum, accumulators...): a warp reads every split's (max, sum) at once
+// (two a lane), leaves split i's weight in w[i] and returns the sum of the
+// weighted sums. Maxima are in natural-log units, or log2 units with LOG2; a
+// split that saw nothing has max -inf and weighs zero. Other blocks wrote the
+// partials during this launch, so they are read from L2.
+template <bool LOG2>
+__device__ float split_weights(const float * part, int S, int stride, float * w) {
+    const int lane = threadIdx.x % warp_size;
+    float mi[2], li[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int i = lane + warp_size * k;
+        mi[k] = i < S ? SMOL_LOAD_L2(part + i * stride) : -INFINITY;
+        li[k] = i < S ? SMOL_LOAD_L2(part + i * stride + 1) : 0.0f;
+    }
+    const float mx = warp_max(fmaxf(mi[0], mi[1]));
+    float L = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const float d = mi[k] - mx;
+        const float f = mi[k] == -INFINITY ? 0.0f : LOG2 ? exp2f(d) : expf(d);
+        L += li[k] * f;
+        if (lane + warp_size * k < S) w[lane + warp_size * k] = f;
+    }
+    return warp_sum(L);
+}
+
 // Block (query group, head, split). Warp w serves query w % Q and walks the
 // split's cells in tiles of 32 (tile t goes to stream w / Q): each lane
 // scores one cell, the warp keeps an online softmax, then accumulates V with
@@ -947,22 +975,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
     float * weight = st; // S floats; st holds at least 4 * (hd + 2)
     __shared__ float inv_sum;
     if (warp == 0) {
-        float mi[2], li[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int i = lane + 32 * k;
-            mi[k] = i < p.S ? SMOL_LOAD_L2(part + i * (hd + 2)) : -INFINITY;
-            li[k] = i < p.S ? SMOL_LOAD_L2(part + i * (hd + 2) + 1) : 0.0f;
-        }
-        const float mx = warp_max(fmaxf(mi[0], mi[1]));
-        float L = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const float f = mi[k] == -INFINITY ? 0.0f : expf(mi[k] - mx);
-            L += li[k] * f;
-            if (lane + 32 * k < p.S) weight[lane + 32 * k] = f;
-        }
-        L = warp_sum(L);
+        const float L = split_weights<false>(part, p.S, hd + 2, weight);
         if (lane == 0) inv_sum = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
@@ -1333,31 +1346,14 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         __syncthreads();
         if (!last) return;
         __threadfence();
-        // A warp a row: its lanes read every split's (max, sum) at once
-        // (S <= 64, two a lane), then sum the accumulators with independent
-        // loads. Maxima are in log2 units; a split that saw nothing has
-        // max -inf. Other blocks wrote the partials: they are read from L2.
+        // A warp a row: the splits' weights (maxima in log2 units), then
+        // the accumulators summed with independent loads from L2.
         __shared__ float weight[4][64];
         const int rows = min(fa_rows, p.n_tok - tok0);
         for (int r = warp; r < rows; r += 4) {
             const float * pr =
                 p.part + (size_t(tok0 + r) * gridDim.y + blockIdx.y) * p.S * (HD + 2);
-            float mi[2], li[2];
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const int i = lane + warp_size * k;
-                mi[k] = i < n_split ? SMOL_LOAD_L2(pr + i * (HD + 2)) : -INFINITY;
-                li[k] = i < n_split ? SMOL_LOAD_L2(pr + i * (HD + 2) + 1) : 0.0f;
-            }
-            const float mx = warp_max(fmaxf(mi[0], mi[1]));
-            float L = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const float f = mi[k] == -INFINITY ? 0.0f : exp2f(mi[k] - mx);
-                L += li[k] * f;
-                if (lane + warp_size * k < n_split) weight[warp][lane + warp_size * k] = f;
-            }
-            L = warp_sum(L);
+            const float L = split_weights<true>(pr, n_split, HD + 2, weight[warp]);
             __syncwarp();
             for (int e = lane; e < HD; e += warp_size) {
                 float a = 0.0f;
