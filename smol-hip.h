@@ -22,6 +22,7 @@
 #define SMOL_LOAD_L2(p) (*(p))
 
 #define cudaDevAttrMultiProcessorCount   hipDeviceAttributeMultiprocessorCount
+#define cudaDevAttrL2CacheSize           hipDeviceAttributeL2CacheSize
 #define cudaDeviceGetAttribute           hipDeviceGetAttribute
 #define cudaDeviceProp                   hipDeviceProp_t
 #define cudaError_t                      hipError_t

@@ -860,6 +860,40 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     std::filesystem::remove(path);
 }
 
+TEST_CASE("the autotune times every candidate of a shape, and the one it keeps runs") {
+    auto be = gpu();
+    if (!be) return;
+    for (const smol::mm_key key :
+         {smol::mm_key{SMOL_TYPE_F16, 200, 576, 1}, smol::mm_key{SMOL_TYPE_Q4_1, 200, 576, 8}}) {
+        const std::string type = smol_type_name(key.type);
+        CAPTURE(type);
+        CAPTURE(key.m);
+        const auto candidates = be->mm_candidates(key);
+        REQUIRE(candidates.size() >= 3);
+        std::string best;
+        double best_us = 1e30;
+        for (const std::string & c : candidates) {
+            CAPTURE(c);
+            const double us = be->mm_time(key, c);
+            // A launch on the GPU takes a microsecond or more, and no
+            // candidate of this small shape takes a millisecond.
+            CHECK(us > 0.5);
+            CHECK(us < 1000.0);
+            if (us < best_us) best_us = us, best = c;
+        }
+        be->mm_choose(key, best, best_us);
+        std::mt19937 rng(fresh_seed());
+        const auto wq = to_type(key.type, random_floats(rng, 200 * 576), 576);
+        const auto x = random_floats(rng, size_t(576 * key.m));
+        side s(*be);
+        tensor * out = smol::op_mul_mat(s.g, s.leaf(key.type, wq.data(), 576, 200),
+                                        s.leaf(SMOL_TYPE_F32, x.data(), 576, key.m));
+        s.poison(out);
+        be->run(s.g);
+        CHECK(be->mm_used().find(best) != std::string::npos);
+    }
+}
+
 TEST_CASE("mul_mat handles float weights whose width is not a multiple of 8") {
     auto g_be = gpu();
     if (!g_be) return;
