@@ -185,21 +185,6 @@ __device__ float row_elem(int t, const uint8_t * row, int e) {
     return 0.0f;
 }
 
-// Eight f16 or bf16 weights of one 16-byte chunk as floats.
-template <int T> __device__ __forceinline__ void chunk_from_u4(const uint4 u, float (&v)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if constexpr (T == SMOL_TYPE_F16) {
-            v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
-            v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
-        } else {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
-    }
-}
-
 // Eight weights of chunk ch of a row (chunks of 8 elements; the quantized
 // types have 4 chunks per 32-element block) and where they meet the
 // activations: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
@@ -216,7 +201,18 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
         e0 = 8 * ch;
         e1 = e0 + 4;
     } else if constexpr (T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16) {
-        chunk_from_u4<T>(reinterpret_cast<const uint4 *>(row)[ch], v);
+        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (T == SMOL_TYPE_F16) {
+                v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
+                v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
+            } else {
+                v[2 * i] = __uint_as_float(w[i] << 16);
+                v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            }
+        }
         e0 = 8 * ch;
         e1 = e0 + 4;
     } else if constexpr (T == SMOL_TYPE_Q8_0) {
@@ -503,9 +499,10 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     const bool valid = r < rows;
     const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
-    // The weights are no kernel's output: the first 4 KiB of the row head
-    // for L2 while the kernel before this one may still be running.
-    if (valid && ks == 0) {
+    // The weights are no kernel's output: a GEMV (the one kernel here that
+    // may launch early) sends the first 4 KiB of its row to L2 while the
+    // kernel before it may still be running.
+    if (MT == 1 && valid && ks == 0) {
         const size_t at = size_t(lane) * 128;
         if (at < p.w_row_bytes) {
             prefetch_l2(wr + at);
@@ -537,9 +534,9 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     }
     if (KS == 1 && !valid) return;
 
-    float acc[MT], acc_u[SWIGLU ? MT : 1], ss[MT];
+    float acc[MT], acc_u[SWIGLU ? MT : 1], ss = 0.0f; // ss: the GEMV's sum of squares
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m] = ss[m] = 0.0f;
+    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
     if constexpr (SWIGLU) {
 #pragma unroll
         for (int m = 0; m < MT; ++m) acc_u[m] = 0.0f;
@@ -561,8 +558,8 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
                 if (p.norm_w) {
                     const float sc = FOLD ? 1.0f : inv_rms[m];
                     if constexpr (FOLD) {
-                        ss[m] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x +
-                                 b.y * b.y + b.z * b.z + b.w * b.w;
+                        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x +
+                              b.y * b.y + b.z * b.z + b.w * b.w;
                     }
                     a = make_float4((a.x * sc) * na.x, (a.y * sc) * na.y, (a.z * sc) * na.z,
                                     (a.w * sc) * na.w);
@@ -590,12 +587,12 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     } else {
         // A quantized GEMV loads U chunks a lane before it uses any: its
         // blocks are read in 2 and 4-byte pieces, and one chunk at a time
-        // kept too few bytes in flight (the 1.7B q8_0 decode went from
-        // 431-456 to 561-598 tokens/s with this and the attention changes
-        // that came with it). Float weights are read 16 bytes a chunk: for
-        // them four chunks (89 registers, five blocks an SM) or a cp.async
-        // ring in shared memory ran no faster than one (the 1.7B f16
-        // GEMVs stayed at 1.3-2.5 TB/s).
+        // kept too few bytes in flight (the 1.7B q8_0 decode went from 431
+        // to 561-588 tokens/s in one call with this and the attention
+        // changes that came with it). Float weights are read 16 bytes a
+        // chunk: for them four chunks (89 registers, five blocks an SM) or
+        // a cp.async ring in shared memory ran no faster than one (the
+        // 1.7B f16 GEMVs read 1.0-2.6 TB/s, against 1.2-2.7 with one).
         constexpr bool wide = T == SMOL_TYPE_F32 || T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16;
         constexpr int U = wide ? 1 : SWIGLU ? 2 : 4;
         for (int c0 = ks * warp_size + lane; c0 < n_ch; c0 += U * stride) {
@@ -615,24 +612,23 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
             }
         }
     }
-    double ssd[MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         acc[m] = warp_sum(acc[m]);
         if constexpr (SWIGLU) acc_u[m] = warp_sum(acc_u[m]);
-        ssd[m] = FOLD && p.norm_w ? warp_sum_f64(double(ss[m])) : 0.0;
     }
+    double ssd = FOLD && p.norm_w ? warp_sum_f64(double(ss)) : 0.0;
     if constexpr (KS > 1) {
         // The row's first warp adds the others' sums, always in one order.
         __shared__ float part[mm_warps][SWIGLU ? 2 * MT : MT];
-        __shared__ double part_ss[mm_warps][MT];
+        __shared__ double part_ss[mm_warps];
         if (lane == 0) {
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 part[warp][m] = acc[m];
-                part_ss[warp][m] = ssd[m];
                 if constexpr (SWIGLU) part[warp][MT + m] = acc_u[m];
             }
+            if constexpr (FOLD) part_ss[warp] = ssd;
         }
         __syncthreads();
         if (ks != 0 || !valid) return;
@@ -640,9 +636,11 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
         for (int m = 0; m < MT; ++m) {
             for (int j = 1; j < KS; ++j) {
                 acc[m] += part[warp + j][m];
-                ssd[m] += part_ss[warp + j][m];
                 if constexpr (SWIGLU) acc_u[m] += part[warp + j][MT + m];
             }
+        }
+        if constexpr (FOLD) {
+            for (int j = 1; j < KS; ++j) ssd += part_ss[warp + j];
         }
     }
     if (lane == 0) {
@@ -652,7 +650,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
             if (m0 + m < p.M) {
                 float val = acc[m], val_u = SWIGLU ? acc_u[m] : 0.0f;
                 if (FOLD && p.norm_w) {
-                    const float s = rms_scale(ssd[m], p.K, p.eps);
+                    const float s = rms_scale(ssd, p.K, p.eps);
                     val *= s;
                     val_u *= s;
                 }
@@ -1600,8 +1598,7 @@ class cuda_backend final : public backend {
     bool fuse_ = true;
     bool graphs_ = true;
     bool pdl_ = false;     // kernels may launch while the one before ends (see griddep_wait)
-    bool pdl_now_ = false; // ... in the launches being issued now
-    bool capturing_ = false;
+    bool pdl_now_ = false; // ... in the launches being issued now (a decode step's capture)
     attn_kernel attn_ = attn_kernel::automatic;
     cudaStream_t stream_ = nullptr;   // compute
     cudaStream_t h2d_ = nullptr;      // PREFETCH copies
@@ -2704,12 +2701,15 @@ void cuda_backend::run(graph & g) {
         } else {
             SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
             cudaGraph_t cg = nullptr;
+            // Early launches only in captured decode steps: the copy program
+            // orders kernels by events across streams too, and a prompt's
+            // launches are few and long.
+            pdl_now_ = pdl_ && !sched_.has_copies();
             try {
-                capturing_ = true;
                 launch_all(g);
-                capturing_ = false;
+                pdl_now_ = false;
             } catch (...) {
-                capturing_ = false;
+                pdl_now_ = false;
                 (void)cudaStreamEndCapture(stream_, &cg);
                 if (cg) (void)cudaGraphDestroy(cg);
                 (void)cudaGetLastError();
@@ -2742,9 +2742,6 @@ void cuda_backend::run(graph & g) {
 void cuda_backend::launch_all(graph & g) {
     used_.clear();
     replayed_ = -1;
-    // Only captured decode steps: the copy program orders kernels by events
-    // across streams too, and a prompt's launches are few and long.
-    pdl_now_ = pdl_ && capturing_ && !sched_.has_copies();
     if (sched_.has_copies()) {
         launch_program(g);
         return;

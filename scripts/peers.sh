@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
         --no-venv) venv=0 ;;
         --pack) pack=$2; shift ;;
         --src) from=$2; venv=0; shift ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
         -*) echo "peers: unknown option $1" >&2; exit 2 ;;
         *) dir=$1 ;;
     esac

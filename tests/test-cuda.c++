@@ -706,7 +706,7 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
     auto g_be = gpu();
     if (!g_be) return;
     auto c_be = cpu();
-    double worst_small = 0, worst_large = 0;
+    double worst_f32_act = 0, worst_f16_act = 0;
     for (smol_type t : all_types) {
         for (int64_t K : {576, 1536}) {
             for (int64_t M : {1, 2, 7, 32, 33, 128}) {
@@ -748,8 +748,8 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
                 const bool f16_act =
                     t != SMOL_TYPE_F32 && g_be->mm_used().find("cublas") != std::string::npos;
                 CHECK(e <= (f16_act ? 2e-3 : 2e-5));
-                (f16_act ? worst_large : worst_small) =
-                    std::max(f16_act ? worst_large : worst_small, e);
+                (f16_act ? worst_f16_act : worst_f32_act) =
+                    std::max(f16_act ? worst_f16_act : worst_f32_act, e);
                 // The CPU rounds activations to f16 (f16 weights) or 8 bits
                 // (quantized weights); against it the bound is its own error.
                 double cpu_tol = t == SMOL_TYPE_F32 || t == SMOL_TYPE_BF16 ? 1e-4
@@ -760,8 +760,8 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
             }
         }
     }
-    MESSAGE("largest error against float64: " << worst_small << " (f32 activations), "
-                                              << worst_large << " (f16 activations)");
+    MESSAGE("largest error against float64: " << worst_f32_act << " (f32 activations), "
+                                              << worst_f16_act << " (f16 activations)");
 }
 
 TEST_CASE("every matmul kernel the autotune may choose matches float64") {
