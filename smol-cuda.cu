@@ -454,20 +454,220 @@ struct mm_params {
     size_t ldr;
     const float * norm_w;
     float eps;
+    int prefetch; // the GEMV sends its rows' first 4 KiB to L2 before it waits
+    // Non-null kv.K: the GEMV of q, k and v also stores k (rotated) and v
+    // in the cache, as kv_store_kernel would (its k, v and ld unused).
+    kv_store_params kv;
 };
 
 constexpr int mm_warps = 4; // warps per block of the small-batch kernels
 
-// KS warps per weight row (mm_warps / KS rows per block): the lanes of the
-// row's warps split K in chunks of 8, dequantize each chunk once and use it
-// for all MT tokens of this block's column of the batch, then reduce across
-// the warp and (KS > 1, split-K) across the row's warps. MT = 1 is the GEMV
-// of single-token decode; KS > 1 gives a GEMV of few rows enough warps to
-// fill the GPU.
+// Row r of a launch's weights (q, k and v one after another) and where its
+// result goes: r becomes the row within weight number `which`. Selected
+// with branches: a run-time index into the parameter arrays would copy them
+// to local memory.
+__device__ __forceinline__ void mm_select(const mm_params & p, int & r, const uint8_t *& w,
+                                          float *& y, int & rows, int & which) {
+    w = p.w[0];
+    y = p.y[0];
+    rows = p.rows[0];
+    which = 0;
+    if (r >= rows && p.n_w > 1) {
+        r -= rows;
+        w = p.w[1];
+        y = p.y[1];
+        rows = p.rows[1];
+        which = 1;
+        if (r >= rows && p.n_w > 2) {
+            r -= rows;
+            w = p.w[2];
+            y = p.y[2];
+            rows = p.rows[2];
+            which = 2;
+        }
+    }
+}
+
+// The dot of one chunk of 8 weights with x's elements e0..e0+3, e1..e1+3.
+__device__ __forceinline__ float dot8(const float (&v)[8], const float4 & a, const float4 & b) {
+    return v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
+           v[6] * b.z + v[7] * b.w;
+}
+
+// The GEMV of single-token decode: R weight rows a warp and KS warps a group
+// of R rows (mm_warps / KS groups a block); block y takes token y of a batch
+// (the autotune may choose the GEMV for a few tokens). The lanes of a
+// group's warps split K in chunks of 8; each lane loads its chunk of x once
+// for the R rows, so the group keeps R chunks of weights in flight for each
+// of x's (one row a warp read the 1.7B model's q, k, v at 2.0 TB/s, two
+// rows at 3.0). The fused weights' row counts are multiples of R.
 //
 // A folded RMS norm scales x by its weights on the way in and multiplies
-// the dot by the token's 1 / rms at the end; the sum of squares is taken
-// from the same loads, so the weights' loads never wait for the norm.
+// the dot by 1 / rms at the end; the sum of squares is taken from the same
+// loads, so the weights' loads never wait for the norm (a first pass over
+// x made the 1.7B model's GEMVs 11-23% slower).
+template <int T, bool SWIGLU, int KS, int R>
+__global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_params p) {
+    static_assert(mm_warps % KS == 0, "the warps of a block split into whole groups");
+    constexpr int groups_per_block = mm_warps / KS;
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int ks = warp % KS, m = blockIdx.y;
+    int r = (blockIdx.x * groups_per_block + warp / KS) * R;
+    const uint8_t * w;
+    float * y;
+    int rows, which = 0;
+    if (SWIGLU) {
+        w = p.w[0];
+        y = p.y[0];
+        rows = p.rows[0];
+    } else {
+        mm_select(p, r, w, y, rows, which);
+    }
+    // Past the last row: with KS > 1 the warp still takes part in the
+    // block's reduction, with nothing to add.
+    const bool valid = r < rows;
+    const size_t rb = p.w_row_bytes;
+    const uint8_t * wr = w + size_t(r) * rb;
+    const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * rb : nullptr;
+    // The weights are no kernel's output: a GEMV launched early may send
+    // them to L2 while the kernel before it still runs (see run_mm).
+    if (p.prefetch && valid && ks == 0 && size_t(lane) * 128 < rb) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            prefetch_l2(wr + j * rb + size_t(lane) * 128);
+            if constexpr (SWIGLU) prefetch_l2(wu + j * rb + size_t(lane) * 128);
+        }
+    }
+    griddep_wait();
+    griddep_launch();
+    if (KS == 1 && !valid) return;
+
+    float acc[R], acc_u[SWIGLU ? R : 1], ss = 0.0f; // ss: x's sum of squares
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (SWIGLU ? R : 1); ++j) acc_u[j] = 0.0f;
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
+    const float * x = p.x + size_t(m) * p.ldx;
+    // With one row a warp, a quantized GEMV loads U chunks a lane before it
+    // uses any: its blocks are read in 2 and 4-byte pieces, and one chunk
+    // at a time kept too few bytes in flight. Float weights are read 16
+    // bytes a chunk; with more rows than one, the rows are in flight
+    // together and U = 1 measured fastest for every type.
+    constexpr bool wide = T == SMOL_TYPE_F32 || T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16;
+    constexpr int U = R > 1 || wide ? 1 : SWIGLU ? 2 : 4;
+    for (int c0 = ks * warp_size + lane; c0 < n_ch; c0 += U * stride) {
+        float v[U][R][8], vu[U][SWIGLU ? R : 1][8];
+        int e0[U], e1[U];
+        // Past the row's end a lane loads its last chunk again and drops
+        // it, so the loads stay unconditional and fly together.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int ch = min(c0 + u * stride, n_ch - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                load_chunk<T>(wr + j * rb, ch, v[u][j], e0[u], e1[u]);
+                if constexpr (SWIGLU) load_chunk<T>(wu + j * rb, ch, vu[u][j], e0[u], e1[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u * stride >= n_ch) continue;
+            float4 a = *reinterpret_cast<const float4 *>(x + e0[u]);
+            float4 b = *reinterpret_cast<const float4 *>(x + e1[u]);
+            if (p.norm_w) {
+                const float4 na = *reinterpret_cast<const float4 *>(p.norm_w + e0[u]);
+                const float4 nb = *reinterpret_cast<const float4 *>(p.norm_w + e1[u]);
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
+                      b.z * b.z + b.w * b.w;
+                a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
+                b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
+            }
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                acc[j] += dot8(v[u][j], a, b);
+                if constexpr (SWIGLU) acc_u[j] += dot8(vu[u][j], a, b);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        acc[j] = warp_sum(acc[j]);
+        if constexpr (SWIGLU) acc_u[j] = warp_sum(acc_u[j]);
+    }
+    double ssd = p.norm_w ? warp_sum_f64(double(ss)) : 0.0;
+    if constexpr (KS > 1) {
+        // The group's first warp adds the others' sums, always in one order.
+        __shared__ float part[mm_warps][SWIGLU ? 2 * R : R];
+        __shared__ double part_ss[mm_warps];
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                part[warp][j] = acc[j];
+                if constexpr (SWIGLU) part[warp][R + j] = acc_u[j];
+            }
+            part_ss[warp] = ssd;
+        }
+        __syncthreads();
+        if (ks != 0 || !valid) return;
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            for (int i = 1; i < KS; ++i) {
+                acc[j] += part[warp + i][j];
+                if constexpr (SWIGLU) acc_u[j] += part[warp + i][R + j];
+            }
+        }
+        for (int i = 1; i < KS; ++i) ssd += part_ss[warp + i];
+    }
+    // Lane j writes row r + j.
+    float val = acc[0], val_u = SWIGLU ? acc_u[0] : 0.0f;
+#pragma unroll
+    for (int j = 1; j < R; ++j) {
+        if (lane == j) {
+            val = acc[j];
+            if constexpr (SWIGLU) val_u = acc_u[j];
+        }
+    }
+    if (p.norm_w) {
+        const float s = rms_scale(ssd, p.K, p.eps);
+        val *= s;
+        val_u *= s;
+    }
+    if constexpr (SWIGLU) val = silu_mul(val, val_u);
+    if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
+    if (lane < R) y[size_t(m) * rows + r + lane] = val;
+    if constexpr (!SWIGLU && R % 2 == 0) {
+        // k and v into the token's cache cell, as f16; k's pairs (rows 2j,
+        // 2j + 1 of a head, lanes 2i and 2i + 1) turned by the rope first,
+        // with the rounding of kv_store_kernel.
+        const float other = SMOL_SHFL_XOR(val, 1);
+        const kv_store_params & kv = p.kv;
+        if (kv.K && which > 0 && lane < R) {
+            const int e = (r + lane) % kv.hd, h = (r + lane) / kv.hd - kv.h0;
+            if (h >= 0 && h < kv.n_head_kv) {
+                const size_t at = h * kv.head_stride + size_t(kv.cell[m]) * kv.hd + e;
+                if (which == 2) {
+                    kv.V[at] = f32_to_f16(val);
+                } else {
+                    float x0 = lane % 2 ? other : val, x1 = lane % 2 ? val : other;
+                    if (kv.rope.pos) {
+                        float c, s;
+                        rope_get(kv.rope, m, e / 2, c, s);
+                        rope_pair(x0, x1, c, s);
+                    }
+                    kv.K[at] = f32_to_f16(lane % 2 ? x1 : x0);
+                }
+            }
+        }
+    }
+}
+
+// The small-batch GEMM: KS warps per weight row (mm_warps / KS rows per
+// block); the lanes of the row's warps split K in chunks of 8, dequantize
+// each chunk once and use it for all MT tokens of this block's column of
+// the batch, then reduce across the warp and (KS > 1, split-K) across the
+// row's warps. A folded RMS norm: the block's warps take each token's
+// 1 / rms first (sums in the loop would cost registers the tile needs).
 template <int T, int MT, bool SWIGLU, int KS>
 __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm_params p) {
     static_assert(mm_warps % KS == 0, "the warps of a block split into whole rows");
@@ -475,52 +675,23 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int ks = warp % KS;
     const int m0 = blockIdx.y * MT;
-    // Which weight this warp's row belongs to. Selected with branches: a
-    // run-time index into the parameter arrays would copy them to local
-    // memory.
     int r = blockIdx.x * rows_per_block + warp / KS;
-    const uint8_t * w = p.w[0];
-    float * y = p.y[0];
-    int rows = p.rows[0];
-    if (!SWIGLU && r >= rows && p.n_w > 1) {
-        r -= rows;
-        w = p.w[1];
-        y = p.y[1];
-        rows = p.rows[1];
-        if (r >= rows && p.n_w > 2) {
-            r -= rows;
-            w = p.w[2];
-            y = p.y[2];
-            rows = p.rows[2];
-        }
+    const uint8_t * w;
+    float * y;
+    int rows, which;
+    if (SWIGLU) {
+        w = p.w[0];
+        y = p.y[0];
+        rows = p.rows[0];
+    } else {
+        mm_select(p, r, w, y, rows, which);
     }
-    // Past the last row: with KS > 1 the warp still takes part in the
-    // block's reduction, with nothing to add.
     const bool valid = r < rows;
     const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
-    // The weights are no kernel's output: a GEMV (the one kernel here that
-    // may launch early) sends the first 4 KiB of its row to L2 while the
-    // kernel before it may still be running.
-    if (MT == 1 && valid && ks == 0) {
-        const size_t at = size_t(lane) * 128;
-        if (at < p.w_row_bytes) {
-            prefetch_l2(wr + at);
-            if constexpr (SWIGLU) prefetch_l2(wu + at);
-        }
-    }
-    griddep_wait();
-    griddep_launch();
 
-    // A folded RMS norm. The GEMV (MT = 1) sums the squares from its own
-    // loads of x and multiplies its dot by 1 / rms at the end, so its
-    // weights' loads never wait for the norm (a first pass over x made the
-    // 1.7B model's q, k, v, SwiGLU and output GEMVs 11-23% slower). With a batch
-    // tile, MT sums in the loop cost registers the tile needs: the block's
-    // warps take each token's 1 / rms first.
-    constexpr bool FOLD = MT == 1;
     __shared__ float inv_rms[MT];
-    if (!FOLD && p.norm_w) {
+    if (p.norm_w) {
         for (int m = warp; m < MT; m += mm_warps) {
             double sq = 0.0;
             if (m0 + m < p.M) {
@@ -534,16 +705,17 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     }
     if (KS == 1 && !valid) return;
 
-    float acc[MT], acc_u[SWIGLU ? MT : 1], ss = 0.0f; // ss: the GEMV's sum of squares
+    float acc[MT], acc_u[SWIGLU ? MT : 1];
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
-    if constexpr (SWIGLU) {
 #pragma unroll
-        for (int m = 0; m < MT; ++m) acc_u[m] = 0.0f;
-    }
+    for (int m = 0; m < (SWIGLU ? MT : 1); ++m) acc_u[m] = 0.0f;
     const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
-    // Adds one chunk's products (vu: up's weights, read only with SWIGLU).
-    auto add_chunk = [&](const float(&v)[8], const float(&vu)[8], int e0, int e1) {
+    for (int ch = ks * warp_size + lane; ch < n_ch; ch += stride) {
+        float v[8], vu[8];
+        int e0, e1;
+        load_chunk<T>(wr, ch, v, e0, e1);
+        if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu, e0, e1);
         float4 na = make_float4(1, 1, 1, 1), nb = na;
         if (p.norm_w) {
             na = *reinterpret_cast<const float4 *>(p.norm_w + e0);
@@ -556,59 +728,14 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
                 float4 a = *reinterpret_cast<const float4 *>(xr + e0);
                 float4 b = *reinterpret_cast<const float4 *>(xr + e1);
                 if (p.norm_w) {
-                    const float sc = FOLD ? 1.0f : inv_rms[m];
-                    if constexpr (FOLD) {
-                        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x +
-                              b.y * b.y + b.z * b.z + b.w * b.w;
-                    }
+                    const float sc = inv_rms[m];
                     a = make_float4((a.x * sc) * na.x, (a.y * sc) * na.y, (a.z * sc) * na.z,
                                     (a.w * sc) * na.w);
                     b = make_float4((b.x * sc) * nb.x, (b.y * sc) * nb.y, (b.z * sc) * nb.z,
                                     (b.w * sc) * nb.w);
                 }
-                acc[m] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
-                          v[5] * b.y + v[6] * b.z + v[7] * b.w;
-                if constexpr (SWIGLU) {
-                    acc_u[m] += vu[0] * a.x + vu[1] * a.y + vu[2] * a.z + vu[3] * a.w +
-                                vu[4] * b.x + vu[5] * b.y + vu[6] * b.z + vu[7] * b.w;
-                }
-            }
-        }
-    };
-    if constexpr (MT > 1) {
-        // A batch tile: each chunk serves MT tokens, one chunk at a time.
-        for (int ch = ks * warp_size + lane; ch < n_ch; ch += stride) {
-            float v[8], vu[8];
-            int e0, e1;
-            load_chunk<T>(wr, ch, v, e0, e1);
-            if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu, e0, e1);
-            add_chunk(v, vu, e0, e1);
-        }
-    } else {
-        // A quantized GEMV loads U chunks a lane before it uses any: its
-        // blocks are read in 2 and 4-byte pieces, and one chunk at a time
-        // kept too few bytes in flight (the 1.7B q8_0 decode went from 431
-        // to 561-588 tokens/s in one call with this and the attention
-        // changes that came with it). Float weights are read 16 bytes a
-        // chunk: for them four chunks (89 registers, five blocks an SM) or
-        // a cp.async ring in shared memory ran no faster than one (the
-        // 1.7B f16 GEMVs read 1.0-2.6 TB/s, against 1.2-2.7 with one).
-        constexpr bool wide = T == SMOL_TYPE_F32 || T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16;
-        constexpr int U = wide ? 1 : SWIGLU ? 2 : 4;
-        for (int c0 = ks * warp_size + lane; c0 < n_ch; c0 += U * stride) {
-            float v[U][8], vu[U][8];
-            int e0[U], e1[U];
-            // Past the row's end a lane loads its last chunk again and drops
-            // it, so the U loads stay unconditional and fly together.
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int ch = min(c0 + u * stride, n_ch - 1);
-                load_chunk<T>(wr, ch, v[u], e0[u], e1[u]);
-                if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu[u], e0[u], e1[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                if (c0 + u * stride < n_ch) add_chunk(v[u], vu[u], e0[u], e1[u]);
+                acc[m] += dot8(v, a, b);
+                if constexpr (SWIGLU) acc_u[m] += dot8(vu, a, b);
             }
         }
     }
@@ -617,18 +744,15 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
         acc[m] = warp_sum(acc[m]);
         if constexpr (SWIGLU) acc_u[m] = warp_sum(acc_u[m]);
     }
-    double ssd = FOLD && p.norm_w ? warp_sum_f64(double(ss)) : 0.0;
     if constexpr (KS > 1) {
         // The row's first warp adds the others' sums, always in one order.
         __shared__ float part[mm_warps][SWIGLU ? 2 * MT : MT];
-        __shared__ double part_ss[mm_warps];
         if (lane == 0) {
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 part[warp][m] = acc[m];
                 if constexpr (SWIGLU) part[warp][MT + m] = acc_u[m];
             }
-            if constexpr (FOLD) part_ss[warp] = ssd;
         }
         __syncthreads();
         if (ks != 0 || !valid) return;
@@ -639,22 +763,14 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
                 if constexpr (SWIGLU) acc_u[m] += part[warp + j][MT + m];
             }
         }
-        if constexpr (FOLD) {
-            for (int j = 1; j < KS; ++j) ssd += part_ss[warp + j];
-        }
     }
     if (lane == 0) {
         const size_t ldy = size_t(rows);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             if (m0 + m < p.M) {
-                float val = acc[m], val_u = SWIGLU ? acc_u[m] : 0.0f;
-                if (FOLD && p.norm_w) {
-                    const float s = rms_scale(ssd, p.K, p.eps);
-                    val *= s;
-                    val_u *= s;
-                }
-                if constexpr (SWIGLU) val = silu_mul(val, val_u);
+                float val = acc[m];
+                if constexpr (SWIGLU) val = silu_mul(val, acc_u[m]);
                 if (p.res) val = p.res[size_t(m0 + m) * p.ldr + r] + val;
                 y[size_t(m0 + m) * ldy + r] = val;
             }
@@ -1388,29 +1504,34 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 
 // --- matmul kernel choice ------------------------------------------------------------
 
-// One candidate of the autotune table: the small-batch kernel with a token
-// tile MT and KS warps a row (MT = 1: the GEMV), or cuBLAS on tensor cores.
+// One candidate of the autotune table: the GEMV (MT = 1) with KS warps a
+// group of R rows, the small-batch kernel with a token tile MT and KS warps
+// a row, or cuBLAS on tensor cores.
 struct mm_choice {
     bool blas = false;
     int mt = 1, ks = 1;
-    double us = -1; // the time the autotune measured, if it did
+    double us = -1;  // the time the autotune measured, if it did
+    int r = 1;       // GEMV rows a warp
+    bool kv = false; // (used, not a table's) the GEMV stored k and v in the cache too
 };
 
 constexpr int mm_tiles[] = {1, 2, 4, 8, 16, 32};
 constexpr int mm_splits[] = {1, 2, 4};
+constexpr int mm_rows[] = {1, 2, 4};
 
 std::string choice_name(const mm_choice & c) {
     if (c.blas) return "cublas";
     return std::string(c.mt == 1 ? "gemv" : "smallbatch") + " mt=" + std::to_string(c.mt) +
-           " ks=" + std::to_string(c.ks);
+           " ks=" + std::to_string(c.ks) + (c.r > 1 ? " r=" + std::to_string(c.r) : "");
 }
 
-// Reads "gemv mt=1 ks=2", "smallbatch mt=8 ks=1" or "cublas"; false for
-// anything else (a tile or split this build has no kernel for included).
+// Reads "gemv mt=1 ks=2 r=2" (no r: one row a warp), "smallbatch mt=8
+// ks=1" or "cublas"; false for anything else (a tile, split or row count
+// this build has no kernel for included).
 bool parse_choice(const std::string & text, mm_choice & c) {
     char family[32] = {};
-    int mt = 0, ks = 0;
-    if (std::sscanf(text.c_str(), "%31s mt=%d ks=%d", family, &mt, &ks) < 1) return false;
+    int mt = 0, ks = 0, r = 1;
+    if (std::sscanf(text.c_str(), "%31s mt=%d ks=%d r=%d", family, &mt, &ks, &r) < 1) return false;
     const std::string f = family;
     c = mm_choice{};
     if (f == "cublas") {
@@ -1422,9 +1543,12 @@ bool parse_choice(const std::string & text, mm_choice & c) {
         std::find(std::begin(mm_tiles), std::end(mm_tiles), mt) != std::end(mm_tiles);
     const bool split_ok =
         std::find(std::begin(mm_splits), std::end(mm_splits), ks) != std::end(mm_splits);
-    if (!tile_ok || !split_ok || (f == "gemv") != (mt == 1)) return false;
+    const bool rows_ok = std::find(std::begin(mm_rows), std::end(mm_rows), r) != std::end(mm_rows);
+    if (!tile_ok || !split_ok || !rows_ok || (f == "gemv") != (mt == 1) || (mt > 1 && r != 1))
+        return false;
     c.mt = mt;
     c.ks = ks;
+    c.r = r;
     return true;
 }
 
@@ -1449,6 +1573,7 @@ struct step {
     tensor * res = nullptr;   // a residual added to mm[0]'s result (t is the ADD)
     tensor * rope = nullptr;  // a ROPE folded into kv_store (of k) or attention (of q)
     tensor * extra = nullptr; // a result t reads beyond its own sources
+    tensor * store = nullptr; // mm of q, k, v: the KV_STORE of k and v its GEMV may do
     bool skip = false;        // computed inside another step
 };
 
@@ -1569,7 +1694,7 @@ class cuda_backend final : public backend {
     // Counts n more device bytes, or throws with the numbers past the limit.
     void charge(size_t n, const char * what);
 
-    void run_mm(const step & s);
+    void run_mm(const step & s, const batch_info & b);
 #if defined(SMOL_HAVE_BLAS)
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
@@ -1577,6 +1702,8 @@ class cuda_backend final : public backend {
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
     void run_kv_store(const step & s, const batch_info & b);
+    bool kv_store_of(const tensor & t, const kv_cache & kv, kv_store_params & p) const;
+    const tensor * stored_ = nullptr; // the KV_STORE a GEMV of q, k, v has just done
     bool small_mm(const tensor * mm) const;
     bool blas_fits(const tensor * mm) const;
     static mm_key key_of(const tensor * mm);
@@ -1599,6 +1726,7 @@ class cuda_backend final : public backend {
     bool graphs_ = true;
     bool pdl_ = false;     // kernels may launch while the one before ends (see griddep_wait)
     bool pdl_now_ = false; // ... in the launches being issued now (a decode step's capture)
+
     attn_kernel attn_ = attn_kernel::automatic;
     cudaStream_t stream_ = nullptr;   // compute
     cudaStream_t h2d_ = nullptr;      // PREFETCH copies
@@ -1686,7 +1814,7 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     // Only where the kernels were compiled with the waits (sm_90 and up):
     // code JIT-compiled from older PTX has none.
     cudaFuncAttributes fa{};
-    SMOL_GPU_CHECK(cudaFuncGetAttributes(&fa, mm_small_kernel<SMOL_TYPE_F16, 1, false, 1>));
+    SMOL_GPU_CHECK(cudaFuncGetAttributes(&fa, gemv_kernel<SMOL_TYPE_F16, false, 1, 1>));
     pdl_ = prop.major >= 9 && fa.ptxVersion >= 90 && env_flag("SMOL_CUDA_PDL", 1) != 0;
 #endif
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -1906,14 +2034,27 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 #endif
 }
 
-// Without a table: the token tile that holds the batch (up to 32), and a
-// GEMV of few rows splits K over 2 or 4 warps a row, so that enough warps
-// are in flight (the H200's autotune chose 4 for 576 rows, 2 for 2048 and
-// 1 from 6144 up). choose() sends large batches to cuBLAS first.
+// Without a table: the token tile that holds the batch (up to 32); the
+// GEMV takes two rows a warp and splits K over 2 or 4 warps a pair of rows
+// when there are few pairs, so that enough warps are in flight. Quantized
+// rows are half as long or less, and want twice the warps. Of the 27
+// variants the H200 timed for each GEMV of the 135M, 360M and 1.7B models,
+// this came within 12% of the fastest in f16 and q4_1 and within 21% in
+// q8_0 (the 1.7B's q, k, v); the autotune table picks per shape. choose()
+// sends large batches to cuBLAS first.
 mm_choice cuda_backend::default_small(const mm_key & key) const {
     mm_choice c;
-    c.mt = std::min(key.m, 32);
-    c.ks = key.m > 1 ? 1 : key.n < 8 * n_sm_ ? 4 : key.n < 24 * n_sm_ ? 2 : 1;
+    // Tiles of 4 tokens up to 8, then of 8: the H200's autotune chose them
+    // for every small-batch shape of the three models but a few of the
+    // 135M's (a tile of the whole batch of 32 holds 32 accumulators a lane
+    // and leaves a quarter of the blocks).
+    c.mt = std::min(key.m, key.m <= 8 ? 4 : 8);
+    if (key.m > 1) return c;
+    c.r = key.n % 2 == 0 ? 2 : 1;
+    const bool wide =
+        key.type == SMOL_TYPE_F32 || key.type == SMOL_TYPE_F16 || key.type == SMOL_TYPE_BF16;
+    const int64_t groups = key.n / c.r / (wide ? 1 : 2);
+    c.ks = groups < 16 * n_sm_ ? 4 : groups < 23 * n_sm_ ? 2 : 1;
     return c;
 }
 
@@ -1931,13 +2072,16 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
     // passes 48 MiB: the small-batch kernels' time grows with both, while
     // cuBLAS took about 12 us plus the weights' read on the H200 (2048 x
     // 2048 f16: 8.3 against 16.7 us at M = 4, 12.9 against 12.2 at M = 8).
-    // Quantized weights would be dequantized for it first.
     const size_t elt = key.type == SMOL_TYPE_F32                                 ? 4
                        : key.type == SMOL_TYPE_F16 || key.type == SMOL_TYPE_BF16 ? 2
                                                                                  : 0;
     const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
-    if (key.m > 32 || (key.m > 1 && batch_bytes >= 48.0 * 1024 * 1024))
-        return mm_choice{true, 1, 1, -1};
+    // Quantized weights are dequantized to f16 first: cuBLAS took about
+    // 14 us + 2.8 us a million weights, the small-batch tiles 0.37 us a
+    // million weights a token (H200, q8_0 and q4_1 at 8 to 64 tokens).
+    const double mw = double(key.n) * double(key.k) / 1e6;
+    const bool blas = elt ? batch_bytes >= 48.0 * 1024 * 1024 : key.m * mw > 7.6 * mw + 24.3;
+    if (key.m > 32 || (key.m > 1 && blas)) return mm_choice{true, 1, 1, -1};
 #endif
     return default_small(key);
 }
@@ -1951,7 +2095,7 @@ bool cuda_backend::small_mm(const tensor * mm) const {
 
 void cuda_backend::note_used(const mm_key & key, const mm_choice & c) {
     for (const auto & u : used_) {
-        if (u.first == key && u.second.blas == c.blas && u.second.mt == c.mt && u.second.ks == c.ks)
+        if (u.first == key && choice_name(u.second) == choice_name(c) && u.second.kv == c.kv)
             return;
     }
     used_.push_back({key, c});
@@ -1965,7 +2109,8 @@ std::string cuda_backend::mm_used() const {
     for (const auto & [key, c] : list) {
         out += std::string(type_key_name(key.type)) + " " + std::to_string(key.n) + "x" +
                std::to_string(key.k) + " M=" + std::to_string(key.m) + ": " +
-               (c.mt == 0 ? std::string("scalar") : choice_name(c)) + "\n";
+               (c.mt == 0 ? std::string("scalar") : choice_name(c)) + (c.kv ? " +kv_store" : "") +
+               "\n";
     }
     return out;
 }
@@ -1999,7 +2144,8 @@ void cuda_backend::load_table() {
         std::string rest, word;
         double us = -1;
         while (ls >> word) {
-            if (word.rfind("mt=", 0) == 0 || word.rfind("ks=", 0) == 0) {
+            if (word.rfind("mt=", 0) == 0 || word.rfind("ks=", 0) == 0 ||
+                word.rfind("r=", 0) == 0) {
                 rest += " " + word;
             } else {
                 us = std::atof(word.c_str());
@@ -2064,7 +2210,10 @@ std::vector<std::string> cuda_backend::mm_candidates(const mm_key & key) const {
     const int top = std::min(key.m, 32);
     for (int mt : mm_tiles) {
         if (mt > top || mt * 4 < top) continue;
-        for (int ks : mm_splits) out.push_back(choice_name(mm_choice{false, mt, ks, -1}));
+        for (int r : mm_rows) {
+            if (r > 1 && (mt > 1 || key.n % r != 0)) continue;
+            for (int ks : mm_splits) out.push_back(choice_name(mm_choice{false, mt, ks, -1, r}));
+        }
     }
 #if defined(SMOL_HAVE_BLAS)
     out.push_back("cublas");
@@ -2153,6 +2302,7 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
     p.M = M;
     p.x = static_cast<const float *>(tune_x_.p);
     p.ldx = size_t(K);
+    p.prefetch = w_bytes <= l2_bytes_ / 8; // as run_mm decides
     size_t next = 0;
     auto launch_once = [&] {
         p.w[0] = static_cast<const uint8_t *>(tune_w_.p) + (next++ % copies) * w_bytes;
@@ -2162,20 +2312,48 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
             return;
         }
 #endif
-        launch_mm_type<false>(key.type, p, N, c, stream_);
+        launch_mm_type<false>(key.type, p, N, c, stream_, pdl_now_);
         check_launch("mul_mat (autotune)");
     };
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e0, cudaEventDefault));
     SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e1, cudaEventDefault));
+    cudaGraphExec_t exec = nullptr;
     auto timed = [&](int reps) {
         SMOL_GPU_CHECK(cudaEventRecord(e0, stream_));
-        for (int i = 0; i < reps; ++i) launch_once();
+        if (exec) {
+            SMOL_GPU_CHECK(cudaGraphLaunch(exec, stream_));
+        } else {
+            for (int i = 0; i < reps; ++i) launch_once();
+        }
         SMOL_GPU_CHECK(cudaEventRecord(e1, stream_));
         SMOL_GPU_CHECK(cudaEventSynchronize(e1));
         float ms = 0;
         SMOL_GPU_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         return double(ms);
+    };
+    // A decode step replays its launches from a graph, back to back and the
+    // GEMVs launched early: the timed launches run the same way, so that a
+    // launch's host overhead (several us) does not hide a kernel's time.
+    auto capture = [&](int reps) {
+        SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        cudaGraph_t cg = nullptr;
+        pdl_now_ = pdl_;
+        try {
+            for (int i = 0; i < reps; ++i) launch_once();
+            pdl_now_ = false;
+        } catch (...) {
+            pdl_now_ = false;
+            (void)cudaStreamEndCapture(stream_, &cg);
+            if (cg) (void)cudaGraphDestroy(cg);
+            (void)cudaGetLastError();
+            throw;
+        }
+        SMOL_GPU_CHECK(cudaStreamEndCapture(stream_, &cg));
+        const cudaError_t e = cudaGraphInstantiate(&exec, cg, 0);
+        (void)cudaGraphDestroy(cg);
+        if (e != cudaSuccess) gpu_fail(e, "cudaGraphInstantiate");
+        timed(reps); // the first replay uploads the graph
     };
     double us = 0;
     try {
@@ -2183,13 +2361,16 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
         // About 2 ms of launches, at least 5, at most 200; the best of three.
         const double once = std::max(timed(1), 1e-3);
         const int reps = std::clamp(int(2.0 / once), 5, 200);
+        if (graphs_) capture(reps);
         us = 1e30;
         for (int i = 0; i < 3; ++i) us = std::min(us, 1000.0 * timed(reps) / reps);
     } catch (...) {
+        if (exec) (void)cudaGraphExecDestroy(exec);
         (void)cudaEventDestroy(e0);
         (void)cudaEventDestroy(e1);
         throw;
     }
+    if (exec) (void)cudaGraphExecDestroy(exec);
     (void)cudaEventDestroy(e0);
     (void)cudaEventDestroy(e1);
     return us;
@@ -2353,6 +2534,23 @@ void cuda_backend::make_steps(graph & g) {
         fold_norm(s, t->src[1], s.n_mm);
         if (s.norm) s.extra = s.norm->src[0];
         i = j - 1;
+    }
+    // The GEMV of q, k and v may store k and v in the cache itself: the
+    // KV_STORE whose k (through its rope) and v are the launch's second and
+    // third results, when nothing else reads them.
+    for (size_t i = 0; i < n; ++i) {
+        step & s = steps_[i];
+        if (s.skip || s.kind != step_kind::kv_store || !s.rope) continue;
+        const tensor * k = s.rope->src[0];
+        const tensor * v = s.t->src[1];
+        // (The matmuls' own steps are skipped: the launch stands at v.)
+        if (!is(k, OP_MUL_MAT) || !is(v, OP_MUL_MAT) || uses[size_t(k->node_index)] != 1 ||
+            uses[size_t(v->node_index)] != 1) {
+            continue;
+        }
+        step & q = steps_[size_t(v->node_index)];
+        if (q.kind == step_kind::mm && !q.skip && q.n_mm == 3 && q.mm[1] == k && q.mm[2] == v)
+            q.store = s.t;
     }
 }
 
@@ -2742,6 +2940,7 @@ void cuda_backend::run(graph & g) {
 void cuda_backend::launch_all(graph & g) {
     used_.clear();
     replayed_ = -1;
+    stored_ = nullptr;
     if (sched_.has_copies()) {
         launch_program(g);
         return;
@@ -2825,7 +3024,7 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     switch (s.kind) {
     case step_kind::mm:
     case step_kind::mm_swiglu:
-        run_mm(s);
+        run_mm(s, b);
         return;
     case step_kind::kv_store:
         run_kv_store(s, b);
@@ -2892,17 +3091,19 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
                 std::string(name_) + ": no kernel for op " + op_names[t->kind]);
 }
 
-void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
-    const tensor * t = s.t;
-    const kv_cache & kv = *b.kv;
-    const tensor * k = s.rope ? s.rope->src[0] : t->src[0];
-    const tensor * v = t->src[1];
-    kv_store_params p;
+// The parameters of a KV_STORE node t (with the rope make_steps folded
+// into it, if any); false when t is not a node of this plan.
+bool cuda_backend::kv_store_of(const tensor & t, const kv_cache & kv, kv_store_params & p) const {
+    if (t.node_index < 0 || size_t(t.node_index) >= steps_.size()) return false;
+    const step & s = steps_[size_t(t.node_index)];
+    if (s.t != &t) return false;
+    const tensor * k = s.rope ? s.rope->src[0] : t.src[0];
+    const tensor * v = t.src[1];
     p.k = data_of<const float>(k);
     p.v = data_of<const float>(v);
     p.ldk = k->nb[1] / 4;
     p.ldv = v->nb[1] / 4;
-    const kv_view view = node_kv_view(t, kv);
+    const kv_view view = node_kv_view(&t, kv);
     p.K = view.k;
     p.V = view.v;
     p.head_stride = view.head_stride;
@@ -2911,6 +3112,18 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
     p.n_head_kv = view.h1 - view.h0;
     p.cell = d_cell_;
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
+    return true;
+}
+
+void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
+    if (stored_ == s.t) { // the GEMV of q, k and v did it
+        stored_ = nullptr;
+        return;
+    }
+    const tensor * t = s.t;
+    kv_store_params p;
+    if (!kv_store_of(*t, *b.kv, p)) throw error(SMOL_ERR_BACKEND, name_ + ": kv_store of no plan");
+    const tensor * k = s.rope ? s.rope->src[0] : t->src[0];
     const int pairs = p.n_head_kv * (p.hd / 2);
     const unsigned threads =
         unsigned(std::min(1024, (pairs + warp_size - 1) / warp_size * warp_size));
@@ -2995,34 +3208,57 @@ rope_params cuda_backend::rope_for(const tensor * rope) const {
     return r;
 }
 
-// Launches mm_small_kernel for weight type T with the token tile and split
-// of a choice.
+// Calls f(std::integral_constant<int, KS>) for a split of 1, 2 or 4 warps.
+template <typename F> void with_split(int ks, F && f) {
+    if (ks >= 4) {
+        f(std::integral_constant<int, 4>{});
+    } else if (ks == 2) {
+        f(std::integral_constant<int, 2>{});
+    } else {
+        f(std::integral_constant<int, 1>{});
+    }
+}
+
+// Launches the GEMV (c.mt = 1) or mm_small_kernel for weight type T with
+// the rows a warp, token tile and split of a choice. Every weight's row
+// count is a multiple of the GEMV's c.r (see gemv_rows).
 template <int T, bool SWIGLU>
 void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, cudaStream_t stream,
                      bool pdl) {
     const int threads = mm_warps * warp_size;
-    auto go = [&](auto mt, auto ks) {
-        constexpr int MT = decltype(mt)::value, KS = decltype(ks)::value;
-        constexpr int rows_per_block = mm_warps / KS;
-        const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
-                        unsigned((p.M + MT - 1) / MT));
-        // Batch tiles launched early measured slower (the 1.7B q8_0 at 32
-        // sequences: 883 against 1,067 tokens/s); GEMVs faster.
-        launch_kernel(mm_small_kernel<T, MT, SWIGLU, KS>, grid, dim3(threads), stream,
-                      pdl && MT == 1, p);
-    };
-    auto split = [&](auto mt) {
-        if (c.ks >= 4) {
-            go(mt, std::integral_constant<int, 4>{});
-        } else if (c.ks == 2) {
-            go(mt, std::integral_constant<int, 2>{});
-        } else {
-            go(mt, std::integral_constant<int, 1>{});
-        }
-    };
     if (c.mt <= 1) {
-        split(std::integral_constant<int, 1>{});
-    } else if (c.mt <= 2) {
+        auto gemv = [&](auto r) {
+            constexpr int R = decltype(r)::value;
+            with_split(c.ks, [&](auto ks) {
+                constexpr int KS = decltype(ks)::value;
+                constexpr int rows_per_block = R * (mm_warps / KS);
+                const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
+                                unsigned(p.M));
+                launch_kernel(gemv_kernel<T, SWIGLU, KS, R>, grid, dim3(threads), stream, pdl, p);
+            });
+        };
+        if (c.r >= 4) {
+            gemv(std::integral_constant<int, 4>{});
+        } else if (c.r == 2) {
+            gemv(std::integral_constant<int, 2>{});
+        } else {
+            gemv(std::integral_constant<int, 1>{});
+        }
+        return;
+    }
+    auto split = [&](auto mt) {
+        with_split(c.ks, [&](auto ks) {
+            constexpr int MT = decltype(mt)::value, KS = decltype(ks)::value;
+            constexpr int rows_per_block = mm_warps / KS;
+            const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
+                            unsigned((p.M + MT - 1) / MT));
+            // Batch tiles launched early measured slower (the 1.7B q8_0 at
+            // 32 sequences: 883 against 1,067 tokens/s): only the GEMV is.
+            launch_kernel(mm_small_kernel<T, MT, SWIGLU, KS>, grid, dim3(threads), stream, false,
+                          p);
+        });
+    };
+    if (c.mt <= 2) {
         split(std::integral_constant<int, 2>{});
     } else if (c.mt <= 4) {
         split(std::integral_constant<int, 4>{});
@@ -3109,7 +3345,7 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
 }
 #endif
 
-void cuda_backend::run_mm(const step & s) {
+void cuda_backend::run_mm(const step & s, const batch_info & b) {
     const tensor * m0 = s.mm[0];
     const tensor * w = m0->src[0];
     const tensor * x = s.norm ? s.norm->src[0] : m0->src[1];
@@ -3156,6 +3392,12 @@ void cuda_backend::run_mm(const step & s) {
     p.ldr = s.res ? s.res->nb[1] / 4 : 0;
     p.norm_w = s.norm ? data_of<const float>(s.norm->src[1]) : nullptr;
     p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
+    // A GEMV's prefetch pays where its weights take a small part of L2:
+    // then the whole matrix is on its way while the kernel before ends
+    // (the 135M model's GEMVs, up to 3.5 MB). The 1.7B model's (8 to 67
+    // MB) pushed each other out of L2 and took the bandwidth of the GEMV
+    // before them: its decode went from 715 to 610 tokens/s with them.
+    p.prefetch = size_t(total_rows) * w->nb[1] <= l2_bytes_ / 8;
     // The launch's own key (all its rows), else the first matmul's, else
     // the default tile: a fused launch cannot go to cuBLAS.
     mm_key key{w->type, total_rows, K, mm_bucket(M)};
@@ -3164,6 +3406,17 @@ void cuda_backend::run_mm(const step & s) {
         key = key_of(m0);
         c = choose(key);
         if (c.blas) c = default_small(key);
+    }
+    // The GEMV's rows a warp must divide every weight's rows.
+    for (int i = 0; i < p.n_w; ++i) {
+        if (p.rows[i] % c.r != 0) c.r = 1;
+    }
+    // With rows in pairs (k's rope pairs) and no copy program to order the
+    // cache's copies after kv_store, the GEMV stores k and v itself.
+    if (s.store && c.mt == 1 && c.r % 2 == 0 && !sched_.has_copies() &&
+        kv_store_of(*s.store, *b.kv, p.kv)) {
+        stored_ = s.store;
+        c.kv = true;
     }
     note_used(mm_key{w->type, total_rows, K, mm_bucket(M)}, c);
     if (s.kind == step_kind::mm_swiglu) {

@@ -279,7 +279,8 @@ SMOL_API smol_status smol_autotune(const smol_model * model, const char * device
                                    smol_log_fn log, void * user_data);
 
 // The matmul kernels the context's last decode launched, one line "TYPE NxK
-// M=m: KERNEL" per distinct choice ("" on the CPU). Buffer rules as
+// M=m: KERNEL" per distinct choice ("" on the CPU); " +kv_store" after a
+// GEMV of q, k and v that also stored k and v in the cache. Buffer rules as
 // smol_chat_apply_template.
 SMOL_API smol_status smol_context_matmul_kernels(const smol_context * ctx, char * buf, size_t size,
                                                  size_t * n_out);

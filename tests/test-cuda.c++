@@ -860,6 +860,40 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a GEMV of more rows a warp than divide a weight's rows takes one row a warp") {
+    auto be = gpu();
+    if (!be) return;
+    const int64_t N = 202, K = 576; // even, no multiple of 4
+    const smol::mm_key key{SMOL_TYPE_F16, N, K, 1};
+    for (const std::string c : {"gemv mt=1 ks=2 r=2", "gemv mt=1 ks=2 r=4"}) {
+        CAPTURE(c);
+        const uint32_t seed = fresh_seed();
+        CAPTURE(seed);
+        std::mt19937 rng(seed);
+        const auto wq = to_type(SMOL_TYPE_F16, random_floats(rng, size_t(N * K)), K);
+        const auto w = from_type(SMOL_TYPE_F16, wq, K, N);
+        const auto x = random_floats(rng, size_t(K));
+        std::vector<double> want(static_cast<size_t>(N));
+        for (int64_t r = 0; r < N; ++r)
+            for (int64_t k = 0; k < K; ++k)
+                want[size_t(r)] += double(w[size_t(r * K + k)]) * double(x[size_t(k)]);
+        be->mm_choose(key, c, -1);
+        side s(*be);
+        tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_F16, wq.data(), K, N),
+                                        s.leaf(SMOL_TYPE_F32, x.data(), K, 1));
+        s.poison(out);
+        be->run(s.g);
+        const bool divides = c.find("r=2") != std::string::npos;
+        CHECK(be->mm_used() ==
+              "f16 202x576 M=1: " + std::string(divides ? c : "gemv mt=1 ks=2") + "\n");
+        CHECK(rel_err(s.read(out), want) <= 2e-5);
+    }
+    // The autotune offers only the row counts that divide.
+    const auto cands = be->mm_candidates(key);
+    CHECK(std::find(cands.begin(), cands.end(), "gemv mt=1 ks=1 r=2") != cands.end());
+    CHECK(std::find(cands.begin(), cands.end(), "gemv mt=1 ks=1 r=4") == cands.end());
+}
+
 TEST_CASE("the autotune times every candidate of a shape, and the one it keeps runs") {
     auto be = gpu();
     if (!be) return;
@@ -1002,33 +1036,43 @@ TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CP
             CAPTURE(n_tok);
             std::mt19937 rng(seed);
             layer_setup L(rng, t, n_tok);
+            // Two rows a warp for q, k, v whatever a table on this machine says.
+            if (n_tok == 1)
+                fused->mm_choose(smol::mm_key{t, 960, 576, 1}, "gemv mt=1 ks=1 r=2", -1);
             const auto a = L.run(*fused), b = L.run(*plain), c = L.run(*c_be);
             // Fusion only reorders the norm: the fused matmul sums the
             // squares from its own loads and applies 1 / rms after its dot
             // (about K * 2^-24 relative a dot, as for split-K).
             CHECK(rel_err(a, b) <= 1e-4);
             CHECK(rel_err(a, c) <= (t == SMOL_TYPE_F32 ? 5e-3 : 5e-2));
+            // A token's GEMV of q, k and v (two rows a warp) stores k and v
+            // in the cache itself; the unfused run's kv_store gave b.
+            CHECK((fused->mm_used().find(" +kv_store\n") != std::string::npos) == (n_tok == 1));
         }
     }
 }
 
-TEST_CASE("split-K kernels in a fused llama layer give the logits of the default ones") {
+TEST_CASE("split-K and several-row GEMVs in a fused llama layer give the logits of the plain "
+          "kernels") {
     auto tuned = gpu();
     if (!tuned) return;
     auto plain = gpu();
     for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_Q4_1}) {
         for (int n_tok : {1, 5, 32}) {
-            for (int ks : {2, 4}) {
+            // Splits of K, and for the GEMV rows a warp (with and without a split).
+            std::vector<std::string> variants = {"ks=2", "ks=4"};
+            if (n_tok == 1) variants.insert(variants.end(), {"ks=1 r=2", "ks=2 r=2", "ks=4 r=4"});
+            for (const std::string & variant : variants) {
                 const uint32_t seed = fresh_seed();
                 CAPTURE(seed);
                 const std::string type = smol_type_name(t);
                 CAPTURE(type);
                 CAPTURE(n_tok);
-                CAPTURE(ks);
+                CAPTURE(variant);
                 // Every launch of the layer (q, k, v together; output with
                 // the residual; gate and up as SwiGLU; down; the head).
                 const int b = smol::mm_bucket(n_tok);
-                // The reference takes the same kernels without a split.
+                // The reference takes the same kernels, one row a warp, no split.
                 const std::string family =
                     b == 1 ? "gemv mt=1" : "smallbatch mt=" + std::to_string(b);
                 for (auto [n, k] : {std::pair<int64_t, int64_t>{960, 576},
@@ -1036,14 +1080,13 @@ TEST_CASE("split-K kernels in a fused llama layer give the logits of the default
                                     {3072, 576},
                                     {576, 1536},
                                     {1000, 576}}) {
-                    tuned->mm_choose(smol::mm_key{t, n, k, b}, family + " ks=" + std::to_string(ks),
-                                     -1);
+                    tuned->mm_choose(smol::mm_key{t, n, k, b}, family + " " + variant, -1);
                     plain->mm_choose(smol::mm_key{t, n, k, b}, family + " ks=1", -1);
                 }
                 std::mt19937 rng(seed);
                 layer_setup L(rng, t, n_tok);
                 const auto a = L.run(*tuned), ref = L.run(*plain);
-                CHECK(tuned->mm_used().find("ks=" + std::to_string(ks)) != std::string::npos);
+                CHECK(tuned->mm_used().find(variant + "\n") != std::string::npos);
                 // Split-K sums the same products in another order: each
                 // dot of K <= 1536 terms may move by about K * 2^-24
                 // relative (1e-4), far below what a wrong split would do.

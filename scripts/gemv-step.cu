@@ -1,0 +1,356 @@
+// The GEMVs of one SmolLM2-1.7B decode step alone (24 layers of q/k/v with
+// the norm folded, output with the residual, gate/up with SwiGLU, down with
+// the residual, then the head; f16 random weights, 3.4 GB), captured in a
+// CUDA graph and replayed 50 times, for several (KS, R) plans; with 0 or 2
+// one-block kernels a layer where kv_store and attention stand, and four
+// launch modes: 0 plain; 1 every GEMV launched early (programmatic
+// dependent launch) and prefetching the first 4 KiB of its rows to L2
+// before it waits; 2 the same without the prefetch; 4 only the GEMV after
+// the small kernels launched early. The kernel is the one of
+// gemv-variants.cu.
+//
+//   nvcc -O3 -std=c++20 -arch=sm_90 -o gemv-step scripts/gemv-step.cu
+//   ./gemv-step
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cuda_fp16.h>
+#include <random>
+#include <string>
+#include <vector>
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                           \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+enum { F16 = 1, Q8 = 8, Q41 = 3 };
+struct P {
+    const uint8_t * w;
+    const uint8_t * wu;
+    float * y;
+    int rows;
+    size_t rb;
+    int K;
+    const float * x;
+    const float * nw;
+    const float * res;
+};
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
+    return v;
+}
+__device__ __forceinline__ float ldh(const uint8_t * p) {
+    return __half2float(*reinterpret_cast<const __half *>(p));
+}
+template <int T>
+__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
+                                           int & e0, int & e1) {
+    if constexpr (T == F16) {
+        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[2 * i] = __half2float(__ushort_as_half(uint16_t(w[i] & 0xffff)));
+            v[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(w[i] >> 16)));
+        }
+        e0 = 8 * ch;
+        e1 = e0 + 4;
+    } else if constexpr (T == Q8) {
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * 34;
+        const float d = ldh(blk);
+        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t w = qs[i];
+            v[2 * i] = d * float(int8_t(w & 0xff));
+            v[2 * i + 1] = d * float(int8_t(w >> 8));
+        }
+        e0 = 32 * (ch >> 2) + 8 * q;
+        e1 = e0 + 4;
+    } else {
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * 20;
+        const float d = ldh(blk), m = ldh(blk + 2);
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t b = (w >> (8 * i)) & 0xff;
+            v[i] = d * float(b & 15) + m;
+            v[4 + i] = d * float(b >> 4) + m;
+        }
+        e0 = 32 * (ch >> 2) + 4 * q;
+        e1 = e0 + 16;
+    }
+}
+template <int T, bool SW, int KS, int R, int U, bool PDL, int PF = 1>
+__global__ void __launch_bounds__(128) gemv(const P p) {
+    constexpr int NW = 4, GPB = NW / KS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = warp % KS;
+    const int r0 = (blockIdx.x * GPB + warp / KS) * R;
+    const bool valid = r0 < p.rows;
+    if (PDL) {
+        if (PF && valid && ks == 0 && lane * 128 < (PF == 1 ? p.rb : 512))
+            for (int j = 0; j < R; ++j) {
+                asm volatile(
+                    "prefetch.global.L2 [%0];" ::"l"(p.w + size_t(r0 + j) * p.rb + lane * 128));
+                if (SW)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.wu + size_t(r0 + j) * p.rb +
+                                                                  lane * 128));
+            }
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    const uint8_t * wr = p.w + size_t(r0) * p.rb;
+    const uint8_t * wu = SW ? p.wu + size_t(r0) * p.rb : nullptr;
+    float acc[R], accu[R], ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc[j] = accu[j] = 0.f;
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * 32;
+    for (int c0 = ks * 32 + lane; c0 < n_ch; c0 += U * stride) {
+        float v[U][R][8], vu[U][SW ? R : 1][8];
+        int e0[U], e1[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int ch = min(c0 + u * stride, n_ch - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                load_chunk<T>(wr + j * p.rb, ch, v[u][j], e0[u], e1[u]);
+                if constexpr (SW) load_chunk<T>(wu + j * p.rb, ch, vu[u][j], e0[u], e1[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u * stride < n_ch) {
+                float4 a = *reinterpret_cast<const float4 *>(p.x + e0[u]);
+                float4 b = *reinterpret_cast<const float4 *>(p.x + e1[u]);
+                if (p.nw) {
+                    const float4 na = *reinterpret_cast<const float4 *>(p.nw + e0[u]);
+                    const float4 nb = *reinterpret_cast<const float4 *>(p.nw + e1[u]);
+                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
+                          b.z * b.z + b.w * b.w;
+                    a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
+                    b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
+                }
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    const float * w = v[u][j];
+                    acc[j] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x +
+                              w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                    if constexpr (SW) {
+                        const float * q = vu[u][j];
+                        accu[j] += q[0] * a.x + q[1] * a.y + q[2] * a.z + q[3] * a.w + q[4] * b.x +
+                                   q[5] * b.y + q[6] * b.z + q[7] * b.w;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        acc[j] = warp_sum(acc[j]);
+        if (SW) accu[j] = warp_sum(accu[j]);
+    }
+    double ssd = warp_sum(ss);
+    if constexpr (KS > 1) {
+        __shared__ float part[NW][2 * R];
+        __shared__ double pss[NW];
+        if (lane == 0) {
+            for (int j = 0; j < R; ++j) {
+                part[warp][j] = acc[j];
+                part[warp][R + j] = accu[j];
+            }
+            pss[warp] = ssd;
+        }
+        __syncthreads();
+        if (ks != 0 || !valid) return;
+        for (int j = 0; j < R; ++j)
+            for (int i = 1; i < KS; ++i) {
+                acc[j] += part[warp + i][j];
+                accu[j] += part[warp + i][R + j];
+            }
+        for (int i = 1; i < KS; ++i) ssd += pss[warp + i];
+    }
+    if (lane < R && valid) {
+        float a = acc[0], au = accu[0];
+#pragma unroll
+        for (int j = 1; j < R; ++j)
+            if (lane == j) {
+                a = acc[j];
+                au = accu[j];
+            }
+        if (p.nw) {
+            const float s = 1.0f / sqrtf(float(ssd / p.K) + 1e-5f);
+            a *= s;
+            au *= s;
+        }
+        if (SW) a = a / (1.f + expf(-a)) * au;
+        if (p.res) a += p.res[r0 + lane];
+        p.y[r0 + lane] = a;
+    }
+}
+
+__global__ void tiny(float * y, int n, bool pdl) {
+    if (pdl) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    if (threadIdx.x < n) y[threadIdx.x] += 1.0f;
+}
+template <typename K, typename... A>
+void launch(K k, dim3 g, dim3 b, cudaStream_t s, bool pdl, A... a) {
+    cudaLaunchAttribute at{};
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c{};
+    c.gridDim = g;
+    c.blockDim = b;
+    c.stream = s;
+    c.attrs = &at;
+    c.numAttrs = pdl ? 1 : 0;
+    CK(cudaLaunchKernelEx(&c, k, a...));
+}
+struct Cfg {
+    int ks, r;
+};
+template <bool SW, bool PDL, int PF = 1> void gemv_go(Cfg c, const P & p, cudaStream_t s) {
+    auto go = [&](auto ks, auto r) {
+        constexpr int KS = decltype(ks)::value, R = decltype(r)::value;
+        const int blocks = (p.rows / R + 4 / KS - 1) / (4 / KS);
+        launch(gemv<F16, SW, KS, R, 1, PDL, PF>, dim3(blocks), dim3(128), s, PDL, p);
+    };
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
+    using I4 = std::integral_constant<int, 4>;
+    auto rr = [&](auto ks) {
+        if (c.r == 1)
+            go(ks, I1{});
+        else if (c.r == 2)
+            go(ks, I2{});
+        else
+            go(ks, I4{});
+    };
+    if (c.ks == 1)
+        rr(I1{});
+    else if (c.ks == 2)
+        rr(I2{});
+    else
+        rr(I4{});
+}
+int main() {
+    const int L = 24, D = 2048, F = 8192, V = 49152;
+    const size_t qkv = size_t(3 * D) * D * 2, o = size_t(D) * D * 2, gu = size_t(2 * F) * D * 2,
+                 dn = size_t(D) * F * 2, layer = qkv + o + gu + dn, head = size_t(V) * D * 2;
+    const size_t total = layer * L + head;
+    uint8_t * W;
+    CK(cudaMalloc(&W, total));
+    {
+        std::vector<__half> h(size_t(64) << 20);
+        std::mt19937 rng(5);
+        std::normal_distribution<float> d(0, 0.02f);
+        for (auto & v : h) v = __float2half(d(rng));
+        for (size_t at = 0; at < total; at += h.size() * 2)
+            CK(cudaMemcpy(W + at, h.data(), std::min(h.size() * 2, total - at),
+                          cudaMemcpyHostToDevice));
+    }
+    float *x, *nw, *q, *y2, *g;
+    CK(cudaMalloc(&x, F * 4));
+    CK(cudaMalloc(&nw, F * 4));
+    CK(cudaMalloc(&q, 3 * D * 4));
+    CK(cudaMalloc(&y2, V * 4));
+    CK(cudaMalloc(&g, F * 4));
+    {
+        std::vector<float> h(F);
+        std::mt19937 rng(1);
+        std::normal_distribution<float> d(0, 1);
+        for (auto & v : h) v = d(rng);
+        cudaMemcpy(x, h.data(), F * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(g, h.data(), F * 4, cudaMemcpyHostToDevice);
+        for (auto & v : h) v = 1 + 0.1f * d(rng);
+        cudaMemcpy(nw, h.data(), F * 4, cudaMemcpyHostToDevice);
+    }
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    printf("weights %.1f MB, floor at 4.2 TB/s %.1f us\n", total / 1e6, total / 4.2e6);
+    struct Plan {
+        const char * name;
+        Cfg qkv, o, gu, dn, hd;
+    };
+    Plan plans[] = {
+        {"old r1 (ks 1,2,1,2,1)", {1, 1}, {2, 1}, {1, 1}, {2, 1}, {1, 1}},
+        {"new default (k1r2,k4r2,k1r2,k4r2,k1r2)", {1, 2}, {4, 2}, {1, 2}, {4, 2}, {1, 2}},
+        {"micro best (k1r2,k4r2,k2r4,k4r2,k4r4)", {1, 2}, {4, 2}, {2, 4}, {4, 2}, {4, 4}},
+        {"tuned (k2r1,k4r4,k4r2,k4r1,k4r2)", {2, 1}, {4, 4}, {4, 2}, {4, 1}, {4, 2}},
+    };
+    for (int tinies : {0, 2})
+        for (int mode : {0, 1, 2, 4})
+            for (auto & pl : plans) {
+                const bool pdl = mode != 0;
+                auto step = [&] {
+                    for (int l = 0; l < L; ++l) {
+                        const uint8_t * base = W + layer * l;
+                        P p{base, nullptr, q, 3 * D, size_t(D) * 2, D, x, nw, nullptr};
+                        ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.qkv, p, s)
+                         : mode == 1              ? gemv_go<false, true, 1>(pl.qkv, p, s)
+                         : mode == 2              ? gemv_go<false, true, 0>(pl.qkv, p, s)
+                                                  : gemv_go<false, true, 2>(pl.qkv, p, s));
+                        for (int t = 0; t < tinies; ++t)
+                            launch(tiny, dim3(1), dim3(128), s, pdl, q, 64, pdl);
+                        P po{base + qkv, nullptr, x, D, size_t(D) * 2, D, q, nullptr, x};
+                        if (mode == 4) {
+                            if (tinies)
+                                gemv_go<false, true, 0>(pl.o, po, s);
+                            else
+                                gemv_go<false, false>(pl.o, po, s);
+                        } else
+                            ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.o, po, s)
+                             : mode == 1              ? gemv_go<false, true, 1>(pl.o, po, s)
+                             : mode == 2              ? gemv_go<false, true, 0>(pl.o, po, s)
+                                                      : gemv_go<false, true, 2>(pl.o, po, s));
+                        P pg{base + qkv + o, base + qkv + o + gu / 2, g, F, size_t(D) * 2, D, x, nw,
+                             nullptr};
+                        ((mode == 0 || mode == 4) ? gemv_go<true, false>(pl.gu, pg, s)
+                         : mode == 1              ? gemv_go<true, true, 1>(pl.gu, pg, s)
+                         : mode == 2              ? gemv_go<true, true, 0>(pl.gu, pg, s)
+                                                  : gemv_go<true, true, 2>(pl.gu, pg, s));
+                        P pd{base + qkv + o + gu, nullptr, x, D, size_t(F) * 2, F, g, nullptr, x};
+                        ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.dn, pd, s)
+                         : mode == 1              ? gemv_go<false, true, 1>(pl.dn, pd, s)
+                         : mode == 2              ? gemv_go<false, true, 0>(pl.dn, pd, s)
+                                                  : gemv_go<false, true, 2>(pl.dn, pd, s));
+                    }
+                    P ph{W + layer * L, nullptr, y2, V, size_t(D) * 2, D, x, nw, nullptr};
+                    ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.hd, ph, s)
+                     : mode == 1              ? gemv_go<false, true, 1>(pl.hd, ph, s)
+                     : mode == 2              ? gemv_go<false, true, 0>(pl.hd, ph, s)
+                                              : gemv_go<false, true, 2>(pl.hd, ph, s));
+                };
+                cudaGraph_t gr;
+                cudaGraphExec_t ge;
+                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+                step();
+                CK(cudaStreamEndCapture(s, &gr));
+                CK(cudaGraphInstantiate(&ge, gr, 0));
+                for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+                CK(cudaStreamSynchronize(s));
+                cudaEvent_t a, b;
+                cudaEventCreate(&a);
+                cudaEventCreate(&b);
+                cudaEventRecord(a, s);
+                for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(ge, s));
+                cudaEventRecord(b, s);
+                CK(cudaEventSynchronize(b));
+                float ms;
+                cudaEventElapsedTime(&ms, a, b);
+                printf(
+                    "tiny/layer %d pdl+prefetch mode %d  %-42s step %7.1f us  (%.0f%% of floor)\n",
+                    tinies, mode, pl.name, ms * 1000 / 50,
+                    100 * (total / 4.2e6) / (ms * 1000 / 50));
+                fflush(stdout);
+                cudaGraphExecDestroy(ge);
+                cudaGraphDestroy(gr);
+            }
+}
