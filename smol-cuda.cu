@@ -2039,15 +2039,15 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 // when there are few pairs, so that enough warps are in flight. Quantized
 // rows are half as long or less, and want twice the warps. Of the 27
 // variants the H200 timed for each GEMV of the 135M, 360M and 1.7B models,
-// this came within 12% of the fastest in f16 and q4_1 and within 21% in
+// this came within 12% of the fastest in f16 and q4_1 and within 22% in
 // q8_0 (the 1.7B's q, k, v); the autotune table picks per shape. choose()
 // sends large batches to cuBLAS first.
 mm_choice cuda_backend::default_small(const mm_key & key) const {
     mm_choice c;
     // Tiles of 4 tokens up to 8, then of 8: the H200's autotune chose them
-    // for every small-batch shape of the three models but a few of the
-    // 135M's (a tile of the whole batch of 32 holds 32 accumulators a lane
-    // and leaves a quarter of the blocks).
+    // most often for the three models' shapes (a tile of the whole batch
+    // of 32 holds 32 accumulators a lane and leaves a quarter of the
+    // blocks).
     c.mt = std::min(key.m, key.m <= 8 ? 4 : 8);
     if (key.m > 1) return c;
     c.r = key.n % 2 == 0 ? 2 : 1;
