@@ -1695,6 +1695,7 @@ class cuda_backend final : public backend {
     void charge(size_t n, const char * what);
 
     void run_mm(const step & s, const batch_info & b);
+    template <class F> cudaGraphExec_t capture_graph(bool pdl, F && launches);
 #if defined(SMOL_HAVE_BLAS)
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
@@ -1793,6 +1794,30 @@ class cuda_backend final : public backend {
     buffer blas_ws_;
 #endif
 };
+
+// What launches() issues on stream_, captured into an instantiated graph; the
+// GEMV, KV store and attention kernels launch early if pdl.
+template <class F> cudaGraphExec_t cuda_backend::capture_graph(bool pdl, F && launches) {
+    SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t cg = nullptr;
+    pdl_now_ = pdl;
+    try {
+        launches();
+        pdl_now_ = false;
+    } catch (...) {
+        pdl_now_ = false;
+        (void)cudaStreamEndCapture(stream_, &cg);
+        if (cg) (void)cudaGraphDestroy(cg);
+        (void)cudaGetLastError();
+        throw;
+    }
+    SMOL_GPU_CHECK(cudaStreamEndCapture(stream_, &cg));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, cg, 0);
+    (void)cudaGraphDestroy(cg);
+    if (e != cudaSuccess) gpu_fail(e, "cudaGraphInstantiate");
+    return exec;
+}
 
 cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
     activate();
@@ -2335,33 +2360,18 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
     // A decode step replays its launches from a graph, back to back and the
     // GEMVs launched early: the timed launches run the same way, so that a
     // launch's host overhead (several us) does not hide a kernel's time.
-    auto capture = [&](int reps) {
-        SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-        cudaGraph_t cg = nullptr;
-        pdl_now_ = pdl_;
-        try {
-            for (int i = 0; i < reps; ++i) launch_once();
-            pdl_now_ = false;
-        } catch (...) {
-            pdl_now_ = false;
-            (void)cudaStreamEndCapture(stream_, &cg);
-            if (cg) (void)cudaGraphDestroy(cg);
-            (void)cudaGetLastError();
-            throw;
-        }
-        SMOL_GPU_CHECK(cudaStreamEndCapture(stream_, &cg));
-        const cudaError_t e = cudaGraphInstantiate(&exec, cg, 0);
-        (void)cudaGraphDestroy(cg);
-        if (e != cudaSuccess) gpu_fail(e, "cudaGraphInstantiate");
-        timed(reps); // the first replay uploads the graph
-    };
     double us = 0;
     try {
         timed(2); // warm-up: code and weights into place
         // About 2 ms of launches, at least 5, at most 200; the best of three.
         const double once = std::max(timed(1), 1e-3);
         const int reps = std::clamp(int(2.0 / once), 5, 200);
-        if (graphs_) capture(reps);
+        if (graphs_) {
+            exec = capture_graph(pdl_, [&] {
+                for (int i = 0; i < reps; ++i) launch_once();
+            });
+            timed(reps); // the first replay uploads the graph
+        }
         us = 1e30;
         for (int i = 0; i < 3; ++i) us = std::min(us, 1000.0 * timed(reps) / reps);
     } catch (...) {
@@ -2897,27 +2907,11 @@ void cuda_backend::run(graph & g) {
         if (!capture) {
             launch_all(g);
         } else {
-            SMOL_GPU_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-            cudaGraph_t cg = nullptr;
             // Early launches only in captured decode steps: the copy program
             // orders kernels by events across streams too, and a prompt's
             // launches are few and long.
-            pdl_now_ = pdl_ && !sched_.has_copies();
-            try {
-                launch_all(g);
-                pdl_now_ = false;
-            } catch (...) {
-                pdl_now_ = false;
-                (void)cudaStreamEndCapture(stream_, &cg);
-                if (cg) (void)cudaGraphDestroy(cg);
-                (void)cudaGetLastError();
-                throw;
-            }
-            SMOL_GPU_CHECK(cudaStreamEndCapture(stream_, &cg));
-            cudaGraphExec_t exec = nullptr;
-            const cudaError_t e = cudaGraphInstantiate(&exec, cg, 0);
-            (void)cudaGraphDestroy(cg);
-            if (e != cudaSuccess) gpu_fail(e, "cudaGraphInstantiate");
+            cudaGraphExec_t exec =
+                capture_graph(pdl_ && !sched_.has_copies(), [&] { launch_all(g); });
             if (execs_.size() >= 4) {
                 auto old = std::min_element(execs_.begin(), execs_.end(),
                                             [](const captured & a, const captured & b) {

@@ -1,0 +1,189 @@
+// The GEMV kernel of scripts/gemv-variants.cu and scripts/gemv-step.cu: a
+// stand-alone copy of the loop of gemv_kernel in smol-cuda.cu (f16, q8_0
+// and q4_1 weights, f32 activations, a folded RMS norm, SwiGLU and residual
+// epilogues) with every variant as a template parameter: KS warps a group
+// of R rows, U chunks of 8 a lane loaded before use; PDL: launched early
+// (griddepcontrol), PF: before the wait, prefetch 0 nothing, 1 the first
+// 4 KiB of each row, 2 its first 512 bytes.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cuda_fp16.h>
+#include <random>
+#include <string>
+#include <vector>
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                           \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+enum { F16 = 1, Q8 = 8, Q41 = 3 };
+struct P {
+    const uint8_t * w;
+    const uint8_t * wu;
+    float * y;
+    int rows;
+    size_t rb;
+    int K;
+    const float * x;
+    const float * nw;
+    const float * res;
+};
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
+    return v;
+}
+__device__ __forceinline__ float ldh(const uint8_t * p) {
+    return __half2float(*reinterpret_cast<const __half *>(p));
+}
+template <int T>
+__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
+                                           int & e0, int & e1) {
+    if constexpr (T == F16) {
+        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[2 * i] = __half2float(__ushort_as_half(uint16_t(w[i] & 0xffff)));
+            v[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(w[i] >> 16)));
+        }
+        e0 = 8 * ch;
+        e1 = e0 + 4;
+    } else if constexpr (T == Q8) {
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * 34;
+        const float d = ldh(blk);
+        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t w = qs[i];
+            v[2 * i] = d * float(int8_t(w & 0xff));
+            v[2 * i + 1] = d * float(int8_t(w >> 8));
+        }
+        e0 = 32 * (ch >> 2) + 8 * q;
+        e1 = e0 + 4;
+    } else {
+        const int q = ch & 3;
+        const uint8_t * blk = row + size_t(ch >> 2) * 20;
+        const float d = ldh(blk), m = ldh(blk + 2);
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t b = (w >> (8 * i)) & 0xff;
+            v[i] = d * float(b & 15) + m;
+            v[4 + i] = d * float(b >> 4) + m;
+        }
+        e0 = 32 * (ch >> 2) + 4 * q;
+        e1 = e0 + 16;
+    }
+}
+template <int T, bool SW, int KS, int R, int U, bool PDL = false, int PF = 0>
+__global__ void __launch_bounds__(128) gemv(const P p) {
+    constexpr int NW = 4, GPB = NW / KS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = warp % KS;
+    const int r0 = (blockIdx.x * GPB + warp / KS) * R;
+    const bool valid = r0 < p.rows;
+    if (PDL) {
+        if (PF && valid && ks == 0 && lane * 128 < (PF == 1 ? p.rb : 512))
+            for (int j = 0; j < R; ++j) {
+                asm volatile(
+                    "prefetch.global.L2 [%0];" ::"l"(p.w + size_t(r0 + j) * p.rb + lane * 128));
+                if (SW)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.wu + size_t(r0 + j) * p.rb +
+                                                                  lane * 128));
+            }
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    const uint8_t * wr = p.w + size_t(r0) * p.rb;
+    const uint8_t * wu = SW ? p.wu + size_t(r0) * p.rb : nullptr;
+    float acc[R], accu[R], ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc[j] = accu[j] = 0.f;
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * 32;
+    for (int c0 = ks * 32 + lane; c0 < n_ch; c0 += U * stride) {
+        float v[U][R][8], vu[U][SW ? R : 1][8];
+        int e0[U], e1[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int ch = min(c0 + u * stride, n_ch - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                load_chunk<T>(wr + j * p.rb, ch, v[u][j], e0[u], e1[u]);
+                if constexpr (SW) load_chunk<T>(wu + j * p.rb, ch, vu[u][j], e0[u], e1[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u * stride < n_ch) {
+                float4 a = *reinterpret_cast<const float4 *>(p.x + e0[u]);
+                float4 b = *reinterpret_cast<const float4 *>(p.x + e1[u]);
+                if (p.nw) {
+                    const float4 na = *reinterpret_cast<const float4 *>(p.nw + e0[u]);
+                    const float4 nb = *reinterpret_cast<const float4 *>(p.nw + e1[u]);
+                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
+                          b.z * b.z + b.w * b.w;
+                    a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
+                    b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
+                }
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    const float * w = v[u][j];
+                    acc[j] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x +
+                              w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                    if constexpr (SW) {
+                        const float * q = vu[u][j];
+                        accu[j] += q[0] * a.x + q[1] * a.y + q[2] * a.z + q[3] * a.w + q[4] * b.x +
+                                   q[5] * b.y + q[6] * b.z + q[7] * b.w;
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        acc[j] = warp_sum(acc[j]);
+        if (SW) accu[j] = warp_sum(accu[j]);
+    }
+    double ssd = warp_sum(ss);
+    if constexpr (KS > 1) {
+        __shared__ float part[NW][2 * R];
+        __shared__ double pss[NW];
+        if (lane == 0) {
+            for (int j = 0; j < R; ++j) {
+                part[warp][j] = acc[j];
+                part[warp][R + j] = accu[j];
+            }
+            pss[warp] = ssd;
+        }
+        __syncthreads();
+        if (ks != 0 || !valid) return;
+        for (int j = 0; j < R; ++j)
+            for (int i = 1; i < KS; ++i) {
+                acc[j] += part[warp + i][j];
+                accu[j] += part[warp + i][R + j];
+            }
+        for (int i = 1; i < KS; ++i) ssd += pss[warp + i];
+    }
+    if (lane < R && valid) {
+        float a = acc[0], au = accu[0];
+#pragma unroll
+        for (int j = 1; j < R; ++j)
+            if (lane == j) {
+                a = acc[j];
+                au = accu[j];
+            }
+        if (p.nw) {
+            const float s = 1.0f / sqrtf(float(ssd / p.K) + 1e-5f);
+            a *= s;
+            au *= s;
+        }
+        if (SW) a = a / (1.f + expf(-a)) * au;
+        if (p.res) a += p.res[r0 + lane];
+        p.y[r0 + lane] = a;
+    }
+}
