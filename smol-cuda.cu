@@ -428,6 +428,11 @@ __global__ void kv_store_kernel(const kv_store_params p) {
     }
 }
 
+// Weights read as plain floats (16 bytes a chunk of 8), not in quantized blocks.
+__host__ __device__ constexpr bool float_weights(int type) {
+    return type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16 || type == SMOL_TYPE_BF16;
+}
+
 __device__ __forceinline__ void prefetch_l2(const void * p) {
 #if defined(SMOL_HIP)
     (void)p;
@@ -454,7 +459,7 @@ struct mm_params {
     size_t ldr;
     const float * norm_w;
     float eps;
-    int prefetch; // the GEMV sends its rows' first 4 KiB to L2 before it waits
+    bool prefetch; // the GEMV sends its rows' first 4 KiB to L2 before it waits
     // Non-null kv.K: the GEMV of q, k and v also stores k (rotated) and v
     // in the cache, as kv_store_kernel would (its k, v and ld unused).
     kv_store_params kv;
@@ -462,17 +467,18 @@ struct mm_params {
 
 constexpr int mm_warps = 4; // warps per block of the small-batch kernels
 
-// Row r of a launch's weights (q, k and v one after another) and where its
-// result goes: r becomes the row within weight number `which`. Selected
-// with branches: a run-time index into the parameter arrays would copy them
-// to local memory.
+// Row r of a launch's weights (q, k and v one after another; with SWIGLU,
+// gate's rows, up's read alongside) and where its result goes: r becomes
+// the row within weight number `which`. Selected with branches: a run-time
+// index into the parameter arrays would copy them to local memory.
+template <bool SWIGLU>
 __device__ __forceinline__ void mm_select(const mm_params & p, int & r, const uint8_t *& w,
                                           float *& y, int & rows, int & which) {
     w = p.w[0];
     y = p.y[0];
     rows = p.rows[0];
     which = 0;
-    if (r >= rows && p.n_w > 1) {
+    if (!SWIGLU && r >= rows && p.n_w > 1) {
         r -= rows;
         w = p.w[1];
         y = p.y[1];
@@ -515,14 +521,8 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     int r = (blockIdx.x * groups_per_block + warp / KS) * R;
     const uint8_t * w;
     float * y;
-    int rows, which = 0;
-    if (SWIGLU) {
-        w = p.w[0];
-        y = p.y[0];
-        rows = p.rows[0];
-    } else {
-        mm_select(p, r, w, y, rows, which);
-    }
+    int rows, which;
+    mm_select<SWIGLU>(p, r, w, y, rows, which);
     // Past the last row: with KS > 1 the warp still takes part in the
     // block's reduction, with nothing to add.
     const bool valid = r < rows;
@@ -554,8 +554,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     // at a time kept too few bytes in flight. Float weights are read 16
     // bytes a chunk; with more rows than one, the rows are in flight
     // together and U = 1 measured fastest for every type.
-    constexpr bool wide = T == SMOL_TYPE_F32 || T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16;
-    constexpr int U = R > 1 || wide ? 1 : SWIGLU ? 2 : 4;
+    constexpr int U = R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
     for (int c0 = ks * warp_size + lane; c0 < n_ch; c0 += U * stride) {
         float v[U][R][8], vu[U][SWIGLU ? R : 1][8];
         int e0[U], e1[U];
@@ -679,13 +678,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
     const uint8_t * w;
     float * y;
     int rows, which;
-    if (SWIGLU) {
-        w = p.w[0];
-        y = p.y[0];
-        rows = p.rows[0];
-    } else {
-        mm_select(p, r, w, y, rows, which);
-    }
+    mm_select<SWIGLU>(p, r, w, y, rows, which);
     const bool valid = r < rows;
     const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
@@ -1703,8 +1696,12 @@ class cuda_backend final : public backend {
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
     void run_kv_store(const step & s, const batch_info & b);
-    bool kv_store_of(const tensor & t, const kv_cache & kv, kv_store_params & p) const;
+    kv_store_params kv_store_of(const step & s, const kv_cache & kv) const;
     const tensor * stored_ = nullptr; // the KV_STORE a GEMV of q, k, v has just done
+    // Whether a GEMV of these weight bytes prefetches them (see run_mm).
+    bool gemv_prefetch(size_t weight_bytes) const {
+        return weight_bytes <= l2_bytes_ / 8;
+    }
     bool small_mm(const tensor * mm) const;
     bool blas_fits(const tensor * mm) const;
     static mm_key key_of(const tensor * mm);
@@ -2076,9 +2073,7 @@ mm_choice cuda_backend::default_small(const mm_key & key) const {
     c.mt = std::min(key.m, key.m <= 8 ? 4 : 8);
     if (key.m > 1) return c;
     c.r = key.n % 2 == 0 ? 2 : 1;
-    const bool wide =
-        key.type == SMOL_TYPE_F32 || key.type == SMOL_TYPE_F16 || key.type == SMOL_TYPE_BF16;
-    const int64_t groups = key.n / c.r / (wide ? 1 : 2);
+    const int64_t groups = key.n / c.r / (float_weights(key.type) ? 1 : 2);
     c.ks = groups < 16 * n_sm_ ? 4 : groups < 23 * n_sm_ ? 2 : 1;
     return c;
 }
@@ -2097,9 +2092,7 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
     // passes 48 MiB: the small-batch kernels' time grows with both, while
     // cuBLAS took about 12 us plus the weights' read on the H200 (2048 x
     // 2048 f16: 8.3 against 16.7 us at M = 4, 12.9 against 12.2 at M = 8).
-    const size_t elt = key.type == SMOL_TYPE_F32                                 ? 4
-                       : key.type == SMOL_TYPE_F16 || key.type == SMOL_TYPE_BF16 ? 2
-                                                                                 : 0;
+    const size_t elt = !float_weights(key.type) ? 0 : key.type == SMOL_TYPE_F32 ? 4 : 2;
     const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
     // Quantized weights are dequantized to f16 first: cuBLAS took about
     // 14 us + 2.8 us a million weights, the small-batch tiles 0.37 us a
@@ -2120,7 +2113,9 @@ bool cuda_backend::small_mm(const tensor * mm) const {
 
 void cuda_backend::note_used(const mm_key & key, const mm_choice & c) {
     for (const auto & u : used_) {
-        if (u.first == key && choice_name(u.second) == choice_name(c) && u.second.kv == c.kv)
+        const mm_choice & d = u.second;
+        if (u.first == key && d.blas == c.blas && d.mt == c.mt && d.ks == c.ks && d.r == c.r &&
+            d.kv == c.kv)
             return;
     }
     used_.push_back({key, c});
@@ -2327,7 +2322,7 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
     p.M = M;
     p.x = static_cast<const float *>(tune_x_.p);
     p.ldx = size_t(K);
-    p.prefetch = w_bytes <= l2_bytes_ / 8; // as run_mm decides
+    p.prefetch = gemv_prefetch(w_bytes);
     size_t next = 0;
     auto launch_once = [&] {
         p.w[0] = static_cast<const uint8_t *>(tune_w_.p) + (next++ % copies) * w_bytes;
@@ -3085,14 +3080,13 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
                 std::string(name_) + ": no kernel for op " + op_names[t->kind]);
 }
 
-// The parameters of a KV_STORE node t (with the rope make_steps folded
-// into it, if any); false when t is not a node of this plan.
-bool cuda_backend::kv_store_of(const tensor & t, const kv_cache & kv, kv_store_params & p) const {
-    if (t.node_index < 0 || size_t(t.node_index) >= steps_.size()) return false;
-    const step & s = steps_[size_t(t.node_index)];
-    if (s.t != &t) return false;
+// The parameters of the KV_STORE step s (with the rope make_steps folded
+// into it, if any).
+kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) const {
+    const tensor & t = *s.t;
     const tensor * k = s.rope ? s.rope->src[0] : t.src[0];
     const tensor * v = t.src[1];
+    kv_store_params p;
     p.k = data_of<const float>(k);
     p.v = data_of<const float>(v);
     p.ldk = k->nb[1] / 4;
@@ -3106,7 +3100,7 @@ bool cuda_backend::kv_store_of(const tensor & t, const kv_cache & kv, kv_store_p
     p.n_head_kv = view.h1 - view.h0;
     p.cell = d_cell_;
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
-    return true;
+    return p;
 }
 
 void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
@@ -3114,14 +3108,12 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
         stored_ = nullptr;
         return;
     }
-    const tensor * t = s.t;
-    kv_store_params p;
-    if (!kv_store_of(*t, *b.kv, p)) throw error(SMOL_ERR_BACKEND, name_ + ": kv_store of no plan");
-    const tensor * k = s.rope ? s.rope->src[0] : t->src[0];
+    const kv_store_params p = kv_store_of(s, *b.kv);
+    const int n_tok = int(s.t->src[1]->ne[1]);
     const int pairs = p.n_head_kv * (p.hd / 2);
     const unsigned threads =
         unsigned(std::min(1024, (pairs + warp_size - 1) / warp_size * warp_size));
-    launch_kernel(kv_store_kernel, dim3(unsigned(k->ne[1])), dim3(threads), stream_, pdl_now_, p);
+    launch_kernel(kv_store_kernel, dim3(unsigned(n_tok)), dim3(threads), stream_, pdl_now_, p);
     check_launch("kv_store");
 }
 
@@ -3202,11 +3194,12 @@ rope_params cuda_backend::rope_for(const tensor * rope) const {
     return r;
 }
 
-// Calls f(std::integral_constant<int, KS>) for a split of 1, 2 or 4 warps.
-template <typename F> void with_split(int ks, F && f) {
-    if (ks >= 4) {
+// Calls f(std::integral_constant<int, N>) for N = 1, 2 or 4 (n above 4
+// as 4): a split of K over warps, a GEMV's rows a warp.
+template <typename F> void with_1_2_4(int n, F && f) {
+    if (n >= 4) {
         f(std::integral_constant<int, 4>{});
-    } else if (ks == 2) {
+    } else if (n == 2) {
         f(std::integral_constant<int, 2>{});
     } else {
         f(std::integral_constant<int, 1>{});
@@ -3215,33 +3208,25 @@ template <typename F> void with_split(int ks, F && f) {
 
 // Launches the GEMV (c.mt = 1) or mm_small_kernel for weight type T with
 // the rows a warp, token tile and split of a choice. Every weight's row
-// count is a multiple of the GEMV's c.r (see gemv_rows).
+// count is a multiple of the GEMV's c.r (run_mm sees to it).
 template <int T, bool SWIGLU>
 void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, cudaStream_t stream,
                      bool pdl) {
     const int threads = mm_warps * warp_size;
     if (c.mt <= 1) {
-        auto gemv = [&](auto r) {
-            constexpr int R = decltype(r)::value;
-            with_split(c.ks, [&](auto ks) {
-                constexpr int KS = decltype(ks)::value;
+        with_1_2_4(c.r, [&](auto r) {
+            with_1_2_4(c.ks, [&](auto ks) {
+                constexpr int R = decltype(r)::value, KS = decltype(ks)::value;
                 constexpr int rows_per_block = R * (mm_warps / KS);
                 const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
                                 unsigned(p.M));
                 launch_kernel(gemv_kernel<T, SWIGLU, KS, R>, grid, dim3(threads), stream, pdl, p);
             });
-        };
-        if (c.r >= 4) {
-            gemv(std::integral_constant<int, 4>{});
-        } else if (c.r == 2) {
-            gemv(std::integral_constant<int, 2>{});
-        } else {
-            gemv(std::integral_constant<int, 1>{});
-        }
+        });
         return;
     }
     auto split = [&](auto mt) {
-        with_split(c.ks, [&](auto ks) {
+        with_1_2_4(c.ks, [&](auto ks) {
             constexpr int MT = decltype(mt)::value, KS = decltype(ks)::value;
             constexpr int rows_per_block = mm_warps / KS;
             const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
@@ -3391,7 +3376,7 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     // (the 135M model's GEMVs, up to 3.5 MB). The 1.7B model's (8 to 67
     // MB) pushed each other out of L2 and took the bandwidth of the GEMV
     // before them: its decode went from 715 to 610 tokens/s with them.
-    p.prefetch = size_t(total_rows) * w->nb[1] <= l2_bytes_ / 8;
+    p.prefetch = gemv_prefetch(size_t(total_rows) * w->nb[1]);
     // The launch's own key (all its rows), else the first matmul's, else
     // the default tile: a fused launch cannot go to cuBLAS.
     mm_key key{w->type, total_rows, K, mm_bucket(M)};
@@ -3407,8 +3392,8 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     }
     // With rows in pairs (k's rope pairs) and no copy program to order the
     // cache's copies after kv_store, the GEMV stores k and v itself.
-    if (s.store && c.mt == 1 && c.r % 2 == 0 && !sched_.has_copies() &&
-        kv_store_of(*s.store, *b.kv, p.kv)) {
+    if (s.store && c.mt == 1 && c.r % 2 == 0 && !sched_.has_copies()) {
+        p.kv = kv_store_of(steps_[size_t(s.store->node_index)], *b.kv);
         stored_ = s.store;
         c.kv = true;
     }
