@@ -2060,10 +2060,11 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 // GEMV takes two rows a warp and splits K over 2 or 4 warps a pair of rows
 // when there are few pairs, so that enough warps are in flight. Quantized
 // rows are half as long or less, and want twice the warps. Of the 27
-// variants the H200 timed for each GEMV of the 135M, 360M and 1.7B models,
-// this came within 12% of the fastest in f16 and q4_1 and within 22% in
-// q8_0 (the 1.7B's q, k, v); the autotune table picks per shape. choose()
-// sends large batches to cuBLAS first.
+// variants scripts/gemv-variants.cu timed on the H200 for each of its 22
+// GEMVs of the 135M, 360M and 1.7B shapes, this came within 12% of the
+// fastest in f16 and q4_1 and within 22% in q8_0 (the 1.7B's q, k, v);
+// the autotune table picks per shape. choose() sends large batches to
+// cuBLAS first.
 mm_choice cuda_backend::default_small(const mm_key & key) const {
     mm_choice c;
     // Tiles of 4 tokens up to 8, then of 8: the H200's autotune chose them
