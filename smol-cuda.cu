@@ -3374,9 +3374,10 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
     // A GEMV's prefetch pays where its weights take a small part of L2:
     // then the whole matrix is on its way while the kernel before ends
-    // (the 135M model's GEMVs, up to 3.5 MB). The 1.7B model's (8 to 67
-    // MB) pushed each other out of L2 and took the bandwidth of the GEMV
-    // before them: its decode went from 715 to 610 tokens/s with them.
+    // (the 135M model's GEMVs, up to 3.5 MB). With the 1.7B model's (8 to
+    // 67 MB) its decode ran 611-632 tokens/s, 711-724 without, and its
+    // GEMVs alone took 1,315 against 1,101 us (BENCHMARKS.md): matrices
+    // that large push each other out of L2.
     p.prefetch = gemv_prefetch(size_t(total_rows) * w->nb[1]);
     // The launch's own key (all its rows), else the first matmul's, else
     // the default tile: a fused launch cannot go to cuBLAS.
