@@ -543,24 +543,42 @@ double max_abs_f16(const std::vector<uint16_t> & x) {
 // enlarge), so each side is within (2^-11 + n_cells 2^-25) max|V| of the
 // exact sum, and the two within twice that: 1.1e-3 max|V| for 2,200 cells.
 // Scores summed in another order and exp2 against exp move p_c by about
-// 1e-6 relative. Hence 1.5e-3 max|V| per element; the classic kernel keeps
-// p_c in f32 and is held to the same bound.
+// 1e-6 relative. Hence 1.5e-3 max|V| per element; the decode and classic
+// kernels keep p_c in f32 and are held to the same bound.
 constexpr double flash_attn_tol = 1.5e-3;
+
+// Batches of up to this many tokens may take the decode kernel by default
+// (smol-cuda.cu's dec_max_tok: while a block per token and kv head fits the
+// GPU at once), the rest the flash kernel; one token always takes it here.
+constexpr int decode_max_tok = 32;
+
+// Whether the default kernel's output is the one the decode or the flash
+// kernel gave, as the batch's size allows.
+bool default_kernel_ran(int n_tok, const std::vector<float> & au, const std::vector<float> & dec,
+                        const std::vector<float> & flash) {
+    if (n_tok == 1) return au == dec;
+    if (n_tok <= decode_max_tok) return au == dec || au == flash;
+    return au == flash;
+}
 
 namespace {
 
-// The flash and classic kernels' outputs against the CPU's, each within
-// flash_attn_tol max|V|, saying where the largest error of each lies.
+struct kernel_result {
+    const char * name;
+    const attn_setup::result & r;
+};
+
+// Each kernel's output against the CPU's within flash_attn_tol max|V|,
+// saying where the largest error of each lies.
 void check_attention(const attn_setup & a, const attn_setup::result & want,
-                     const attn_setup::result & flash, const attn_setup::result & classic) {
+                     std::initializer_list<kernel_result> got) {
     const double v_max = max_abs_f16(want.V);
-    const attn_err ef = worst(flash.out, want.out), ec = worst(classic.out, want.out);
-    INFO("flash kernel's largest error " << ef.err / v_max << " max|V| at "
-                                         << ef.where(a, flash.out, want.out));
-    INFO("classic kernel's largest error " << ec.err / v_max << " max|V| at "
-                                           << ec.where(a, classic.out, want.out));
-    CHECK(ef.err <= flash_attn_tol * v_max);
-    CHECK(ec.err <= flash_attn_tol * v_max);
+    for (const kernel_result & k : got) {
+        const attn_err e = worst(k.r.out, want.out);
+        INFO(k.name << " kernel's largest error " << e.err / v_max << " max|V| at "
+                    << e.where(a, k.r.out, want.out));
+        CHECK(e.err <= flash_attn_tol * v_max);
+    }
 }
 
 } // namespace
@@ -568,6 +586,7 @@ void check_attention(const attn_setup & a, const attn_setup::result & want,
 TEST_CASE("flash attention matches the CPU for prompts over served caches, with GQA") {
     auto flash = gpu_attention("flash");
     if (!flash) return;
+    auto decode = gpu_attention("decode");
     auto classic = gpu_attention("classic");
     auto automatic = gpu_attention("auto");
     auto c_be = cpu();
@@ -598,15 +617,22 @@ TEST_CASE("flash attention matches the CPU for prompts over served caches, with 
                 attn_setup a(rng, H.n_head, H.n_head_kv, 64, attn_setup::served{history}, n_tok);
                 const auto want = a.run(*c_be, rope);
                 const auto f = a.run(*flash, rope);
+                const auto d = a.run(*decode, rope);
                 const auto c = a.run(*classic, rope);
                 const auto au = a.run(*automatic, rope);
-                check_attention(a, want, f, c);
+                check_attention(a, want, {{"flash", f}, {"decode", d}, {"classic", c}});
                 // Each override ran its own kernel (they round differently),
-                // and without one every batch took the flash kernel.
-                if (n_tok > 1)
+                // and without one a batch took the decode or the flash kernel
+                // by its size.
+                if (n_tok > 1 || history > 0) {
                     CHECK_MESSAGE(f.out != c.out, "SMOL_ATTN=flash ran the classic kernel");
-                CHECK_MESSAGE(au.out == f.out, "without SMOL_ATTN a batch of "
-                                                   << n_tok << " tokens took the classic kernel");
+                    CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
+                    CHECK_MESSAGE(d.out != c.out, "SMOL_ATTN=decode ran the classic kernel");
+                }
+                CHECK_MESSAGE(default_kernel_ran(n_tok, au.out, d.out, f.out),
+                              "without SMOL_ATTN a batch of "
+                                  << n_tok
+                                  << " tokens took neither the decode nor the flash kernel");
             }
         }
     }
@@ -620,6 +646,8 @@ TEST_CASE("flash attention over a long prompt's cells matches the CPU: whole, ma
     // decode and prompt batches, whole caches and head groups' views.
     auto automatic = gpu_attention("auto");
     if (!automatic) return;
+    auto flash = gpu_attention("flash");
+    auto decode = gpu_attention("decode");
     auto classic = gpu_attention("classic");
     auto c_be = cpu();
     struct heads {
@@ -646,10 +674,13 @@ TEST_CASE("flash attention over a long prompt's cells matches the CPU: whole, ma
                     attn_setup a(rng, H.n_head, H.n_head_kv, 64,
                                  attn_setup::prompt{history, shared}, n_tok);
                     const auto want = a.run(*c_be, rope);
-                    const auto f = a.run(*automatic, rope, H.G);
+                    const auto au = a.run(*automatic, rope, H.G);
+                    const auto f = a.run(*flash, rope, H.G);
+                    const auto d = a.run(*decode, rope, H.G);
                     const auto c = a.run(*classic, rope, H.G);
-                    check_attention(a, want, f, c);
-                    // (One token over its own cell alone is V in both.)
+                    check_attention(a, want, {{"flash", f}, {"decode", d}, {"classic", c}});
+                    CHECK(default_kernel_ran(n_tok, au.out, d.out, f.out));
+                    // (One token over its own cell alone is V in all.)
                     if (n_tok > 1 || history > 0)
                         CHECK_MESSAGE(f.out != c.out, "the default kernel was the classic one");
                 }
@@ -658,12 +689,14 @@ TEST_CASE("flash attention over a long prompt's cells matches the CPU: whole, ma
     }
 }
 
-TEST_CASE("decode attention over head groups' views matches the CPU, flash and classic") {
+TEST_CASE("decode attention over head groups' views matches the CPU with every kernel") {
     // What an offloaded plan runs: per group of kv heads, a node over a view
     // (a resident slice or a staging slot), for one-token and small batches
     // after long histories.
     auto automatic = gpu_attention("auto");
     if (!automatic) return;
+    auto decode = gpu_attention("decode");
+    auto flash = gpu_attention("flash");
     auto classic = gpu_attention("classic");
     auto c_be = cpu();
     struct heads {
@@ -688,14 +721,18 @@ TEST_CASE("decode attention over head groups' views matches the CPU, flash and c
                     attn_setup a(rng, H.n_head, H.n_head_kv, 64, attn_setup::served{history},
                                  n_tok);
                     const auto want = a.run(*c_be, rope);
-                    const auto f = a.run(*automatic, rope, G);
+                    const auto au = a.run(*automatic, rope, G);
+                    const auto d = a.run(*decode, rope, G);
+                    const auto f = a.run(*flash, rope, G);
                     const auto c = a.run(*classic, rope, G);
-                    check_attention(a, want, f, c);
+                    check_attention(a, want, {{"decode", d}, {"flash", f}, {"classic", c}});
+                    CHECK(default_kernel_ran(n_tok, au.out, d.out, f.out));
+                    CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
+                    CHECK_MESSAGE(d.out != c.out, "SMOL_ATTN=decode ran the classic kernel");
                     // The groups' stores filled the cache as one store does.
-                    const auto whole = a.run(*automatic, rope);
-                    CHECK(f.K == whole.K);
-                    CHECK(f.V == whole.V);
-                    CHECK_MESSAGE(f.out != c.out, "the default kernel was the classic one");
+                    const auto whole = a.run(*decode, rope);
+                    CHECK(d.K == whole.K);
+                    CHECK(d.V == whole.V);
                 }
             }
         }
