@@ -865,6 +865,24 @@ __device__ __forceinline__ void load_query_pair(const attn_params & p, int tok, 
     }
 }
 
+// Whether this block is the last of n_split to count itself on *done, which
+// it then leaves at zero for the next launch or replay: each block's writes
+// are visible before it counts, so the last one sees every split's partial.
+// Every thread of the block calls it.
+__device__ bool last_split_block(int * done, int n_split) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1) == n_split - 1;
+    __syncthreads();
+    const bool is_last = last;
+    if (is_last) {
+        __threadfence();
+        if (threadIdx.x == 0) *done = 0;
+    }
+    return is_last;
+}
+
 // The merge of S <= 32 PER_LANE split partials laid out `stride` floats
 // apart, each (max, sum, accumulators...): a warp reads every split's (max,
 // sum) at once (PER_LANE a lane), leaves split i's weight in w[i] and returns
@@ -904,7 +922,6 @@ __device__ float split_weights(const float * part, int S, int stride, float * w)
 // each block leaves a partial result and the last one to finish merges them.
 template <int NPL> __global__ void attention_kernel(const attn_params p) {
     extern __shared__ float sm[];
-    __shared__ int last_split;
     const int hd = p.hd, half = hd / 2;
     float * qs = sm;            // [Q][hd]
     float * st = sm + p.Q * hd; // [warps][hd + 2]
@@ -1078,12 +1095,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             if (e_base + e < hd) o[2 + e_base + e] = acc[e];
         }
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last_split = atomicAdd(p.done + th, 1) == p.S - 1;
-    __syncthreads();
-    if (!last_split) return;
-    __threadfence();
+    if (!last_split_block(p.done + th, p.S)) return;
     // Warp 0 reads every split's (max, sum) at once (S <= 64: two a lane)
     // and leaves each split's weight in shared memory; then all threads sum
     // the accumulators, their loads independent of each other. The partials
@@ -1103,7 +1115,6 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
         }
         p.out[tok0 * p.ldo + h * hd + e] = a * inv_sum;
     }
-    if (threadIdx.x == 0) p.done[th] = 0;
 }
 
 // --- attention: tensor-core prefill ---------------------------------------------
@@ -1475,16 +1486,8 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         put(row0, m0, l0, 0);
         put(row1, m1, l1, 1);
         // The block that finishes last for this (query tile, head) merges
-        // the splits, so no second launch is needed; it leaves the counter
-        // at zero for the next launch or replay.
-        __shared__ bool last;
-        __threadfence();
-        __syncthreads();
-        int * done = p.done + blockIdx.y * gridDim.x + blockIdx.x;
-        if (threadIdx.x == 0) last = atomicAdd(done, 1) == n_split - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        // the splits, so no second launch is needed.
+        if (!last_split_block(p.done + blockIdx.y * gridDim.x + blockIdx.x, n_split)) return;
         // A warp a row: the splits' weights (maxima in log2 units), then
         // the accumulators summed with independent loads from L2.
         __shared__ float weight[4][64];
@@ -1504,7 +1507,6 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
             }
             __syncwarp();
         }
-        if (threadIdx.x == 0) *done = 0;
         return;
     }
     // A query that sees no cell gets zeros, as from the kernel above.
@@ -1546,7 +1548,6 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     extern __shared__ __align__(16) uint16_t dec_sm[];
     __shared__ __align__(16) float qs[GB][HD];
     __shared__ float st[dec_warps][GB][HD + 2];
-    __shared__ bool last;
 
     // The count of cells in use was copied in before the step's first kernel
     // began, so the splits a short history leaves without cells may leave
@@ -1750,14 +1751,8 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     if (n_split == 1) return;
 
     // The block that finishes last for this (token, kv head, part) merges
-    // the splits and leaves the counter at zero for the next launch or replay.
-    __threadfence();
-    __syncthreads();
-    int * done = p.done + blockIdx.x * gridDim.y + blockIdx.y;
-    if (threadIdx.x == 0) last = atomicAdd(done, 1) == n_split - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // the splits.
+    if (!last_split_block(p.done + blockIdx.x * gridDim.y + blockIdx.y, n_split)) return;
     __shared__ float weight[GB][dec_max_splits];
     __shared__ float inv_sum[GB];
     for (int g = warp; g < n_here; g += dec_warps) {
@@ -1793,7 +1788,6 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             p.out[size_t(tok) * p.ldo + h_first * HD + o] = a * inv_sum[o / HD];
         }
     }
-    if (threadIdx.x == 0) *done = 0;
 }
 
 // Calls f(std::integral_constant<int, GB>) for the decode kernel's GB of 1
