@@ -1119,6 +1119,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
 
 // --- attention: tensor-core prefill ---------------------------------------------
 
+constexpr float log2_e = 1.4426950408889634f; // scores in log2 units let exp2f serve as exp
 constexpr int fa_rows = 64; // queries a block: four warps of 16 (the work space sizes it too)
 
 // The decode attention kernel's shape (the kernel is below, with the flash one).
@@ -1136,12 +1137,14 @@ template <int HD> constexpr size_t dec_smem() {
     return size_t(dec_warps) * 2 * dec_cells * 2 * HD * sizeof(uint16_t);
 }
 
-// The query heads a decode block serves (GB) and the blocks a kv head's
-// query heads take: a group of up to four in one block, a larger group in
-// the fewest blocks of at most four.
-void decode_heads(int group, int & gb, int & n_sub) {
-    n_sub = (group + dec_max_heads - 1) / dec_max_heads;
-    gb = (group + n_sub - 1) / n_sub;
+// The decode blocks a kv head's group of query heads takes (a group of up
+// to four in one block, a larger one in the fewest blocks of at most four),
+// and the query heads each serves (GB).
+__host__ __device__ constexpr int decode_subs(int group) {
+    return (group + dec_max_heads - 1) / dec_max_heads;
+}
+__host__ __device__ constexpr int decode_heads(int group) {
+    return (group + decode_subs(group) - 1) / decode_subs(group);
 }
 
 #if !defined(SMOL_HIP)
@@ -1291,7 +1294,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     const seq_mask seqs = b_seqs;
 
     // Scores in log2 units, so exp2f serves as the exponential.
-    const float scale = p.scale * 1.4426950408889634f;
+    const float scale = p.scale * log2_e;
     float m0 = -INFINITY, m1 = -INFINITY; // running maxima of rows g and g + 8
     float l0 = 0.0f, l1 = 0.0f;           // this thread's part of their sums
     float o[n_dt][4];
@@ -1563,7 +1566,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     griddep_launch();
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int tok = blockIdx.x;
-    const int n_sub = (p.group + GB - 1) / GB;
+    const int n_sub = decode_subs(p.group);
     const int hk = int(blockIdx.y) / n_sub, sub = int(blockIdx.y) % n_sub;
     const int h_first = (p.h0 + hk) * p.group + sub * GB;
     const int n_here = min(GB, p.group - sub * GB);
@@ -1620,7 +1623,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     __syncthreads();
 
     // Scores in log2 units, so exp2f serves as the exponential.
-    const float scale = p.scale * 1.4426950408889634f;
+    const float scale = p.scale * log2_e;
     float m[GB], l[GB], acc[GB][EPL];
 #pragma unroll
     for (int g = 0; g < GB; ++g) {
@@ -2025,6 +2028,11 @@ class cuda_backend final : public backend {
     size_t attn_splits(const tensor * t, int & Q, int & W) const;
     int flash_splits(const tensor * t) const;
     int decode_splits(const tensor * t) const;
+    struct attn_choice {
+        attn_kernel kind = attn_kernel::classic; // decode, flash or classic
+        int S = 1, Q = 1, W = 1; // splits over the cells; classic: queries a block, streams a query
+    };
+    attn_choice choose_attention(const tensor * t) const;
     void check_launch(const char * what) const {
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) gpu_fail(e, what);
@@ -2762,8 +2770,7 @@ int cuda_backend::flash_splits(const tensor * t) const {
 int cuda_backend::decode_splits(const tensor * t) const {
 #if defined(SMOL_FLASH_ATTENTION)
     const int n_tok = int(t->ne[1]), n_head = t->iparams[1], n_head_kv = t->iparams[2];
-    int gb, n_sub;
-    decode_heads(n_head / n_head_kv, gb, n_sub);
+    const int n_sub = decode_subs(n_head / n_head_kv);
     const int blocks = n_tok * n_head_kv * n_sub;
     // Each token's blocks walk the cell table alone, so the kernel pays
     // while its blocks fit the GPU at once: for a batch of 32 sequences it
@@ -2785,6 +2792,21 @@ int cuda_backend::decode_splits(const tensor * t) const {
     (void)t;
     return 0;
 #endif
+}
+
+// The kernel an attention node takes, with its launch shape: the decode
+// kernel for decode-sized batches, tensor cores for the rest of head size
+// 64 (SMOL_ATTN=classic takes neither), the classic kernel otherwise.
+cuda_backend::attn_choice cuda_backend::choose_attention(const tensor * t) const {
+    attn_choice c;
+    if ((c.S = decode_splits(t)) > 0) {
+        c.kind = attn_kernel::decode;
+    } else if ((c.S = flash_splits(t)) > 0) {
+        c.kind = attn_kernel::flash;
+    } else {
+        c.S = int(attn_splits(t, c.Q, c.W));
+    }
+    return c;
 }
 
 void cuda_backend::make_steps(graph & g) {
@@ -2929,31 +2951,25 @@ size_t cuda_backend::step_work() const {
         if (s.skip) continue;
         const tensor * t = s.t;
         if (t->kind == OP_ATTENTION) {
-            if (decode_splits(t) > 1) {
+            // Partials of (max, sum, accumulators) per (token, query head, split).
+            const attn_choice a = choose_attention(t);
+            const size_t n_tok = size_t(t->ne[1]), n_head = size_t(t->iparams[1]);
+            const size_t partial = size_t(t->iparams[3] + 2) * sizeof(float);
+            if (a.kind == attn_kernel::decode && a.S > 1) {
                 // Blocks x splits stay within the GPU's block slots (or the
                 // blocks alone, unsplit), whatever head group a node serves.
-                int gb, n_sub;
-                decode_heads(t->iparams[1] / t->iparams[2], gb, n_sub);
-                const size_t blocks = size_t(t->ne[1]) * size_t(t->iparams[2]) * size_t(n_sub);
-                work = std::max(work, std::max(size_t(dec_slots_), blocks) * size_t(gb) *
-                                          size_t(t->iparams[3] + 2) * sizeof(float));
-                continue;
-            }
-            int Q, W;
-            const size_t S = attn_splits(t, Q, W);
-            if (S > 1) {
-                work = std::max(work, size_t(t->ne[1]) * size_t(t->iparams[1]) * S *
-                                          size_t(t->iparams[3] + 2) * sizeof(float));
-            }
-            // Partials of a flash launch: (query heads x splits) stays within
-            // the layer's heads for prompts (see flash_splits), so one bound
-            // serves any head grouping the planner may choose later.
-            if (const int fs = flash_splits(t); fs > 0) {
-                const size_t heads = t->ne[1] >= fa_rows ? size_t(t->iparams[1])
-                                                         : size_t(t->iparams[1]) * size_t(fs);
-                if (fs > 1 || t->ne[1] >= fa_rows)
-                    work = std::max(work, size_t(t->ne[1]) * heads * size_t(t->iparams[3] + 2) *
-                                              sizeof(float));
+                const int group = t->iparams[1] / t->iparams[2];
+                const size_t blocks = n_tok * size_t(t->iparams[2]) * size_t(decode_subs(group));
+                work = std::max(work, std::max(size_t(dec_slots_), blocks) *
+                                          size_t(decode_heads(group)) * partial);
+            } else if (a.kind == attn_kernel::flash && (a.S > 1 || n_tok >= size_t(fa_rows))) {
+                // (query heads x splits) stays within the layer's heads for
+                // prompts (see flash_splits), so one bound serves any head
+                // grouping the planner may choose later.
+                const size_t heads = n_tok >= size_t(fa_rows) ? n_head : n_head * size_t(a.S);
+                work = std::max(work, n_tok * heads * partial);
+            } else if (a.kind == attn_kernel::classic && a.S > 1) {
+                work = std::max(work, n_tok * n_head * size_t(a.S) * partial);
             }
         }
 #if defined(SMOL_HAVE_BLAS)
@@ -3028,13 +3044,12 @@ void cuda_backend::prepare(graph & g) {
     // split with more tokens than a whole layer's.
     size_t counters = 0;
     for (const step & s : steps_) {
-        int Q, W;
         if (s.skip || s.t->kind != OP_ATTENTION) continue;
+        const attn_choice a = choose_attention(s.t);
+        if (a.S == 1) continue;
         const size_t n_tok = size_t(s.t->ne[1]), n_head = size_t(s.t->iparams[1]);
-        if (attn_splits(s.t, Q, W) > 1 || decode_splits(s.t) > 1)
-            counters = std::max(counters, n_tok * n_head);
-        if (flash_splits(s.t) > 1)
-            counters = std::max(counters, (n_tok + fa_rows - 1) / fa_rows * n_head);
+        const size_t rows = a.kind == attn_kernel::flash ? (n_tok + fa_rows - 1) / fa_rows : n_tok;
+        counters = std::max(counters, rows * n_head);
     }
     if (counters * sizeof(int) > done_.size) {
         grow(done_, counters * sizeof(int), "attention counters");
@@ -3516,29 +3531,27 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.cell_pos = d_cell_pos_;
     p.cell_seqs = d_cell_seqs_;
     p.n_used = d_params_;
-    p.S = int(attn_splits(t, p.Q, p.W));
+    const attn_choice a = choose_attention(t);
+    p.S = a.S;
+    p.Q = a.Q;
+    p.W = a.W;
     p.part = static_cast<float *>(work_.p);
     p.done = static_cast<int *>(done_.p);
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const int n_q = (view.h1 - view.h0) * p.group;
 #if defined(SMOL_FLASH_ATTENTION)
-    // Decode-sized batches of a head size the kernels have (64) take the
-    // decode kernel, the rest tensor cores; SMOL_ATTN=classic takes neither.
-    if (const int ds = decode_splits(t); ds > 0) {
-        p.S = ds;
-        int gb, n_sub;
-        decode_heads(p.group, gb, n_sub);
-        const dim3 dgrid(unsigned(p.n_tok), unsigned((view.h1 - view.h0) * n_sub), unsigned(ds));
-        with_dec_heads(gb, [&](auto g) {
+    if (a.kind == attn_kernel::decode) {
+        const dim3 dgrid(unsigned(p.n_tok), unsigned((view.h1 - view.h0) * decode_subs(p.group)),
+                         unsigned(p.S));
+        with_dec_heads(decode_heads(p.group), [&](auto g) {
             launch_kernel_smem(decode_attention_kernel<64, decltype(g)::value>, dgrid,
                                dim3(dec_warps * warp_size), dec_smem<64>(), stream_, pdl_now_, p);
         });
         check_launch("decode attention");
         return;
     }
-    if (const int fs = flash_splits(t); fs > 0) {
-        p.S = fs;
-        const dim3 fgrid(unsigned((p.n_tok + fa_rows - 1) / fa_rows), unsigned(n_q), unsigned(fs));
+    if (a.kind == attn_kernel::flash) {
+        const dim3 fgrid(unsigned((p.n_tok + fa_rows - 1) / fa_rows), unsigned(n_q), unsigned(p.S));
         launch_kernel(flash_attention_kernel<64>, fgrid, dim3(4 * warp_size), stream_, pdl_now_, p);
         check_launch("flash attention");
         return;

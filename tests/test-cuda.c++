@@ -552,6 +552,8 @@ constexpr double flash_attn_tol = 1.5e-3;
 // GPU at once), the rest the flash kernel; one token always takes it here.
 constexpr int decode_max_tok = 32;
 
+namespace {
+
 // Whether the default kernel's output is the one the decode or the flash
 // kernel gave, as the batch's size allows.
 bool default_kernel_ran(int n_tok, const std::vector<float> & au, const std::vector<float> & dec,
@@ -560,8 +562,6 @@ bool default_kernel_ran(int n_tok, const std::vector<float> & au, const std::vec
     if (n_tok <= decode_max_tok) return au == dec || au == flash;
     return au == flash;
 }
-
-namespace {
 
 struct kernel_result {
     const char * name;
