@@ -342,20 +342,80 @@ __device__ __forceinline__ float rms_scale(double sum_sq, int n, float eps) {
     return 1.0f / sqrtf(mean + eps);
 }
 
-__global__ void rms_norm_kernel(const float * x, size_t ldx, const float * w, float * dst,
-                                size_t ld_dst, int n, float eps) {
+// A result as the kernel stores it: f32, or f16 bits for a cuBLAS input.
+template <typename Out> __device__ __forceinline__ Out store_as(float v);
+template <> __device__ __forceinline__ float store_as<float>(float v) {
+    return v;
+}
+template <> __device__ __forceinline__ uint16_t store_as<uint16_t>(float v) {
+    return f32_to_f16(v);
+}
+
+// Four results in one store (d 16-byte aligned as f32, 8-byte as f16).
+__device__ __forceinline__ void store4(float * d, float a, float b, float c, float e) {
+    *reinterpret_cast<float4 *>(d) = make_float4(a, b, c, e);
+}
+__device__ __forceinline__ void store4(uint16_t * d, float a, float b, float c, float e) {
+    *reinterpret_cast<uint2 *>(d) =
+        make_uint2(uint32_t(f32_to_f16(a)) | uint32_t(f32_to_f16(b)) << 16,
+                   uint32_t(f32_to_f16(c)) | uint32_t(f32_to_f16(e)) << 16);
+}
+
+// A block a row; four elements at a time where the row's length and the
+// pointers' alignment allow. With b, the row normed is x + b, which is also
+// stored in h (the residual add before a norm, in one pass).
+template <typename Out>
+__global__ void rms_norm_kernel(const float * x, const float * b, float * h, size_t ldx,
+                                const float * w, Out * dst, size_t ld_dst, int n, float eps) {
     __shared__ double red[32];
-    const float * xr = x + blockIdx.x * ldx;
+    const size_t row = blockIdx.x * ldx;
+    const float * xr = x + row;
+    Out * d = dst + blockIdx.x * ld_dst;
+    const uintptr_t at =
+        reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(w) |
+        (b ? reinterpret_cast<uintptr_t>(b + row) | reinterpret_cast<uintptr_t>(h + row) : 0);
+    const bool vec =
+        n % 4 == 0 && at % 16 == 0 && reinterpret_cast<uintptr_t>(d) % (4 * sizeof(Out)) == 0;
     double ss = 0.0;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) ss += double(xr[e]) * double(xr[e]);
+    if (vec) {
+        for (int e = 4 * threadIdx.x; e < n; e += 4 * blockDim.x) {
+            float4 v = *reinterpret_cast<const float4 *>(xr + e);
+            if (b) {
+                const float4 u = *reinterpret_cast<const float4 *>(b + row + e);
+                v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+                *reinterpret_cast<float4 *>(h + row + e) = v;
+            }
+            ss += double(v.x) * double(v.x);
+            ss += double(v.y) * double(v.y);
+            ss += double(v.z) * double(v.z);
+            ss += double(v.w) * double(v.w);
+        }
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            float v = xr[e];
+            if (b) h[row + e] = v = v + b[row + e];
+            ss += double(v) * double(v);
+        }
+    }
     ss = warp_sum_f64(ss);
     if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = ss;
     __syncthreads();
     double sum = 0.0;
     for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
     const float scale = rms_scale(sum, n, eps);
-    float * d = dst + blockIdx.x * ld_dst;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = (xr[e] * scale) * w[e];
+    // Each thread reads back the sums it stored itself.
+    const float * y = b ? h + row : xr;
+    if (vec) {
+        for (int e = 4 * threadIdx.x; e < n; e += 4 * blockDim.x) {
+            const float4 v = *reinterpret_cast<const float4 *>(y + e);
+            const float4 g = *reinterpret_cast<const float4 *>(w + e);
+            store4(d + e, (v.x * scale) * g.x, (v.y * scale) * g.y, (v.z * scale) * g.z,
+                   (v.w * scale) * g.w);
+        }
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x)
+            d[e] = store_as<Out>((y[e] * scale) * w[e]);
+    }
 }
 
 __global__ void add_kernel(const float * a, const float * b, float * dst, size_t n) {
@@ -369,11 +429,24 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-__global__ void swiglu_kernel(const float * g, const float * u, float * dst, size_t n) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x) {
-        dst[i] = silu_mul(g[i], u[i]);
+// silu(g) * u of n elements, four at a time where n and the pointers'
+// alignment allow.
+template <typename Out>
+__global__ void swiglu_kernel(const float * g, const float * u, Out * dst, size_t n) {
+    const size_t stride = size_t(gridDim.x) * blockDim.x;
+    const size_t i0 = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(u) |
+                         reinterpret_cast<uintptr_t>(dst);
+    if (n % 4 == 0 && at % 16 == 0) {
+        for (size_t i = i0; i < n / 4; i += stride) {
+            const float4 a = reinterpret_cast<const float4 *>(g)[i];
+            const float4 b = reinterpret_cast<const float4 *>(u)[i];
+            store4(dst + 4 * i, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
+                   silu_mul(a.w, b.w));
+        }
+        return;
     }
+    for (size_t i = i0; i < n; i += stride) dst[i] = store_as<Out>(silu_mul(g[i], u[i]));
 }
 
 // One block per token; pairs (2j, 2j+1) of every head.
@@ -403,14 +476,14 @@ struct kv_store_params {
     int hd, h0, n_head_kv; // the view's heads [h0, h0 + n_head_kv) of the k, v rows
     const int32_t * cell;  // per token
     rope_params rope;      // non-null pos: rotate k on the way in
+    bool vec;              // two pairs a thread: 16-byte rows in, 8-byte pieces out
 };
 
-// A block a token, a thread a pair of elements of one of its kv heads (all
-// of them at once, up to 1024 threads): converts k and v to f16 in the
-// token's cache cell. Looping a block's 128 threads over the heads took
-// 9 us for one token of 32 heads; a block a (token, head) pair made a
-// 4096-token prompt's launch 131,072 blocks of one warp, and the 1.7B
-// model's prefill about 3% slower.
+// A block a token, a thread a pair of elements of one of its kv heads, or
+// two pairs where the rows allow (all of them at once, up to 1024 threads):
+// converts k and v to f16 in the token's cache cell. Looping a block's 128 threads over the heads
+// took 9 us for one token of 32 heads; a block a (token, head) pair made a 4096-token prompt's
+// launch 131,072 blocks of one warp, and the 1.7B model's prefill about 3% slower.
 __global__ void kv_store_kernel(const kv_store_params p) {
     griddep_wait();
     griddep_launch();
@@ -418,6 +491,25 @@ __global__ void kv_store_kernel(const kv_store_params p) {
     const size_t cell = size_t(p.cell[i]);
     const float * k = p.k + i * p.ldk;
     const float * v = p.v + i * p.ldv;
+    if (p.vec) {
+        const int quads = p.hd / 4;
+        for (int e = threadIdx.x; e < p.n_head_kv * quads; e += blockDim.x) {
+            const int h = e / quads, j = 2 * (e % quads), hr = p.h0 + h;
+            float4 kq = *reinterpret_cast<const float4 *>(k + hr * p.hd + 2 * j);
+            const float4 vq = *reinterpret_cast<const float4 *>(v + hr * p.hd + 2 * j);
+            if (p.rope.pos) {
+                float c, s;
+                rope_get(p.rope, i, j, c, s);
+                rope_pair(kq.x, kq.y, c, s);
+                rope_get(p.rope, i, j + 1, c, s);
+                rope_pair(kq.z, kq.w, c, s);
+            }
+            const size_t at = h * p.head_stride + cell * p.hd + 2 * j;
+            store4(p.K + at, kq.x, kq.y, kq.z, kq.w);
+            store4(p.V + at, vq.x, vq.y, vq.z, vq.w);
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
         const int h = e / half, j = e % half, hr = p.h0 + h;
         float k0 = k[hr * p.hd + 2 * j], k1 = k[hr * p.hd + 2 * j + 1];
@@ -816,16 +908,31 @@ __global__ void dequant_f16_kernel(const uint8_t * w, size_t w_row_bytes, int K,
     }
 }
 
-__global__ void f32_to_f16_kernel(const float * x, size_t ldx, int K, int M, __half * dst) {
-    const size_t total = size_t(M) * K;
+// Rows of x (K a multiple of 4, rows 16-byte aligned) as f16, four at a time.
+__global__ void f32_to_f16_kernel(const float * x, size_t ldx, int K, int M, uint16_t * dst) {
+    const int k4 = K / 4;
+    const size_t total = size_t(M) * k4;
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
          i += size_t(gridDim.x) * blockDim.x) {
-        dst[i] = __float2half_rn(x[(i / K) * ldx + i % K]);
+        const size_t r = i / k4;
+        const int c = int(i % k4);
+        const float4 v = *reinterpret_cast<const float4 *>(x + r * ldx + 4 * c);
+        store4(dst + r * K + 4 * c, v.x, v.y, v.z, v.w);
     }
 }
 #endif
 
 // --- attention ------------------------------------------------------------------
+
+// What the flash kernel needs of a tile of 64 cells of the cache table to
+// sort it without reading its cells: the least and greatest position of its
+// cells in use, the union and the intersection of their sequences, and how
+// many are in use. The host keeps it with the table (stage).
+struct cell_tile {
+    uint64_t seq_or, seq_and;
+    int32_t min_pos, max_pos, n_used, pad;
+};
+constexpr int cell_tile_cells = 64;
 
 struct attn_params {
     const float * q;
@@ -843,6 +950,7 @@ struct attn_params {
     const int32_t * cell_pos;   // per cell, [0, n_used)
     const uint64_t * cell_seqs; // per cell, the sequences that hold it
     const int32_t * n_used;     // device scalar: graphs replayed later read the new value
+    const cell_tile * tiles;    // per 64 cells
     int Q, W, S;                // queries per block, cell streams per query, splits over cells
     float * part;               // S > 1: [token][head][split] of (max, sum, acc[hd])
     int * done;                 // S > 1: splits finished per (token, head); left at zero
@@ -1169,6 +1277,17 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 f16 matrices from shared memory: lanes 8i..8i+7 give the rows of
+// matrix i; register i of lane l gets row l / 4, columns 2 (l % 4) and
+// 2 (l % 4) + 1 of matrix i (the B fragment of a column-major operand).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t * row) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 // Four 8x8 f16 matrices from shared memory, transposed: lanes 8i..8i+7 give
 // the rows of matrix i; register i of lane l gets column l / 4, rows
 // 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the B fragment of a row-major
@@ -1202,7 +1321,16 @@ __device__ __forceinline__ uint32_t ld_u32(const uint16_t * p) {
 
 // Two floats as f16 (round to nearest even), lo in the low half.
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-    return uint32_t(f32_to_f16(lo)) | (uint32_t(f32_to_f16(hi)) << 16);
+    const __half2 h = __floats2half2_rn(lo, hi); // one instruction for the pair
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+// 2^x in one instruction (the special function unit's, as exp2f uses, without
+// exp2f's care for results below 2^-126, which a softmax weight may lose).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Block (tile of 64 queries, head); warp w owns queries 16w..16w+15 of the
@@ -1223,7 +1351,7 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
 // column g; C holds rows g and g + 8, columns 2t and 2t + 1.
 template <int HD>
 __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_params p) {
-    static_assert(HD % 16 == 0, "head size a multiple of 16");
+    static_assert(HD % 32 == 0, "head size a multiple of 32");
     constexpr int LD = HD + 8; // f16 a row in shared memory: 16-byte rows, no bank conflicts
     constexpr int half = HD / 2, n_dt = HD / 8;
     __shared__ __align__(16) uint16_t qs[fa_rows * LD];
@@ -1309,19 +1437,25 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         float s[fa_cells / 8][4];
 #pragma unroll
         for (int j = 0; j < fa_cells / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            // B fragments of K for two k-steps at once: lanes 8i..8i+7 give
+            // cells 8j..8j+7 at columns 32kk2 + 8i.
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
+        for (int j = 0; j < fa_cells / 8; ++j) {
 #pragma unroll
-            for (int j = 0; j < fa_cells / 8; ++j) {
-                const uint16_t * kr = ks + (8 * j + g) * LD + kk * 16 + 2 * t;
-                mma_f16_16816(s[j], qa[kk], ld_u32(kr), ld_u32(kr + 8));
+            for (int kk2 = 0; kk2 < HD / 32; ++kk2) {
+                uint32_t b[4];
+                ldmatrix_x4(b, ks + (8 * j + lane % 8) * LD + kk2 * 32 + 8 * (lane / 8));
+                mma_f16_16816(s[j], qa[2 * kk2], b[0], b[1]);
+                mma_f16_16816(s[j], qa[2 * kk2 + 1], b[2], b[3]);
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < fa_cells / 8; ++j) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) s[j][i] = seen(4 * j + i) ? s[j][i] * scale : -INFINITY;
+            for (int i = 0; i < 4; ++i) {
+                if (!seen(4 * j + i)) s[j][i] = -INFINITY;
+            }
             mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
             mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
         }
@@ -1330,11 +1464,14 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         mx0 = fmaxf(mx0, SMOL_SHFL_XOR(mx0, 2));
         mx1 = fmaxf(mx1, SMOL_SHFL_XOR(mx1, 1));
         mx1 = fmaxf(mx1, SMOL_SHFL_XOR(mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // The maxima in log2 units (the scale is positive, so the same
+        // scores are largest), and each weight exp2(s * scale - max) from
+        // one fused multiply-add.
+        const float mn0 = fmaxf(m0, mx0 * scale), mn1 = fmaxf(m1, mx1 * scale);
         // A row that saw nothing yet has nothing to rescale (and -inf - -inf
         // would be NaN).
-        const float corr0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - mn0);
-        const float corr1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mn1);
+        const float corr0 = m0 == -INFINITY ? 0.0f : fast_exp2(m0 - mn0);
+        const float corr1 = m1 == -INFINITY ? 0.0f : fast_exp2(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
         l0 *= corr0;
@@ -1354,7 +1491,8 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
             float pr[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                pr[i] = seen(4 * j + i) ? exp2f(s[j][i] - (i < 2 ? mn0 : mn1)) : 0.0f;
+                pr[i] =
+                    seen(4 * j + i) ? fast_exp2(fmaf(s[j][i], scale, -(i < 2 ? mn0 : mn1))) : 0.0f;
             }
             l0 += pr[0] + pr[1];
             l1 += pr[2] + pr[3];
@@ -1393,61 +1531,72 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         }
         cp_async_commit();
     };
-    bool pending = false; // this tile's copies were issued with the last one
-    for (int c0 = c_begin, k = 0; c0 < c_end; c0 += fa_cells, ++k) {
-        const int b = k & 1;
-        __syncthreads(); // the last tile's cells, K and V are read
-        // Whether every query of the block sees this thread's cell, and
-        // whether none can.
-        bool all = true, none = true;
-        if (threadIdx.x < fa_cells) {
-            const int c = c0 + int(threadIdx.x);
-            const int cp = c < c_end ? p.cell_pos[c] : -1;
-            const seq_mask cs = c < c_end ? p.cell_seqs[c] : seq_mask(0);
-            c_pos[threadIdx.x] = cp;
-            c_seq[threadIdx.x] = cs;
-            c_seen[threadIdx.x] = 0;
-            all = cp >= 0 && cp <= min_pos && (cs & seqs) == seqs;
-            none = cp < 0 || cp > max_pos || (cs & seqs) == 0;
-        }
-        const bool whole = __syncthreads_and(all);
-        uint32_t vis = ~0u;
-        bool skip = false;
-        if (!whole) {
-            skip = __syncthreads_and(none);
-            if (!skip) {
-                vis = 0;
-#pragma unroll
-                for (int j = 0; j < fa_cells / 8; ++j) {
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        const int col = 8 * j + 2 * t + i, cp = c_pos[col];
-                        const seq_mask cs = c_seq[col];
-                        const bool v0 = kv_cell_visible(cp, cs, seq0, pos0);
-                        const bool v1 = kv_cell_visible(cp, cs, seq1, pos1);
-                        vis |= uint32_t(v0) << (4 * j + i) | uint32_t(v1) << (4 * j + 2 + i);
-                        if (v0 || v1) c_seen[col] = 1;
-                    }
-                }
-                skip = !__syncthreads_or(vis != 0); // no query of the block sees the tile
+    // The cells go by windows of up to 128 tiles: a thread a tile sorts them
+    // from the table's tile summaries, then the block walks the tiles that
+    // some query may see, the next one's copies in flight while it computes
+    // one, with a single barrier for a tile every query sees whole.
+    static_assert(fa_cells == cell_tile_cells, "a flash tile is a tile of the cell table");
+    constexpr int window = 128;
+    __shared__ uint8_t cls[window];
+    enum : uint8_t { skip_tile, whole_tile, masked_tile };
+    int k = 0; // tiles computed: tile k is in buffers k & 1
+    for (int w0 = c_begin; w0 < c_end; w0 += window * fa_cells) {
+        const int n_t = min(window, (c_end - w0 + fa_cells - 1) / fa_cells);
+        __syncthreads(); // the last window's classes are read
+        if (int(threadIdx.x) < n_t) {
+            const int c0 = w0 + int(threadIdx.x) * fa_cells;
+            const cell_tile ti = p.tiles[c0 / fa_cells];
+            uint8_t kind = masked_tile;
+            if (ti.n_used == 0 || ti.min_pos > max_pos || (ti.seq_or & seqs) == 0) {
+                kind = skip_tile; // no query sees a cell of it
+            } else if (c0 + fa_cells <= c_end && ti.n_used == fa_cells && ti.max_pos <= min_pos &&
+                       (ti.seq_and & seqs) == seqs) {
+                kind = whole_tile;
             }
+            cls[threadIdx.x] = kind;
         }
-        if (skip) {
-            // Copies issued ahead for this tile must land before the buffer
-            // is filled again.
-            if (pending) cp_async_wait<0>();
-            pending = false;
-            continue;
-        }
-        if (!pending) issue(c0, b);
-        pending = c0 + fa_cells < c_end;
-        if (pending) {
-            issue(c0 + fa_cells, b ^ 1);
-            cp_async_wait<1>();
-        } else {
+        __syncthreads();
+        auto next_tile = [&](int i) {
+            for (++i; i < n_t && cls[i] == skip_tile;) ++i;
+            return i;
+        };
+        int i = next_tile(-1);
+        if (i < n_t) issue(w0 + i * fa_cells, k & 1);
+        for (; i < n_t; ++k) {
+            const int c0 = w0 + i * fa_cells, b = k & 1;
+            const bool whole = cls[i] == whole_tile;
+            i = next_tile(i);
             cp_async_wait<0>();
-        }
-        if (!whole) {
+            // Every copy of this tile landed, and every warp is done with the
+            // last tile, whose buffers the next copies fill.
+            __syncthreads();
+            if (i < n_t) issue(w0 + i * fa_cells, b ^ 1);
+            if (whole) {
+                if (warp_rows) tile(std::false_type{}, ~0u, ks[b], vs[b]);
+                continue;
+            }
+            // A tile some queries see in part: masks per (query, cell).
+            if (threadIdx.x < fa_cells) {
+                const int c = c0 + int(threadIdx.x);
+                c_pos[threadIdx.x] = c < c_end ? p.cell_pos[c] : -1;
+                c_seq[threadIdx.x] = c < c_end ? p.cell_seqs[c] : seq_mask(0);
+                c_seen[threadIdx.x] = 0;
+            }
+            __syncthreads();
+            uint32_t vis = 0;
+#pragma unroll
+            for (int j = 0; j < fa_cells / 8; ++j) {
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int col = 8 * j + 2 * t + h2, cp = c_pos[col];
+                    const seq_mask cs = c_seq[col];
+                    const bool v0 = kv_cell_visible(cp, cs, seq0, pos0);
+                    const bool v1 = kv_cell_visible(cp, cs, seq1, pos1);
+                    vis |= uint32_t(v0) << (4 * j + h2) | uint32_t(v1) << (4 * j + 2 + h2);
+                    if (v0 || v1) c_seen[col] = 1;
+                }
+            }
+            if (!__syncthreads_or(vis != 0)) continue; // no query of the block sees the tile
             // A cell no query sees is read as zeros, so a free cell's stale
             // (perhaps not finite) values cannot reach the sum through 0 * V.
             for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
@@ -1456,12 +1605,8 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
                 *reinterpret_cast<uint4 *>(ks[b] + r * LD + ch * 8) = make_uint4(0, 0, 0, 0);
                 *reinterpret_cast<uint4 *>(vs[b] + r * LD + ch * 8) = make_uint4(0, 0, 0, 0);
             }
-        }
-        __syncthreads();
-        if (whole) {
-            if (warp_rows) tile(std::false_type{}, vis, ks[b], vs[b]);
-        } else if (__any_sync(0xffffffffu, vis != 0)) {
-            tile(std::true_type{}, vis, ks[b], vs[b]);
+            __syncthreads();
+            if (__any_sync(0xffffffffu, vis != 0)) tile(std::true_type{}, vis, ks[b], vs[b]);
         }
     }
     cp_async_wait<0>();
@@ -1878,6 +2023,8 @@ struct step {
     tensor * mm[3] = {};  // mm: matmuls that share one input; mm_swiglu: gate, up
     int n_mm = 0;
     tensor * norm = nullptr;  // an RMS_NORM folded into the matmuls' input
+    tensor * glu = nullptr;   // a SWIGLU folded into a cuBLAS matmul's input
+    tensor * add = nullptr;   // an ADD folded into that norm (cuBLAS matmuls)
     tensor * res = nullptr;   // a residual added to mm[0]'s result (t is the ADD)
     tensor * rope = nullptr;  // a ROPE folded into kv_store (of k) or attention (of q)
     tensor * extra = nullptr; // a result t reads beyond its own sources
@@ -1889,13 +2036,46 @@ size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
-// The work space a cuBLAS matmul needs: the dequantized weight and the f16
-// activations.
+// The device's copy of the cache table: positions, then (8-byte aligned)
+// the sequence masks, then the tiles of 64 cells.
+size_t cell_seqs_offset(int64_t n_cells) {
+    return align_up(size_t(n_cells) * sizeof(int32_t), 8);
+}
+size_t cell_tiles_offset(int64_t n_cells) {
+    return cell_seqs_offset(n_cells) + size_t(n_cells) * sizeof(uint64_t);
+}
+size_t cell_table_bytes(int64_t n_cells) {
+    return cell_tiles_offset(n_cells) +
+           size_t((n_cells + cell_tile_cells - 1) / cell_tile_cells) * sizeof(cell_tile);
+}
+
+// The summary of cells [c0, c0 + 64) (those past the table count as unused).
+cell_tile tile_of(const kv_cache & kv, int64_t c0) {
+    cell_tile t{0, ~uint64_t(0), INT32_MAX, -1, 0, 0};
+    const int64_t c1 = std::min<int64_t>(c0 + cell_tile_cells, kv.n_cells);
+    for (int64_t c = c0; c < c1; ++c) {
+        const int32_t cp = kv.cell_pos[size_t(c)];
+        if (cp < 0) continue;
+        const uint64_t cs = kv.cell_seqs[size_t(c)];
+        t.seq_or |= cs;
+        t.seq_and &= cs;
+        t.min_pos = std::min(t.min_pos, cp);
+        t.max_pos = std::max(t.max_pos, cp);
+        ++t.n_used;
+    }
+    return t;
+}
+
+// The work space of cuBLAS matmuls: their f16 input, then room for one
+// dequantized weight.
+size_t blas_input_bytes(int64_t K, int64_t M) {
+    return align_up(size_t(K) * size_t(M) * 2, 256);
+}
 size_t blas_work_bytes(int type, int64_t N, int64_t K, int64_t M) {
     const size_t wb = type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16
                           ? 0
                           : align_up(size_t(N) * size_t(K) * 2, 256);
-    return wb + size_t(K) * size_t(M) * 2;
+    return blas_input_bytes(K, M) + wb;
 }
 
 template <bool SWIGLU>
@@ -2006,8 +2186,11 @@ class cuda_backend final : public backend {
     void run_mm(const step & s, const batch_info & b);
     template <class F> cudaGraphExec_t capture_graph(bool pdl, F && launches);
 #if defined(SMOL_HAVE_BLAS)
+    void blas_gemm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
+                   const uint16_t * xh, int M, float * y, size_t ldy, uint8_t * dq);
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
+    void run_blas(const step & s, const tensor * x, int K, int M);
 #endif
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
@@ -2076,11 +2259,15 @@ class cuda_backend final : public backend {
     int32_t * d_cell_ = nullptr;
     int32_t * d_cell_pos_ = nullptr;
     uint64_t * d_cell_seqs_ = nullptr;
+    cell_tile * d_cell_tiles_ = nullptr;
 
     // What the device holds of the cache's cell table, to upload only changes.
     const kv_cache * shadow_kv_ = nullptr;
     std::vector<int32_t> shadow_pos_;
     std::vector<uint64_t> shadow_seqs_;
+    // Cells whose tile summaries the device lacks: they are made when a
+    // graph that runs the flash kernel is staged.
+    int32_t tiles_lo_ = INT32_MAX, tiles_hi_ = 0;
 
     std::vector<step> steps_;
     arena_plan plan_;                                  // reused from step to step
@@ -2893,20 +3080,26 @@ void cuda_backend::make_steps(graph & g) {
         }
     }
     // Matmuls next to each other that read one input (q, k, v) run as one
-    // launch; a lone matmul may still take its input's RMS norm.
+    // launch, or through cuBLAS from one f16 copy of the input; a lone
+    // matmul may still take its input's RMS norm. A cuBLAS matmul (not of f32
+    // weights, which read f32) makes its f16 input from the norm or the
+    // SwiGLU before it in one kernel.
+    auto blas_f16 = [&](const tensor * m) {
+        return !small_mm(m) && blas_fits(m) && m->src[0]->type != SMOL_TYPE_F32;
+    };
     for (size_t i = 0; i < n; ++i) {
         tensor * t = nodes[i];
-        if (steps_[i].kind != step_kind::mm || steps_[i].skip || steps_[i].res || !small_mm(t) ||
-            t->src[2]) {
+        if (steps_[i].kind != step_kind::mm || steps_[i].skip || steps_[i].res || t->src[2])
             continue;
-        }
+        const bool blas = blas_f16(t);
+        if (!blas && !small_mm(t)) continue;
         size_t j = i + 1;
         while (j < n && j < i + 3) {
             const tensor * u = nodes[j];
             if (steps_[j].kind != step_kind::mm || steps_[j].skip || steps_[j].res ||
                 u->src[1] != t->src[1] || u->src[0]->type != t->src[0]->type ||
                 u->src[0]->ne[0] != t->src[0]->ne[0] || u->src[0]->nb[1] != t->src[0]->nb[1] ||
-                u->src[2] || nodes[j - 1]->data) {
+                u->src[2] || nodes[j - 1]->data || (blas && !blas_f16(u))) {
                 break;
             }
             ++j;
@@ -2922,6 +3115,28 @@ void cuda_backend::make_steps(graph & g) {
         }
         fold_norm(s, t->src[1], s.n_mm);
         if (s.norm) s.extra = s.norm->src[0];
+        // The residual add just before the norm, whose sum the norm's kernel
+        // stores (its sources are read before the matmuls write).
+        tensor * add = s.norm ? s.norm->src[0] : nullptr;
+        if (blas && is(add, OP_ADD) && size_t(add->node_index) + 1 == size_t(s.norm->node_index) &&
+            !add->data && !add->src[2] &&
+            steps_[size_t(add->node_index)].kind == step_kind::plain &&
+            !steps_[size_t(add->node_index)].skip && same_shape(add, add->src[0]) &&
+            same_shape(add, add->src[1])) {
+            s.add = add;
+            steps_[size_t(add->node_index)].skip = true;
+        }
+        // The SwiGLU just before (its gate and up are read before the
+        // matmul writes, so they need live no longer than the SwiGLU).
+        tensor * glu = t->src[1];
+        if (blas && !s.norm && s.n_mm == 1 && is(glu, OP_SWIGLU) && only_use(glu, 1) &&
+            size_t(glu->node_index) + 1 == i && !glu->data && !glu->src[2] &&
+            glu->nb[1] == size_t(glu->ne[0]) * sizeof(float) && same_shape(glu, glu->src[0]) &&
+            same_shape(glu, glu->src[1]) &&
+            steps_[size_t(glu->node_index)].kind == step_kind::plain) {
+            s.glu = glu;
+            steps_[size_t(glu->node_index)].skip = true;
+        }
         i = j - 1;
     }
     // The GEMV of q, k and v may store k and v in the cache itself: the
@@ -2973,10 +3188,10 @@ size_t cuda_backend::step_work() const {
             }
         }
 #if defined(SMOL_HAVE_BLAS)
-        if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
-            const tensor * w = s.mm[0]->src[0];
+        for (int i = 0; s.kind == step_kind::mm && i < s.n_mm && !small_mm(s.mm[0]); ++i) {
+            const tensor * w = s.mm[i]->src[0];
             work = std::max(work,
-                            blas_work_bytes(w->type, w->ne[1], w->ne[0], s.mm[0]->src[1]->ne[1]));
+                            blas_work_bytes(w->type, w->ne[1], w->ne[0], s.mm[i]->src[1]->ne[1]));
         }
 #endif
     }
@@ -3009,8 +3224,7 @@ size_t cuda_backend::compute_bytes(graph & g) {
         }
     }
     staging += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
-    const size_t cells =
-        g.batch.kv ? size_t(g.batch.kv->n_cells) * (sizeof(int32_t) + sizeof(uint64_t)) + 8 : 0;
+    const size_t cells = g.batch.kv ? cell_table_bytes(g.batch.kv->n_cells) : 0;
     size_t fixed = done_.size;
 #if defined(SMOL_HAVE_BLAS)
     fixed += blas_ws_.size;
@@ -3069,8 +3283,7 @@ void cuda_backend::prepare(graph & g) {
              "rope table");
     }
     if (g.batch.kv) {
-        // Positions, then (8-byte aligned) the sequence masks.
-        const size_t n = size_t(g.batch.kv->n_cells) * (sizeof(int32_t) + sizeof(uint64_t)) + 8;
+        const size_t n = cell_table_bytes(g.batch.kv->n_cells);
         if (n > cells_.size) {
             grow(cells_, n, "cache cell table");
             shadow_kv_ = nullptr; // the device copy of the table is gone
@@ -3111,6 +3324,8 @@ void cuda_backend::stage(graph & g) {
             shadow_kv_ = kv;
             shadow_pos_.assign(size_t(kv->n_cells), INT32_MIN);
             shadow_seqs_.assign(size_t(kv->n_cells), ~uint64_t(0));
+            tiles_lo_ = INT32_MAX;
+            tiles_hi_ = 0;
         }
         lo = kv->n_used;
         for (int32_t c = 0; c < kv->n_used; ++c) {
@@ -3124,9 +3339,28 @@ void cuda_backend::stage(graph & g) {
     }
     const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
     const size_t mask_bytes = size_t(hi - lo) * sizeof(uint64_t);
+    // The tiles that hold a changed cell, summarised when the flash kernel
+    // will read them.
+    if (hi > lo) {
+        tiles_lo_ = std::min(tiles_lo_, lo);
+        tiles_hi_ = std::max(tiles_hi_, hi);
+    }
+    bool flash = false;
+    for (const tensor * t : g.nodes())
+        flash =
+            flash || (t->kind == OP_ATTENTION && choose_attention(t).kind == attn_kernel::flash);
+    int32_t t_lo = 0, t_hi = 0;
+    if (kv && flash && tiles_hi_ > tiles_lo_) {
+        t_lo = tiles_lo_ / cell_tile_cells;
+        t_hi = int32_t((std::min<int64_t>(tiles_hi_, kv->n_cells) + cell_tile_cells - 1) /
+                       cell_tile_cells);
+        tiles_lo_ = INT32_MAX;
+        tiles_hi_ = 0;
+    }
+    const size_t tile_bytes = size_t(t_hi - t_lo) * sizeof(cell_tile);
     grow(dyn_, dyn_bytes, "input staging");
     SMOL_GPU_CHECK(cudaEventSynchronize(staged_)); // the pinned buffer is free again
-    grow_host(dyn_bytes + align_up(cell_bytes, 8) + mask_bytes);
+    grow_host(dyn_bytes + align_up(cell_bytes, 8) + mask_bytes + tile_bytes);
 
     uint8_t * h = static_cast<uint8_t *>(host_stage_);
     uint8_t * d = static_cast<uint8_t *>(dyn_.p);
@@ -3147,12 +3381,20 @@ void cuda_backend::stage(graph & g) {
     d_seq_ = reinterpret_cast<int32_t *>(d + 256 + tok_bytes);
     d_cell_ = reinterpret_cast<int32_t *>(d + 256 + 2 * tok_bytes);
     if (kv) {
-        d_cell_pos_ = static_cast<int32_t *>(cells_.p);
-        d_cell_seqs_ = reinterpret_cast<uint64_t *>(static_cast<uint8_t *>(cells_.p) +
-                                                    align_up(size_t(kv->n_cells) * 4, 8));
+        uint8_t * table = static_cast<uint8_t *>(cells_.p);
+        d_cell_pos_ = reinterpret_cast<int32_t *>(table);
+        d_cell_seqs_ = reinterpret_cast<uint64_t *>(table + cell_seqs_offset(kv->n_cells));
+        d_cell_tiles_ = reinterpret_cast<cell_tile *>(table + cell_tiles_offset(kv->n_cells));
+        uint8_t * hp = h + dyn_bytes;
+        uint8_t * hm = hp + align_up(cell_bytes, 8);
+        if (t_hi > t_lo) {
+            cell_tile * ht = reinterpret_cast<cell_tile *>(hm + mask_bytes);
+            for (int32_t i = t_lo; i < t_hi; ++i)
+                ht[i - t_lo] = tile_of(*kv, int64_t(i) * cell_tile_cells);
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_tiles_ + t_lo, ht, tile_bytes,
+                                           cudaMemcpyHostToDevice, stream_));
+        }
         if (hi > lo) {
-            uint8_t * hp = h + dyn_bytes;
-            uint8_t * hm = hp + align_up(cell_bytes, 8);
             std::memcpy(hp, kv->cell_pos.data() + lo, cell_bytes);
             std::memcpy(hm, kv->cell_seqs.data() + lo, mask_bytes);
             SMOL_GPU_CHECK(
@@ -3246,7 +3488,7 @@ void cuda_backend::reserve(graph & g) {
     }
     host_bytes += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
     grow(dyn_, host_bytes, "input staging");
-    grow_host(host_bytes + (g.batch.kv ? size_t(g.batch.kv->n_cells) * 8 : 0));
+    grow_host(host_bytes + (g.batch.kv ? cell_table_bytes(g.batch.kv->n_cells) : 0));
 }
 
 void cuda_backend::run(graph & g) {
@@ -3426,9 +3668,10 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         return;
     }
     case OP_RMS_NORM:
-        rms_norm_kernel<<<unsigned(t->nrows()), 256, 0, stream_>>>(
-            data_of<const float>(a), a->nb[1] / 4, data_of<const float>(t->src[1]),
-            data_of<float>(t), t->nb[1] / 4, int(a->ne[0]), t->fparams[0]);
+        rms_norm_kernel<float><<<unsigned(t->nrows()), 256, 0, stream_>>>(
+            data_of<const float>(a), nullptr, nullptr, a->nb[1] / 4,
+            data_of<const float>(t->src[1]), data_of<float>(t), t->nb[1] / 4, int(a->ne[0]),
+            t->fparams[0]);
         check_launch("rms_norm");
         return;
     case OP_ADD: {
@@ -3440,7 +3683,7 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     }
     case OP_SWIGLU: {
         const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
-        swiglu_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
+        swiglu_kernel<float><<<grid_for(n, 256), 256, 0, stream_>>>(
             data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n);
         check_launch("swiglu");
         return;
@@ -3488,6 +3731,9 @@ kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) c
     p.n_head_kv = view.h1 - view.h0;
     p.cell = d_cell_;
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
+    const auto at = [](const void * q) { return reinterpret_cast<uintptr_t>(q); };
+    p.vec = p.hd % 4 == 0 && p.ldk % 4 == 0 && p.ldv % 4 == 0 && p.head_stride % 4 == 0 &&
+            (at(p.k) | at(p.v)) % 16 == 0 && (at(p.K) | at(p.V)) % 8 == 0;
     return p;
 }
 
@@ -3498,7 +3744,7 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
     }
     const kv_store_params p = kv_store_of(s, *b.kv);
     const int n_tok = int(s.t->src[1]->ne[1]);
-    const int pairs = p.n_head_kv * (p.hd / 2);
+    const int pairs = p.n_head_kv * (p.hd / 2) / (p.vec ? 2 : 1);
     const unsigned threads =
         unsigned(std::min(1024, (pairs + warp_size - 1) / warp_size * warp_size));
     launch_kernel(kv_store_kernel, dim3(unsigned(n_tok)), dim3(threads), stream_, pdl_now_, p);
@@ -3530,6 +3776,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.seq = d_seq_;
     p.cell_pos = d_cell_pos_;
     p.cell_seqs = d_cell_seqs_;
+    p.tiles = d_cell_tiles_;
     p.n_used = d_params_;
     const attn_choice a = choose_attention(t);
     p.S = a.S;
@@ -3684,41 +3931,87 @@ void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c
 
 #if defined(SMOL_HAVE_BLAS)
 // y[M][N] = x[M][K] . W[N][K]^T on tensor cores: f16 operands (weights
-// other than f16 dequantized into the work space ws), f32 accumulation and
-// result; f32 weights through cublasSgemm. A bf16 weight beyond f16's range
-// would overflow; trained llama weights stay far below it.
-void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
-                           const float * x, size_t ldx, int M, float * y, size_t ldy) {
+// other than f16 dequantized into dq in the work space), f32 accumulation
+// and result. A bf16 weight beyond f16's range would overflow; trained
+// llama weights stay far below it.
+void cuda_backend::blas_gemm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
+                             const uint16_t * xh, int M, float * y, size_t ldy, uint8_t * dq) {
     const float one = 1.0f, zero = 0.0f;
-    if (type == SMOL_TYPE_F32) {
-        SMOL_BLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one,
-                                    reinterpret_cast<const float *>(w), int(w_row_bytes / 4), x,
-                                    int(ldx), &zero, y, int(ldy)));
-        return;
-    }
-    uint8_t * ws = static_cast<uint8_t *>(work_.p);
-    const __half * wh = reinterpret_cast<const __half *>(w);
+    const void * wh = w;
     int ldw = int(w_row_bytes / 2);
     if (type != SMOL_TYPE_F16) {
-        __half * dq = reinterpret_cast<__half *>(ws);
+        __half * d = reinterpret_cast<__half *>(dq);
         const size_t chunks = size_t(N) * size_t(K / 8);
         const unsigned grid = unsigned(grid_for(chunks, 256));
         with_weight_type(type, [&](auto t) {
             constexpr int T = decltype(t)::value;
             if constexpr (T != SMOL_TYPE_F32 && T != SMOL_TYPE_F16)
-                dequant_f16_kernel<T><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, dq);
+                dequant_f16_kernel<T><<<grid, 256, 0, stream_>>>(w, w_row_bytes, K, N, d);
         });
         check_launch("dequant_f16");
-        wh = dq;
+        wh = d;
         ldw = K;
-        ws += align_up(size_t(N) * size_t(K) * 2, 256);
     }
-    __half * xh = reinterpret_cast<__half *>(ws);
-    f32_to_f16_kernel<<<grid_for(size_t(M) * K, 256), 256, 0, stream_>>>(x, ldx, K, M, xh);
-    check_launch("f32_to_f16");
     SMOL_BLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, wh, CUDA_R_16F,
                                  ldw, xh, CUDA_R_16F, K, &zero, y, CUDA_R_32F, int(ldy),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The same from f32 x, converted into the work space first; f32 weights
+// through cublasSgemm.
+void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
+                           const float * x, size_t ldx, int M, float * y, size_t ldy) {
+    if (type == SMOL_TYPE_F32) {
+        const float one = 1.0f, zero = 0.0f;
+        SMOL_BLAS_CHECK(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one,
+                                    reinterpret_cast<const float *>(w), int(w_row_bytes / 4), x,
+                                    int(ldx), &zero, y, int(ldy)));
+        return;
+    }
+    uint16_t * xh = static_cast<uint16_t *>(work_.p);
+    f32_to_f16_kernel<<<grid_for(size_t(M) * K / 4, 256), 256, 0, stream_>>>(x, ldx, K, M, xh);
+    check_launch("f32_to_f16");
+    blas_gemm(type, w, w_row_bytes, N, K, xh, M, y, ldy,
+              static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M));
+}
+
+// A step's cuBLAS matmuls: their one f16 input made once (converted, or
+// from the folded RMS norm or SwiGLU), then a GEMM each.
+void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
+    for (int i = 0; i < s.n_mm; ++i) note_used(key_of(s.mm[i]), mm_choice{true, 1, 1, -1});
+    const tensor * w0 = s.mm[0]->src[0];
+    if (w0->type == SMOL_TYPE_F32) {
+        blas_mm(int(w0->type), data_of<const uint8_t>(w0), w0->nb[1], int(w0->ne[1]), K,
+                data_of<const float>(x), x->nb[1] / 4, M, data_of<float>(s.mm[0]),
+                s.mm[0]->nb[1] / 4);
+        return;
+    }
+    uint16_t * xh = static_cast<uint16_t *>(work_.p);
+    if (s.norm) {
+        // With a folded add, x is the add's result, made here from its sources.
+        const tensor * a = s.add ? s.add->src[0] : x;
+        rms_norm_kernel<uint16_t><<<unsigned(M), 256, 0, stream_>>>(
+            data_of<const float>(a), s.add ? data_of<const float>(s.add->src[1]) : nullptr,
+            s.add ? data_of<float>(s.add) : nullptr, a->nb[1] / 4,
+            data_of<const float>(s.norm->src[1]), xh, size_t(K), K, s.norm->fparams[0]);
+        check_launch("rms_norm (f16)");
+    } else if (s.glu) {
+        const size_t n = size_t(K) * size_t(M);
+        swiglu_kernel<uint16_t><<<grid_for(n / 4, 256), 256, 0, stream_>>>(
+            data_of<const float>(s.glu->src[0]), data_of<const float>(s.glu->src[1]), xh, n);
+        check_launch("swiglu (f16)");
+    } else {
+        f32_to_f16_kernel<<<grid_for(size_t(M) * K / 4, 256), 256, 0, stream_>>>(
+            data_of<const float>(x), x->nb[1] / 4, K, M, xh);
+        check_launch("f32_to_f16");
+    }
+    uint8_t * dq = static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M);
+    for (int i = 0; i < s.n_mm; ++i) {
+        const tensor * m = s.mm[i];
+        const tensor * w = m->src[0];
+        blas_gemm(int(w->type), data_of<const uint8_t>(w), w->nb[1], int(w->ne[1]), K, xh, M,
+                  data_of<float>(m), m->nb[1] / 4, dq);
+    }
 }
 #endif
 
@@ -3731,9 +4024,7 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
         const mm_key key = key_of(m0);
 #if defined(SMOL_HAVE_BLAS)
         if (blas_fits(m0)) {
-            note_used(key, mm_choice{true, 1, 1, -1});
-            blas_mm(int(w->type), data_of<const uint8_t>(w), w->nb[1], int(w->ne[1]), K,
-                    data_of<const float>(x), x->nb[1] / 4, M, data_of<float>(s.t), s.t->nb[1] / 4);
+            run_blas(s, x, K, M);
             return;
         }
 #endif
