@@ -1351,7 +1351,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // column g; C holds rows g and g + 8, columns 2t and 2t + 1.
 template <int HD>
 __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_params p) {
-    static_assert(HD % 32 == 0, "head size a multiple of 32");
+    static_assert(HD % 16 == 0, "head size a multiple of 16");
     constexpr int LD = HD + 8; // f16 a row in shared memory: 16-byte rows, no bank conflicts
     constexpr int half = HD / 2, n_dt = HD / 8;
     __shared__ __align__(16) uint16_t qs[fa_rows * LD];
@@ -1436,17 +1436,22 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         auto seen = [&](int bit) { return !MASKED || ((vis >> bit) & 1u) != 0; };
         float s[fa_cells / 8][4];
 #pragma unroll
-        for (int j = 0; j < fa_cells / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            // B fragments of K for two k-steps at once: lanes 8i..8i+7 give
-            // cells 8j..8j+7 at columns 32kk2 + 8i.
-#pragma unroll
         for (int j = 0; j < fa_cells / 8; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        }
+        // B fragments of K for two cell tiles at once: lanes 0-7 give cells
+        // 16j2..+7 at columns 16kk, lanes 8-15 the same cells at 16kk + 8,
+        // lanes 16-31 cells 16j2+8..+15 there. k-steps outermost, so the
+        // eight accumulators of a step are independent of each other.
 #pragma unroll
-            for (int kk2 = 0; kk2 < HD / 32; ++kk2) {
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int j2 = 0; j2 < fa_cells / 16; ++j2) {
                 uint32_t b[4];
-                ldmatrix_x4(b, ks + (8 * j + lane % 8) * LD + kk2 * 32 + 8 * (lane / 8));
-                mma_f16_16816(s[j], qa[2 * kk2], b[0], b[1]);
-                mma_f16_16816(s[j], qa[2 * kk2 + 1], b[2], b[3]);
+                ldmatrix_x4(b, ks + (16 * j2 + 8 * (lane / 16) + lane % 8) * LD + kk * 16 +
+                                   8 * (lane / 8 % 2));
+                mma_f16_16816(s[2 * j2], qa[kk], b[0], b[1]);
+                mma_f16_16816(s[2 * j2 + 1], qa[kk], b[2], b[3]);
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
