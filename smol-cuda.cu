@@ -899,12 +899,10 @@ __global__ void dequant_f16_kernel(const uint8_t * w, size_t w_row_bytes, int K,
         float v[8];
         int e0, e1;
         load_chunk<T>(w + r * w_row_bytes, ch, v, e0, e1);
-        __half * d = dst + r * K;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            d[e0 + j] = __float2half_rn(v[j]);
-            d[e1 + j] = __float2half_rn(v[4 + j]);
-        }
+        // Two runs of four, each one 8-byte store (K is a multiple of 8).
+        uint16_t * d = reinterpret_cast<uint16_t *>(dst + r * K);
+        store4(d + e0, v[0], v[1], v[2], v[3]);
+        store4(d + e1, v[4], v[5], v[6], v[7]);
     }
 }
 
