@@ -28,6 +28,8 @@
 #define SMOL_LOAD_L2(p)     __ldcg(p)
 #endif
 
+#include "smol-cuda-rows.cuh"
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -149,19 +151,6 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-__device__ __forceinline__ float f16_to_f32(uint16_t h) {
-    return __half2float(__ushort_as_half(h));
-}
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) {
-    return __uint_as_float(uint32_t(h) << 16);
-}
-__device__ __forceinline__ uint16_t f32_to_f16(float f) {
-    return __half_as_ushort(__float2half_rn(f)); // round to nearest even, like the CPU
-}
-__device__ __forceinline__ float ld_f16(const uint8_t * p) {
-    return f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
-}
-
 // One element of a row of type t. Products are rounded before the q4_1
 // minimum is added, as the CPU does, so get_rows matches it bit for bit.
 __device__ float row_elem(int t, const uint8_t * row, int e) {
@@ -189,79 +178,6 @@ __device__ float row_elem(int t, const uint8_t * row, int e) {
     }
     }
     return 0.0f;
-}
-
-// Eight weights of chunk ch of a row (chunks of 8 elements; the quantized
-// types have 4 chunks per 32-element block) and where they meet the
-// activations: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
-// Quantized blocks are only 2-byte aligned, so they are read in 16 or 32-bit
-// pieces; float rows are read 16 bytes at a time.
-template <int T>
-__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
-                                           int & e0, int & e1) {
-    if constexpr (T == SMOL_TYPE_F32) {
-        const float4 a = reinterpret_cast<const float4 *>(row)[2 * ch];
-        const float4 b = reinterpret_cast<const float4 *>(row)[2 * ch + 1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        e0 = 8 * ch;
-        e1 = e0 + 4;
-    } else if constexpr (T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16) {
-        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            if constexpr (T == SMOL_TYPE_F16) {
-                v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
-                v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
-            } else {
-                v[2 * i] = __uint_as_float(w[i] << 16);
-                v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-            }
-        }
-        e0 = 8 * ch;
-        e1 = e0 + 4;
-    } else if constexpr (T == SMOL_TYPE_Q8_0) {
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q8_0);
-        const float d = ld_f16(blk);
-        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint16_t w = qs[i];
-            v[2 * i] = d * float(int8_t(w & 0xff));
-            v[2 * i + 1] = d * float(int8_t(w >> 8));
-        }
-        e0 = 32 * (ch >> 2) + 8 * q;
-        e1 = e0 + 4;
-    } else if constexpr (T == SMOL_TYPE_Q4_0) {
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_0);
-        const float d = ld_f16(blk);
-        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * q);
-        const uint32_t w = uint32_t(qs[0]) | (uint32_t(qs[1]) << 16);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t byte = (w >> (8 * i)) & 0xff;
-            v[i] = d * float(int(byte & 15) - 8);
-            v[4 + i] = d * float(int(byte >> 4) - 8);
-        }
-        e0 = 32 * (ch >> 2) + 4 * q;
-        e1 = e0 + 16;
-    } else { // SMOL_TYPE_Q4_1
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_1);
-        const float d = ld_f16(blk), m = ld_f16(blk + 2);
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t byte = (w >> (8 * i)) & 0xff;
-            v[i] = d * float(byte & 15) + m;
-            v[4 + i] = d * float(byte >> 4) + m;
-        }
-        e0 = 32 * (ch >> 2) + 4 * q;
-        e1 = e0 + 16;
-    }
 }
 
 // The angle of pair j is the CPU's (and ggml's): theta = pos, multiplied j
@@ -351,14 +267,19 @@ template <> __device__ __forceinline__ uint16_t store_as<uint16_t>(float v) {
     return f32_to_f16(v);
 }
 
+// Two floats as f16 (round to nearest even, as f32_to_f16), lo in the low
+// half: one instruction for the pair.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
 // Four results in one store (d 16-byte aligned as f32, 8-byte as f16).
 __device__ __forceinline__ void store4(float * d, float a, float b, float c, float e) {
     *reinterpret_cast<float4 *>(d) = make_float4(a, b, c, e);
 }
 __device__ __forceinline__ void store4(uint16_t * d, float a, float b, float c, float e) {
-    *reinterpret_cast<uint2 *>(d) =
-        make_uint2(uint32_t(f32_to_f16(a)) | uint32_t(f32_to_f16(b)) << 16,
-                   uint32_t(f32_to_f16(c)) | uint32_t(f32_to_f16(e)) << 16);
+    *reinterpret_cast<uint2 *>(d) = make_uint2(pack_f16x2(a, b), pack_f16x2(c, e));
 }
 
 // A block a row; four elements at a time where the row's length and the
@@ -481,9 +402,10 @@ struct kv_store_params {
 
 // A block a token, a thread a pair of elements of one of its kv heads, or
 // two pairs where the rows allow (all of them at once, up to 1024 threads):
-// converts k and v to f16 in the token's cache cell. Looping a block's 128 threads over the heads
-// took 9 us for one token of 32 heads; a block a (token, head) pair made a 4096-token prompt's
-// launch 131,072 blocks of one warp, and the 1.7B model's prefill about 3% slower.
+// converts k and v to f16 in the token's cache cell. Looping a block's 128
+// threads over the heads took 9 us for one token of 32 heads; a block a
+// (token, head) pair made a 4096-token prompt's launch 131,072 blocks of one
+// warp, and the 1.7B model's prefill about 3% slower.
 __global__ void kv_store_kernel(const kv_store_params p) {
     griddep_wait();
     griddep_launch();
@@ -1317,12 +1239,6 @@ __device__ __forceinline__ uint32_t ld_u32(const uint16_t * p) {
     return *reinterpret_cast<const uint32_t *>(p);
 }
 
-// Two floats as f16 (round to nearest even), lo in the low half.
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi); // one instruction for the pair
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-
 // 2^x in one instruction (the special function unit's, as exp2f uses, without
 // exp2f's care for results below 2^-126, which a softmax weight may lose).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -1419,7 +1335,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     const int min_pos = b_min_pos, max_pos = b_max_pos;
     const seq_mask seqs = b_seqs;
 
-    // Scores in log2 units, so exp2f serves as the exponential.
+    // Scores in log2 units, so exp2 serves as the exponential.
     const float scale = p.scale * log2_e;
     float m0 = -INFINITY, m1 = -INFINITY; // running maxima of rows g and g + 8
     float l0 = 0.0f, l1 = 0.0f;           // this thread's part of their sums
@@ -2193,6 +2109,7 @@ class cuda_backend final : public backend {
                    const uint16_t * xh, int M, float * y, size_t ldy, uint8_t * dq);
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
+    uint16_t * f16_input(const float * x, size_t ldx, int K, int M);
     void run_blas(const step & s, const tensor * x, int K, int M);
 #endif
     rope_params rope_for(const tensor * rope) const;
@@ -2269,8 +2186,10 @@ class cuda_backend final : public backend {
     std::vector<int32_t> shadow_pos_;
     std::vector<uint64_t> shadow_seqs_;
     // Cells whose tile summaries the device lacks: they are made when a
-    // graph that runs the flash kernel is staged.
+    // graph that runs the flash kernel (flash_steps_, set with the steps)
+    // is staged.
     int32_t tiles_lo_ = INT32_MAX, tiles_hi_ = 0;
+    bool flash_steps_ = false;
 
     std::vector<step> steps_;
     arena_plan plan_;                                  // reused from step to step
@@ -3011,12 +2930,15 @@ void cuda_backend::make_steps(graph & g) {
     if (n > 0) ++uses[n - 1]; // the caller reads the last node
     steps_.assign(n, step{});
     for (size_t i = 0; i < n; ++i) steps_[i].t = nodes[i];
+    flash_steps_ = false;
     for (size_t i = 0; i < n; ++i) {
         if (nodes[i]->kind == OP_MUL_MAT) {
             steps_[i].kind = step_kind::mm;
             steps_[i].mm[0] = nodes[i];
             steps_[i].n_mm = 1;
         }
+        if (nodes[i]->kind == OP_ATTENTION)
+            flash_steps_ = flash_steps_ || choose_attention(nodes[i]).kind == attn_kernel::flash;
     }
     if (!fuse_) return;
 
@@ -3118,28 +3040,27 @@ void cuda_backend::make_steps(graph & g) {
         }
         fold_norm(s, t->src[1], s.n_mm);
         if (s.norm) s.extra = s.norm->src[0];
-        // The residual add just before the norm, whose sum the norm's kernel
-        // stores (its sources are read before the matmuls write).
-        tensor * add = s.norm ? s.norm->src[0] : nullptr;
-        if (blas && is(add, OP_ADD) && size_t(add->node_index) + 1 == size_t(s.norm->node_index) &&
-            !add->data && !add->src[2] &&
-            steps_[size_t(add->node_index)].kind == step_kind::plain &&
-            !steps_[size_t(add->node_index)].skip && same_shape(add, add->src[0]) &&
-            same_shape(add, add->src[1])) {
-            s.add = add;
-            steps_[size_t(add->node_index)].skip = true;
-        }
-        // The SwiGLU just before (its gate and up are read before the
-        // matmul writes, so they need live no longer than the SwiGLU).
+        // An element-wise node of kind k just before node `at`, which the
+        // cuBLAS step's input kernel computes instead: the residual add
+        // before the norm (the norm's kernel stores its sum) or the SwiGLU
+        // before the matmul. Its sources are read before the matmuls write,
+        // so they need live no longer than it.
+        auto fold_before = [&](tensor * x, op k, size_t at) {
+            if (!blas || !is(x, k) || size_t(x->node_index) + 1 != at || x->data || x->src[2] ||
+                steps_[size_t(x->node_index)].kind != step_kind::plain ||
+                steps_[size_t(x->node_index)].skip || !same_shape(x, x->src[0]) ||
+                !same_shape(x, x->src[1])) {
+                return false;
+            }
+            steps_[size_t(x->node_index)].skip = true;
+            return true;
+        };
+        if (s.norm && fold_before(s.norm->src[0], OP_ADD, size_t(s.norm->node_index)))
+            s.add = s.norm->src[0];
         tensor * glu = t->src[1];
-        if (blas && !s.norm && s.n_mm == 1 && is(glu, OP_SWIGLU) && only_use(glu, 1) &&
-            size_t(glu->node_index) + 1 == i && !glu->data && !glu->src[2] &&
-            glu->nb[1] == size_t(glu->ne[0]) * sizeof(float) && same_shape(glu, glu->src[0]) &&
-            same_shape(glu, glu->src[1]) &&
-            steps_[size_t(glu->node_index)].kind == step_kind::plain) {
+        if (!s.norm && s.n_mm == 1 && is(glu, OP_SWIGLU) && only_use(glu, 1) &&
+            glu->nb[1] == size_t(glu->ne[0]) * sizeof(float) && fold_before(glu, OP_SWIGLU, i))
             s.glu = glu;
-            steps_[size_t(glu->node_index)].skip = true;
-        }
         i = j - 1;
     }
     // The GEMV of q, k and v may store k and v in the cache itself: the
@@ -3191,10 +3112,12 @@ size_t cuda_backend::step_work() const {
             }
         }
 #if defined(SMOL_HAVE_BLAS)
-        for (int i = 0; s.kind == step_kind::mm && i < s.n_mm && !small_mm(s.mm[0]); ++i) {
-            const tensor * w = s.mm[i]->src[0];
-            work = std::max(work,
-                            blas_work_bytes(w->type, w->ne[1], w->ne[0], s.mm[i]->src[1]->ne[1]));
+        if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
+            for (int i = 0; i < s.n_mm; ++i) {
+                const tensor * w = s.mm[i]->src[0];
+                work = std::max(
+                    work, blas_work_bytes(w->type, w->ne[1], w->ne[0], s.mm[i]->src[1]->ne[1]));
+            }
         }
 #endif
     }
@@ -3348,12 +3271,8 @@ void cuda_backend::stage(graph & g) {
         tiles_lo_ = std::min(tiles_lo_, lo);
         tiles_hi_ = std::max(tiles_hi_, hi);
     }
-    bool flash = false;
-    for (const tensor * t : g.nodes())
-        flash =
-            flash || (t->kind == OP_ATTENTION && choose_attention(t).kind == attn_kernel::flash);
     int32_t t_lo = 0, t_hi = 0;
-    if (kv && flash && tiles_hi_ > tiles_lo_) {
+    if (kv && flash_steps_ && tiles_hi_ > tiles_lo_) {
         t_lo = tiles_lo_ / cell_tile_cells;
         t_hi = int32_t((std::min<int64_t>(tiles_hi_, kv->n_cells) + cell_tile_cells - 1) /
                        cell_tile_cells);
@@ -3971,11 +3890,16 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
                                     int(ldx), &zero, y, int(ldy)));
         return;
     }
+    blas_gemm(type, w, w_row_bytes, N, K, f16_input(x, ldx, K, M), M, y, ldy,
+              static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M));
+}
+
+// x[M][K] as f16 at the start of the work space.
+uint16_t * cuda_backend::f16_input(const float * x, size_t ldx, int K, int M) {
     uint16_t * xh = static_cast<uint16_t *>(work_.p);
     f32_to_f16_kernel<<<grid_for(size_t(M) * K / 4, 256), 256, 0, stream_>>>(x, ldx, K, M, xh);
     check_launch("f32_to_f16");
-    blas_gemm(type, w, w_row_bytes, N, K, xh, M, y, ldy,
-              static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M));
+    return xh;
 }
 
 // A step's cuBLAS matmuls: their one f16 input made once (converted, or
@@ -4004,9 +3928,7 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
             data_of<const float>(s.glu->src[0]), data_of<const float>(s.glu->src[1]), xh, n);
         check_launch("swiglu (f16)");
     } else {
-        f32_to_f16_kernel<<<grid_for(size_t(M) * K / 4, 256), 256, 0, stream_>>>(
-            data_of<const float>(x), x->nb[1] / 4, K, M, xh);
-        check_launch("f32_to_f16");
+        f16_input(data_of<const float>(x), x->nb[1] / 4, K, M);
     }
     uint8_t * dq = static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M);
     for (int i = 0; i < s.n_mm; ++i) {

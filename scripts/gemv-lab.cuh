@@ -1,11 +1,14 @@
 // The GEMV kernel of scripts/gemv-variants.cu and scripts/gemv-step.cu: a
 // stand-alone copy of the loop of gemv_kernel in smol-cuda.cu (f16, q8_0
-// and q4_1 weights, f32 activations, a folded RMS norm, SwiGLU and residual
-// epilogues) with every variant as a template parameter: KS warps a group
-// of R rows, U chunks of 8 a lane loaded before use; PDL: launched early
-// (griddepcontrol), PF: before the wait, prefetch 0 nothing, 1 the first
-// 4 KiB of each row, 2 its first 512 bytes.
+// and q4_1 weights read by the backend's own load_chunk, f32 activations, a
+// folded RMS norm, SwiGLU and residual epilogues) with every variant as a
+// template parameter: KS warps a group of R rows, U chunks of 8 a lane
+// loaded before use; PDL: launched early (griddepcontrol), PF: before the
+// wait, prefetch 0 nothing, 1 the first 4 KiB of each row, 2 its first 512
+// bytes. Compile from the repository root (see the scripts that include it).
 #pragma once
+#include "../smol-cuda-rows.cuh"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -21,7 +24,8 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
-enum { F16 = 1, Q8 = 8, Q41 = 3 };
+enum { F16 = SMOL_TYPE_F16, Q8 = SMOL_TYPE_Q8_0, Q41 = SMOL_TYPE_Q4_1 };
+using smol::load_chunk; // the backend's own loads (smol-cuda-rows.cuh)
 struct P {
     const uint8_t * w;
     const uint8_t * wu;
@@ -36,50 +40,6 @@ struct P {
 __device__ __forceinline__ float warp_sum(float v) {
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
     return v;
-}
-__device__ __forceinline__ float ldh(const uint8_t * p) {
-    return __half2float(*reinterpret_cast<const __half *>(p));
-}
-template <int T>
-__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
-                                           int & e0, int & e1) {
-    if constexpr (T == F16) {
-        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            v[2 * i] = __half2float(__ushort_as_half(uint16_t(w[i] & 0xffff)));
-            v[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(w[i] >> 16)));
-        }
-        e0 = 8 * ch;
-        e1 = e0 + 4;
-    } else if constexpr (T == Q8) {
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * 34;
-        const float d = ldh(blk);
-        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint16_t w = qs[i];
-            v[2 * i] = d * float(int8_t(w & 0xff));
-            v[2 * i + 1] = d * float(int8_t(w >> 8));
-        }
-        e0 = 32 * (ch >> 2) + 8 * q;
-        e1 = e0 + 4;
-    } else {
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * 20;
-        const float d = ldh(blk), m = ldh(blk + 2);
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t b = (w >> (8 * i)) & 0xff;
-            v[i] = d * float(b & 15) + m;
-            v[4 + i] = d * float(b >> 4) + m;
-        }
-        e0 = 32 * (ch >> 2) + 4 * q;
-        e1 = e0 + 16;
-    }
 }
 template <int T, bool SW, int KS, int R, int U, bool PDL = false, int PF = 0>
 __global__ void __launch_bounds__(128) gemv(const P p) {
