@@ -662,35 +662,7 @@ fi
 
 # --- ceilings ----------------------------------------------------------------------
 ceilings() {
-    python3 - <<'EOF'
-import time
-try:
-    import torch
-except ImportError:
-    raise SystemExit("torch is not installed: no ceilings measured")
-dev = torch.device("cuda:0")
-print("torch", torch.__version__, torch.cuda.get_device_name(0))
-def timed(fn, reps):
-    fn(); torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = 1e30
-    for _ in range(3):
-        start.record()
-        for _ in range(reps): fn()
-        end.record(); torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 1000 / reps)
-    return best
-n = 1 << 30
-a = torch.empty(n, dtype=torch.uint8, device=dev); b = torch.empty_like(a)
-t = timed(lambda: b.copy_(a), 20)
-print(f"device-to-device copy of 1 GiB: {2 * n / t / 1e12:.2f} TB/s (read + write), "
-      f"{n / t / 1e12:.2f} TB/s one way")
-for size in (4096, 8192):
-    x = torch.randn(size, size, dtype=torch.bfloat16, device=dev)
-    y = torch.randn(size, size, dtype=torch.bfloat16, device=dev)
-    t = timed(lambda: x @ y, 20)
-    print(f"bf16 matmul {size}^3: {2 * size ** 3 / t / 1e12:.1f} TFLOP/s")
-EOF
+    python3 "$root/scripts/torch-peers.py" ceilings
 }
 if has ceilings; then
     phase ceilings ceilings
