@@ -114,6 +114,9 @@ void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1 = 1, 
 // bit s of its mask stands for sequence s, so at most 64 sequences exist.
 using seq_mask = uint64_t;
 constexpr int32_t kv_max_seqs = 64;
+// Cells a page of the cache: a sequence's history fills pages of its own,
+// so a GPU kernel can skip another sequence's pages by their summaries.
+constexpr int32_t kv_page = 64;
 
 // Whether a query of sequence seq at position pos sees a cell. The one
 // definition of visibility, for every backend's attention.
@@ -158,6 +161,14 @@ struct kv_cache {
     // Gives dst the cells src holds in [p0, p1): shared, not copied.
     void seq_cp(smol_seq_id src, smol_seq_id dst, smol_pos p0, smol_pos p1);
     int32_t seq_len(smol_seq_id seq) const;
+    // A free cell for the next token of a sequence whose newest cell is
+    // `after` (-1: none). A sequence's cells fill pages of kv_page cells of
+    // their own: the cell after `after` while it is free and in the same
+    // page (or starts a free page), else the lowest wholly free page, else
+    // the lowest free cell. One sequence alone stays dense. `page_from` and
+    // `cell_from` (start at 0) carry the search across the tokens of one
+    // batch, which only take cells. -1 when every cell is taken.
+    int32_t find_cell(int32_t after, int32_t & page_from, int32_t & cell_from) const;
     // The same for a list of cells, whatever their positions.
     void cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq);
     void cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq);

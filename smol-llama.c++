@@ -553,11 +553,15 @@ void llama_context::decode(const smol_batch & b) {
     // Check the whole batch before touching the cache.
     std::vector<smol_pos> & seq_max = seq_max_;
     seq_max.assign(kv_max_seqs, -1);
+    seq_tail_.assign(kv_max_seqs, -1); // each sequence's newest cell
     for (int32_t c = 0; c < kv.n_used; ++c) {
         if (kv.cell_pos[c] < 0) continue;
         for (seq_mask m = kv.cell_seqs[c]; m; m &= m - 1) {
             const int s = __builtin_ctzll(m);
-            seq_max[size_t(s)] = std::max(seq_max[size_t(s)], kv.cell_pos[c]);
+            if (kv.cell_pos[c] > seq_max[size_t(s)]) {
+                seq_max[size_t(s)] = kv.cell_pos[c];
+                seq_tail_[size_t(s)] = c;
+            }
         }
     }
     for (int32_t i = 0; i < n; ++i) {
@@ -622,11 +626,16 @@ void llama_context::decode(const smol_batch & b) {
 
 void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base) {
     const llama_hparams & hp = model.hp;
-    // Assign cells, lowest free first, so one sequence's history stays dense.
-    int32_t c = 0, n_out = 0;
+    // Sequences take cells in pages of their own (kv_cache::find_cell), so
+    // attention on the GPU skips other sequences' pages whole. (A step of
+    // several sequences then writes cells far apart: an offloaded group's
+    // OFFLOAD copies the range between them.)
+    int32_t page_from = 0, cell_from = 0, n_out = 0;
     for (int32_t j = 0; j < n; ++j) {
         const int32_t i = i0 + j;
-        while (kv.cell_pos[c] >= 0) ++c;
+        int32_t & tail = seq_tail_[size_t(b.seq_id[i])];
+        const int32_t c = kv.find_cell(tail, page_from, cell_from);
+        tail = c;
         cells_[size_t(j)] = c;
         kv.cell_pos[c] = b.pos[i];
         kv.cell_seqs[c] = seq_mask(1) << b.seq_id[i];
@@ -675,19 +684,20 @@ std::string llama_context::schedule_text(int32_t n) {
     if (n <= 0) n = 1;
     n = std::min({n, plan.chunk, kv.n_free()});
     if (n <= 0) throw error(SMOL_ERR_CONTEXT_FULL, "the KV cache has no free cell for a step");
-    // The cells and positions the step would take, without taking them.
+    // The cells and positions the step would take, taken for the graph and
+    // then given back.
     const int32_t n_used = kv.n_used;
-    int32_t c = 0;
+    int32_t page_from = 0, cell_from = 0;
     for (int32_t j = 0; j < n; ++j) {
-        while (kv.cell_pos[c] >= 0 ||
-               std::find(cells_.begin(), cells_.begin() + j, c) != cells_.begin() + j)
-            ++c;
+        const int32_t c = kv.find_cell(j > 0 ? cells_[size_t(j - 1)] : -1, page_from, cell_from);
         cells_[size_t(j)] = c;
+        kv.cell_pos[size_t(c)] = 0;
         tokens_[size_t(j)] = 0;
         positions_[size_t(j)] = 0;
         seqs_[size_t(j)] = 0;
         kv.n_used = std::max(kv.n_used, c + 1);
     }
+    for (int32_t j = 0; j < n; ++j) kv.cell_pos[size_t(cells_[size_t(j)])] = -1;
     graph_.clear();
     graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
     build_graph(n, 1);
@@ -718,7 +728,8 @@ void llama_context::list_seq_cells(int32_t n) {
         for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m &= m - 1)
             seq_cells_[size_t(fill_[size_t(__builtin_ctzll(m))]++)] = c;
     }
-    // Cells are handed out lowest first, so a list is usually sorted already.
+    // A sequence takes cells in rising order, so a list is usually sorted
+    // already (a page freed below its others breaks that).
     const auto by_pos = [this](int32_t x, int32_t y) { return kv.cell_pos[x] < kv.cell_pos[y]; };
     for (int32_t s = 0; s < kv_max_seqs; ++s) {
         int32_t * b = seq_cells_.data() + seq_begin_[size_t(s)];

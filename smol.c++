@@ -249,6 +249,25 @@ int32_t kv_cache::seq_len(smol_seq_id seq) const {
     return n;
 }
 
+int32_t kv_cache::find_cell(int32_t after, int32_t & page_from, int32_t & cell_from) const {
+    auto page_free = [&](int32_t pg) {
+        const int32_t c0 = pg * kv_page, c1 = std::min(n_cells, c0 + kv_page);
+        for (int32_t c = c0; c < c1; ++c)
+            if (cell_pos[c] >= 0) return false;
+        return true;
+    };
+    const int32_t next = after + 1;
+    if (after >= 0 && next < n_cells && cell_pos[next] < 0 &&
+        (next % kv_page != 0 || page_free(next / kv_page)))
+        return next;
+    const int32_t n_pages = (n_cells + kv_page - 1) / kv_page;
+    for (; page_from < n_pages; ++page_from)
+        if (page_free(page_from)) return page_from * kv_page;
+    for (; cell_from < n_cells; ++cell_from)
+        if (cell_pos[cell_from] < 0) return cell_from;
+    return -1;
+}
+
 void kv_cache::cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
     SMOL_ASSERT_MSG(valid_seq(seq), "cells_add_seq: sequence out of range");
     for (int32_t i = 0; i < n; ++i) {

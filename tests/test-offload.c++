@@ -219,6 +219,61 @@ TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or 
     std::filesystem::remove(path);
 }
 
+TEST_CASE("sequences decoded together take cache pages of their own; one alone stays dense") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    using smol::kv_page;
+    // Tokens of k sequences in a random order, each sequence taking m pages'
+    // worth, into a cache of exactly k * m pages: every page must end up
+    // holding one sequence, whose cells rise with its positions.
+    const int k = 3, m = 2;
+    smol::kv_cache kv;
+    kv.init(1, 1, 8, k * m * kv_page);
+    std::vector<int32_t> tail(k, -1), len(k, 0);
+    std::vector<int> order;
+    for (int s = 0; s < k; ++s) order.insert(order.end(), size_t(m * kv_page), s);
+    std::shuffle(order.begin(), order.end(), rng);
+    int32_t page_from = 0, cell_from = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+        const int s = order[i];
+        if (i % 7 == 0) page_from = cell_from = 0; // a new batch
+        const int32_t c = kv.find_cell(tail[size_t(s)], page_from, cell_from);
+        REQUIRE(c >= 0);
+        REQUIRE(kv.cell_pos[size_t(c)] < 0);
+        kv.cell_pos[size_t(c)] = len[size_t(s)]++;
+        kv.cell_seqs[size_t(c)] = smol::seq_mask(1) << s;
+        CHECK((tail[size_t(s)] < 0 || c > tail[size_t(s)]));
+        tail[size_t(s)] = c;
+    }
+    for (int32_t pg = 0; pg < k * m; ++pg) {
+        CAPTURE(pg);
+        for (int32_t c = pg * kv_page; c < (pg + 1) * kv_page; ++c)
+            CHECK(kv.cell_seqs[size_t(c)] == kv.cell_seqs[size_t(pg * kv_page)]);
+    }
+    page_from = cell_from = 0;
+    CHECK(kv.find_cell(tail[0], page_from, cell_from) == -1);
+
+    // With no wholly free page left, a new sequence takes the lowest free cell.
+    kv.cell_pos[size_t(kv_page + 5)] = -1;
+    kv.cell_pos[size_t(3 * kv_page + 1)] = -1;
+    page_from = cell_from = 0;
+    CHECK(kv.find_cell(-1, page_from, cell_from) == kv_page + 5);
+
+    // One sequence alone fills the cache in order, across page ends.
+    kv.clear();
+    page_from = cell_from = 0;
+    const int n = std::uniform_int_distribution<int>(kv_page + 1, 3 * kv_page)(rng);
+    int32_t last = -1;
+    for (int i = 0; i < n; ++i) {
+        const int32_t c = kv.find_cell(last, page_from, cell_from);
+        CHECK(c == i);
+        kv.cell_pos[size_t(c)] = i;
+        kv.cell_seqs[size_t(c)] = 1;
+        last = c;
+    }
+}
+
 TEST_CASE("the simulated device's measured memory stays within the budget and near the plan") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
