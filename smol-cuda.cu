@@ -1156,8 +1156,10 @@ constexpr int dec_cells = 32;        // cells a warp's tile: each lane scores on
 constexpr int dec_split_cells = 256; // the fewest cells a split takes
 constexpr int dec_max_splits = 128;  // splits over the cells, at most
 constexpr int dec_max_heads = 4;     // query heads a block serves, all of one kv head
+constexpr int dec_list = 512;        // warp tiles a block lists at once when it walks pages
 // Batches of up to this many tokens may take the decode kernel (a prompt's
-// chunk takes the flash kernel, which reads each cell once for all tokens).
+// chunk takes the flash kernel, which reads each cell once for all tokens),
+// as may a batch of any size whose tokens are of different sequences.
 constexpr int dec_max_tok = 32;
 
 // A block's shared memory for K and V: per warp two tiles of each.
@@ -1606,7 +1608,11 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 // of the block's query heads (the query rounded to f16, as on the CPU), then
 // every lane adds its share of the weighted V rows; the weights stay f32.
 // With S splits the last block of a (token, kv head) merges the partials.
-template <int HD, int GB>
+// Over a cache of several sequences (Pages) the block first lists the tiles
+// of its split whose page its token's sequence holds, from the pages'
+// summaries, in windows of dec_list tiles, and the warps walk that list:
+// another sequence's page costs one summary read.
+template <int HD, int GB, bool Pages>
 __global__ void __launch_bounds__(dec_warps * warp_size)
     decode_attention_kernel(const attn_params p) {
     static_assert(HD % warp_size == 0 && HD >= 64, "whole lanes, at least eight pieces a row");
@@ -1626,8 +1632,6 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                                                           dec_cells * dec_cells);
     const int n_split = p.S == 1 ? 1 : max(1, (n_used + chunk - 1) / chunk);
     if (int(blockIdx.z) >= n_split) return;
-    griddep_wait();
-    griddep_launch();
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int tok = blockIdx.x;
     const int n_sub = decode_subs(p.group);
@@ -1642,8 +1646,48 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     uint16_t * vs = ks + 2 * dec_cells * HD;                // [2][dec_cells][HD]
 
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
-    const int stride = dec_warps * dec_cells;
-    int base = c_begin + warp * dec_cells;
+    constexpr bool pages = Pages;
+    const int my_pos = p.pos[tok], my_seq = p.seq[tok];
+    // The tiles of a window [w0, w1): every tile, or the listed ones; past
+    // the last, w1 (nothing to copy, no cell seen).
+    __shared__ int listed[Pages ? dec_list : 1];
+    __shared__ int listed_n[dec_warps];
+    int w0 = c_begin, w1 = pages ? min(c_end, c_begin + dec_list * dec_cells) : c_end, n_wt = 0;
+    auto tile_at = [&](int i) { return i >= n_wt ? w1 : pages ? listed[i] : w0 + i * dec_cells; };
+    // Lists the window's tiles whose page holds the token's sequence at or
+    // before its position, in cell order (a thread looks at consecutive
+    // tiles; their counts are scanned across the block).
+    auto list_tiles = [&]() {
+        constexpr int per = dec_list / (dec_warps * warp_size);
+        const int n = (w1 - w0 + dec_cells - 1) / dec_cells, first = int(threadIdx.x) * per;
+        uint32_t keep = 0;
+#pragma unroll
+        for (int j = 0; j < per; ++j) {
+            if (first + j < n) {
+                const cell_tile & t = p.tiles[(w0 + (first + j) * dec_cells) / cell_tile_cells];
+                keep |= uint32_t(t.n_used > 0 && ((t.seq_or >> my_seq) & 1u) && t.min_pos <= my_pos)
+                        << j;
+            }
+        }
+        const int cnt = __popc(keep);
+        int incl = cnt;
+#pragma unroll
+        for (int o = 1; o < warp_size; o *= 2) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == warp_size - 1) listed_n[warp] = incl;
+        __syncthreads();
+        int at = incl - cnt, total = 0;
+#pragma unroll
+        for (int w = 0; w < dec_warps; ++w) {
+            at += w < warp ? listed_n[w] : 0;
+            total += listed_n[w];
+        }
+        for (; keep; keep &= keep - 1) listed[at++] = w0 + (first + __ffs(keep) - 1) * dec_cells;
+        n_wt = total;
+    };
+    if (!pages) n_wt = (c_end - c_begin + dec_cells - 1) / dec_cells;
     // Copies of the tile at c into buffer b: piece lane % pieces of the rows
     // the mask names (bit r: cell c + r), rows_at_once rows an instruction.
     auto issue = [&](int c, int b, uint32_t mask) {
@@ -1658,23 +1702,31 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         }
         cp_async_commit();
     };
-    // The first tile's rows are copied before the cell table says which the
-    // token sees: one trip to memory instead of two.
-    issue(base, 0, __ballot_sync(0xffffffffu, base + lane < c_end));
-
-    const int my_pos = p.pos[tok], my_seq = p.seq[tok];
     auto cell = [&](int c, int & cp, seq_mask & cs) {
         cp = -1;
         cs = 0;
-        if (c < c_end) {
+        if (c < w1) {
             cp = p.cell_pos[c];
             cs = p.cell_seqs[c];
         }
     };
     int cp0, cp1, cp2;
     seq_mask cs0, cs1, cs2;
-    cell(base + lane, cp0, cs0);
-    cell(base + stride + lane, cp1, cs1);
+    // A warp's first tile (its rows copied before the cell table says which
+    // the token sees: one trip to memory instead of two) and the cell table
+    // of its first two.
+    auto start = [&]() {
+        const int c = tile_at(warp);
+        issue(c, 0, __ballot_sync(0xffffffffu, c + lane < w1));
+        cell(c + lane, cp0, cs0);
+        cell(tile_at(warp + dec_warps) + lane, cp1, cs1);
+    };
+    // The positions, sequences and page summaries were staged before the
+    // step began too: the list is made while the kernel before ends.
+    if (pages) list_tiles();
+    griddep_wait();
+    griddep_launch();
+    if (!pages) start();
 
     for (int e = threadIdx.x; e < GB * (HD / 2); e += blockDim.x) {
         const int g = e / (HD / 2), j = e % (HD / 2);
@@ -1696,79 +1748,95 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[g][e] = 0.0f;
     }
-    for (int k = 0; base < c_end; base += stride, ++k) {
-        const int b = k & 1;
-        // The next tile's visible rows, then the cell table two tiles ahead.
-        issue(base + stride, b ^ 1,
-              __ballot_sync(0xffffffffu, kv_cell_visible(cp1, cs1, my_seq, my_pos)));
-        cell(base + 2 * stride + lane, cp2, cs2);
-        cp_async_wait<1>();
-        __syncwarp();
-        const bool vis = kv_cell_visible(cp0, cs0, my_seq, my_pos);
-        if (__any_sync(0xffffffffu, vis)) {
-            float s[GB];
+    for (;;) {
+        if (pages) start();
+        // Warp tiles warp, warp + dec_warps, ... of the window.
+        for (int k = 0, ti = warp, base = tile_at(ti); base < w1; ++k) {
+            const int b = k & 1;
+            const int next = tile_at(ti + dec_warps);
+            // The next tile's visible rows, then the cell table two tiles ahead.
+            issue(next, b ^ 1,
+                  __ballot_sync(0xffffffffu, kv_cell_visible(cp1, cs1, my_seq, my_pos)));
+            cell(tile_at(ti + 2 * dec_warps) + lane, cp2, cs2);
+            cp_async_wait<1>();
+            __syncwarp();
+            const bool vis = kv_cell_visible(cp0, cs0, my_seq, my_pos);
+            if (__any_sync(0xffffffffu, vis)) {
+                float s[GB];
 #pragma unroll
-            for (int g = 0; g < GB; ++g) s[g] = 0.0f;
-            const uint16_t * kr = ks + (b * dec_cells + lane) * HD;
+                for (int g = 0; g < GB; ++g) s[g] = 0.0f;
+                const uint16_t * kr = ks + (b * dec_cells + lane) * HD;
 #pragma unroll
-            for (int j = 0; j < HD; j += 8) {
-                const uint4 u = *reinterpret_cast<const uint4 *>(kr + ((j / 8) ^ (lane % 8)) * 8);
-                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+                for (int j = 0; j < HD; j += 8) {
+                    const uint4 u =
+                        *reinterpret_cast<const uint4 *>(kr + ((j / 8) ^ (lane % 8)) * 8);
+                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-                for (int g = 0; g < GB; ++g) {
-                    const float4 qa = *reinterpret_cast<const float4 *>(&qs[g][j]);
-                    const float4 qb = *reinterpret_cast<const float4 *>(&qs[g][j + 4]);
-                    const float q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+                    for (int g = 0; g < GB; ++g) {
+                        const float4 qa = *reinterpret_cast<const float4 *>(&qs[g][j]);
+                        const float4 qb = *reinterpret_cast<const float4 *>(&qs[g][j + 4]);
+                        const float q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        s[g] += f16_to_f32(uint16_t(w[i] & 0xffff)) * q[2 * i] +
-                                f16_to_f32(uint16_t(w[i] >> 16)) * q[2 * i + 1];
+                        for (int i = 0; i < 4; ++i) {
+                            s[g] += f16_to_f32(uint16_t(w[i] & 0xffff)) * q[2 * i] +
+                                    f16_to_f32(uint16_t(w[i] >> 16)) * q[2 * i + 1];
+                        }
                     }
                 }
-            }
-            float pr[GB];
+                float pr[GB];
 #pragma unroll
-            for (int g = 0; g < GB; ++g) {
-                const float sc = vis ? s[g] * scale : -INFINITY;
-                const float mn = fmaxf(m[g], warp_max(sc)); // finite: a lane sees its cell
-                const float corr = exp2f(m[g] - mn);        // 0 while nothing was seen
-                m[g] = mn;
-                pr[g] = vis ? exp2f(sc - mn) : 0.0f;
-                l[g] = l[g] * corr + pr[g];
+                for (int g = 0; g < GB; ++g) {
+                    const float sc = vis ? s[g] * scale : -INFINITY;
+                    const float mn = fmaxf(m[g], warp_max(sc)); // finite: a lane sees its cell
+                    const float corr = exp2f(m[g] - mn);        // 0 while nothing was seen
+                    m[g] = mn;
+                    pr[g] = vis ? exp2f(sc - mn) : 0.0f;
+                    l[g] = l[g] * corr + pr[g];
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) acc[g][e] *= corr;
-            }
-            // A zero weight adds nothing, so a row that was not copied (or
-            // that is not finite, as the CPU skips it) cannot reach the sum.
-            const uint16_t * vr = vs + b * dec_cells * HD + lane * EPL;
+                    for (int e = 0; e < EPL; ++e) acc[g][e] *= corr;
+                }
+                // A zero weight adds nothing, so a row that was not copied (or
+                // that is not finite, as the CPU skips it) cannot reach the sum.
+                const uint16_t * vr = vs + b * dec_cells * HD + lane * EPL;
 #pragma unroll 8
-            for (int j = 0; j < dec_cells; ++j) {
-                float v[EPL];
-                if constexpr (EPL % 2 == 0) {
+                for (int j = 0; j < dec_cells; ++j) {
+                    float v[EPL];
+                    if constexpr (EPL % 2 == 0) {
 #pragma unroll
-                    for (int e = 0; e < EPL; e += 2) {
-                        const uint32_t w = *reinterpret_cast<const uint32_t *>(vr + j * HD + e);
-                        v[e] = f16_to_f32(uint16_t(w & 0xffff));
-                        v[e + 1] = f16_to_f32(uint16_t(w >> 16));
+                        for (int e = 0; e < EPL; e += 2) {
+                            const uint32_t w = *reinterpret_cast<const uint32_t *>(vr + j * HD + e);
+                            v[e] = f16_to_f32(uint16_t(w & 0xffff));
+                            v[e + 1] = f16_to_f32(uint16_t(w >> 16));
+                        }
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < EPL; ++e) v[e] = f16_to_f32(vr[j * HD + e]);
                     }
-                } else {
 #pragma unroll
-                    for (int e = 0; e < EPL; ++e) v[e] = f16_to_f32(vr[j * HD + e]);
-                }
+                    for (int g = 0; g < GB; ++g) {
+                        const float pj = SMOL_SHFL(pr[g], j);
 #pragma unroll
-                for (int g = 0; g < GB; ++g) {
-                    const float pj = SMOL_SHFL(pr[g], j);
-#pragma unroll
-                    for (int e = 0; e < EPL; ++e)
-                        acc[g][e] = pj != 0.0f ? acc[g][e] + pj * v[e] : acc[g][e];
+                        for (int e = 0; e < EPL; ++e)
+                            acc[g][e] = pj != 0.0f ? acc[g][e] + pj * v[e] : acc[g][e];
+                    }
                 }
             }
+            __syncwarp(); // the buffer is read before the next-but-one tile fills it
+            cp0 = cp1;
+            cs0 = cs1;
+            cp1 = cp2;
+            cs1 = cs2;
+            ti += dec_warps;
+            base = next;
         }
-        __syncwarp(); // the buffer is read before the next-but-one tile fills it
-        cp0 = cp1;
-        cs0 = cs1;
-        cp1 = cp2;
-        cs1 = cs2;
+        if (w1 >= c_end) break;
+        // The next window of a long split: every warp is done with the list.
+        cp_async_wait<0>();
+        __syncthreads();
+        w0 = w1;
+        w1 = min(c_end, w0 + dec_list * dec_cells);
+        list_tiles();
+        __syncthreads();
     }
     cp_async_wait<0>();
 
@@ -2186,10 +2254,18 @@ class cuda_backend final : public backend {
     std::vector<int32_t> shadow_pos_;
     std::vector<uint64_t> shadow_seqs_;
     // Cells whose tile summaries the device lacks: they are made when a
-    // graph that runs the flash kernel (flash_steps_, set with the steps)
-    // is staged.
+    // graph whose attention reads them is staged: the flash kernel's
+    // (flash_steps_, set with the steps), or the decode kernel's over a
+    // cache of several sequences.
     int32_t tiles_lo_ = INT32_MAX, tiles_hi_ = 0;
-    bool flash_steps_ = false;
+    bool flash_steps_ = false, decode_steps_ = false;
+    // Every token of the batch is of a sequence of its own (set with the
+    // steps): the decode kernel then walks only each token's pages, and may
+    // take more blocks than the GPU holds at once.
+    bool seqs_apart_ = false;
+    // The cache holds cells of several sequences (set when staged): the
+    // decode kernel's form that walks pages runs.
+    bool pages_ = false;
 
     std::vector<step> steps_;
     arena_plan plan_;                                  // reused from step to step
@@ -2272,16 +2348,22 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     pdl_ = prop.major >= 9 && fa.ptxVersion >= 90 && env_flag("SMOL_CUDA_PDL", 1) != 0;
 #endif
 #if defined(SMOL_FLASH_ATTENTION)
-    // The decode kernel's block slots: the fewest any of its forms has.
+    // The decode kernel's block slots: the fewest any of its dense forms
+    // has (they split long histories of one sequence to fill the GPU once;
+    // the forms that walk pages serve batches of many sequences).
     dec_slots_ = INT_MAX;
     for (int gb = 1; gb <= dec_max_heads; ++gb) {
         with_dec_heads(gb, [&](auto g) {
-            const auto kernel = decode_attention_kernel<64, decltype(g)::value>;
-            SMOL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                int(dec_smem<64>())));
+            constexpr int GB = decltype(g)::value;
+            for (const auto kernel :
+                 {decode_attention_kernel<64, GB, true>, decode_attention_kernel<64, GB, false>}) {
+                SMOL_GPU_CHECK(cudaFuncSetAttribute(
+                    kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_smem<64>())));
+            }
             int per_sm = 0;
             SMOL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, kernel, dec_warps * warp_size, dec_smem<64>()));
+                &per_sm, decode_attention_kernel<64, GB, false>, dec_warps * warp_size,
+                dec_smem<64>()));
             dec_slots_ = std::min(dec_slots_, std::max(1, per_sm) * n_sm_);
         });
     }
@@ -2881,14 +2963,15 @@ int cuda_backend::decode_splits(const tensor * t) const {
     const int n_tok = int(t->ne[1]), n_head = t->iparams[1], n_head_kv = t->iparams[2];
     const int n_sub = decode_subs(n_head / n_head_kv);
     const int blocks = n_tok * n_head_kv * n_sub;
-    // Each token's blocks walk the cell table alone, so the kernel pays
-    // while its blocks fit the GPU at once: for a batch of 32 sequences it
-    // measured 1.14-1.26x the flash kernel's speed for SmolLM2-135M and 360M
-    // (96 and 160 blocks) and 0.82x for 1.7B (1,024 blocks) on the H200.
+    // Each token's blocks read its cells alone, so the kernel pays for a
+    // decode-sized batch while its blocks fit the GPU at once, and for any
+    // batch whose tokens are of different sequences: each then reads only
+    // its own sequence's pages, where the flash kernel's tile of queries
+    // would read every page for one of them.
     const bool dec =
-        t->iparams[3] == 64 &&
-        (attn_ == attn_kernel::decode ||
-         (attn_ == attn_kernel::automatic && n_tok <= dec_max_tok && blocks <= dec_slots_));
+        t->iparams[3] == 64 && (attn_ == attn_kernel::decode ||
+                                (attn_ == attn_kernel::automatic &&
+                                 ((n_tok <= dec_max_tok && blocks <= dec_slots_) || seqs_apart_)));
     if (!dec) return 0;
     // As many splits as fill the GPU's block slots once (a second, partial
     // wave of blocks would leave most SMs idle while it ran), counting the
@@ -2930,15 +3013,26 @@ void cuda_backend::make_steps(graph & g) {
     if (n > 0) ++uses[n - 1]; // the caller reads the last node
     steps_.assign(n, step{});
     for (size_t i = 0; i < n; ++i) steps_[i].t = nodes[i];
-    flash_steps_ = false;
+    const batch_info & b = g.batch;
+    seqs_apart_ = b.seq && b.n_tokens > 1;
+    seq_mask seen = 0;
+    for (int32_t i = 0; seqs_apart_ && i < b.n_tokens; ++i) {
+        const seq_mask bit = seq_mask(1) << b.seq[i];
+        seqs_apart_ = !(seen & bit);
+        seen |= bit;
+    }
+    flash_steps_ = decode_steps_ = false;
     for (size_t i = 0; i < n; ++i) {
         if (nodes[i]->kind == OP_MUL_MAT) {
             steps_[i].kind = step_kind::mm;
             steps_[i].mm[0] = nodes[i];
             steps_[i].n_mm = 1;
         }
-        if (nodes[i]->kind == OP_ATTENTION)
-            flash_steps_ = flash_steps_ || choose_attention(nodes[i]).kind == attn_kernel::flash;
+        if (nodes[i]->kind == OP_ATTENTION) {
+            const attn_kernel k = choose_attention(nodes[i]).kind;
+            flash_steps_ = flash_steps_ || k == attn_kernel::flash;
+            decode_steps_ = decode_steps_ || k == attn_kernel::decode;
+        }
     }
     if (!fuse_) return;
 
@@ -3245,6 +3339,7 @@ void cuda_backend::stage(graph & g) {
     // The cache cells [lo, hi) whose position or sequence changed.
     const kv_cache * kv = b.kv;
     int32_t lo = 0, hi = 0;
+    seq_mask held = 0; // the sequences of the cells in use
     if (kv) {
         if (shadow_kv_ != kv || shadow_pos_.size() != size_t(kv->n_cells)) {
             shadow_kv_ = kv;
@@ -3255,6 +3350,7 @@ void cuda_backend::stage(graph & g) {
         }
         lo = kv->n_used;
         for (int32_t c = 0; c < kv->n_used; ++c) {
+            if (kv->cell_pos[size_t(c)] >= 0) held |= kv->cell_seqs[size_t(c)];
             if (kv->cell_pos[size_t(c)] != shadow_pos_[size_t(c)] ||
                 kv->cell_seqs[size_t(c)] != shadow_seqs_[size_t(c)]) {
                 lo = std::min(lo, c);
@@ -3265,14 +3361,15 @@ void cuda_backend::stage(graph & g) {
     }
     const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
     const size_t mask_bytes = size_t(hi - lo) * sizeof(uint64_t);
-    // The tiles that hold a changed cell, summarised when the flash kernel
-    // will read them.
+    // The tiles that hold a changed cell, summarised when an attention
+    // kernel will read them.
     if (hi > lo) {
         tiles_lo_ = std::min(tiles_lo_, lo);
         tiles_hi_ = std::max(tiles_hi_, hi);
     }
+    pages_ = (held & (held - 1)) != 0;
     int32_t t_lo = 0, t_hi = 0;
-    if (kv && flash_steps_ && tiles_hi_ > tiles_lo_) {
+    if (kv && (flash_steps_ || (decode_steps_ && pages_)) && tiles_hi_ > tiles_lo_) {
         t_lo = tiles_lo_ / cell_tile_cells;
         t_hi = int32_t((std::min<int64_t>(tiles_hi_, kv->n_cells) + cell_tile_cells - 1) /
                        cell_tile_cells);
@@ -3389,6 +3486,8 @@ void cuda_backend::signature(const graph & g) {
     ptr(work_.p);
     ptr(rope_.p);
     ptr(done_.p);
+    put(seqs_apart_);
+    put(pages_);
 }
 
 void cuda_backend::reserve(graph & g) {
@@ -3427,13 +3526,15 @@ void cuda_backend::run(graph & g) {
     try {
         bool capture = false;
         bool capturable = graphs_;
-        // Decode-sized graphs only (up to 32 tokens, whichever kernels
-        // their matmuls take): a prompt's graph is dominated by its
-        // matmuls, and capturing it costs more than its launches.
-        // Copies from pageable memory cannot be captured.
+        // Decode steps only (up to 32 tokens, whichever kernels their
+        // matmuls take, or a token of each of up to 64 sequences): a
+        // prompt's graph is dominated by its matmuls, and capturing it
+        // costs more than its launches. Copies from pageable memory cannot
+        // be captured.
         for (const tensor * t : g.nodes()) {
-            capturable = capturable && (t->kind != OP_COPY || mem_.host_pageable == 0) &&
-                         (t->kind != OP_MUL_MAT || small_mm(t) || t->src[1]->ne[1] <= 32);
+            capturable =
+                capturable && (t->kind != OP_COPY || mem_.host_pageable == 0) &&
+                (t->kind != OP_MUL_MAT || small_mm(t) || t->src[1]->ne[1] <= 32 || seqs_apart_);
         }
         if (capturable) {
             signature(g);
@@ -3713,8 +3814,11 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
         const dim3 dgrid(unsigned(p.n_tok), unsigned((view.h1 - view.h0) * decode_subs(p.group)),
                          unsigned(p.S));
         with_dec_heads(decode_heads(p.group), [&](auto g) {
-            launch_kernel_smem(decode_attention_kernel<64, decltype(g)::value>, dgrid,
-                               dim3(dec_warps * warp_size), dec_smem<64>(), stream_, pdl_now_, p);
+            constexpr int gb = decltype(g)::value;
+            launch_kernel_smem(pages_ ? decode_attention_kernel<64, gb, true>
+                                      : decode_attention_kernel<64, gb, false>,
+                               dgrid, dim3(dec_warps * warp_size), dec_smem<64>(), stream_,
+                               pdl_now_, p);
         });
         check_launch("decode attention");
         return;

@@ -376,6 +376,58 @@ struct attn_setup {
         fill_batch(rng);
     }
 
+    // Sequences decoded together, as smol's own cell allocation leaves them:
+    // n_seqs sequences of about `history` positions each, taken a token at a
+    // time in a random order through kv_cache::find_cell (pages of their
+    // own), after a first page of sequence 0 that every sequence shares (a
+    // common prefix); one cell in sixteen freed after. The batch is one
+    // token of each sequence.
+    struct paged {
+        int n_seqs, history;
+    };
+    attn_setup(std::mt19937 & rng, int nh, int nkv, int d, paged h)
+        : n_head(nh), n_head_kv(nkv), hd(d),
+          n_cells((h.history + 2 * smol::kv_page) * h.n_seqs + smol::kv_page), n_tok(h.n_seqs) {
+        fill_cache(rng);
+        std::vector<int32_t> tail(size_t(h.n_seqs), -1), next(size_t(h.n_seqs), smol::kv_page);
+        const uint64_t all = h.n_seqs == 64 ? ~uint64_t(0) : (uint64_t(1) << h.n_seqs) - 1;
+        for (int c = 0; c < smol::kv_page; ++c) {
+            kv.cell_pos[size_t(c)] = c;
+            kv.cell_seqs[size_t(c)] = all;
+        }
+        std::fill(tail.begin(), tail.end(), smol::kv_page - 1);
+        std::vector<int> order;
+        for (int s = 0; s < h.n_seqs; ++s) {
+            const int n = h.history / 2 + int(rng() % uint32_t(h.history));
+            order.insert(order.end(), size_t(n), s);
+        }
+        std::shuffle(order.begin(), order.end(), rng);
+        auto take = [&](int s) {
+            int32_t page_from = 0, cell_from = 0;
+            const int32_t c = kv.find_cell(tail[size_t(s)], page_from, cell_from);
+            REQUIRE(c >= 0);
+            kv.cell_pos[size_t(c)] = next[size_t(s)]++;
+            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+            kv.n_used = std::max(kv.n_used, c + 1);
+            tail[size_t(s)] = c;
+            return c;
+        };
+        kv.n_used = smol::kv_page;
+        for (int s : order) take(s);
+        for (int c = smol::kv_page; c < kv.n_used; ++c) {
+            if (rng() % 16 != 0) continue;
+            kv.cell_pos[size_t(c)] = -1;
+            kv.cell_seqs[size_t(c)] = 0;
+        }
+        for (int s = 0; s < h.n_seqs; ++s) {
+            const int32_t p = next[size_t(s)];
+            cell.push_back(take(s));
+            pos.push_back(p);
+            seq.push_back(s);
+        }
+        fill_batch(rng);
+    }
+
     void fill_cache(std::mt19937 & rng) {
         kv.init(2, n_head_kv, hd, n_cells);
         const size_t n = kv.bytes_per_tensor() / 2;
@@ -549,7 +601,8 @@ constexpr double flash_attn_tol = 1.5e-3;
 
 // Batches of up to this many tokens may take the decode kernel by default
 // (smol-cuda.cu's dec_max_tok: while a block per token and kv head fits the
-// GPU at once), the rest the flash kernel; one token always takes it here.
+// GPU at once), the rest the flash kernel, unless every token is of a
+// sequence of its own; one token always takes it here.
 constexpr int decode_max_tok = 32;
 
 namespace {
@@ -736,6 +789,41 @@ TEST_CASE("decode attention over head groups' views matches the CPU with every k
                 }
             }
         }
+    }
+}
+
+TEST_CASE("decode attention over sequences in pages of their own matches the CPU and skips "
+          "their pages") {
+    // Tokens of many sequences at once: the decode kernel lists the pages
+    // its token's sequence holds (in windows of 512 tiles over a long
+    // split) and skips the rest; 1.7B's 32 kv heads at 32 sequences are more
+    // blocks than the GPU holds at once, and 48 sequences more tokens than a
+    // decode-sized batch, and both still take it.
+    auto automatic = gpu_attention("auto");
+    if (!automatic) return;
+    auto decode = gpu_attention("decode");
+    auto flash = gpu_attention("flash");
+    auto c_be = cpu();
+    struct shape {
+        int n_head, n_head_kv, n_seqs, history;
+    };
+    const shape shapes[] = {{16, 8, 32, 640}, {32, 32, 32, 120}, {9, 3, 5, 300}, {8, 4, 48, 100}};
+    for (const shape & sh : shapes) {
+        const uint32_t seed = fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(sh.n_head_kv);
+        CAPTURE(sh.n_seqs);
+        std::mt19937 rng(seed);
+        attn_setup a(rng, sh.n_head, sh.n_head_kv, 64, attn_setup::paged{sh.n_seqs, sh.history});
+        MESSAGE(sh.n_seqs << " sequences over " << a.kv.n_used << " cells");
+        const bool rope = seed % 2 == 0;
+        const auto want = a.run(*c_be, rope);
+        const auto au = a.run(*automatic, rope);
+        const auto d = a.run(*decode, rope);
+        const auto f = a.run(*flash, rope);
+        check_attention(a, want, {{"decode", d}, {"flash", f}, {"automatic", au}});
+        CHECK_MESSAGE(au.out == d.out, "tokens of different sequences took another kernel");
+        CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
     }
 }
 
