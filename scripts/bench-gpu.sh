@@ -558,9 +558,9 @@ if has peers; then
             : >"$tmp/peers-batched.txt"
             for f in "${bench_files[@]}"; do
                 # M sequences of a 16-token prompt and 128 new tokens each, as smol-bench
-                # --batched M; the cache holds 128 x 144 tokens.
+                # --batched M; the cache holds 128 x 144 tokens (smol stops at 64).
                 "$lb/llama-batched-bench" -m "$f" -ngl 99 -fa on -c 20480 -b 2048 -ub 512 \
-                    -npp 16 -ntg 128 -npl 1,8,32,128 >>"$tmp/peers-batched.txt" 2>&1
+                    -npp 16 -ntg 128 -npl 1,8,32,64 >>"$tmp/peers-batched.txt" 2>&1
             done
             cat "$tmp/peers-batched.txt" >>"$all_log"
             { echo; echo "### llama-batched-bench"; echo; grep '^|' "$tmp/peers-batched.txt"; } >>"$summary"
