@@ -852,7 +852,13 @@ struct cell_tile {
     uint64_t seq_or, seq_and;
     int32_t min_pos, max_pos, n_used, pad;
 };
-constexpr int cell_tile_cells = 64;
+constexpr int cell_tile_cells = kv_page; // a tile is a page of the cache
+
+// Whether no query of the sequences `seqs` at positions up to max_pos can
+// see a cell of the tile (so an attention kernel skips it unread).
+__device__ __forceinline__ bool tile_unseen(const cell_tile & t, seq_mask seqs, int max_pos) {
+    return t.n_used == 0 || t.min_pos > max_pos || (t.seq_or & seqs) == 0;
+}
 
 struct attn_params {
     const float * q;
@@ -1201,25 +1207,23 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)
 
 // Four 8x8 f16 matrices from shared memory: lanes 8i..8i+7 give the rows of
 // matrix i; register i of lane l gets row l / 4, columns 2 (l % 4) and
-// 2 (l % 4) + 1 of matrix i (the B fragment of a column-major operand).
+// 2 (l % 4) + 1 of matrix i (the B fragment of a column-major operand), or
+// with Trans column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1 (the B fragment
+// of a row-major operand).
+template <bool Trans = false>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t * row) {
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-// Four 8x8 f16 matrices from shared memory, transposed: lanes 8i..8i+7 give
-// the rows of matrix i; register i of lane l gets column l / 4, rows
-// 2 (l % 4) and 2 (l % 4) + 1 of matrix i (the B fragment of a row-major
-// operand).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const uint16_t * row) {
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
+    if constexpr (Trans) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr)
+                     : "memory");
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr)
+                     : "memory");
+    }
 }
 
 // 16 bytes from global to shared memory without a register, in the group
@@ -1429,7 +1433,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 #pragma unroll
             for (int n2 = 0; n2 < HD / 16; ++n2) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, vs + (kk * 16 + mr + 8 * (mi & 1)) * LD + n2 * 16 +
+                ldmatrix_x4<true>(b, vs + (kk * 16 + mr + 8 * (mi & 1)) * LD + n2 * 16 +
                                          8 * (mi >> 1));
                 mma_f16_16816(o[2 * n2], pa[kk], b[0], b[1]);
                 mma_f16_16816(o[2 * n2 + 1], pa[kk], b[2], b[3]);
@@ -1468,7 +1472,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
             const int c0 = w0 + int(threadIdx.x) * fa_cells;
             const cell_tile ti = p.tiles[c0 / fa_cells];
             uint8_t kind = masked_tile;
-            if (ti.n_used == 0 || ti.min_pos > max_pos || (ti.seq_or & seqs) == 0) {
+            if (tile_unseen(ti, seqs, max_pos)) {
                 kind = skip_tile; // no query sees a cell of it
             } else if (c0 + fa_cells <= c_end && ti.n_used == fa_cells && ti.max_pos <= min_pos &&
                        (ti.seq_and & seqs) == seqs) {
@@ -1646,14 +1650,13 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     uint16_t * vs = ks + 2 * dec_cells * HD;                // [2][dec_cells][HD]
 
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
-    constexpr bool pages = Pages;
     const int my_pos = p.pos[tok], my_seq = p.seq[tok];
     // The tiles of a window [w0, w1): every tile, or the listed ones; past
     // the last, w1 (nothing to copy, no cell seen).
     __shared__ int listed[Pages ? dec_list : 1];
     __shared__ int listed_n[dec_warps];
-    int w0 = c_begin, w1 = pages ? min(c_end, c_begin + dec_list * dec_cells) : c_end, n_wt = 0;
-    auto tile_at = [&](int i) { return i >= n_wt ? w1 : pages ? listed[i] : w0 + i * dec_cells; };
+    int w0 = c_begin, w1 = Pages ? min(c_end, c_begin + dec_list * dec_cells) : c_end, n_wt = 0;
+    auto tile_at = [&](int i) { return i >= n_wt ? w1 : Pages ? listed[i] : w0 + i * dec_cells; };
     // Lists the window's tiles whose page holds the token's sequence at or
     // before its position, in cell order (a thread looks at consecutive
     // tiles; their counts are scanned across the block).
@@ -1665,8 +1668,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (int j = 0; j < per; ++j) {
             if (first + j < n) {
                 const cell_tile & t = p.tiles[(w0 + (first + j) * dec_cells) / cell_tile_cells];
-                keep |= uint32_t(t.n_used > 0 && ((t.seq_or >> my_seq) & 1u) && t.min_pos <= my_pos)
-                        << j;
+                keep |= uint32_t(!tile_unseen(t, seq_mask(1) << my_seq, my_pos)) << j;
             }
         }
         const int cnt = __popc(keep);
@@ -1687,7 +1689,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (; keep; keep &= keep - 1) listed[at++] = w0 + (first + __ffs(keep) - 1) * dec_cells;
         n_wt = total;
     };
-    if (!pages) n_wt = (c_end - c_begin + dec_cells - 1) / dec_cells;
+    if constexpr (!Pages) n_wt = (c_end - c_begin + dec_cells - 1) / dec_cells;
     // Copies of the tile at c into buffer b: piece lane % pieces of the rows
     // the mask names (bit r: cell c + r), rows_at_once rows an instruction.
     auto issue = [&](int c, int b, uint32_t mask) {
@@ -1723,10 +1725,10 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     };
     // The positions, sequences and page summaries were staged before the
     // step began too: the list is made while the kernel before ends.
-    if (pages) list_tiles();
+    if constexpr (Pages) list_tiles();
     griddep_wait();
     griddep_launch();
-    if (!pages) start();
+    if constexpr (!Pages) start();
 
     for (int e = threadIdx.x; e < GB * (HD / 2); e += blockDim.x) {
         const int g = e / (HD / 2), j = e % (HD / 2);
@@ -1749,7 +1751,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (int e = 0; e < EPL; ++e) acc[g][e] = 0.0f;
     }
     for (;;) {
-        if (pages) start();
+        if constexpr (Pages) start();
         // Warp tiles warp, warp + dec_warps, ... of the window.
         for (int k = 0, ti = warp, base = tile_at(ti); base < w1; ++k) {
             const int b = k & 1;
@@ -2177,6 +2179,14 @@ class cuda_backend final : public backend {
                    const uint16_t * xh, int M, float * y, size_t ldy, uint8_t * dq);
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
+    // A cuBLAS step's f16 input at the start of the work space, then room
+    // for a dequantized weight.
+    uint16_t * blas_input() const {
+        return static_cast<uint16_t *>(work_.p);
+    }
+    uint8_t * blas_dequant(int K, int M) const {
+        return static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M);
+    }
     uint16_t * f16_input(const float * x, size_t ldx, int K, int M);
     void run_blas(const step & s, const tensor * x, int K, int M);
 #endif
@@ -3994,13 +4004,12 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
                                     int(ldx), &zero, y, int(ldy)));
         return;
     }
-    blas_gemm(type, w, w_row_bytes, N, K, f16_input(x, ldx, K, M), M, y, ldy,
-              static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M));
+    blas_gemm(type, w, w_row_bytes, N, K, f16_input(x, ldx, K, M), M, y, ldy, blas_dequant(K, M));
 }
 
 // x[M][K] as f16 at the start of the work space.
 uint16_t * cuda_backend::f16_input(const float * x, size_t ldx, int K, int M) {
-    uint16_t * xh = static_cast<uint16_t *>(work_.p);
+    uint16_t * xh = blas_input();
     f32_to_f16_kernel<<<grid_for(size_t(M) * K / 4, 256), 256, 0, stream_>>>(x, ldx, K, M, xh);
     check_launch("f32_to_f16");
     return xh;
@@ -4017,7 +4026,7 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
                 s.mm[0]->nb[1] / 4);
         return;
     }
-    uint16_t * xh = static_cast<uint16_t *>(work_.p);
+    uint16_t * xh = blas_input();
     if (s.norm) {
         // With a folded add, x is the add's result, made here from its sources.
         const tensor * a = s.add ? s.add->src[0] : x;
@@ -4034,7 +4043,7 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
     } else {
         f16_input(data_of<const float>(x), x->nb[1] / 4, K, M);
     }
-    uint8_t * dq = static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M);
+    uint8_t * dq = blas_dequant(K, M);
     for (int i = 0; i < s.n_mm; ++i) {
         const tensor * m = s.mm[i];
         const tensor * w = m->src[0];

@@ -684,8 +684,8 @@ std::string llama_context::schedule_text(int32_t n) {
     if (n <= 0) n = 1;
     n = std::min({n, plan.chunk, kv.n_free()});
     if (n <= 0) throw error(SMOL_ERR_CONTEXT_FULL, "the KV cache has no free cell for a step");
-    // The cells and positions the step would take, taken for the graph and
-    // then given back.
+    // The cells the step would take: each marked taken while the next is
+    // found, all given back before the graph is built.
     const int32_t n_used = kv.n_used;
     int32_t page_from = 0, cell_from = 0;
     for (int32_t j = 0; j < n; ++j) {

@@ -389,13 +389,14 @@ struct attn_setup {
         : n_head(nh), n_head_kv(nkv), hd(d),
           n_cells((h.history + 2 * smol::kv_page) * h.n_seqs + smol::kv_page), n_tok(h.n_seqs) {
         fill_cache(rng);
-        std::vector<int32_t> tail(size_t(h.n_seqs), -1), next(size_t(h.n_seqs), smol::kv_page);
+        // Every sequence's newest cell is the shared page's last.
+        std::vector<int32_t> tail(size_t(h.n_seqs), smol::kv_page - 1),
+            next(size_t(h.n_seqs), smol::kv_page);
         const uint64_t all = h.n_seqs == 64 ? ~uint64_t(0) : (uint64_t(1) << h.n_seqs) - 1;
         for (int c = 0; c < smol::kv_page; ++c) {
             kv.cell_pos[size_t(c)] = c;
             kv.cell_seqs[size_t(c)] = all;
         }
-        std::fill(tail.begin(), tail.end(), smol::kv_page - 1);
         std::vector<int> order;
         for (int s = 0; s < h.n_seqs; ++s) {
             const int n = h.history / 2 + int(rng() % uint32_t(h.history));
@@ -792,8 +793,8 @@ TEST_CASE("decode attention over head groups' views matches the CPU with every k
     }
 }
 
-TEST_CASE("decode attention over sequences in pages of their own matches the CPU and skips "
-          "their pages") {
+TEST_CASE("decode attention over sequences in pages of their own matches the CPU and is the "
+          "default") {
     // Tokens of many sequences at once: the decode kernel lists the pages
     // its token's sequence holds (in windows of 512 tiles over a long
     // split) and skips the rest; 1.7B's 32 kv heads at 32 sequences are more
