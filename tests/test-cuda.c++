@@ -39,7 +39,10 @@ using smol::tensor;
 constexpr smol_type all_types[] = {SMOL_TYPE_F32,  SMOL_TYPE_F16,  SMOL_TYPE_BF16,
                                    SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1};
 
+// Fresh randomness every run; SMOL_TEST_SEED replays a failing run's seed.
 uint32_t fresh_seed() {
+    if (const char * s = std::getenv("SMOL_TEST_SEED"))
+        return uint32_t(std::strtoul(s, nullptr, 0));
     return std::random_device{}();
 }
 
