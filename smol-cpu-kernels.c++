@@ -1227,38 +1227,46 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
     }
 }
 
-// Decode reads each weight once, from memory. Asking for the rows about
-// 24 KiB ahead, one cache line per row at a time as the kernel moves along
-// them, keeps more fills in flight than the hardware prefetcher does alone
-// (measured on Zen 3: asking for whole rows at once did less). The distance
-// in rows, a multiple of 8.
+// Decode reads each weight once, from memory. The kernels ask for the
+// rows ahead a cache line at a time, in address order, as they move along
+// their own rows: 8 rows read side by side are 8 streams the hardware
+// prefetcher serves poorly, and lines asked for one from each row in turn
+// did less than the same lines asked for in order, and lines about 8 KiB
+// ahead more than 16-48 KiB ahead (measured on Zen 3). The distance in
+// rows, a multiple of 8.
 static inline int64_t prefetch_distance(size_t row_bytes) {
-    const int64_t rows = (int64_t)((24u << 10) / row_bytes) & ~(int64_t)7;
+    const int64_t rows = (int64_t)((8u << 10) / row_bytes) & ~(int64_t)7;
     return rows < 8 ? 8 : rows > 64 ? 64 : rows;
+}
+
+// Step s (from 0) of a kernel that has moved 64 bytes further along each of
+// its rows asks for the next RM lines of the RM rows at pf (contiguous): over
+// a row's length the steps cover all of them, in order.
+template <int RM> static inline void prefetch_lines(const uint8_t * pf, size_t s) {
+    const char * p = (const char *)pf + s * RM * 64;
+    for (int i = 0; i < RM; i++) _mm_prefetch(p + i * 64, _MM_HINT_T0);
 }
 
 // Decode, quantized: 8 rows x 1 token, streaming the weights. Two rows
 // share each vpmaddubsw (row r's low-nibble half in the low 128 bits, row
 // r+1's in the high), and three vphaddd fold the four pair vectors into
 // the 8 rows' sums, in the lane order {0, 2, 4, 6, 1, 3, 5, 7}.
-// pf, when given, is 8 rows further on, streamed in as prefetch_distance
-// says (w_row_bytes apart): each 64 bytes of those rows is asked for once,
-// one line a row as soon as the kernel has moved past the last one asked
-// for (blocks of 34 or 20 bytes do not line up with lines).
+// pf, when given, is 8 rows further on (prefetch_distance), asked for
+// 8 lines each time the kernel passes another 64 bytes of its rows (blocks
+// of 34 or 20 bytes do not line up with lines).
 static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_act * a, int64_t nb,
-                     float * out, const uint8_t * pf, size_t w_row_bytes) {
+                     float * out, const uint8_t * pf) {
     const size_t bs = block_bytes(t);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     // Lane l of the result holds row order[l].
     static const int order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
     __m256 acc = _mm256_setzero_ps();
-    size_t pf_next = 0; // the rows' next line to ask for, as a row offset
+    size_t pf_next = 0; // row bytes covered by the lines asked for so far
     for (int64_t b = 0; b < nb; b++) {
         const size_t o = (size_t)b * bs;
         if (pf && pf_next < o + bs) {
-            for (int i = 0; i < 8; i++)
-                _mm_prefetch((const char *)(pf + i * w_row_bytes + pf_next), _MM_HINT_T0);
+            prefetch_lines<8>(pf, pf_next / 64);
             pf_next += 64;
         }
         __m256i pr[4];
@@ -1340,7 +1348,7 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
             for (int64_t j = 0; j < n_tok; j++) {
                 float out[8];
                 q_gemv_8(t, rows, (const block_q8_act *)(ab + (size_t)j * act_row_bytes), K / QK,
-                         out, j == 0 ? pf : nullptr, w_row_bytes);
+                         out, j == 0 ? pf : nullptr);
                 for (int64_t i = 0; i < n; i++) y[j * ldy + r + i] = out[i];
             }
         }
@@ -1412,12 +1420,8 @@ __attribute__((noinline)) static void f_tile(const uint8_t * w0, size_t ws, cons
     const int64_t K8 = K & ~(int64_t)7;
     constexpr int64_t el = T == SMOL_TYPE_F32 ? 4 : 2;
     for (int64_t k = 0; k < K8; k += 8) {
-        // Decode streams the weights: pf, when given, is rows further on (ws
-        // bytes apart), asked for one cache line per row every 64 bytes of
-        // progress.
-        if (pf && (k * el) % 64 == 0)
-            for (int i = 0; i < RM; i++)
-                _mm_prefetch((const char *)(pf + i * ws + k * el), _MM_HINT_T0);
+        // Decode streams the weights: pf, when given, is RM rows further on.
+        if (pf && (k * el) % 64 == 0) prefetch_lines<RM>(pf, (size_t)(k * el) / 64);
         __m256 wv[RM];
         for (int i = 0; i < RM; i++) wv[i] = load_w8<T>(w[i], k);
         for (int j = 0; j < RN; j++) {
