@@ -877,6 +877,7 @@ struct attn_params {
     const uint64_t * cell_seqs; // per cell, the sequences that hold it
     const int32_t * n_used;     // device scalar: graphs replayed later read the new value
     const cell_tile * tiles;    // per 64 cells
+    int n_kv;                   // kv heads of the view
     int Q, W, S;                // queries per block, cell streams per query, splits over cells
     float * part;               // S > 1: [token][head][split] of (max, sum, acc[hd])
     int * done;                 // S > 1: splits finished per (token, head); left at zero
@@ -1612,18 +1613,25 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 // of the block's query heads (the query rounded to f16, as on the CPU), then
 // every lane adds its share of the weighted V rows; the weights stay f32.
 // With S splits the last block of a (token, kv head) merges the partials.
-// Over a cache of several sequences (Pages) the block first lists the tiles
+// Over a cache of several sequences (pages) the block first lists the tiles
 // of its split whose page its token's sequence holds, from the pages'
 // summaries, in windows of dec_list tiles, and the warps walk that list:
-// another sequence's page costs one summary read.
-template <int HD, int GB, bool Pages>
+// another sequence's page costs one summary read. When a batch's (token,
+// kv head) pairs are more blocks than the GPU holds at once, each warp of a
+// block serves a kv head of its own over the whole list (warp_pages, one
+// split): the token's list is made once for four kv heads, and a short
+// history is one pass of a warp, not one block of mostly idle warps.
+enum class dec_form : uint8_t { dense, pages, warp_pages };
+
+template <int HD, int GB, dec_form F>
 __global__ void __launch_bounds__(dec_warps * warp_size)
     decode_attention_kernel(const attn_params p) {
     static_assert(HD % warp_size == 0 && HD >= 64, "whole lanes, at least eight pieces a row");
+    constexpr bool Pages = F != dec_form::dense, WU = F == dec_form::warp_pages;
     constexpr int EPL = HD / warp_size, pieces = HD / 8;
     constexpr int rows_at_once = warp_size / pieces; // cells a warp's copy instruction covers
     extern __shared__ __align__(16) uint16_t dec_sm[];
-    __shared__ __align__(16) float qs[GB][HD];
+    __shared__ __align__(16) float qs[WU ? dec_warps : 1][GB][HD];
     __shared__ float st[dec_warps][GB][HD + 2];
 
     // The count of cells in use was copied in before the step's first kernel
@@ -1639,7 +1647,12 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
     const int tok = blockIdx.x;
     const int n_sub = decode_subs(p.group);
-    const int hk = int(blockIdx.y) / n_sub, sub = int(blockIdx.y) % n_sub;
+    // The (kv head, part of its query heads) the block serves, or with
+    // warp_pages this warp; a warp past the last has no tiles.
+    const int n_units = p.n_kv * n_sub;
+    const int unit = WU ? min(int(blockIdx.y) * dec_warps + warp, n_units - 1) : int(blockIdx.y);
+    const bool active = !WU || int(blockIdx.y) * dec_warps + warp < n_units;
+    const int hk = unit / n_sub, sub = unit % n_sub;
     const int h_first = (p.h0 + hk) * p.group + sub * GB;
     const int n_here = min(GB, p.group - sub * GB);
     const uint16_t * K = p.K + hk * p.head_stride;
@@ -1690,6 +1703,9 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         n_wt = total;
     };
     if constexpr (!Pages) n_wt = (c_end - c_begin + dec_cells - 1) / dec_cells;
+    // The warp's tiles: first, first + stride, ... of the window's.
+    constexpr int stride = WU ? 1 : dec_warps;
+    const int first = WU ? (active ? 0 : dec_list) : warp;
     // Copies of the tile at c into buffer b: piece lane % pieces of the rows
     // the mask names (bit r: cell c + r), rows_at_once rows an instruction.
     auto issue = [&](int c, int b, uint32_t mask) {
@@ -1718,10 +1734,10 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     // the token sees: one trip to memory instead of two) and the cell table
     // of its first two.
     auto start = [&]() {
-        const int c = tile_at(warp);
+        const int c = tile_at(first);
         issue(c, 0, __ballot_sync(0xffffffffu, c + lane < w1));
         cell(c + lane, cp0, cs0);
-        cell(tile_at(warp + dec_warps) + lane, cp1, cs1);
+        cell(tile_at(first + stride) + lane, cp1, cs1);
     };
     // The positions, sequences and page summaries were staged before the
     // step began too: the list is made while the kernel before ends.
@@ -1730,13 +1746,15 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     griddep_launch();
     if constexpr (!Pages) start();
 
-    for (int e = threadIdx.x; e < GB * (HD / 2); e += blockDim.x) {
+    float(*q)[HD] = qs[WU ? warp : 0];
+    for (int e = WU ? lane : int(threadIdx.x); e < GB * (HD / 2);
+         e += WU ? warp_size : int(blockDim.x)) {
         const int g = e / (HD / 2), j = e % (HD / 2);
         float x0 = 0.0f, x1 = 0.0f;
         if (g < n_here) load_query_pair(p, tok, h_first + g, HD, j, x0, x1);
         // The query meets the f16 cache as f16, as on the CPU.
-        qs[g][2 * j] = f16_to_f32(f32_to_f16(x0));
-        qs[g][2 * j + 1] = f16_to_f32(f32_to_f16(x1));
+        q[g][2 * j] = f16_to_f32(f32_to_f16(x0));
+        q[g][2 * j + 1] = f16_to_f32(f32_to_f16(x1));
     }
     __syncthreads();
 
@@ -1752,14 +1770,13 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     }
     for (;;) {
         if constexpr (Pages) start();
-        // Warp tiles warp, warp + dec_warps, ... of the window.
-        for (int k = 0, ti = warp, base = tile_at(ti); base < w1; ++k) {
+        for (int k = 0, ti = first, base = tile_at(ti); base < w1; ++k) {
             const int b = k & 1;
-            const int next = tile_at(ti + dec_warps);
+            const int next = tile_at(ti + stride);
             // The next tile's visible rows, then the cell table two tiles ahead.
             issue(next, b ^ 1,
                   __ballot_sync(0xffffffffu, kv_cell_visible(cp1, cs1, my_seq, my_pos)));
-            cell(tile_at(ti + 2 * dec_warps) + lane, cp2, cs2);
+            cell(tile_at(ti + 2 * stride) + lane, cp2, cs2);
             cp_async_wait<1>();
             __syncwarp();
             const bool vis = kv_cell_visible(cp0, cs0, my_seq, my_pos);
@@ -1775,13 +1792,13 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
                     for (int g = 0; g < GB; ++g) {
-                        const float4 qa = *reinterpret_cast<const float4 *>(&qs[g][j]);
-                        const float4 qb = *reinterpret_cast<const float4 *>(&qs[g][j + 4]);
-                        const float q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+                        const float4 qa = *reinterpret_cast<const float4 *>(&q[g][j]);
+                        const float4 qb = *reinterpret_cast<const float4 *>(&q[g][j + 4]);
+                        const float qj[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
                         for (int i = 0; i < 4; ++i) {
-                            s[g] += f16_to_f32(uint16_t(w[i] & 0xffff)) * q[2 * i] +
-                                    f16_to_f32(uint16_t(w[i] >> 16)) * q[2 * i + 1];
+                            s[g] += f16_to_f32(uint16_t(w[i] & 0xffff)) * qj[2 * i] +
+                                    f16_to_f32(uint16_t(w[i] >> 16)) * qj[2 * i + 1];
                         }
                     }
                 }
@@ -1828,7 +1845,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             cs0 = cs1;
             cp1 = cp2;
             cs1 = cs2;
-            ti += dec_warps;
+            ti += stride;
             base = next;
         }
         if (w1 >= c_end) break;
@@ -1842,87 +1859,100 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     }
     cp_async_wait<0>();
 
-    // The warps' states, then the block's: max, sum and the weighted sum of
-    // V for each query head.
+    if constexpr (WU) {
+        // A warp's state is its kv head's whole answer (one split).
+        if (!active) return;
 #pragma unroll
-    for (int g = 0; g < GB; ++g) {
-        const float L = warp_sum(l[g]);
-        if (lane == 0) {
-            st[warp][g][0] = m[g];
-            st[warp][g][1] = L;
+        for (int g = 0; g < GB; ++g) {
+            const float L = warp_sum(l[g]);
+            if (g >= n_here) continue;
+            float * out = p.out + size_t(tok) * p.ldo + (h_first + g) * HD + lane * EPL;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) out[e] = L > 0.0f ? acc[g][e] / L : 0.0f;
         }
+    } else {
+        // The warps' states, then the block's: max, sum and the weighted sum of
+        // V for each query head.
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) st[warp][g][2 + lane * EPL + e] = acc[g][e];
-    }
-    __syncthreads();
-    // This block's partials: [block][GB][S] of (max, sum, acc[HD]).
-    float * part_of_block =
-        p.part + (size_t(blockIdx.x) * gridDim.y + blockIdx.y) * GB * p.S * (HD + 2);
-    for (int i = threadIdx.x; i < GB * HD; i += blockDim.x) {
-        const int g = i / HD, e = i % HD;
-        if (g >= n_here) continue;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < dec_warps; ++w) mx = fmaxf(mx, st[w][g][0]);
-        float L = 0.0f, a = 0.0f;
-        if (mx != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < dec_warps; ++w) {
-                const float f = st[w][g][0] == -INFINITY ? 0.0f : exp2f(st[w][g][0] - mx);
-                L += st[w][g][1] * f;
-                a += st[w][g][2 + e] * f;
+        for (int g = 0; g < GB; ++g) {
+            const float L = warp_sum(l[g]);
+            if (lane == 0) {
+                st[warp][g][0] = m[g];
+                st[warp][g][1] = L;
             }
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) st[warp][g][2 + lane * EPL + e] = acc[g][e];
         }
-        const int h = h_first + g;
-        if (n_split == 1) {
-            p.out[size_t(tok) * p.ldo + h * HD + e] = L > 0.0f ? a / L : 0.0f;
-        } else {
-            float * part = part_of_block + (size_t(g) * p.S + blockIdx.z) * (HD + 2);
-            if (e == 0) {
-                part[0] = mx;
-                part[1] = L;
-            }
-            part[2 + e] = a;
-        }
-    }
-    if (n_split == 1) return;
-
-    // The block that finishes last for this (token, kv head, part) merges
-    // the splits.
-    if (!last_split_block(p.done + blockIdx.x * gridDim.y + blockIdx.y, n_split)) return;
-    __shared__ float weight[GB][dec_max_splits];
-    __shared__ float inv_sum[GB];
-    for (int g = warp; g < n_here; g += dec_warps) {
-        const float L = split_weights<true, dec_max_splits / warp_size>(
-            part_of_block + size_t(g) * p.S * (HD + 2), n_split, HD + 2, weight[g]);
-        if (lane == 0) inv_sum[g] = L > 0.0f ? 1.0f / L : 0.0f;
-    }
-    __syncthreads();
-    // Each output's splits are summed by `ways` threads (every ways-th split
-    // each, several loads in flight), whose sums then meet in shared memory.
-    const int n_out = n_here * HD, ways = max(1, int(blockDim.x) / n_out);
-    float * red = &st[0][0][0]; // ways * n_out <= blockDim.x floats when ways > 1
-    for (int it = threadIdx.x; it < ways * n_out; it += blockDim.x) {
-        const int way = it / n_out, o = it % n_out, g = o / HD;
-        const float * pr = part_of_block + size_t(g) * p.S * (HD + 2) + 2 + o % HD;
-        float a = 0.0f;
-#pragma unroll 8
-        for (int i = way; i < n_split; i += ways) {
-            const float f = weight[g][i], x = SMOL_LOAD_L2(pr + size_t(i) * (HD + 2));
-            a = f != 0.0f ? a + x * f : a;
-        }
-        if (ways == 1) {
-            p.out[size_t(tok) * p.ldo + h_first * HD + o] = a * inv_sum[g];
-        } else {
-            red[it] = a;
-        }
-    }
-    if (ways > 1) {
         __syncthreads();
-        for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
+        // This block's partials: [block][GB][S] of (max, sum, acc[HD]).
+        float * part_of_block =
+            p.part + (size_t(blockIdx.x) * gridDim.y + blockIdx.y) * GB * p.S * (HD + 2);
+        for (int i = threadIdx.x; i < GB * HD; i += blockDim.x) {
+            const int g = i / HD, e = i % HD;
+            if (g >= n_here) continue;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < dec_warps; ++w) mx = fmaxf(mx, st[w][g][0]);
+            float L = 0.0f, a = 0.0f;
+            if (mx != -INFINITY) {
+#pragma unroll
+                for (int w = 0; w < dec_warps; ++w) {
+                    const float f = st[w][g][0] == -INFINITY ? 0.0f : exp2f(st[w][g][0] - mx);
+                    L += st[w][g][1] * f;
+                    a += st[w][g][2 + e] * f;
+                }
+            }
+            const int h = h_first + g;
+            if (n_split == 1) {
+                p.out[size_t(tok) * p.ldo + h * HD + e] = L > 0.0f ? a / L : 0.0f;
+            } else {
+                float * part = part_of_block + (size_t(g) * p.S + blockIdx.z) * (HD + 2);
+                if (e == 0) {
+                    part[0] = mx;
+                    part[1] = L;
+                }
+                part[2 + e] = a;
+            }
+        }
+        if (n_split == 1) return;
+
+        // The block that finishes last for this (token, kv head, part) merges
+        // the splits.
+        if (!last_split_block(p.done + blockIdx.x * gridDim.y + blockIdx.y, n_split)) return;
+        __shared__ float weight[GB][dec_max_splits];
+        __shared__ float inv_sum[GB];
+        for (int g = warp; g < n_here; g += dec_warps) {
+            const float L = split_weights<true, dec_max_splits / warp_size>(
+                part_of_block + size_t(g) * p.S * (HD + 2), n_split, HD + 2, weight[g]);
+            if (lane == 0) inv_sum[g] = L > 0.0f ? 1.0f / L : 0.0f;
+        }
+        __syncthreads();
+        // Each output's splits are summed by `ways` threads (every ways-th split
+        // each, several loads in flight), whose sums then meet in shared memory.
+        const int n_out = n_here * HD, ways = max(1, int(blockDim.x) / n_out);
+        float * red = &st[0][0][0]; // ways * n_out <= blockDim.x floats when ways > 1
+        for (int it = threadIdx.x; it < ways * n_out; it += blockDim.x) {
+            const int way = it / n_out, o = it % n_out, g = o / HD;
+            const float * pr = part_of_block + size_t(g) * p.S * (HD + 2) + 2 + o % HD;
             float a = 0.0f;
-            for (int w = 0; w < ways; ++w) a += red[w * n_out + o];
-            p.out[size_t(tok) * p.ldo + h_first * HD + o] = a * inv_sum[o / HD];
+#pragma unroll 8
+            for (int i = way; i < n_split; i += ways) {
+                const float f = weight[g][i], x = SMOL_LOAD_L2(pr + size_t(i) * (HD + 2));
+                a = f != 0.0f ? a + x * f : a;
+            }
+            if (ways == 1) {
+                p.out[size_t(tok) * p.ldo + h_first * HD + o] = a * inv_sum[g];
+            } else {
+                red[it] = a;
+            }
+        }
+        if (ways > 1) {
+            __syncthreads();
+            for (int o = threadIdx.x; o < n_out; o += blockDim.x) {
+                float a = 0.0f;
+                for (int w = 0; w < ways; ++w) a += red[w * n_out + o];
+                p.out[size_t(tok) * p.ldo + h_first * HD + o] = a * inv_sum[o / HD];
+            }
         }
     }
 }
@@ -2110,17 +2140,20 @@ int env_flag(const char * name, int fallback) {
 
 // Which attention kernel runs: by the batch's token count (automatic), or
 // the one SMOL_ATTN names, so that both can be compared on one device.
-enum class attn_kernel : uint8_t { automatic, decode, flash, classic };
+// SMOL_ATTN=decode-warps is the decode kernel with a warp a kv head over
+// any cache of several sequences (automatic takes it for large batches).
+enum class attn_kernel : uint8_t { automatic, decode, decode_warps, flash, classic };
 
 attn_kernel attn_kernel_from_env() {
     const char * v = std::getenv("SMOL_ATTN");
     if (!v || !*v || std::strcmp(v, "auto") == 0) return attn_kernel::automatic;
     if (std::strcmp(v, "decode") == 0) return attn_kernel::decode;
+    if (std::strcmp(v, "decode-warps") == 0) return attn_kernel::decode_warps;
     if (std::strcmp(v, "flash") == 0) return attn_kernel::flash;
     if (std::strcmp(v, "classic") == 0) return attn_kernel::classic;
     throw error(SMOL_ERR_INVALID_ARGUMENT, std::string("SMOL_ATTN=") + v +
                                                " names no attention kernel; use auto, decode, "
-                                               "flash or classic");
+                                               "decode-warps, flash or classic");
 }
 
 // --- the backend ----------------------------------------------------------------
@@ -2365,14 +2398,15 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     for (int gb = 1; gb <= dec_max_heads; ++gb) {
         with_dec_heads(gb, [&](auto g) {
             constexpr int GB = decltype(g)::value;
-            for (const auto kernel :
-                 {decode_attention_kernel<64, GB, true>, decode_attention_kernel<64, GB, false>}) {
+            for (const auto kernel : {decode_attention_kernel<64, GB, dec_form::dense>,
+                                      decode_attention_kernel<64, GB, dec_form::pages>,
+                                      decode_attention_kernel<64, GB, dec_form::warp_pages>}) {
                 SMOL_GPU_CHECK(cudaFuncSetAttribute(
                     kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dec_smem<64>())));
             }
             int per_sm = 0;
             SMOL_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, decode_attention_kernel<64, GB, false>, dec_warps * warp_size,
+                &per_sm, decode_attention_kernel<64, GB, dec_form::dense>, dec_warps * warp_size,
                 dec_smem<64>()));
             dec_slots_ = std::min(dec_slots_, std::max(1, per_sm) * n_sm_);
         });
@@ -2978,10 +3012,10 @@ int cuda_backend::decode_splits(const tensor * t) const {
     // batch whose tokens are of different sequences: each then reads only
     // its own sequence's pages, where the flash kernel's tile of queries
     // would read every page for one of them.
-    const bool dec =
-        t->iparams[3] == 64 && (attn_ == attn_kernel::decode ||
-                                (attn_ == attn_kernel::automatic &&
-                                 ((n_tok <= dec_max_tok && blocks <= dec_slots_) || seqs_apart_)));
+    const bool dec = t->iparams[3] == 64 &&
+                     (attn_ == attn_kernel::decode || attn_ == attn_kernel::decode_warps ||
+                      (attn_ == attn_kernel::automatic &&
+                       ((n_tok <= dec_max_tok && blocks <= dec_slots_) || seqs_apart_)));
     if (!dec) return 0;
     // As many splits as fill the GPU's block slots once (a second, partial
     // wave of blocks would leave most SMs idle while it ran), counting the
@@ -3800,6 +3834,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.V = view.v;
     p.head_stride = view.head_stride;
     p.h0 = view.h0;
+    p.n_kv = view.h1 - view.h0;
     p.n_head = t->iparams[1];
     p.group = t->iparams[1] / t->iparams[2];
     p.hd = t->iparams[3];
@@ -3821,14 +3856,23 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     const int n_q = (view.h1 - view.h0) * p.group;
 #if defined(SMOL_FLASH_ATTENTION)
     if (a.kind == attn_kernel::decode) {
-        const dim3 dgrid(unsigned(p.n_tok), unsigned((view.h1 - view.h0) * decode_subs(p.group)),
-                         unsigned(p.S));
+        const int units = p.n_kv * decode_subs(p.group);
+        // Over pages, a warp a kv head where a block each would not fit the
+        // GPU at once (SMOL_ATTN=decode-warps: wherever there are pages).
+        const dec_form form = !pages_ ? dec_form::dense
+                              : attn_ == attn_kernel::decode_warps || p.n_tok * units > dec_slots_
+                                  ? dec_form::warp_pages
+                                  : dec_form::pages;
+        if (form == dec_form::warp_pages) p.S = 1;
+        const int ys = form == dec_form::warp_pages ? (units + dec_warps - 1) / dec_warps : units;
+        const dim3 dgrid(unsigned(p.n_tok), unsigned(ys), unsigned(p.S));
         with_dec_heads(decode_heads(p.group), [&](auto g) {
             constexpr int gb = decltype(g)::value;
-            launch_kernel_smem(pages_ ? decode_attention_kernel<64, gb, true>
-                                      : decode_attention_kernel<64, gb, false>,
-                               dgrid, dim3(dec_warps * warp_size), dec_smem<64>(), stream_,
-                               pdl_now_, p);
+            launch_kernel_smem(
+                form == dec_form::dense   ? decode_attention_kernel<64, gb, dec_form::dense>
+                : form == dec_form::pages ? decode_attention_kernel<64, gb, dec_form::pages>
+                                          : decode_attention_kernel<64, gb, dec_form::warp_pages>,
+                dgrid, dim3(dec_warps * warp_size), dec_smem<64>(), stream_, pdl_now_, p);
         });
         check_launch("decode attention");
         return;

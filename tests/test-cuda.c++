@@ -390,7 +390,8 @@ struct attn_setup {
     };
     attn_setup(std::mt19937 & rng, int nh, int nkv, int d, paged h)
         : n_head(nh), n_head_kv(nkv), hd(d),
-          n_cells((h.history + 2 * smol::kv_page) * h.n_seqs + smol::kv_page), n_tok(h.n_seqs) {
+          n_cells((h.history * 3 / 2 + 2 * smol::kv_page) * h.n_seqs + smol::kv_page),
+          n_tok(h.n_seqs) {
         fill_cache(rng);
         // Every sequence's newest cell is the shared page's last.
         std::vector<int32_t> tail(size_t(h.n_seqs), smol::kv_page - 1),
@@ -800,18 +801,22 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
           "default") {
     // Tokens of many sequences at once: the decode kernel lists the pages
     // its token's sequence holds (in windows of 512 tiles over a long
-    // split) and skips the rest; 1.7B's 32 kv heads at 32 sequences are more
-    // blocks than the GPU holds at once, and 48 sequences more tokens than a
-    // decode-sized batch, and both still take it.
+    // split) and skips the rest; 1.7B's 32 kv heads at 32 and 64 sequences
+    // are more blocks than the GPU holds at once (a warp serves each kv head
+    // then), and 48 sequences more tokens than a decode-sized batch, and all
+    // still take it. SMOL_ATTN=decode-warps takes the warp form for every
+    // shape here, with kv heads that leave warps of a block idle (3, 5).
     auto automatic = gpu_attention("auto");
     if (!automatic) return;
     auto decode = gpu_attention("decode");
+    auto warps = gpu_attention("decode-warps");
     auto flash = gpu_attention("flash");
     auto c_be = cpu();
     struct shape {
         int n_head, n_head_kv, n_seqs, history;
     };
-    const shape shapes[] = {{16, 8, 32, 640}, {32, 32, 32, 120}, {9, 3, 5, 300}, {8, 4, 48, 100}};
+    const shape shapes[] = {{16, 8, 32, 640}, {32, 32, 32, 120}, {32, 32, 64, 90},
+                            {9, 3, 5, 300},   {8, 4, 48, 100},   {15, 5, 7, 2000}};
     for (const shape & sh : shapes) {
         const uint32_t seed = fresh_seed();
         CAPTURE(seed);
@@ -824,10 +829,13 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
         const auto want = a.run(*c_be, rope);
         const auto au = a.run(*automatic, rope);
         const auto d = a.run(*decode, rope);
+        const auto w = a.run(*warps, rope);
         const auto f = a.run(*flash, rope);
-        check_attention(a, want, {{"decode", d}, {"flash", f}, {"automatic", au}});
+        check_attention(a, want,
+                        {{"decode", d}, {"decode-warps", w}, {"flash", f}, {"automatic", au}});
         CHECK_MESSAGE(au.out == d.out, "tokens of different sequences took another kernel");
         CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
+        CHECK_MESSAGE(w.out != f.out, "SMOL_ATTN=decode-warps ran the flash kernel");
     }
 }
 
