@@ -1628,7 +1628,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     decode_attention_kernel(const attn_params p) {
     static_assert(HD % warp_size == 0 && HD >= 64, "whole lanes, at least eight pieces a row");
     constexpr bool Pages = F != dec_form::dense, WU = F == dec_form::warp_pages;
-    constexpr int EPL = HD / warp_size, pieces = HD / 8;
+    constexpr int pieces = HD / 8;
     constexpr int rows_at_once = warp_size / pieces; // cells a warp's copy instruction covers
     extern __shared__ __align__(16) uint16_t dec_sm[];
     __shared__ __align__(16) float qs[WU ? dec_warps : 1][GB][HD];
@@ -1760,13 +1760,17 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
 
     // Scores in log2 units, so exp2f serves as the exponential.
     const float scale = p.scale * log2_e;
-    float m[GB], l[GB], acc[GB][EPL];
+    // Lane l sums the weighted V rows of cells l / pieces, l / pieces +
+    // rows_at_once, ... of each tile for the eight elements from (l % pieces)
+    // * 8, one 16-byte read a cell; the lanes of an element range add their
+    // sums at the end.
+    float m[GB], l[GB], acc[GB][8];
 #pragma unroll
     for (int g = 0; g < GB; ++g) {
         m[g] = -INFINITY;
         l[g] = 0.0f; // this lane's part of the sum
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[g][e] = 0.0f;
+        for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
     }
     for (;;) {
         if constexpr (Pages) start();
@@ -1812,30 +1816,28 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                     pr[g] = vis ? exp2f(sc - mn) : 0.0f;
                     l[g] = l[g] * corr + pr[g];
 #pragma unroll
-                    for (int e = 0; e < EPL; ++e) acc[g][e] *= corr;
+                    for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
                 }
                 // A zero weight adds nothing, so a row that was not copied (or
                 // that is not finite, as the CPU skips it) cannot reach the sum.
-                const uint16_t * vr = vs + b * dec_cells * HD + lane * EPL;
-#pragma unroll 8
-                for (int j = 0; j < dec_cells; ++j) {
-                    float v[EPL];
-                    if constexpr (EPL % 2 == 0) {
+                const uint16_t * vr =
+                    vs + (b * dec_cells + lane / pieces) * HD + (lane % pieces) * 8;
 #pragma unroll
-                        for (int e = 0; e < EPL; e += 2) {
-                            const uint32_t w = *reinterpret_cast<const uint32_t *>(vr + j * HD + e);
-                            v[e] = f16_to_f32(uint16_t(w & 0xffff));
-                            v[e + 1] = f16_to_f32(uint16_t(w >> 16));
-                        }
-                    } else {
+                for (int j = 0; j < dec_cells / rows_at_once; ++j) {
+                    const uint4 u = *reinterpret_cast<const uint4 *>(vr + j * rows_at_once * HD);
+                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+                    float v[8];
 #pragma unroll
-                        for (int e = 0; e < EPL; ++e) v[e] = f16_to_f32(vr[j * HD + e]);
+                    for (int i = 0; i < 4; ++i) {
+                        v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
+                        v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
                     }
+                    const int cj = j * rows_at_once + lane / pieces;
 #pragma unroll
                     for (int g = 0; g < GB; ++g) {
-                        const float pj = SMOL_SHFL(pr[g], j);
+                        const float pj = SMOL_SHFL(pr[g], cj);
 #pragma unroll
-                        for (int e = 0; e < EPL; ++e)
+                        for (int e = 0; e < 8; ++e)
                             acc[g][e] = pj != 0.0f ? acc[g][e] + pj * v[e] : acc[g][e];
                     }
                 }
@@ -1858,6 +1860,16 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         __syncthreads();
     }
     cp_async_wait<0>();
+    // Every lane of an element range gets the range's sum over the cells.
+#pragma unroll
+    for (int o = pieces; o < warp_size; o *= 2) {
+#pragma unroll
+        for (int g = 0; g < GB; ++g) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[g][e] += SMOL_SHFL_XOR(acc[g][e], o);
+        }
+    }
+    const bool writes = lane < pieces; // one lane an element range
 
     if constexpr (WU) {
         // A warp's state is its kv head's whole answer (one split).
@@ -1865,10 +1877,10 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
 #pragma unroll
         for (int g = 0; g < GB; ++g) {
             const float L = warp_sum(l[g]);
-            if (g >= n_here) continue;
-            float * out = p.out + size_t(tok) * p.ldo + (h_first + g) * HD + lane * EPL;
+            if (g >= n_here || !writes) continue;
+            float * out = p.out + size_t(tok) * p.ldo + (h_first + g) * HD + lane * 8;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) out[e] = L > 0.0f ? acc[g][e] / L : 0.0f;
+            for (int e = 0; e < 8; ++e) out[e] = L > 0.0f ? acc[g][e] / L : 0.0f;
         }
     } else {
         // The warps' states, then the block's: max, sum and the weighted sum of
@@ -1880,8 +1892,10 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                 st[warp][g][0] = m[g];
                 st[warp][g][1] = L;
             }
+            if (writes) {
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) st[warp][g][2 + lane * EPL + e] = acc[g][e];
+                for (int e = 0; e < 8; ++e) st[warp][g][2 + lane * 8 + e] = acc[g][e];
+            }
         }
         __syncthreads();
         // This block's partials: [block][GB][S] of (max, sum, acc[HD]).
