@@ -2676,17 +2676,22 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
 #endif
     }
 #if defined(SMOL_HAVE_BLAS)
-    // Float weights go to cuBLAS once the batch times the weight bytes
-    // passes 48 MiB: the small-batch kernels' time grows with both, while
-    // cuBLAS took about 12 us plus the weights' read on the H200 (2048 x
-    // 2048 f16: 8.3 against 16.7 us at M = 4, 12.9 against 12.2 at M = 8).
+    // Float weights go to cuBLAS from the bucket of 32 tokens (17 and more),
+    // and from the bucket of 8 (5 and more) once the bucket times the weight
+    // bytes passes 16 MiB (48 MiB below 5 tokens): the
+    // small-batch kernels' time grows with both, while cuBLAS, replayed in a
+    // graph, took 4-6 us plus the weights' read on the H200. Its autotune
+    // chose cuBLAS for every f16 shape of the 135M and 360M at 32 and 64
+    // tokens, and the tiles at 8 up to 960 x 960 (2048 x 2048 at 4 tokens:
+    // tiles 8.3 against 16.7 us).
     const size_t elt = !float_weights(key.type) ? 0 : key.type == SMOL_TYPE_F32 ? 4 : 2;
     const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
+    const double float_mib = key.m >= 32 ? 0.0 : key.m >= 8 ? 16.0 : 48.0;
     // Quantized weights are dequantized to f16 first: cuBLAS took about
     // 14 us + 2.8 us a million weights, the small-batch tiles 0.37 us a
     // million weights a token (H200, q8_0 and q4_1 at 8 to 64 tokens).
     const double mw = double(key.n) * double(key.k) / 1e6;
-    const bool blas = elt ? batch_bytes >= 48.0 * 1024 * 1024 : key.m * mw > 7.6 * mw + 24.3;
+    const bool blas = elt ? batch_bytes >= float_mib * 1024 * 1024 : key.m * mw > 7.6 * mw + 24.3;
     if (key.m > 32 || (key.m > 1 && blas)) return mm_choice{true, 1, 1, -1};
 #endif
     return default_small(key);
