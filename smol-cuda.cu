@@ -1649,9 +1649,9 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     const int n_sub = decode_subs(p.group);
     // The (kv head, part of its query heads) the block serves, or with
     // warp_pages this warp; a warp past the last has no tiles.
-    const int n_units = p.n_kv * n_sub;
-    const int unit = WU ? min(int(blockIdx.y) * dec_warps + warp, n_units - 1) : int(blockIdx.y);
-    const bool active = !WU || int(blockIdx.y) * dec_warps + warp < n_units;
+    const int n_units = p.n_kv * n_sub, mine = WU ? int(blockIdx.y) * dec_warps + warp : 0;
+    const bool active = !WU || mine < n_units;
+    const int unit = WU ? min(mine, n_units - 1) : int(blockIdx.y);
     const int hk = unit / n_sub, sub = unit % n_sub;
     const int h_first = (p.h0 + hk) * p.group + sub * GB;
     const int n_here = min(GB, p.group - sub * GB);
@@ -2256,9 +2256,11 @@ class cuda_backend final : public backend {
     size_t attn_splits(const tensor * t, int & Q, int & W) const;
     int flash_splits(const tensor * t) const;
     int decode_splits(const tensor * t) const;
+    int decode_blocks(const tensor * t) const;
     struct attn_choice {
         attn_kernel kind = attn_kernel::classic; // decode, flash or classic
         int S = 1, Q = 1, W = 1; // splits over the cells; classic: queries a block, streams a query
+        bool warps = false;      // decode over pages: a warp a kv head, unsplit
     };
     attn_choice choose_attention(const tensor * t) const;
     void check_launch(const char * what) const {
@@ -2678,12 +2680,11 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
 #if defined(SMOL_HAVE_BLAS)
     // Float weights go to cuBLAS from the bucket of 32 tokens (17 and more),
     // and from the bucket of 8 (5 and more) once the bucket times the weight
-    // bytes passes 16 MiB (48 MiB below 5 tokens): the
-    // small-batch kernels' time grows with both, while cuBLAS, replayed in a
-    // graph, took 4-6 us plus the weights' read on the H200. Its autotune
-    // chose cuBLAS for every f16 shape of the 135M and 360M at 32 and 64
-    // tokens, and the tiles at 8 up to 960 x 960 (2048 x 2048 at 4 tokens:
-    // tiles 8.3 against 16.7 us).
+    // bytes passes 16 MiB (48 MiB below 5 tokens): the small-batch kernels'
+    // time grows with both, while cuBLAS, replayed in a graph, took 4-6 us
+    // plus the weights' read on the H200. Its autotune chose cuBLAS for every
+    // f16 shape of the 135M and 360M at 32 and 64 tokens, and the tiles at 8
+    // up to 960 x 960 (2048 x 2048 at 4 tokens: tiles 8.3 against 16.7 us).
     const size_t elt = !float_weights(key.type) ? 0 : key.type == SMOL_TYPE_F32 ? 4 : 2;
     const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
     const double float_mib = key.m >= 32 ? 0.0 : key.m >= 8 ? 16.0 : 48.0;
@@ -3041,21 +3042,31 @@ int cuda_backend::decode_splits(const tensor * t) const {
     // node's own kv heads: a head group's launch must fill the GPU by itself.
     // Resident and streamed groups of one plan share G, so they split alike
     // and sum in the same order.
-    const int n_kv = t->kv.k ? t->kv.h1 - t->kv.h0 : n_head_kv;
-    return std::clamp(dec_slots_ / (n_tok * n_kv * n_sub), 1, dec_max_splits);
+    return std::clamp(dec_slots_ / decode_blocks(t), 1, dec_max_splits);
 #else
     (void)t;
     return 0;
 #endif
 }
 
+// The decode kernel's blocks for an attention node's own kv heads, a block
+// a (token, kv head, part of its query heads).
+int cuda_backend::decode_blocks(const tensor * t) const {
+    const int n_kv = t->kv.k ? t->kv.h1 - t->kv.h0 : t->iparams[2];
+    return int(t->ne[1]) * n_kv * decode_subs(t->iparams[1] / t->iparams[2]);
+}
+
 // The kernel an attention node takes, with its launch shape: the decode
 // kernel for decode-sized batches, tensor cores for the rest of head size
-// 64 (SMOL_ATTN=classic takes neither), the classic kernel otherwise.
+// 64 (SMOL_ATTN=classic takes neither), the classic kernel otherwise. Over
+// a cache of several sequences the decode kernel gives each warp a kv head
+// where a block each would not fit the GPU at once (SMOL_ATTN=decode-warps:
+// always); whether the cache holds several is known when a graph is staged.
 cuda_backend::attn_choice cuda_backend::choose_attention(const tensor * t) const {
     attn_choice c;
     if ((c.S = decode_splits(t)) > 0) {
         c.kind = attn_kernel::decode;
+        c.warps = attn_ == attn_kernel::decode_warps || decode_blocks(t) > dec_slots_;
     } else if ((c.S = flash_splits(t)) > 0) {
         c.kind = attn_kernel::flash;
     } else {
@@ -3876,12 +3887,9 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
 #if defined(SMOL_FLASH_ATTENTION)
     if (a.kind == attn_kernel::decode) {
         const int units = p.n_kv * decode_subs(p.group);
-        // Over pages, a warp a kv head where a block each would not fit the
-        // GPU at once (SMOL_ATTN=decode-warps: wherever there are pages).
-        const dec_form form = !pages_ ? dec_form::dense
-                              : attn_ == attn_kernel::decode_warps || p.n_tok * units > dec_slots_
-                                  ? dec_form::warp_pages
-                                  : dec_form::pages;
+        const dec_form form = !pages_   ? dec_form::dense
+                              : a.warps ? dec_form::warp_pages
+                                        : dec_form::pages;
         if (form == dec_form::warp_pages) p.S = 1;
         const int ys = form == dec_form::warp_pages ? (units + dec_warps - 1) / dec_warps : units;
         const dim3 dgrid(unsigned(p.n_tok), unsigned(ys), unsigned(p.S));
