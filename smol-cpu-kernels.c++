@@ -16,7 +16,11 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#ifndef SMOL_RP
+#define SMOL_RP 4
+#endif
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -145,6 +149,28 @@ static inline uint16_t f2h(float f) {
 }
 [[maybe_unused]] static inline int64_t max_i64(int64_t a, int64_t b) {
     return a > b ? a : b;
+}
+
+// The executor's token chunk (see kernels::token_chunk): f32 activations
+// of the float kernels in whole tiles of 6 tokens, 512 KiB where the
+// 512-bit kernel converts a block of rows once for all of them (a quarter
+// of a recent server core's L2), 128 KiB for the others.
+static int64_t token_chunk(smol_type t, int64_t K) {
+    switch (t) {
+    case SMOL_TYPE_F32:
+    case SMOL_TYPE_BF16:
+    case SMOL_TYPE_F16: {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+        const int64_t bytes = 512 * 1024;
+#else
+        const int64_t bytes = 128 * 1024;
+#endif
+        const int64_t n = bytes / (K * (int64_t)sizeof(float)) / 6 * 6;
+        return n < 6 ? 6 : n;
+    }
+    default:
+        return INT64_MAX;
+    }
 }
 
 static inline size_t block_bytes(smol_type t) {
@@ -1379,10 +1405,11 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
 // k = l, l + 8, l + 16, ... in increasing k (one FMA each); the lanes are
 // added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the last
 // K mod 8 products are added after that, in order. Decode (one token,
-// 8 rows at a time) and prefill (tiles of 2 rows x 6 tokens) run those same
-// steps per output, so a token's result does not depend on its batch. The
-// weights are read in their own layout (no packing); activations are f32
-// (for f16 weights, rounded to f16 when converted).
+// 8 rows at a time) and prefill (tiles of 2 rows x 6 tokens; with AVX-512,
+// 8 rows x 6 tokens in 16-float halves, below) run those same steps per
+// output, so a token's result does not depend on its batch. Decode reads
+// the weights in their own layout; activations are f32 (for f16 weights,
+// rounded to f16 when converted).
 
 static inline __m256 load8_f16(const uint16_t * p) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -1478,6 +1505,116 @@ static void f_tile_m(const uint8_t * w0, size_t ws, const uint8_t * x0, size_t l
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// Prefill with 512-bit FMAs, in the order above: a 16-float accumulator
+// holds two outputs, weight rows i and i + 1 against one token, each half
+// summing its row's 8 lanes exactly as the 8-float tiles do. The rows of a
+// block are first converted to f32 and packed in pairs (pair_rows: 8
+// floats of row i, the same 8 of row i + 1, the next 8 of row i, ...), so
+// the conversion is paid once per block and token chunk, not once a tile.
+
+constexpr int64_t f_pack_floats = 65536; // 256 KiB of packed rows, on the stack
+
+template <smol_type T>
+static void pair_rows(const uint8_t * w0, const uint8_t * w1, int64_t K8, float * p) {
+    for (int64_t k = 0; k < K8; k += 8) {
+        _mm256_store_ps(p + 2 * k, load_w8<T>(w0, k));
+        _mm256_store_ps(p + 2 * k + 8, load_w8<T>(w1, k));
+    }
+}
+
+// RP packed row pairs (ps floats apart from p) x RN tokens, the first K8
+// products of each output: sums[j * 2 * RP + i] = row i . token j, summed
+// in hsum8x8's order. Not inlined, as f_tile.
+template <int RP, int RN>
+__attribute__((noinline)) static void f_tile_pairs(const float * p, int64_t ps, const uint8_t * x0,
+                                                   size_t ldx, int64_t K8, float * sums) {
+    const float * x[RN];
+    for (int j = 0; j < RN; j++) x[j] = (const float *)(x0 + (size_t)j * ldx);
+    __m512 acc[RN * RP];
+#pragma GCC unroll 64
+    for (int i = 0; i < RN * RP; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K8; k += 8) {
+        __m512 wv[RP];
+        for (int i = 0; i < RP; i++) wv[i] = _mm512_load_ps(p + i * ps + 2 * k);
+        for (int j = 0; j < RN; j++) {
+            __m512 xv = _mm512_maskz_broadcast_f32x8(0xffff, _mm256_loadu_ps(x[j] + k));
+            if (RP > 1) __asm__("" : "+v"(xv));
+            for (int i = 0; i < RP; i++)
+                acc[j * RP + i] = _mm512_fmadd_ps(wv[i], xv, acc[j * RP + i]);
+        }
+    }
+    __m256 half[2 * RN * RP];
+#pragma GCC unroll 64
+    for (int i = 0; i < RN * RP; i++) {
+        half[2 * i] = _mm512_maskz_extractf32x8_ps(0xff, acc[i], 0);
+        half[2 * i + 1] = _mm512_maskz_extractf32x8_ps(0xff, acc[i], 1);
+    }
+    hsum_lanes<2 * RN * RP>(half, sums);
+}
+
+template <int RP>
+static void f_tile_pairs_m(const float * p, int64_t ps, const uint8_t * x0, size_t ldx, int64_t m,
+                           int64_t K8, float * sums) {
+    switch (m) {
+    case 1:
+        f_tile_pairs<RP, 1>(p, ps, x0, ldx, K8, sums);
+        break;
+    case 2:
+        f_tile_pairs<RP, 2>(p, ps, x0, ldx, K8, sums);
+        break;
+    case 3:
+        f_tile_pairs<RP, 3>(p, ps, x0, ldx, K8, sums);
+        break;
+    case 4:
+        f_tile_pairs<RP, 4>(p, ps, x0, ldx, K8, sums);
+        break;
+    case 5:
+        f_tile_pairs<RP, 5>(p, ps, x0, ldx, K8, sums);
+        break;
+    default:
+        f_tile_pairs<RP, 6>(p, ps, x0, ldx, K8, sums);
+        break;
+    }
+}
+
+// 2 * RP rows from w0 (ws bytes apart; their pairs packed at p) x m
+// tokens: the packed sums, then each output's last K mod 8 products from
+// its own row, as f_tile adds them.
+template <smol_type T, int RP>
+static void f_pairs_out(const float * p, int64_t ps, const uint8_t * w0, size_t ws,
+                        const uint8_t * x0, size_t ldx, int64_t m, int64_t K, float * y,
+                        int64_t ldy) {
+    const int64_t K8 = K & ~(int64_t)7;
+    alignas(32) float sums[(2 * RP * 6 + 7) / 8 * 8];
+    f_tile_pairs_m<RP>(p, ps, x0, ldx, m, K8, sums);
+    for (int64_t j = 0; j < m; j++) {
+        const float * x = (const float *)(x0 + (size_t)j * ldx);
+        for (int i = 0; i < 2 * RP; i++) {
+            __m128 s = _mm_set_ss(sums[j * 2 * RP + i]);
+            for (int64_t k = K8; k < K; k++)
+                s = _mm_fmadd_ss(_mm_set_ss(load_w1<T>(w0 + (size_t)i * ws, k)), _mm_set_ss(x[k]),
+                                 s);
+            y[j * ldy + i] = _mm_cvtss_f32(s);
+        }
+    }
+}
+
+// The np packed pairs of rows from w0 x m tokens: tiles of 4 pairs, then
+// of 2 and 1.
+template <smol_type T>
+static void f_pairs(const float * p, int64_t ps, int64_t np, const uint8_t * w0, size_t ws,
+                    const uint8_t * x0, size_t ldx, int64_t m, int64_t K, float * y, int64_t ldy) {
+    int64_t q = 0;
+    auto at = [&](int64_t i) { return w0 + (size_t)(2 * i) * ws; };
+    for (; q + 4 <= np; q += 4)
+        f_pairs_out<T, 4>(p + q * ps, ps, at(q), ws, x0, ldx, m, K, y + 2 * q, ldy);
+    for (; q + 2 <= np; q += 2)
+        f_pairs_out<T, 2>(p + q * ps, ps, at(q), ws, x0, ldx, m, K, y + 2 * q, ldy);
+    for (; q < np; q++) f_pairs_out<T, 1>(p + q * ps, ps, at(q), ws, x0, ldx, m, K, y + 2 * q, ldy);
+}
+#endif
+
 template <smol_type T>
 static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
                      const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y,
@@ -1498,7 +1635,34 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
     // Token chunks whose activations stay in L2 while the thread's row
     // blocks sweep them; in a chunk, a block of rows (in L2) meets one tile
     // of tokens (in L1) after another: each activation load feeds two FMAs.
-    const int64_t tc = matmul_token_chunk(T, K);
+    const int64_t tc = token_chunk(T, K);
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    const int64_t K8 = K & ~(int64_t)7;
+    if (K8 > 0 && 2 * K8 <= f_pack_floats) {
+        const int64_t ps = 2 * K8; // floats a packed pair
+        const int64_t block =
+            max_i64(2, min_i64(f_block_rows, f_pack_floats / ps * 2) & ~(int64_t)7);
+        alignas(64) float pack[f_pack_floats];
+        for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+            const int64_t t1 = min_i64(n_tok, t0 + tc);
+            for (int64_t rb = r0; rb < r1; rb += block) {
+                const int64_t re = min_i64(r1, rb + block);
+                const int64_t np = (re - rb) / 2;
+                for (int64_t q = 0; q < np; q++)
+                    pair_rows<T>(row(rb + 2 * q), row(rb + 2 * q + 1), K8, pack + q * ps);
+                for (int64_t j = t0; j < t1; j += NT) {
+                    const int64_t m = min_i64(NT, t1 - j);
+                    f_pairs<T>(pack, ps, np, row(rb), w_row_bytes, tok(j), act_row_bytes, m, K,
+                               y + j * ldy + rb, ldy);
+                    if (rb + 2 * np < re)
+                        f_tile_m<T, 1>(row(re - 1), w_row_bytes, tok(j), act_row_bytes, m, K,
+                                       y + j * ldy + re - 1, ldy);
+                }
+            }
+        }
+        return;
+    }
+#endif
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = min_i64(n_tok, t0 + tc);
         for (int64_t rb = r0; rb < r1; rb += f_block_rows) {
@@ -1557,6 +1721,7 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
         v::row_from_f32,
         v::act_from_f32,
         v::matmul,
+        v::token_chunk,
         v::f32_to_f16,
         v::dot_f32,
         v::sum_sq,
@@ -1619,21 +1784,6 @@ size_t act_bytes(smol_type t, int64_t K) {
         return (size_t)K * sizeof(float);
     default:
         return (size_t)(K / QK) * sizeof(block_q8_act);
-    }
-}
-
-int64_t matmul_token_chunk(smol_type t, int64_t K) {
-    switch (t) {
-    case SMOL_TYPE_F32:
-    case SMOL_TYPE_BF16:
-    case SMOL_TYPE_F16: {
-        // 128 KiB of f32 activations, in whole tiles of 6 tokens as the
-        // float kernel takes them.
-        const int64_t n = (128 * 1024) / (K * (int64_t)sizeof(float)) / 6 * 6;
-        return n < 6 ? 6 : n;
-    }
-    default:
-        return INT64_MAX;
     }
 }
 

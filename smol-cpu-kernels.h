@@ -82,6 +82,13 @@ struct kernels {
                    int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok, float * y,
                    int64_t ldy);
 
+    // Tokens whose activations for weight type t stay in a core's L2 while
+    // one thread's row chunks of a matmul sweep them: the executor hands out
+    // (token chunk, row chunk) items token chunk by token chunk. The
+    // quantized kernels' activations are small and their packed panels cost
+    // a pass per token chunk: for them, every token at once.
+    int64_t (*token_chunk)(smol_type t, int64_t K);
+
     // f32 to f16, round to nearest even (the KV cache's rows).
     void (*f32_to_f16)(const float * x, uint16_t * y, int64_t n);
 
@@ -109,13 +116,6 @@ struct kernels {
 };
 
 size_t act_bytes(smol_type t, int64_t K);
-
-// Tokens whose activations for weight type t fill about half of a core's L2,
-// so that one thread's row chunks of a matmul reuse them from there: the
-// executor hands out (token chunk, row chunk) items token chunk by token
-// chunk. The quantized kernels' activations are small and their packed
-// panels cost a pass per token chunk: for them, every token at once.
-int64_t matmul_token_chunk(smol_type t, int64_t K);
 
 // The best variant for this CPU, chosen once (SMOL_CPU_KERNELS=generic|avx2|
 // avx512 forces one, for tests and comparisons).

@@ -786,8 +786,10 @@ TEST_CASE("every variant's matmul agrees closely with generic") {
 
 TEST_CASE("a token's matmul outputs are the same bits whatever the batch around it") {
     // Continuous batching relies on it: every path (decode rows, prefill
-    // tiles, the tiles of the tokens left over, token chunks) computes an
-    // output with the same operations in the same order.
+    // tiles, the tiles of the tokens and rows left over, token chunks,
+    // blocks of packed rows) computes an output with the same operations in
+    // the same order. The last shape crosses a token chunk and a block of
+    // packed rows of the 512-bit float kernel.
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
     std::mt19937 rng(seed);
@@ -796,7 +798,8 @@ TEST_CASE("a token's matmul outputs are the same bits whatever the batch around 
         CAPTURE(type);
         const bool quantized = block_elems(t) > 1;
         for (const shape & s : {shape{576, 1, 37, 13}, shape{1536, 0, 18, 7}, shape{64, 3, 20, 64},
-                                shape{576, 0, 16, 130}, shape{104, 2, 11, 9}, shape{13, 0, 5, 8}}) {
+                                shape{576, 0, 16, 130}, shape{104, 2, 11, 9}, shape{13, 0, 5, 8},
+                                shape{2048, 1, 72, 70}}) {
             if (quantized && s.K % 32 != 0) continue;
             CAPTURE(s.K);
             CAPTURE(s.n_tok);
