@@ -54,6 +54,9 @@ class backend {
     virtual ~backend() = default;
     virtual const char * name() const = 0; // "cpu", "cuda:0"
     virtual placement where() const = 0;
+    // Tokens one decode call takes when the caller leaves n_batch at 0:
+    // what keeps this backend's prompt matmuls efficient.
+    virtual uint32_t default_batch() const { return 512; }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with
     // the sizes) rather than returning null.

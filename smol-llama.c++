@@ -220,7 +220,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
       graph_(64 + size_t(m.hp.n_layer) * (32 + 8 * size_t(m.hp.n_head_kv))) {
     const llama_hparams & hp = m.hp;
     if (params.n_ctx == 0) params.n_ctx = uint32_t(std::min(4096, hp.n_ctx_train));
-    if (params.n_batch == 0) params.n_batch = 512;
+    if (params.n_batch == 0) params.n_batch = be_->default_batch();
     params.n_batch = std::min(params.n_batch, params.n_ctx);
     if (params.n_seq_max == 0) params.n_seq_max = 1;
     if (params.n_seq_max > uint32_t(kv_max_seqs)) {

@@ -53,6 +53,9 @@ constexpr uint64_t unbudgeted_slot_cap = 256ull << 20;
 // speed (the H200's pinned copies level off from 4 MiB).
 constexpr uint64_t copy_target = 16ull << 20;
 
+// The smallest prefill chunk the planner takes to keep every head resident.
+constexpr int32_t resident_chunk = 512;
+
 // Compute memory below this is not worth a smaller prefill chunk.
 constexpr uint64_t compute_floor = 64ull << 20;
 
@@ -90,6 +93,12 @@ kv_plan make_plan(const plan_input & in) {
         p.compute_bytes = compute(p.chunk);
         p.n_slots = 0;
         p.resident.assign(size_t(p.n_layer) * size_t(p.n_group), 1);
+        // A smaller prefill chunk, down to resident_chunk, before any head
+        // leaves the device: a streamed head costs every decode step.
+        while (in.budget > 0 && p.device_bytes() > in.budget && p.chunk > resident_chunk) {
+            p.chunk = std::max(resident_chunk, p.chunk / 2);
+            p.compute_bytes = compute(p.chunk);
+        }
         const uint64_t need = p.device_bytes();
         if (in.budget == 0 || need <= in.budget) return p;
         if (in.mode == SMOL_KV_OFFLOAD_NONE) {

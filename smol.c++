@@ -778,7 +778,7 @@ void run_mul_mat(tensor * t, const op_args & a) {
     // a token chunk each find its activations in their own L2.
     const int64_t chunk = std::max<int64_t>(16, (N / (4 * int64_t(a.nth))) & ~int64_t(15));
     const int64_t n_rc = (N + chunk - 1) / chunk;
-    const int64_t tc = std::min(n_tok, cpu::matmul_token_chunk(w->type, K));
+    const int64_t tc = std::min(n_tok, a.k.token_chunk(w->type, K));
     const int64_t n_items = (n_tok + tc - 1) / tc * n_rc;
     std::atomic<int32_t> & next = a.chunks[t->node_index];
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < n_items;
@@ -1598,7 +1598,7 @@ smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_m
 smol_context_params smol_context_default_params(void) {
     smol_context_params p;
     p.n_ctx = 0;
-    p.n_batch = 512;
+    p.n_batch = 0;
     p.n_threads = 0;
     p.n_seq_max = 1;
     p.device = nullptr;

@@ -165,7 +165,7 @@ typedef enum smol_kv_offload {
 
 typedef struct smol_context_params {
     uint32_t n_ctx;             // KV cells shared by all sequences (0: 4096, capped at training)
-    uint32_t n_batch;           // most tokens one smol_decode call takes (default 512)
+    uint32_t n_batch;           // most tokens one smol_decode call takes (0: 512, 4096 on a GPU)
     int32_t n_threads;          // CPU threads (0: all cores)
     uint32_t n_seq_max;         // most sequences at once (default 1, at most 64)
     const char * device;        // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"

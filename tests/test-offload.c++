@@ -491,6 +491,29 @@ TEST_CASE("the planner takes smaller prefill chunks from smaller budgets") {
     CHECK(small.device_bytes() <= 12 * GiB);
 }
 
+TEST_CASE("the planner halves the prefill chunk, down to 512 tokens, before offloading a head") {
+    smol::plan_input in = shape_17b(0, 32768);
+    in.n_batch = 4096;
+    const smol::kv_plan whole = smol::make_plan(in);
+    CHECK(whole.chunk == 4096);
+    in.n_batch = 1024;
+    const smol::kv_plan at_1024 = smol::make_plan(in);
+    in.n_batch = 512;
+    const smol::kv_plan at_512 = smol::make_plan(in);
+    // Room for everything at 1,024 tokens, not at 2,048: all heads stay.
+    in.n_batch = 4096;
+    in.budget = at_1024.device_bytes() + (1u << 20);
+    const smol::kv_plan shrunk = smol::make_plan(in);
+    CHECK(shrunk.chunk == 1024);
+    CHECK(shrunk.n_offloaded_groups() == 0);
+    CHECK(shrunk.device_bytes() <= in.budget);
+    // Below what 512 tokens need: heads go to host, the chunk from the budget.
+    in.budget = at_512.device_bytes() - 1;
+    const smol::kv_plan offloaded = smol::make_plan(in);
+    CHECK(offloaded.n_offloaded_groups() > 0);
+    CHECK(offloaded.device_bytes() <= in.budget);
+}
+
 TEST_CASE("a tiny budget is refused by the planner with every number in the message") {
     smol::plan_input in = shape_17b(2 * GiB, 512 * 1024);
     try {

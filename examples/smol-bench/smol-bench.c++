@@ -60,7 +60,7 @@ struct options {
     std::vector<std::string> models;
     std::vector<int> n_prompt{512};
     std::vector<int> n_gen{128};
-    std::vector<int> n_batch{512};
+    std::vector<int> n_batch{0}; // 0: the context's default
     std::vector<int> n_threads;
     int reps = 5;
     std::string output = "md";
@@ -246,6 +246,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
 
     // smol caps n_batch at n_ctx: chunk by what the context takes.
     const int32_t capacity = int32_t(smol_context_n_batch(ctx.get()));
+    r.n_batch = capacity;
     bench_state b{ctx.get(), smol_batch_init(capacity), capacity, info.n_vocab};
     struct batch_guard {
         smol_batch * b;
@@ -552,8 +553,8 @@ struct sink {
 int run(options & o) {
     if (o.json) o.output = "json";
     if (o.n_threads.empty()) o.n_threads = {int(std::max(1u, std::thread::hardware_concurrency()))};
-    const bool show_batch = o.n_batch.size() > 1 || o.n_batch[0] != 512;
     const bool show_kernels = !o.device.empty() && o.device != "cpu";
+    const bool show_batch = o.n_batch.size() > 1 || o.n_batch[0] != 0 || show_kernels;
     const sink sinks[] = {{stdout, o.output, {stdout, show_batch, show_kernels}},
                           {stderr, o.output_err, {stderr, show_batch, show_kernels}}};
     if (o.autotune && !show_kernels)
@@ -643,10 +644,12 @@ int main(int argc, char ** argv) {
         ->delimiter(',')
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    app.add_option("-b,--batch-size", o.n_batch, "most tokens per decode")
+    app.add_option("-b,--batch-size", o.n_batch,
+                   "most tokens per decode (0: smol's default, 512 on the CPU, 4096 on a GPU; "
+                   "at most the test's context)")
         ->delimiter(',')
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(CLI::NonNegativeNumber);
     app.add_option("-t,--threads", o.n_threads, "CPU threads (default: all cores)")
         ->delimiter(',')
         ->check(CLI::PositiveNumber);
