@@ -150,7 +150,35 @@ build_tools() {
 if [ "$cuda" = 1 ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
 fi
-build_tools "$dir/build-cpu"
+# A CPU that lists AMX inside a VM that does not grant its tile state:
+# -march=native would build ggml's AMX matmul, which faults at its first
+# tile instruction. Probe it; where it faults, build without AMX.
+native_flags=()
+if grep -q amx_tile /proc/cpuinfo 2>/dev/null; then
+    probe=$(mktemp -d)
+    cat >"$probe/amx.c" <<'EOF'
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
+    unsigned char cfg[64] = {1}; /* palette 1; tile 0: 16 rows of 64 bytes */
+    cfg[16] = 64;
+    cfg[48] = 16;
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+EOF
+    if ! { cc -O1 -mamx-tile -o "$probe/amx" "$probe/amx.c" && "$probe/amx"; } 2>/dev/null; then
+        log "this CPU lists AMX but cannot run it here: building without AMX"
+        native_flags=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+    fi
+    rm -rf "$probe"
+fi
+build_tools "$dir/build-cpu" "${native_flags[@]}"
 if [ "$cuda" = 1 ]; then
     build_tools "$dir/build-cuda" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch"
 fi
