@@ -5,7 +5,13 @@
 #   python3 scripts/torch-peers.py prefill    torch f16 linear on the SmolLM2-1.7B layer
 #       shapes, causal sdpa of one layer at 4096 tokens, and HF transformers (random init
 #       of the SmolLM2 135M, 360M and 1.7B shapes, bf16, sdpa) at pp512 and pp4096
+#   python3 scripts/torch-peers.py offload [N]   HF transformers on the SmolLM2-1.7B shape
+#       (random init, bf16, sdpa) at a depth of N tokens (default 32768): the prompt in one
+#       pass, then greedy decode, with its offloaded cache (DynamicCache(offloading=True):
+#       each layer's KV to host memory after use, the next layer's fetched ahead) and with
+#       the cache on the GPU; tokens/s and peak device memory of each
 import sys
+import time
 try:
     import torch
 except ImportError:
@@ -72,7 +78,46 @@ def prefill():
         torch.cuda.empty_cache()
 
 
-modes = {"ceilings": ceilings, "prefill": prefill}
-if len(sys.argv) != 2 or sys.argv[1] not in modes:
-    raise SystemExit("usage: torch-peers.py ceilings|prefill")
+def offload():
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 32768
+    steps = 16
+    cfg = LlamaConfig(vocab_size=49152, max_position_embeddings=max(8192, n + steps + 1),
+                      tie_word_embeddings=True, attn_implementation='sdpa', hidden_size=2048,
+                      intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                      num_key_value_heads=32, rope_theta=130000)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = LlamaForCausalLM(cfg).to(dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, 49152, (1, n), device=dev)
+    for offloading in (True, False):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        cache = DynamicCache(config=cfg, offloading=offloading)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            tok = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+            t_fill = time.perf_counter() - t0
+            out = model(tok, past_key_values=cache, use_cache=True)  # warm-up step
+            tok = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                out = model(tok, past_key_values=cache, use_cache=True)
+                tok = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+            t_dec = time.perf_counter() - t0
+        where = "offloaded cache" if offloading else "cache on the GPU"
+        print(f"HF transformers bf16 sdpa 1.7B, {where}: prompt of {n} in {t_fill:.2f} s "
+              f"({n / t_fill:.0f} t/s), then {steps} tokens at {steps / t_dec:.2f} t/s; "
+              f"peak device memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB",
+              flush=True)
+        del cache, out
+
+
+modes = {"ceilings": ceilings, "prefill": prefill, "offload": offload}
+if len(sys.argv) < 2 or sys.argv[1] not in modes:
+    raise SystemExit("usage: torch-peers.py ceilings|prefill|offload [N]")
 modes[sys.argv[1]]()
