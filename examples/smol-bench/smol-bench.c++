@@ -70,7 +70,7 @@ struct options {
     std::string gpu_mem;
     std::string kv_offload = "auto";
     int head_group = 0;
-    double device_bw = 4800; // GB/s: the H200's HBM3e
+    double device_bw = 4200; // GB/s: a device-to-device copy measured on the H200
     double link_bw = 53;     // GB/s: pinned host-to-device copies measured on the H200 host
     bool json = false;
     bool progress = false;
