@@ -279,7 +279,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     in.head_group = params.head_group;
     in.weight_bytes = weight_bytes;
     // The most of one head group per layer and of single heads (whose k and
-    // v stay live across more nodes), every token keeping its logits.
+    // v stay live across more nodes), as many tokens keeping their logits as
+    // a chunk may.
     in.compute_bytes = [&](int32_t n) -> uint64_t {
         uint64_t most = 0;
         for (int32_t G : {hp.n_head_kv, 1}) {
@@ -289,7 +290,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
             plan.resident.assign(size_t(hp.n_layer) * size_t(plan.n_group), 1);
             graph_.clear();
             graph_.batch.kv = &kv;
-            build_graph(n, n);
+            build_graph(n, std::min(n, chunk_outputs));
             most = std::max<uint64_t>(most, be_->compute_bytes(graph_));
         }
         return most;
@@ -314,11 +315,11 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     }
     alloc_kv();
     // Plan the largest graph once so the arena is sized before the first
-    // decode; under a budget, with every token keeping its logits, as the
+    // decode; under a budget, with as many logits as a chunk keeps, as the
     // plan counted, so no later batch grows past it.
     graph_.clear();
     graph_.batch.kv = &kv;
-    build_graph(plan.chunk, params.gpu_mem > 0 ? plan.chunk : 1);
+    build_graph(plan.chunk, params.gpu_mem > 0 ? std::min(plan.chunk, chunk_outputs) : 1);
     be_->reserve(graph_);
 }
 
@@ -606,13 +607,16 @@ void llama_context::decode(const smol_batch & b) {
         if (out_row_[size_t(i)] >= 0) last_out_ = i;
     if (logits_.size() < size_t(n_out) * hp.n_vocab) logits_.resize(size_t(n_out) * hp.n_vocab);
 
-    // A long batch runs in chunks of the plan's size; each chunk attends to
-    // the cells of the chunks before it.
+    // A long batch runs in chunks of the plan's size, each ending early at
+    // its chunk_outputs-th token with logits; each chunk attends to the
+    // cells of the chunks before it.
     const double t0 = now_ms();
-    for (int32_t i0 = 0, out_base = 0; i0 < n; i0 += plan.chunk) {
-        const int32_t m = std::min(plan.chunk, n - i0);
+    for (int32_t i0 = 0, out_base = 0, m = 0; i0 < n; i0 += m) {
+        int32_t outs = 0;
+        for (m = 0; m < std::min(plan.chunk, n - i0) && outs < chunk_outputs; ++m)
+            outs += out_row_[size_t(i0 + m)] >= 0;
         run_chunk(b, i0, m, out_base);
-        for (int32_t i = i0; i < i0 + m; ++i) out_base += out_row_[size_t(i)] >= 0;
+        out_base += outs;
     }
     const double dt = now_ms() - t0;
     if (n > 1) {

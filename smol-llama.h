@@ -70,6 +70,12 @@ class llama_context {
     llama_context(const llama_context &) = delete;
     llama_context & operator=(const llama_context &) = delete;
 
+    // A chunk keeps at most this many tokens' logits: a batch that asks for
+    // more runs in more chunks. Compute memory is planned for it, not for
+    // a logits row of every token of a chunk (a 16,384-token chunk's would
+    // be 3.2 GB at SmolLM2's vocabulary).
+    static constexpr int32_t chunk_outputs = 512;
+
     void decode(const smol_batch & batch); // throws smol::error
     const float * logits(int32_t i) const;
     const backend & device() const { return *be_; }

@@ -371,6 +371,65 @@ TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a batch asking for more logits than a chunk keeps runs in more chunks, every row kept") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("outputs.gguf");
+    tiny::shape s;
+    s.n_vocab = 8192; // a chunk's logits would outweigh the rest of its compute
+    s.n_embd = 64;
+    s.n_layer = 2;
+    s.n_ctx = 2048;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    constexpr uint32_t n_batch = 1536;
+    // A budget of exactly what the planner asks for chunks of 1,536 tokens.
+    context_ptr probe =
+        make_context(m.get(), sim_params(2048, n_batch, 1, {"", SMOL_KV_OFFLOAD_NONE, 0, 0}));
+    const smol_memory_info pm = memory_of(probe.get());
+    CHECK(pm.chunk == int32_t(n_batch));
+    // Planned for 512 logits rows, not one for each of the chunk's tokens.
+    CHECK(pm.device_compute < uint64_t(n_batch) * uint64_t(s.n_vocab) * sizeof(float));
+    const uint64_t budget = pm.device_planned;
+    context_ptr c =
+        make_context(m.get(), sim_params(2048, n_batch, 1, {"", SMOL_KV_OFFLOAD_AUTO, 0, budget}));
+    CHECK(memory_of(c.get()).chunk == int32_t(n_batch));
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 1300, s.n_vocab);
+    // 1,300 tokens, every one keeping its logits: chunks of 512, 512, 276...
+    std::vector<float> whole;
+    smol_batch b = smol_batch_init(int32_t(n_batch));
+    for (size_t i = 0; i < ids.size(); ++i)
+        smol_batch_add(&b, int32_t(n_batch), ids[i], smol_pos(i), 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    for (int i = 0; i < b.n_tokens; ++i) {
+        const float * l = smol_get_logits(c.get(), i);
+        REQUIRE(l);
+        whole.insert(whole.end(), l, l + s.n_vocab);
+    }
+    smol_batch_free(&b);
+    CHECK(memory_of(c.get()).device_peak <= budget);
+    // ...as the caller's own batches of 100 give them.
+    context_ptr ref =
+        make_context(m.get(), sim_params(2048, 100, 1, {"", SMOL_KV_OFFLOAD_NONE, 0, 0}));
+    std::vector<float> pieces;
+    smol_batch pb = smol_batch_init(100);
+    for (size_t i0 = 0; i0 < ids.size(); i0 += 100) {
+        pb.n_tokens = 0;
+        for (size_t i = i0; i < std::min(ids.size(), i0 + 100); ++i)
+            smol_batch_add(&pb, 100, ids[i], smol_pos(i), 0, true);
+        REQUIRE(smol_decode(ref.get(), &pb) == SMOL_OK);
+        for (int i = 0; i < pb.n_tokens; ++i) {
+            const float * l = smol_get_logits(ref.get(), i);
+            REQUIRE(l);
+            pieces.insert(pieces.end(), l, l + s.n_vocab);
+        }
+    }
+    smol_batch_free(&pb);
+    CHECK(same_bits(whole, pieces));
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("a budget too small for the smallest plan fails at context creation with the numbers") {
     const std::string path = temp_path("small.gguf");
     tiny::shape s;
