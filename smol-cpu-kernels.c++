@@ -1253,14 +1253,15 @@ static void matmul_q_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
     }
 }
 
-// Decode reads each weight once, from memory. The kernels ask for the
-// rows ahead a cache line at a time, in address order, as they move along
-// their own rows: 8 rows read side by side are 8 streams the hardware
-// prefetcher serves poorly, and lines asked for one from each row in turn
-// did less than the same lines asked for in order, and lines about 8 KiB
-// ahead more than 16-48 KiB ahead (measured on Zen 3). The distance in
-// rows, a multiple of 8.
+// Decode reads each weight once, from memory. Where decode_prefetch() says
+// so, the kernels ask for the rows ahead a cache line at a time, in address
+// order, as they move along their own rows: on Zen 3, 8 rows read side by
+// side were 8 streams the hardware prefetcher served poorly, lines asked
+// for one from each row in turn did less than the same lines asked for in
+// order, and lines about 8 KiB ahead more than 16-48 KiB ahead. The
+// distance in rows, a multiple of 8; 0: no prefetch.
 static inline int64_t prefetch_distance(size_t row_bytes) {
+    if (!decode_prefetch()) return 0;
     const int64_t rows = (int64_t)((8u << 10) / row_bytes) & ~(int64_t)7;
     return rows < 8 ? 8 : rows > 64 ? 64 : rows;
 }
@@ -1371,8 +1372,9 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
             const uint8_t * rows[8];
             for (int i = 0; i < 8; i++) rows[i] = wb + (size_t)min_i64(r + i, r1 - 1) * w_row_bytes;
             const int64_t n = min_i64(8, r1 - r);
-            const uint8_t * pf =
-                r + pf_rows + 8 <= r1 ? wb + (size_t)(r + pf_rows) * w_row_bytes : nullptr;
+            const uint8_t * pf = pf_rows > 0 && r + pf_rows + 8 <= r1
+                                     ? wb + (size_t)(r + pf_rows) * w_row_bytes
+                                     : nullptr;
             for (int64_t j = 0; j < n_tok; j++) {
                 float out[8];
                 q_gemv_8(t, rows, (const block_q8_act *)(ab + (size_t)j * act_row_bytes), K / QK,
@@ -1628,7 +1630,7 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
         int64_t r = r0;
         for (; r + 8 <= r1; r += 8)
             f_tile<T, 8, 1>(row(r), w_row_bytes, ab, act_row_bytes, K, y + r, ldy,
-                            r + pf_rows + 8 <= r1 ? row(r + pf_rows) : nullptr);
+                            pf_rows > 0 && r + pf_rows + 8 <= r1 ? row(r + pf_rows) : nullptr);
         for (; r < r1; r++) f_tile<T, 1, 1>(row(r), w_row_bytes, ab, act_row_bytes, K, y + r, ldy);
         return;
     }
@@ -1818,6 +1820,22 @@ std::vector<const kernels *> kernels_available() {
     if (cpu_has_avx2()) v.push_back(&kernels_avx2());
     if (cpu_has_avx512()) v.push_back(&kernels_avx512());
     return v;
+}
+
+bool decode_prefetch() {
+    static const bool on = [] {
+        const char * v = getenv("SMOL_CPU_PREFETCH");
+        if (v && *v) return strcmp(v, "0") != 0;
+#if defined(__x86_64__) || defined(__i386__)
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        // "AuthenticAMD" in EBX, EDX, ECX of leaf 0.
+        return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&
+               c == 0x444d4163u;
+#else
+        return false;
+#endif
+    }();
+    return on;
 }
 
 static const kernels & choose_kernels() {

@@ -117,6 +117,13 @@ struct kernels {
 
 size_t act_bytes(smol_type t, int64_t K);
 
+// Whether decode's matmuls ask for the weight rows ahead of them (software
+// prefetch): on AMD CPUs, where it helped (Zen 3: Q8_0 decode's matmuls
+// 11-12 GB/s without, 15-18 with), not on Intel's (a Sapphire Rapids-class
+// Xeon under KVM: F16 decode's matmuls 12 GB/s with, 17 without).
+// SMOL_CPU_PREFETCH=0|1 overrides. Chosen once.
+bool decode_prefetch();
+
 // The best variant for this CPU, chosen once (SMOL_CPU_KERNELS=generic|avx2|
 // avx512 forces one, for tests and comparisons).
 const kernels & kernels_best();
