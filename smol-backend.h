@@ -57,6 +57,10 @@ class backend {
     // Tokens one decode call takes when the caller leaves n_batch at 0:
     // what keeps this backend's prompt matmuls efficient.
     virtual uint32_t default_batch() const { return 512; }
+    // Whether attention reads each sequence's cells as a list sorted by
+    // position (batch_info::seq_cells; the CPU's kernels), which costs the
+    // host a pass over the cache a step. A GPU reads the cell table.
+    virtual bool wants_seq_cells() const { return true; }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with
     // the sizes) rather than returning null.

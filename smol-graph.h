@@ -137,6 +137,9 @@ struct kv_cache {
     std::vector<smol_pos> cell_pos;  // -1: free
     std::vector<seq_mask> cell_seqs; // the sequences that hold each cell
     int32_t n_used = 0;              // cells [0, n_used) may be occupied
+    // Counts the changes made by the methods below (not the cells a decode
+    // takes, which its owner tracks itself).
+    uint64_t version = 0;
 
     // Sets the shape and frees every cell; k and v are set by the owner.
     void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells);

@@ -551,20 +551,26 @@ void llama_context::decode(const smol_batch & b) {
                         " tokens, more than n_batch = " + std::to_string(params.n_batch) +
                         "; split it or raise n_batch");
     }
-    // Check the whole batch before touching the cache.
+    // Check the whole batch before touching the cache. Each sequence's
+    // newest position and cell are kept across decodes; a change to the
+    // cache by other means (kv.version) has them found again. Until this
+    // decode succeeds they are not trusted.
     std::vector<smol_pos> & seq_max = seq_max_;
-    seq_max.assign(kv_max_seqs, -1);
-    seq_tail_.assign(kv_max_seqs, -1); // each sequence's newest cell
-    for (int32_t c = 0; c < kv.n_used; ++c) {
-        if (kv.cell_pos[c] < 0) continue;
-        for (seq_mask m = kv.cell_seqs[c]; m; m &= m - 1) {
-            const int s = __builtin_ctzll(m);
-            if (kv.cell_pos[c] > seq_max[size_t(s)]) {
-                seq_max[size_t(s)] = kv.cell_pos[c];
-                seq_tail_[size_t(s)] = c;
+    if (seq_version_ != kv.version) {
+        seq_max.assign(kv_max_seqs, -1);
+        seq_tail_.assign(kv_max_seqs, -1);
+        for (int32_t c = 0; c < kv.n_used; ++c) {
+            if (kv.cell_pos[c] < 0) continue;
+            for (seq_mask m = kv.cell_seqs[c]; m; m &= m - 1) {
+                const int s = __builtin_ctzll(m);
+                if (kv.cell_pos[c] > seq_max[size_t(s)]) {
+                    seq_max[size_t(s)] = kv.cell_pos[c];
+                    seq_tail_[size_t(s)] = c;
+                }
             }
         }
     }
+    seq_version_ = ~uint64_t(0);
     for (int32_t i = 0; i < n; ++i) {
         if (b.token[i] < 0 || b.token[i] >= hp.n_vocab) {
             throw error(SMOL_ERR_INVALID_ARGUMENT,
@@ -618,6 +624,7 @@ void llama_context::decode(const smol_batch & b) {
         run_chunk(b, i0, m, out_base);
         out_base += outs;
     }
+    seq_version_ = kv.version;
     const double dt = now_ms() - t0;
     if (n > 1) {
         perf.t_prompt_ms += dt;
@@ -650,10 +657,16 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         seqs_[size_t(j)] = b.seq_id[i];
         if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
     }
-    list_seq_cells(n);
+    const bool lists = be_->wants_seq_cells();
+    if (lists) list_seq_cells(n);
     graph_.clear();
-    graph_.batch = batch_info{positions_.data(), seqs_.data(),     cells_.data(), n, &kv,
-                              seq_cells_.data(), seq_begin_.data()};
+    graph_.batch = batch_info{positions_.data(),
+                              seqs_.data(),
+                              cells_.data(),
+                              n,
+                              &kv,
+                              lists ? seq_cells_.data() : nullptr,
+                              lists ? seq_begin_.data() : nullptr};
     logits_node_ = nullptr;
     build_graph(n, n_out);
     float * dst = logits_.data() + size_t(out_base) * size_t(hp.n_vocab);

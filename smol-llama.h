@@ -119,8 +119,11 @@ class llama_context {
     graph graph_;
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
+    // Each sequence's newest position and cell, as of kv.version
+    // seq_version_ (rescanned from the cells when the cache changed).
     std::vector<smol_pos> seq_max_;
     std::vector<int32_t> seq_tail_;
+    uint64_t seq_version_ = ~uint64_t(0);
     // Per batch: the cells of each sequence by position (batch_info).
     std::vector<int32_t> seq_cells_, seq_begin_;
     std::vector<int32_t> batch_cells_; // the cell of each token of the last batch, all chunks

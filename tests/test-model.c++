@@ -286,6 +286,36 @@ TEST_CASE("removing the tail of a sequence and decoding it again reproduces the 
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a batch refused part way leaves each sequence's positions as they were") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("refused.gguf");
+    tiny::shape s;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    context_ptr c = make_context(m.get(), 64);
+    smol_batch b = smol_batch_init(8);
+    for (int i = 0; i < 3; ++i) smol_batch_add(&b, 8, 7 + i, i, 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    // Positions 3 and 4 pass the check, the third token is refused.
+    b.n_tokens = 0;
+    smol_batch_add(&b, 8, 5, 3, 0, true);
+    smol_batch_add(&b, 8, 6, 4, 0, true);
+    smol_batch_add(&b, 8, s.n_vocab + 1, 5, 0, true);
+    CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(smol_kv_seq_len(c.get(), 0) == 3);
+    // So position 3 is still the next one, and 2 is still held.
+    b.n_tokens = 0;
+    smol_batch_add(&b, 8, 5, 2, 0, true);
+    CHECK(smol_decode(c.get(), &b) == SMOL_ERR_INVALID_ARGUMENT);
+    b.n_tokens = 0;
+    smol_batch_add(&b, 8, 5, 3, 0, true);
+    CHECK(smol_decode(c.get(), &b) == SMOL_OK);
+    CHECK(smol_kv_seq_len(c.get(), 0) == 4);
+    smol_batch_free(&b);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("bad input to decode is refused with a clear message and the cache is untouched") {
     const std::string path = temp_path("bad.gguf");
     tiny::shape s;
