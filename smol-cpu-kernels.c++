@@ -16,11 +16,7 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#ifndef SMOL_RP
-#define SMOL_RP 4
-#endif
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -1481,30 +1477,37 @@ __attribute__((noinline)) static void f_tile(const uint8_t * w0, size_t ws, cons
     }
 }
 
+// Calls f.template operator()<M>() with M = m, the tokens of a prefill
+// tile (1 <= m <= 6): the tile kernels take their token count as a
+// template argument.
+template <class F> static inline void with_tile_tokens(int64_t m, F && f) {
+    switch (m) {
+    case 1:
+        f.template operator()<1>();
+        break;
+    case 2:
+        f.template operator()<2>();
+        break;
+    case 3:
+        f.template operator()<3>();
+        break;
+    case 4:
+        f.template operator()<4>();
+        break;
+    case 5:
+        f.template operator()<5>();
+        break;
+    default:
+        f.template operator()<6>();
+        break;
+    }
+}
+
 // RM rows from w0 x m tokens from x0, 1 <= m <= 6: one tile of that size.
 template <smol_type T, int RM>
 static void f_tile_m(const uint8_t * w0, size_t ws, const uint8_t * x0, size_t ldx, int64_t m,
                      int64_t K, float * y, int64_t ldy) {
-    switch (m) {
-    case 1:
-        f_tile<T, RM, 1>(w0, ws, x0, ldx, K, y, ldy);
-        break;
-    case 2:
-        f_tile<T, RM, 2>(w0, ws, x0, ldx, K, y, ldy);
-        break;
-    case 3:
-        f_tile<T, RM, 3>(w0, ws, x0, ldx, K, y, ldy);
-        break;
-    case 4:
-        f_tile<T, RM, 4>(w0, ws, x0, ldx, K, y, ldy);
-        break;
-    case 5:
-        f_tile<T, RM, 5>(w0, ws, x0, ldx, K, y, ldy);
-        break;
-    default:
-        f_tile<T, RM, 6>(w0, ws, x0, ldx, K, y, ldy);
-        break;
-    }
+    with_tile_tokens(m, [&]<int RN>() { f_tile<T, RM, RN>(w0, ws, x0, ldx, K, y, ldy); });
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -1555,31 +1558,6 @@ __attribute__((noinline)) static void f_tile_pairs(const float * p, int64_t ps, 
     hsum_lanes<2 * RN * RP>(half, sums);
 }
 
-template <int RP>
-static void f_tile_pairs_m(const float * p, int64_t ps, const uint8_t * x0, size_t ldx, int64_t m,
-                           int64_t K8, float * sums) {
-    switch (m) {
-    case 1:
-        f_tile_pairs<RP, 1>(p, ps, x0, ldx, K8, sums);
-        break;
-    case 2:
-        f_tile_pairs<RP, 2>(p, ps, x0, ldx, K8, sums);
-        break;
-    case 3:
-        f_tile_pairs<RP, 3>(p, ps, x0, ldx, K8, sums);
-        break;
-    case 4:
-        f_tile_pairs<RP, 4>(p, ps, x0, ldx, K8, sums);
-        break;
-    case 5:
-        f_tile_pairs<RP, 5>(p, ps, x0, ldx, K8, sums);
-        break;
-    default:
-        f_tile_pairs<RP, 6>(p, ps, x0, ldx, K8, sums);
-        break;
-    }
-}
-
 // 2 * RP rows from w0 (ws bytes apart; their pairs packed at p) x m
 // tokens: the packed sums, then each output's last K mod 8 products from
 // its own row, as f_tile adds them.
@@ -1589,7 +1567,7 @@ static void f_pairs_out(const float * p, int64_t ps, const uint8_t * w0, size_t 
                         int64_t ldy) {
     const int64_t K8 = K & ~(int64_t)7;
     alignas(32) float sums[(2 * RP * 6 + 7) / 8 * 8];
-    f_tile_pairs_m<RP>(p, ps, x0, ldx, m, K8, sums);
+    with_tile_tokens(m, [&]<int RN>() { f_tile_pairs<RP, RN>(p, ps, x0, ldx, K8, sums); });
     for (int64_t j = 0; j < m; j++) {
         const float * x = (const float *)(x0 + (size_t)j * ldx);
         for (int i = 0; i < 2 * RP; i++) {
