@@ -51,8 +51,8 @@ constexpr uint64_t unbudgeted_slot_cap = 256ull << 20;
 
 // A group's history of at least this size is copied at the link's full
 // speed (the H200's pinned copies level off from 4 MiB), and its prefill
-// attention is one launch of several waves: a launch of a few heads runs
-// its causal query tiles in about one wave, as long as its longest tile.
+// attention is a launch of several waves (a launch of a few heads fits its
+// causal query tiles in one wave, most likely as long as its longest).
 // On the H200, the 1.7B's 32K prompt with every head streamed in chunks of
 // 16,384 ran at 0.87 of all-resident with groups of 2 heads (16 MiB),
 // 0.97 with 8 (64 MiB) and 0.99 with 32.
