@@ -1158,8 +1158,12 @@ constexpr float log2_e = 1.4426950408889634f; // scores in log2 units let exp2f 
 constexpr int fa_rows = 64; // queries a block: four warps of 16 (the work space sizes it too)
 
 // The decode attention kernel's shape (the kernel is below, with the flash one).
-constexpr int dec_warps = 4;         // warps a block, each a stream of its own tiles
-constexpr int dec_cells = 32;        // cells a warp's tile: each lane scores one
+constexpr int dec_warps = 4;  // warps a block, each a stream of its own tiles
+constexpr int dec_cells = 32; // cells a warp's tile: each lane scores one
+// Tiles a warp holds in shared memory, three in flight while it computes the
+// fourth: 134 KiB a block, one block an SM. On the H200 three tiles gave
+// less (135M f16 at 32K 0.89x of four, 1.7B f16 tg128 0.91x; BENCHMARKS.md).
+constexpr int dec_stages = 4;
 constexpr int dec_split_cells = 256; // the fewest cells a split takes
 constexpr int dec_max_splits = 128;  // splits over the cells, at most
 constexpr int dec_max_heads = 4;     // query heads a block serves, all of one kv head
@@ -1169,9 +1173,13 @@ constexpr int dec_list = 512;        // warp tiles a block lists at once when it
 // as may a batch of any size whose tokens are of different sequences.
 constexpr int dec_max_tok = 32;
 
-// A block's shared memory for K and V: per warp two tiles of each.
+// A block's shared memory: per warp dec_stages tiles of K, V and their
+// cells' positions and sequences.
+template <int HD> constexpr size_t dec_tile_bytes() {
+    return dec_cells * (2 * HD * sizeof(uint16_t) + sizeof(int32_t) + sizeof(uint64_t));
+}
 template <int HD> constexpr size_t dec_smem() {
-    return size_t(dec_warps) * 2 * dec_cells * 2 * HD * sizeof(uint16_t);
+    return size_t(dec_warps) * dec_stages * dec_tile_bytes<HD>();
 }
 
 // The decode blocks a kv head's group of query heads takes (a group of up
@@ -1228,10 +1236,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t * r
 }
 
 // 16 bytes from global to shared memory without a register, in the group
-// the next commit closes; wait<N> returns once at most N groups are in flight.
-__device__ __forceinline__ void cp_async16(uint16_t * smem, const uint16_t * gmem) {
+// the next commit closes, or with fill false 16 zero bytes and no read (gmem
+// must still be a valid address); wait<N> returns once at most N groups are
+// in flight.
+__device__ __forceinline__ void cp_async16(uint16_t * smem, const uint16_t * gmem,
+                                           bool fill = true) {
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem),
+                 "r"(fill ? 16 : 0)
+                 : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -1606,12 +1619,14 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 // Block (token, kv head x part of its query heads, split). The split's cells
 // go to the four warps in tiles of 32, round robin; each warp keeps its own
 // online softmax over its tiles and the block merges the four at the end.
-// Every load of a tile is issued together, a tile ahead: the cells' K and V
-// rows (only those the token sees, after the first tile) go to shared memory
-// by cp.async, and the cell table's entries two tiles ahead to registers, so
-// a short history costs one trip to memory. A lane scores its cell for each
-// of the block's query heads (the query rounded to f16, as on the CPU), then
-// every lane adds its share of the weighted V rows; the weights stay f32.
+// A warp copies (cp.async) each tile's K and V rows and its cells' positions
+// and sequences as one group, dec_stages - 1 tiles ahead: which cells the
+// token sees is read once a tile has landed, so no copy waits on memory and
+// a short history costs one trip to it. The scores and the weighted sum of V
+// are tensor-core products, as in the flash kernel: the block's query heads
+// are rows of a 16-row fragment (the query rounded to f16, as on the CPU)
+// and the weights go to the second product as f16, so the kernel is held to
+// the flash kernel's bound against the CPU.
 // With S splits the last block of a (token, kv head) merges the partials.
 // Over a cache of several sequences (pages) the block first lists the tiles
 // of its split whose page its token's sequence holds, from the pages'
@@ -1627,11 +1642,13 @@ template <int HD, int GB, dec_form F>
 __global__ void __launch_bounds__(dec_warps * warp_size)
     decode_attention_kernel(const attn_params p) {
     static_assert(HD % warp_size == 0 && HD >= 64, "whole lanes, at least eight pieces a row");
+    static_assert(GB <= 8 && dec_cells == 32,
+                  "query heads in rows 0-7 of a fragment, a cell a lane");
     constexpr bool Pages = F != dec_form::dense, WU = F == dec_form::warp_pages;
     constexpr int pieces = HD / 8;
     constexpr int rows_at_once = warp_size / pieces; // cells a warp's copy instruction covers
     extern __shared__ __align__(16) uint16_t dec_sm[];
-    __shared__ __align__(16) float qs[WU ? dec_warps : 1][GB][HD];
+    __shared__ __align__(16) uint32_t qs[WU ? dec_warps : 1][GB][HD / 2]; // f16 pairs
     __shared__ float st[dec_warps][GB][HD + 2];
 
     // The count of cells in use was copied in before the step's first kernel
@@ -1657,10 +1674,19 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     const int n_here = min(GB, p.group - sub * GB);
     const uint16_t * K = p.K + hk * p.head_stride;
     const uint16_t * V = p.V + hk * p.head_stride;
-    // K's 16-byte pieces sit at piece ^ (row % 8) within their row, so that
-    // lanes reading their own rows meet no bank conflict.
-    uint16_t * ks = dec_sm + warp * 2 * dec_cells * 2 * HD; // [2][dec_cells][HD], swizzled
-    uint16_t * vs = ks + 2 * dec_cells * HD;                // [2][dec_cells][HD]
+    // A row's 16-byte pieces sit at piece ^ (row % 8), so that the eight rows
+    // of a matrix ldmatrix reads meet no bank conflict.
+    constexpr int NS = dec_stages;
+    uint16_t * ks = dec_sm + warp * NS * 2 * dec_cells * HD; // [NS][dec_cells][HD], swizzled
+    uint16_t * vs = ks + NS * dec_cells * HD;                // [NS][dec_cells][HD], swizzled
+    // The tiles' cells: [NS][dec_cells] positions, then sequences.
+    int32_t * cpos = reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD) +
+                     warp * NS * dec_cells;
+    seq_mask * cseq =
+        reinterpret_cast<seq_mask *>(
+            reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD) +
+            dec_warps * NS * dec_cells) +
+        warp * NS * dec_cells;
 
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
     const int my_pos = p.pos[tok], my_seq = p.seq[tok];
@@ -1706,38 +1732,48 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     // The warp's tiles: first, first + stride, ... of the window's.
     constexpr int stride = WU ? 1 : dec_warps;
     const int first = WU ? (active ? 0 : dec_list) : warp;
-    // Copies of the tile at c into buffer b: piece lane % pieces of the rows
-    // the mask names (bit r: cell c + r), rows_at_once rows an instruction.
-    auto issue = [&](int c, int b, uint32_t mask) {
+    // Copies of the tile at c into buffer b, as one group: piece lane %
+    // pieces of its rows, rows_at_once rows an instruction, and its cells'
+    // positions and sequences. What lies past the window's end becomes
+    // zeros (a cell of no sequence, rows no stale NaN can come from), read
+    // from nowhere. Nothing here waits for memory, so a warp keeps NS - 1
+    // tiles in flight.
+    auto issue = [&](int c, int b) {
+        const int from = (lane / pieces) * HD + (lane % pieces) * 8;
+        const uint16_t * kg = K + size_t(c) * HD + from;
+        const uint16_t * vg = V + size_t(c) * HD + from;
 #pragma unroll
         for (int i = 0; i < dec_cells / rows_at_once; ++i) {
-            const int r = i * rows_at_once + lane / pieces, piece = lane % pieces;
-            if ((mask >> r) & 1u) {
-                const size_t at = size_t(c + r) * HD + piece * 8;
-                cp_async16(ks + (b * dec_cells + r) * HD + (piece ^ (r % 8)) * 8, K + at);
-                cp_async16(vs + (b * dec_cells + r) * HD + piece * 8, V + at);
-            }
+            const int r = i * rows_at_once + lane / pieces;
+            const bool on = c + r < w1;
+            const int at = (b * dec_cells + r) * HD + ((lane % pieces) ^ (r % 8)) * 8;
+            cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on);
+            cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on);
+        }
+        // Lanes 0-7 copy four positions each, lanes 8-23 two sequence masks.
+        if (lane < 24) {
+            const bool pos_part = lane < 8;
+            const int size = pos_part ? 4 : 8, per = 16 / size;
+            const int c0 = c + (pos_part ? lane : lane - 8) * per;
+            const int bytes = max(0, min(per, w1 - c0)) * size;
+            uint16_t * dst = pos_part ? reinterpret_cast<uint16_t *>(cpos + b * dec_cells + c0 - c)
+                                      : reinterpret_cast<uint16_t *>(cseq + b * dec_cells + c0 - c);
+            const uint16_t * from_g = bytes == 0 ? K
+                                      : pos_part
+                                          ? reinterpret_cast<const uint16_t *>(p.cell_pos + c0)
+                                          : reinterpret_cast<const uint16_t *>(p.cell_seqs + c0);
+            const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(from_g),
+                         "r"(bytes)
+                         : "memory");
         }
         cp_async_commit();
     };
-    auto cell = [&](int c, int & cp, seq_mask & cs) {
-        cp = -1;
-        cs = 0;
-        if (c < w1) {
-            cp = p.cell_pos[c];
-            cs = p.cell_seqs[c];
-        }
-    };
-    int cp0, cp1, cp2;
-    seq_mask cs0, cs1, cs2;
-    // A warp's first tile (its rows copied before the cell table says which
-    // the token sees: one trip to memory instead of two) and the cell table
-    // of its first two.
+    // A warp's first NS - 1 tiles, as soon as the window is known (a short
+    // history costs one trip to memory).
     auto start = [&]() {
-        const int c = tile_at(first);
-        issue(c, 0, __ballot_sync(0xffffffffu, c + lane < w1));
-        cell(c + lane, cp0, cs0);
-        cell(tile_at(first + stride) + lane, cp1, cs1);
+#pragma unroll
+        for (int s = 0; s < NS - 1; ++s) issue(tile_at(first + s * stride), s);
     };
     // The positions, sequences and page summaries were staged before the
     // step began too: the list is made while the kernel before ends.
@@ -1746,109 +1782,136 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     griddep_launch();
     if constexpr (!Pages) start();
 
-    float(*q)[HD] = qs[WU ? warp : 0];
+    uint32_t(*q)[HD / 2] = qs[WU ? warp : 0];
     for (int e = WU ? lane : int(threadIdx.x); e < GB * (HD / 2);
          e += WU ? warp_size : int(blockDim.x)) {
         const int g = e / (HD / 2), j = e % (HD / 2);
         float x0 = 0.0f, x1 = 0.0f;
         if (g < n_here) load_query_pair(p, tok, h_first + g, HD, j, x0, x1);
         // The query meets the f16 cache as f16, as on the CPU.
-        q[g][2 * j] = f16_to_f32(f32_to_f16(x0));
-        q[g][2 * j + 1] = f16_to_f32(f32_to_f16(x1));
+        q[g][j] = pack_f16x2(x0, x1);
     }
     __syncthreads();
-
-    // Scores in log2 units, so exp2f serves as the exponential.
-    const float scale = p.scale * log2_e;
-    // Lane l sums the weighted V rows of cells l / pieces, l / pieces +
-    // rows_at_once, ... of each tile for the eight elements from (l % pieces)
-    // * 8, one 16-byte read a cell; the lanes of an element range add their
-    // sums at the end.
-    float m[GB], l[GB], acc[GB][8];
+    // Lane l holds row l / 4 of the products (query head l / 4 of the
+    // block's, where there is one) and columns 2 (l % 4), 2 (l % 4) + 1 of
+    // each 8-column tile; rows 8-15 of the fragments are zero.
+    const int qg = lane / 4, qt = lane % 4;
+    uint32_t qa[HD / 16][4];
 #pragma unroll
-    for (int g = 0; g < GB; ++g) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f; // this lane's part of the sum
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = 0.0f;
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        qa[kk][0] = qg < GB ? q[qg][8 * kk + qt] : 0u;
+        qa[kk][1] = 0u;
+        qa[kk][2] = qg < GB ? q[qg][8 * kk + 4 + qt] : 0u;
+        qa[kk][3] = 0u;
     }
+
+    // Scores in log2 units, so exp2 serves as the exponential.
+    const float scale = p.scale * log2_e;
+    constexpr int n_dt = HD / 8;
+    float m = -INFINITY, l = 0.0f; // row qg's running maximum, this lane's part of its sum
+    float o[n_dt][4];              // columns 8n + 2 qt, +1 of rows qg (and qg + 8, zero)
+#pragma unroll
+    for (int n = 0; n < n_dt; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (;;) {
         if constexpr (Pages) start();
         for (int k = 0, ti = first, base = tile_at(ti); base < w1; ++k) {
-            const int b = k & 1;
-            const int next = tile_at(ti + stride);
-            // The next tile's visible rows, then the cell table two tiles ahead.
-            issue(next, b ^ 1,
-                  __ballot_sync(0xffffffffu, kv_cell_visible(cp1, cs1, my_seq, my_pos)));
-            cell(tile_at(ti + 2 * stride) + lane, cp2, cs2);
-            cp_async_wait<1>();
+            const int b = k % NS;
+            // The tile NS - 1 ahead (past the last: an empty group), then this one.
+            issue(tile_at(ti + (NS - 1) * stride), (k + NS - 1) % NS);
+            cp_async_wait<NS - 1>();
             __syncwarp();
-            const bool vis = kv_cell_visible(cp0, cs0, my_seq, my_pos);
-            if (__any_sync(0xffffffffu, vis)) {
-                float s[GB];
+            const uint32_t seen = __ballot_sync(
+                0xffffffffu, kv_cell_visible(cpos[b * dec_cells + lane], cseq[b * dec_cells + lane],
+                                             my_seq, my_pos));
+            const uint16_t * kt = ks + b * dec_cells * HD;
+            const uint16_t * vt = vs + b * dec_cells * HD;
+            if (const uint32_t unseen = __ballot_sync(0xffffffffu, base + lane < w1) & ~seen) {
+                // Rows the token does not see that were copied: zero V rows,
+                // since 0 times a NaN is NaN.
 #pragma unroll
-                for (int g = 0; g < GB; ++g) s[g] = 0.0f;
-                const uint16_t * kr = ks + (b * dec_cells + lane) * HD;
-#pragma unroll
-                for (int j = 0; j < HD; j += 8) {
-                    const uint4 u =
-                        *reinterpret_cast<const uint4 *>(kr + ((j / 8) ^ (lane % 8)) * 8);
-                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                    for (int g = 0; g < GB; ++g) {
-                        const float4 qa = *reinterpret_cast<const float4 *>(&q[g][j]);
-                        const float4 qb = *reinterpret_cast<const float4 *>(&q[g][j + 4]);
-                        const float qj[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            s[g] += f16_to_f32(uint16_t(w[i] & 0xffff)) * qj[2 * i] +
-                                    f16_to_f32(uint16_t(w[i] >> 16)) * qj[2 * i + 1];
-                        }
+                for (int i = 0; i < dec_cells / rows_at_once; ++i) {
+                    const int r = i * rows_at_once + lane / pieces;
+                    if ((unseen >> r) & 1u) {
+                        *reinterpret_cast<uint4 *>(vs + (b * dec_cells + r) * HD +
+                                                   (lane % pieces) * 8) = make_uint4(0, 0, 0, 0);
                     }
                 }
-                float pr[GB];
+                __syncwarp();
+            }
+            if (seen) {
+                // S = Q K^T: B fragments of K for two 8-cell tiles at once
+                // (lanes 0-7 give cells 16j2..+7 at columns 16kk, lanes 8-15
+                // the same cells at 16kk + 8, lanes 16-31 cells 16j2+8..+15).
+                float s[dec_cells / 8][4];
 #pragma unroll
-                for (int g = 0; g < GB; ++g) {
-                    const float sc = vis ? s[g] * scale : -INFINITY;
-                    const float mn = fmaxf(m[g], warp_max(sc)); // finite: a lane sees its cell
-                    const float corr = exp2f(m[g] - mn);        // 0 while nothing was seen
-                    m[g] = mn;
-                    pr[g] = vis ? exp2f(sc - mn) : 0.0f;
-                    l[g] = l[g] * corr + pr[g];
+                for (int j = 0; j < dec_cells / 8; ++j)
+                    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
-                }
-                // A zero weight adds nothing, so a row that was not copied (or
-                // that is not finite, as the CPU skips it) cannot reach the sum.
-                const uint16_t * vr =
-                    vs + (b * dec_cells + lane / pieces) * HD + (lane % pieces) * 8;
+                for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
-                for (int j = 0; j < dec_cells / rows_at_once; ++j) {
-                    const uint4 u = *reinterpret_cast<const uint4 *>(vr + j * rows_at_once * HD);
-                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-                    float v[8];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        v[2 * i] = f16_to_f32(uint16_t(w[i] & 0xffff));
-                        v[2 * i + 1] = f16_to_f32(uint16_t(w[i] >> 16));
+                    for (int j2 = 0; j2 < dec_cells / 16; ++j2) {
+                        const int r = 16 * j2 + 8 * (lane / 16) + lane % 8;
+                        const int piece = 2 * kk + lane / 8 % 2;
+                        uint32_t bf[4];
+                        ldmatrix_x4(bf, kt + r * HD + (piece ^ (lane % 8)) * 8);
+                        mma_f16_16816(s[2 * j2], qa[kk], bf[0], bf[1]);
+                        mma_f16_16816(s[2 * j2 + 1], qa[kk], bf[2], bf[3]);
                     }
-                    const int cj = j * rows_at_once + lane / pieces;
+                }
+                // Lane l has cells 8j + 2 (l % 4) + i of row l / 4; a cell
+                // the token does not see scores -inf and weighs zero.
+                float mx = -INFINITY;
 #pragma unroll
-                    for (int g = 0; g < GB; ++g) {
-                        const float pj = SMOL_SHFL(pr[g], cj);
+                for (int j = 0; j < dec_cells / 8; ++j) {
 #pragma unroll
-                        for (int e = 0; e < 8; ++e)
-                            acc[g][e] = pj != 0.0f ? acc[g][e] + pj * v[e] : acc[g][e];
+                    for (int i = 0; i < 2; ++i) {
+                        if (!((seen >> (8 * j + 2 * qt + i)) & 1u)) s[j][i] = -INFINITY;
+                        mx = fmaxf(mx, s[j][i]);
+                    }
+                }
+                mx = fmaxf(mx, SMOL_SHFL_XOR(mx, 1));
+                mx = fmaxf(mx, SMOL_SHFL_XOR(mx, 2));
+                // Finite: the row sees a cell (the scale is positive, so the
+                // same scores are largest).
+                const float mn = fmaxf(m, mx * scale);
+                const float corr = m == -INFINITY ? 0.0f : fast_exp2(m - mn);
+                m = mn;
+                l *= corr;
+#pragma unroll
+                for (int n = 0; n < n_dt; ++n) {
+                    o[n][0] *= corr;
+                    o[n][1] *= corr;
+                }
+                // P as the A fragments of P V: cells 16kk..16kk+15 are the
+                // score tiles 2kk and 2kk + 1.
+                uint32_t pa[dec_cells / 16][4];
+#pragma unroll
+                for (int j = 0; j < dec_cells / 8; ++j) {
+                    const float p0 = fast_exp2(fmaf(s[j][0], scale, -mn));
+                    const float p1 = fast_exp2(fmaf(s[j][1], scale, -mn));
+                    l += p0 + p1;
+                    pa[j / 2][(j % 2) * 2] = pack_f16x2(p0, p1);
+                    pa[j / 2][(j % 2) * 2 + 1] = 0u;
+                }
+                // O += P V: B fragments of V for two 8-column tiles at once
+                // (lanes 0-7 give cells 16kk..+7 at columns 16n2, lanes 8-15
+                // cells 16kk+8..+15 there, lanes 16-31 the same at 16n2 + 8).
+                const int mi = lane / 8, mr = lane % 8;
+#pragma unroll
+                for (int kk = 0; kk < dec_cells / 16; ++kk) {
+#pragma unroll
+                    for (int n2 = 0; n2 < HD / 16; ++n2) {
+                        const int r = 16 * kk + mr + 8 * (mi & 1), piece = 2 * n2 + (mi >> 1);
+                        uint32_t bf[4];
+                        ldmatrix_x4<true>(bf, vt + r * HD + (piece ^ mr) * 8);
+                        mma_f16_16816(o[2 * n2], pa[kk], bf[0], bf[1]);
+                        mma_f16_16816(o[2 * n2 + 1], pa[kk], bf[2], bf[3]);
                     }
                 }
             }
-            __syncwarp(); // the buffer is read before the next-but-one tile fills it
-            cp0 = cp1;
-            cs0 = cs1;
-            cp1 = cp2;
-            cs1 = cs2;
+            __syncwarp(); // the buffer is read before a later tile fills it
             ti += stride;
-            base = next;
+            base = tile_at(ti);
         }
         if (w1 >= c_end) break;
         // The next window of a long split: every warp is done with the list.
@@ -1860,41 +1923,32 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         __syncthreads();
     }
     cp_async_wait<0>();
-    // Every lane of an element range gets the range's sum over the cells.
-#pragma unroll
-    for (int o = pieces; o < warp_size; o *= 2) {
-#pragma unroll
-        for (int g = 0; g < GB; ++g) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[g][e] += SMOL_SHFL_XOR(acc[g][e], o);
-        }
-    }
-    const bool writes = lane < pieces; // one lane an element range
+    // A row's sum: the four lanes of a quad hold its cells between them.
+    l += SMOL_SHFL_XOR(l, 1);
+    l += SMOL_SHFL_XOR(l, 2);
 
     if constexpr (WU) {
         // A warp's state is its kv head's whole answer (one split).
-        if (!active) return;
+        if (!active || qg >= n_here) return;
+        float * out = p.out + size_t(tok) * p.ldo + (h_first + qg) * HD + 2 * qt;
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-        for (int g = 0; g < GB; ++g) {
-            const float L = warp_sum(l[g]);
-            if (g >= n_here || !writes) continue;
-            float * out = p.out + size_t(tok) * p.ldo + (h_first + g) * HD + lane * 8;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) out[e] = L > 0.0f ? acc[g][e] / L : 0.0f;
+        for (int n = 0; n < n_dt; ++n) {
+            out[8 * n] = o[n][0] * inv;
+            out[8 * n + 1] = o[n][1] * inv;
         }
     } else {
         // The warps' states, then the block's: max, sum and the weighted sum of
         // V for each query head.
-#pragma unroll
-        for (int g = 0; g < GB; ++g) {
-            const float L = warp_sum(l[g]);
-            if (lane == 0) {
-                st[warp][g][0] = m[g];
-                st[warp][g][1] = L;
+        if (qg < GB) {
+            if (qt == 0) {
+                st[warp][qg][0] = m;
+                st[warp][qg][1] = l;
             }
-            if (writes) {
 #pragma unroll
-                for (int e = 0; e < 8; ++e) st[warp][g][2 + lane * 8 + e] = acc[g][e];
+            for (int n = 0; n < n_dt; ++n) {
+                st[warp][qg][2 + 8 * n + 2 * qt] = o[n][0];
+                st[warp][qg][2 + 8 * n + 2 * qt + 1] = o[n][1];
             }
         }
         __syncthreads();
@@ -2069,10 +2123,11 @@ size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
-// The device's copy of the cache table: positions, then (8-byte aligned)
-// the sequence masks, then the tiles of 64 cells.
+// The device's copy of the cache table: positions, then (16-byte aligned,
+// for the decode kernel's copies) the sequence masks, then the tiles of 64
+// cells.
 size_t cell_seqs_offset(int64_t n_cells) {
-    return align_up(size_t(n_cells) * sizeof(int32_t), 8);
+    return align_up(size_t(n_cells) * sizeof(int32_t), 16);
 }
 size_t cell_tiles_offset(int64_t n_cells) {
     return cell_seqs_offset(n_cells) + size_t(n_cells) * sizeof(uint64_t);

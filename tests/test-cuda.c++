@@ -584,9 +584,14 @@ attn_err worst(const std::vector<float> & got, const std::vector<float> & want) 
     return w;
 }
 
+// The largest finite |x| (a cell may hold NaN or infinity that no token
+// sees; it must not loosen the bound).
 double max_abs_f16(const std::vector<uint16_t> & x) {
     double m = 0;
-    for (uint16_t h : x) m = std::max(m, std::fabs(double(smol::cpu::fp16_to_fp32(h))));
+    for (uint16_t h : x) {
+        const double v = std::fabs(double(smol::cpu::fp16_to_fp32(h)));
+        if (std::isfinite(v)) m = std::max(m, v);
+    }
     return m;
 }
 
@@ -600,8 +605,9 @@ double max_abs_f16(const std::vector<uint16_t> & x) {
 // enlarge), so each side is within (2^-11 + n_cells 2^-25) max|V| of the
 // exact sum, and the two within twice that: 1.1e-3 max|V| for 2,200 cells.
 // Scores summed in another order and exp2 against exp move p_c by about
-// 1e-6 relative. Hence 1.5e-3 max|V| per element; the decode and classic
-// kernels keep p_c in f32 and are held to the same bound.
+// 1e-6 relative. Hence 1.5e-3 max|V| per element; the decode kernel rounds
+// p_c as the flash kernel does, and the classic kernel, which keeps p_c in
+// f32, is held to the same bound.
 constexpr double flash_attn_tol = 1.5e-3;
 
 // Batches of up to this many tokens may take the decode kernel by default
@@ -633,8 +639,8 @@ void check_attention(const attn_setup & a, const attn_setup::result & want,
     const double v_max = max_abs_f16(want.V);
     for (const kernel_result & k : got) {
         const attn_err e = worst(k.r.out, want.out);
-        INFO(k.name << " kernel's largest error " << e.err / v_max << " max|V| at "
-                    << e.where(a, k.r.out, want.out));
+        INFO(std::string(k.name) << " kernel's largest error " << e.err / v_max << " max|V| at "
+                                 << e.where(a, k.r.out, want.out));
         CHECK(e.err <= flash_attn_tol * v_max);
     }
 }
@@ -692,6 +698,48 @@ TEST_CASE("flash attention matches the CPU for prompts over served caches, with 
                                   << n_tok
                                   << " tokens took neither the decode nor the flash kernel");
             }
+        }
+    }
+}
+
+TEST_CASE("attention leaves out the cells no token sees, even those holding NaN or infinity") {
+    // A zero softmax weight times NaN is NaN, so a kernel that multiplies
+    // every copied row of V by its weight must not meet such a row: the CPU
+    // reads only the cells a token sees. Sequence 2's cells, among the
+    // served history, get NaN or infinity in K and V; the batch continues
+    // sequences 0 and 1, so no token sees them.
+    auto flash = gpu_attention("flash");
+    if (!flash) return;
+    auto decode = gpu_attention("decode");
+    auto classic = gpu_attention("classic");
+    auto c_be = cpu();
+    for (int n_tok : {1, 5, 100}) {
+        for (int history : {40, 3000}) {
+            const uint32_t seed = fresh_seed();
+            CAPTURE(seed);
+            CAPTURE(n_tok);
+            CAPTURE(history);
+            std::mt19937 rng(seed);
+            attn_setup a(rng, 9, 3, 64, attn_setup::served{history}, n_tok);
+            int poisoned = 0;
+            for (int c = 0; c < a.kv.n_used; ++c) {
+                if (a.kv.cell_seqs[size_t(c)] != (uint64_t(1) << 2)) continue;
+                const uint16_t bad = c % 2 ? 0x7e00 : 0x7c00; // f16 NaN, +infinity
+                for (int h = 0; h < a.n_head_kv; ++h) {
+                    // Layer 1's rows, as run() attends.
+                    const size_t at =
+                        ((size_t(a.n_head_kv) + size_t(h)) * size_t(a.n_cells) + size_t(c)) * 64;
+                    std::fill_n(a.k_hist.begin() + ptrdiff_t(at), 64, bad);
+                    std::fill_n(a.v_hist.begin() + ptrdiff_t(at), 64, bad);
+                }
+                ++poisoned;
+            }
+            REQUIRE(poisoned > 0);
+            const auto want = a.run(*c_be, false);
+            const auto f = a.run(*flash, false);
+            const auto d = a.run(*decode, false);
+            const auto c = a.run(*classic, false);
+            check_attention(a, want, {{"flash", f}, {"decode", d}, {"classic", c}});
         }
     }
 }
