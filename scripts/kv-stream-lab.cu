@@ -1,0 +1,260 @@
+// Reads a layer's KV cache the way the decode attention kernel walks it, with
+// no arithmetic, to find what the copies alone reach on one GPU: K and V each
+// [heads][cells][64] f16, a block a (kv head, split), its warps taking the
+// split's tiles of 32 cells round robin. Variants: cp.async 16 bytes a lane
+// into NS shared buffers a warp (as smol's kernel), plain 16-byte loads into
+// registers with U tiles in flight, and bulk copies (cp.async.bulk, one lane
+// a tile's K and V, an mbarrier a buffer). Each variant runs over two
+// layers' worth of cache (more than the L2), best of 5 timed runs of 20
+// launches; GB/s counts K and V bytes read.
+//
+//   nvcc -O3 -std=c++20 -arch=sm_90 -o kv-stream-lab scripts/kv-stream-lab.cu
+//   ./kv-stream-lab [heads cells]     (default 32 32768: SmolLM2-1.7B at 32K)
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+#include <vector>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                          \
+            std::exit(1);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+constexpr int HD = 64, CELLS = 32, TILE = CELLS * HD; // f16 elements a tile of K (or V)
+
+struct P {
+    const uint16_t *K, *V;
+    int cells, chunk; // cells a head, cells a split
+    float * sink;
+};
+
+__device__ __forceinline__ void cp16(void * s, const void * g) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(s));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
+}
+__device__ __forceinline__ void commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wait_groups() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// A warp's tiles of a block's split: first, first + W, ... (tile index i
+// starts at cell c0 + i * CELLS).
+template <int W> __device__ __forceinline__ int n_tiles(const P & p, int warp) {
+    const int n = p.chunk / CELLS;
+    return n > warp ? (n - warp + W - 1) / W : 0;
+}
+
+// cp.async into NS buffers a warp, NS - 1 tiles ahead.
+template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_cpasync(P p) {
+    extern __shared__ __align__(16) uint16_t sm[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t head = size_t(blockIdx.y) * p.cells;
+    const int c0 = blockIdx.x * p.chunk;
+    uint16_t * ks = sm + warp * NS * 2 * TILE;
+    uint16_t * vs = ks + NS * TILE;
+    const int n = n_tiles<W>(p, warp);
+    auto issue = [&](int i, int b) {
+        if (i < n) {
+            const size_t c = head + c0 + size_t(warp + i * W) * CELLS;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int e = (r * 32 + lane) * 8;
+                cp16(ks + b * TILE + e, p.K + c * HD + e);
+                cp16(vs + b * TILE + e, p.V + c * HD + e);
+            }
+        }
+        commit();
+    };
+    for (int s = 0; s < NS - 1; ++s) issue(s, s);
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        issue(i + NS - 1, (i + NS - 1) % NS);
+        wait_groups<NS - 1>();
+        __syncwarp();
+        const int b = i % NS;
+        acc += float(ks[b * TILE + lane * 64]) + float(vs[b * TILE + lane * 64 + 1]);
+        __syncwarp();
+    }
+    if (acc == 12345.0f) p.sink[0] = acc;
+}
+
+// Plain 16-byte loads into registers: a lane holds 8 + 8 pieces of a tile;
+// U tiles in flight.
+template <int W, int U> __global__ void __launch_bounds__(W * 32) k_ldg(P p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t head = size_t(blockIdx.y) * p.cells;
+    const int c0 = blockIdx.x * p.chunk;
+    const int n = n_tiles<W>(p, warp);
+    float acc = 0.0f;
+    for (int i = 0; i < n; i += U) {
+        uint4 k[U][8], v[U][8];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const size_t c = head + c0 + size_t(warp + min(i + u, n - 1) * W) * CELLS;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int e = (r * 32 + lane) * 8;
+                k[u][r] = __ldcs(reinterpret_cast<const uint4 *>(p.K + c * HD + e));
+                v[u][r] = __ldcs(reinterpret_cast<const uint4 *>(p.V + c * HD + e));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int r = 0; r < 8; ++r) acc += float(k[u][r].x ^ v[u][r].w);
+        }
+    }
+    if (acc == 12345.0f) p.sink[0] = acc;
+}
+
+// Bulk copies: lane 0 copies a tile's K and V (4 KiB each) into buffer b and
+// the buffer's mbarrier counts the bytes; NS - 1 tiles ahead.
+__device__ __forceinline__ void mbar_init(uint64_t * m, int count) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(m));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t * m, unsigned bytes) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(m));
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk(void * s, const void * g, unsigned bytes, uint64_t * m) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(s));
+    const unsigned ma = static_cast<unsigned>(__cvta_generic_to_shared(m));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(a),
+        "l"(g), "r"(bytes), "r"(ma)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t * m, unsigned phase) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(m));
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra W;\n}\n" ::"r"(a),
+                 "r"(phase)
+                 : "memory");
+}
+template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_bulk(P p) {
+    extern __shared__ __align__(16) uint16_t sm[];
+    __shared__ __align__(8) uint64_t bar[W][NS];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t head = size_t(blockIdx.y) * p.cells;
+    const int c0 = blockIdx.x * p.chunk;
+    uint16_t * ks = sm + warp * NS * 2 * TILE;
+    uint16_t * vs = ks + NS * TILE;
+    const int n = n_tiles<W>(p, warp);
+    if (lane == 0) {
+        for (int s = 0; s < NS; ++s) mbar_init(&bar[warp][s], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncwarp();
+    auto issue = [&](int i) {
+        if (i < n && lane == 0) {
+            const int b = i % NS;
+            const size_t c = head + c0 + size_t(warp + i * W) * CELLS;
+            mbar_expect(&bar[warp][b], 2 * TILE * 2);
+            bulk(ks + b * TILE, p.K + c * HD, TILE * 2, &bar[warp][b]);
+            bulk(vs + b * TILE, p.V + c * HD, TILE * 2, &bar[warp][b]);
+        }
+    };
+    for (int s = 0; s < NS - 1; ++s) issue(s);
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        issue(i + NS - 1);
+        const int b = i % NS;
+        mbar_wait(&bar[warp][b], unsigned(i / NS) & 1u);
+        acc += float(ks[b * TILE + lane * 64]) + float(vs[b * TILE + lane * 64 + 1]);
+        __syncwarp(); // the buffer is read before it is filled again
+    }
+    if (acc == 12345.0f) p.sink[0] = acc;
+}
+
+int main(int argc, char ** argv) {
+    const int heads = argc > 2 ? std::atoi(argv[1]) : 32,
+              cells = argc > 2 ? std::atoi(argv[2]) : 32768;
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const size_t per = size_t(heads) * cells * HD; // f16 elements of K (or V), a layer
+    const int layers = 4;
+    uint16_t * pool;
+    CK(cudaMalloc(&pool, per * 2 * layers * 2));
+    {
+        std::vector<uint16_t> h(per * 2 * layers);
+        for (size_t i = 0; i < h.size(); ++i)
+            h[i] = uint16_t(0x3c00 | (i * 2654435761u >> 22 & 0x3ff));
+        CK(cudaMemcpy(pool, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    }
+    float * sink;
+    CK(cudaMalloc(&sink, 4));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const double bytes = double(per) * 2 * 2; // K and V of a layer
+    {
+        // The copy ceiling: a device-to-device copy of a layer's K and V.
+        float best = 1e9f;
+        for (int r = 0; r < 5; ++r) {
+            CK(cudaEventRecord(e0));
+            for (int i = 0; i < 20; ++i)
+                CK(cudaMemcpyAsync(pool + per * 2 * (2 + i % 2), pool + per * 2 * (i % 2), per * 4,
+                                   cudaMemcpyDeviceToDevice));
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            best = std::min(best, ms / 20);
+        }
+        std::printf("%-28s %8.1f us  %7.0f GB/s (read + write, each way %.0f)\n", "cudaMemcpy D2D",
+                    best * 1e3, 2 * bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / 1e9);
+    }
+    auto time = [&](const char * name, auto kernel, int W, size_t smem, int per_sm_want) {
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem));
+        (void)per_sm_want;
+        // Splits so that the blocks fill the GPU once, whole warp rounds of tiles.
+        int S = std::max(1, per_sm * sms / heads);
+        int chunk = (cells + S - 1) / S;
+        chunk = (chunk + CELLS * W - 1) / (CELLS * W) * (CELLS * W);
+        S = (cells + chunk - 1) / chunk;
+        float best = 1e9f;
+        for (int r = 0; r < 5; ++r) {
+            CK(cudaEventRecord(e0));
+            for (int i = 0; i < 20; ++i) {
+                const int l = i % layers;
+                P p{pool + per * 2 * l, pool + per * 2 * l + per, cells, chunk, sink};
+                kernel<<<dim3(S, heads), W * 32, smem>>>(p);
+            }
+            CK(cudaGetLastError());
+            CK(cudaEventRecord(e1));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            best = std::min(best, ms / 20);
+        }
+        std::printf("%-28s %8.1f us  %7.0f GB/s  (%d blocks an SM, %d splits, %d blocks)\n", name,
+                    best * 1e3, bytes / (best * 1e-3) / 1e9, per_sm, S, S * heads);
+    };
+    const size_t tb = size_t(TILE) * 2 * 2; // K and V bytes of a tile
+    time("cp.async W4 NS2", k_cpasync<4, 2>, 4, 4 * 2 * tb, 0);
+    time("cp.async W4 NS3", k_cpasync<4, 3>, 4, 4 * 3 * tb, 0);
+    time("cp.async W4 NS4 (smol)", k_cpasync<4, 4>, 4, 4 * 4 * tb, 0);
+    time("cp.async W8 NS3", k_cpasync<8, 3>, 8, 8 * 3 * tb, 0);
+    time("cp.async W2 NS6", k_cpasync<2, 6>, 2, 2 * 6 * tb, 0);
+    time("ldg W4 U1", k_ldg<4, 1>, 4, 0, 0);
+    time("ldg W4 U2", k_ldg<4, 2>, 4, 0, 0);
+    time("ldg W8 U2", k_ldg<8, 2>, 8, 0, 0);
+    time("bulk W4 NS4", k_bulk<4, 4>, 4, 4 * 4 * tb, 0);
+    time("bulk W4 NS6", k_bulk<4, 6>, 4, 4 * 6 * tb, 0);
+    time("bulk W1 NS8", k_bulk<1, 8>, 1, 1 * 8 * tb, 0);
+    time("bulk W2 NS8", k_bulk<2, 8>, 2, 2 * 8 * tb, 0);
+    return 0;
+}
