@@ -1158,12 +1158,14 @@ constexpr float log2_e = 1.4426950408889634f; // scores in log2 units let exp2f 
 constexpr int fa_rows = 64; // queries a block: four warps of 16 (the work space sizes it too)
 
 // The decode attention kernel's shape (the kernel is below, with the flash one).
-constexpr int dec_warps = 4;  // warps a block, each a stream of its own tiles
+constexpr int dec_warps = 8;  // warps a block, each a stream of its own tiles
 constexpr int dec_cells = 32; // cells a warp's tile: each lane scores one
-// Tiles a warp holds in shared memory, three in flight while it computes the
-// fourth: 134 KiB a block, one block an SM. On the H200 three tiles gave
-// less (135M f16 at 32K 0.89x of four, 1.7B f16 tg128 0.91x; BENCHMARKS.md).
-constexpr int dec_stages = 4;
+// Tiles a warp holds in shared memory, one in flight while it computes the
+// other: 134 KiB a block, one block of eight warps an SM, two a scheduler,
+// so one warp's arithmetic hides behind another's. On the H200, against four
+// warps of four tiles: 1.7B f16 at 32K 1.17x, 135M f16 at 128K 1.13x, 1.7B
+// tg128 0.96x; eight warps of three tiles ran no faster (BENCHMARKS.md).
+constexpr int dec_stages = 2;
 constexpr int dec_split_cells = 256; // the fewest cells a split takes
 constexpr int dec_max_splits = 128;  // splits over the cells, at most
 constexpr int dec_max_heads = 4;     // query heads a block serves, all of one kv head
@@ -1617,8 +1619,8 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 // --- attention: decode --------------------------------------------------------
 
 // Block (token, kv head x part of its query heads, split). The split's cells
-// go to the four warps in tiles of 32, round robin; each warp keeps its own
-// online softmax over its tiles and the block merges the four at the end.
+// go to the block's eight warps in tiles of 32, round robin; each warp keeps
+// its own online softmax over its tiles and the block merges them at the end.
 // A warp copies (cp.async) each tile's K and V rows and its cells' positions
 // and sequences as one group, dec_stages - 1 tiles ahead: which cells the
 // token sees is read once a tile has landed, so no copy waits on memory and
@@ -1634,7 +1636,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 // another sequence's page costs one summary read. When a batch's (token,
 // kv head) pairs are more blocks than the GPU holds at once, each warp of a
 // block serves a kv head of its own over the whole list (warp_pages, one
-// split): the token's list is made once for four kv heads, and a short
+// split): the token's list is made once for eight kv heads, and a short
 // history is one pass of a warp, not one block of mostly idle warps.
 enum class dec_form : uint8_t { dense, pages, warp_pages };
 
