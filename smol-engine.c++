@@ -281,7 +281,7 @@ void engine::preempt(request & r) {
 }
 
 bool engine::make_room(int32_t cells) {
-    while (ctx_.kv.n_free() < cells) {
+    while (!ctx_.kv.has_free(cells)) {
         scratch_cells_.clear();
         if (!tree_.evict(scratch_cells_)) return false;
         ctx_.kv.cells_rm_seq(scratch_cells_.data(), int32_t(scratch_cells_.size()), cache_seq_);
@@ -392,7 +392,7 @@ int32_t engine::step() {
     int32_t n = 0;
     for (auto & r : running_) {
         r->nb = 0;
-        if (int32_t(r->tokens.size()) - r->n_past == 1 && budget > 0 && ctx_.kv.n_free() > n) {
+        if (int32_t(r->tokens.size()) - r->n_past == 1 && budget > 0 && ctx_.kv.has_free(n + 1)) {
             r->b0 = n;
             r->nb = 1;
             ++n;
@@ -404,7 +404,7 @@ int32_t engine::step() {
         if (pending <= 1 || budget <= 0) continue;
         int32_t take = std::min({pending, int32_t(params_.n_chunk), budget});
         make_room(n + take);
-        take = std::min(take, ctx_.kv.n_free() - n);
+        if (!ctx_.kv.has_free(n + take)) take = std::min(take, ctx_.kv.n_free() - n);
         if (take <= 0) continue;
         r->b0 = n;
         r->nb = take;

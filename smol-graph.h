@@ -157,6 +157,9 @@ struct kv_cache {
         return {k_head(layer, 0), v_head(layer, 0), size_t(n_cells) * head_dim, 0, n_head_kv};
     }
     int32_t n_free() const;
+    // Whether n cells are free: at once when the cells past n_used (all
+    // free) are enough, else by counting.
+    bool has_free(int32_t n) const { return n_cells - n_used >= n || n_free() >= n; }
     void clear();
     // Drops seq from the cells it holds in [p0, p1) (p1 < 0: to the end;
     // seq < 0: every sequence); a cell no sequence holds is free.

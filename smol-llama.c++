@@ -593,8 +593,8 @@ void llama_context::decode(const smol_batch & b) {
         }
         seq_max[size_t(s)] = b.pos[i];
     }
-    const int32_t n_free = kv.n_free();
-    if (n_free < n) {
+    if (!kv.has_free(n)) {
+        const int32_t n_free = kv.n_free();
         throw error(SMOL_ERR_CONTEXT_FULL,
                     "the KV cache is full: the batch needs " + std::to_string(n) + " cells, " +
                         std::to_string(n_free) + " of n_ctx = " + std::to_string(kv.n_cells) +

@@ -274,6 +274,51 @@ TEST_CASE("sequences decoded together take cache pages of their own; one alone s
     }
 }
 
+TEST_CASE("the cache says whether n cells are free as counting them would") {
+    // has_free trusts the cells past n_used to be free and counts only when
+    // those are too few: sequences fill a cache, some are dropped (holes
+    // below n_used, n_used shrinking when the last cells go), and after each
+    // change every n agrees with the count.
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    smol::kv_cache kv;
+    const int32_t n_cells = 3 * smol::kv_page + 17;
+    kv.init(1, 1, 8, n_cells);
+    bool holes = false; // free cells below n_used were seen
+    auto agrees = [&]() {
+        const int32_t free_cells = kv.n_free();
+        holes = holes || free_cells > n_cells - kv.n_used;
+        int wrong = 0;
+        for (int32_t n = 0; n <= n_cells + 1; ++n) wrong += kv.has_free(n) != (free_cells >= n);
+        CAPTURE(free_cells);
+        CAPTURE(kv.n_used);
+        CHECK(wrong == 0);
+    };
+    agrees();
+    std::vector<int32_t> tail(4, -1), len(4, 0);
+    for (int round = 0; round < 6; ++round) {
+        int32_t page_from = 0, cell_from = 0;
+        const int take = std::uniform_int_distribution<int>(1, n_cells / 2)(rng);
+        for (int i = 0; i < take; ++i) {
+            const int s = int(rng() % 4);
+            const int32_t c = kv.find_cell(tail[size_t(s)], page_from, cell_from);
+            if (c < 0) break;
+            kv.cell_pos[size_t(c)] = len[size_t(s)]++;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask(1) << s;
+            kv.n_used = std::max(kv.n_used, c + 1);
+            tail[size_t(s)] = c;
+        }
+        agrees();
+        const int drop = int(rng() % 4);
+        kv.seq_rm(drop, 0, -1);
+        tail[size_t(drop)] = -1;
+        len[size_t(drop)] = 0;
+        agrees();
+    }
+    CHECK(holes);
+}
+
 TEST_CASE("the simulated device's measured memory stays within the budget and near the plan") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
