@@ -1238,14 +1238,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t * r
 }
 
 // 16 bytes from global to shared memory without a register, in the group
-// the next commit closes, or with fill false 16 zero bytes and no read (gmem
-// must still be a valid address); wait<N> returns once at most N groups are
-// in flight.
-__device__ __forceinline__ void cp_async16(uint16_t * smem, const uint16_t * gmem,
-                                           bool fill = true) {
+// the next commit closes: the first `bytes` (0 to 16) read from gmem, the
+// rest zeros (gmem must be a valid address even when nothing is read);
+// wait<N> returns once at most N groups are in flight.
+__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, int bytes = 16) {
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem),
-                 "r"(fill ? 16 : 0)
+                 "r"(bytes)
                  : "memory");
 }
 
@@ -1749,8 +1748,8 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             const int r = i * rows_at_once + lane / pieces;
             const bool on = c + r < w1;
             const int at = (b * dec_cells + r) * HD + ((lane % pieces) ^ (r % 8)) * 8;
-            cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on);
-            cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on);
+            cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
+            cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
         }
         // Lanes 0-7 copy four positions each, lanes 8-23 two sequence masks.
         if (lane < 24) {
@@ -1758,16 +1757,12 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             const int size = pos_part ? 4 : 8, per = 16 / size;
             const int c0 = c + (pos_part ? lane : lane - 8) * per;
             const int bytes = max(0, min(per, w1 - c0)) * size;
-            uint16_t * dst = pos_part ? reinterpret_cast<uint16_t *>(cpos + b * dec_cells + c0 - c)
-                                      : reinterpret_cast<uint16_t *>(cseq + b * dec_cells + c0 - c);
-            const uint16_t * from_g = bytes == 0 ? K
-                                      : pos_part
-                                          ? reinterpret_cast<const uint16_t *>(p.cell_pos + c0)
-                                          : reinterpret_cast<const uint16_t *>(p.cell_seqs + c0);
-            const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(from_g),
-                         "r"(bytes)
-                         : "memory");
+            void * dst = pos_part ? static_cast<void *>(cpos + b * dec_cells + c0 - c)
+                                  : static_cast<void *>(cseq + b * dec_cells + c0 - c);
+            const void * from = bytes == 0 ? static_cast<const void *>(K)
+                                : pos_part ? static_cast<const void *>(p.cell_pos + c0)
+                                           : static_cast<const void *>(p.cell_seqs + c0);
+            cp_async16(dst, from, bytes);
         }
         cp_async_commit();
     };
