@@ -45,25 +45,29 @@ template <int N> __device__ __forceinline__ void wait_groups() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// A warp's tiles of a block's split: first, first + W, ... (tile index i
-// starts at cell c0 + i * CELLS).
-template <int W> __device__ __forceinline__ int n_tiles(const P & p, int warp) {
-    const int n = p.chunk / CELLS;
-    return n > warp ? (n - warp + W - 1) / W : 0;
-}
+// A warp's tiles of a block's split (block x: the split, y: the kv head):
+// the split's tiles warp, warp + W, ...; its i-th starts at cell(i) of K
+// (and V).
+template <int W> struct walk {
+    int warp, lane, c0, n;
+    size_t head;
+    __device__ explicit walk(const P & p)
+        : warp(threadIdx.x / 32), lane(threadIdx.x % 32), c0(blockIdx.x * p.chunk),
+          n(p.chunk / CELLS > warp ? (p.chunk / CELLS - warp + W - 1) / W : 0),
+          head(size_t(blockIdx.y) * p.cells) {}
+    __device__ size_t cell(int i) const { return head + c0 + size_t(warp + i * W) * CELLS; }
+};
 
 // cp.async into NS buffers a warp, NS - 1 tiles ahead.
 template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_cpasync(P p) {
     extern __shared__ __align__(16) uint16_t sm[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t head = size_t(blockIdx.y) * p.cells;
-    const int c0 = blockIdx.x * p.chunk;
-    uint16_t * ks = sm + warp * NS * 2 * TILE;
+    const walk<W> w(p);
+    const int lane = w.lane, n = w.n;
+    uint16_t * ks = sm + w.warp * NS * 2 * TILE;
     uint16_t * vs = ks + NS * TILE;
-    const int n = n_tiles<W>(p, warp);
     auto issue = [&](int i, int b) {
         if (i < n) {
-            const size_t c = head + c0 + size_t(warp + i * W) * CELLS;
+            const size_t c = w.cell(i);
 #pragma unroll
             for (int r = 0; r < 8; ++r) {
                 const int e = (r * 32 + lane) * 8;
@@ -89,16 +93,14 @@ template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_cpasync(P p
 // Plain 16-byte loads into registers: a lane holds 8 + 8 pieces of a tile;
 // U tiles in flight.
 template <int W, int U> __global__ void __launch_bounds__(W * 32) k_ldg(P p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t head = size_t(blockIdx.y) * p.cells;
-    const int c0 = blockIdx.x * p.chunk;
-    const int n = n_tiles<W>(p, warp);
+    const walk<W> w(p);
+    const int lane = w.lane, n = w.n;
     float acc = 0.0f;
     for (int i = 0; i < n; i += U) {
         uint4 k[U][8], v[U][8];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const size_t c = head + c0 + size_t(warp + min(i + u, n - 1) * W) * CELLS;
+            const size_t c = w.cell(min(i + u, n - 1));
 #pragma unroll
             for (int r = 0; r < 8; ++r) {
                 const int e = (r * 32 + lane) * 8;
@@ -145,12 +147,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t * m, unsigned phase) {
 template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_bulk(P p) {
     extern __shared__ __align__(16) uint16_t sm[];
     __shared__ __align__(8) uint64_t bar[W][NS];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const size_t head = size_t(blockIdx.y) * p.cells;
-    const int c0 = blockIdx.x * p.chunk;
+    const walk<W> w(p);
+    const int warp = w.warp, lane = w.lane, n = w.n;
     uint16_t * ks = sm + warp * NS * 2 * TILE;
     uint16_t * vs = ks + NS * TILE;
-    const int n = n_tiles<W>(p, warp);
     if (lane == 0) {
         for (int s = 0; s < NS; ++s) mbar_init(&bar[warp][s], 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -159,7 +159,7 @@ template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_bulk(P p) {
     auto issue = [&](int i) {
         if (i < n && lane == 0) {
             const int b = i % NS;
-            const size_t c = head + c0 + size_t(warp + i * W) * CELLS;
+            const size_t c = w.cell(i);
             mbar_expect(&bar[warp][b], 2 * TILE * 2);
             bulk(ks + b * TILE, p.K + c * HD, TILE * 2, &bar[warp][b]);
             bulk(vs + b * TILE, p.V + c * HD, TILE * 2, &bar[warp][b]);
