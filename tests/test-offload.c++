@@ -85,6 +85,27 @@ smol_memory_info memory_of(smol_context * c) {
     return mi;
 }
 
+// Sequence 0's tokens ids decoded in calls of `piece` tokens, every token
+// keeping its logits: every logit row, in order.
+std::vector<float> logits_in_pieces(smol_context * c, int n_vocab, const std::vector<int> & ids,
+                                    int32_t piece) {
+    std::vector<float> out;
+    smol_batch b = smol_batch_init(piece);
+    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(piece)) {
+        b.n_tokens = 0;
+        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(piece)); ++i)
+            smol_batch_add(&b, piece, ids[i], smol_pos(i), 0, true);
+        REQUIRE(smol_decode(c, &b) == SMOL_OK);
+        for (int i = 0; i < b.n_tokens; ++i) {
+            const float * l = smol_get_logits(c, i);
+            REQUIRE(l);
+            out.insert(out.end(), l, l + n_vocab);
+        }
+    }
+    smol_batch_free(&b);
+    return out;
+}
+
 // A workload of several sequences: prompts (in chunks of the context's
 // n_batch), then decode steps that batch one token of every sequence, then
 // a few steps of sequence 0 alone. Every logit row, in order.
@@ -383,36 +404,12 @@ TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller
     std::mt19937 rng(seed);
     const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
     // One call of 40 tokens, chunked inside...
-    std::vector<float> whole;
-    smol_batch b = smol_batch_init(64);
-    for (size_t i = 0; i < ids.size(); ++i) smol_batch_add(&b, 64, ids[i], smol_pos(i), 0, true);
-    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
-    for (int i = 0; i < b.n_tokens; ++i) {
-        const float * l = smol_get_logits(c.get(), i);
-        REQUIRE(l);
-        whole.insert(whole.end(), l, l + s.n_vocab);
-    }
-    smol_batch_free(&b);
+    const std::vector<float> whole = logits_in_pieces(c.get(), s.n_vocab, ids, 64);
     CHECK(memory_of(c.get()).device_peak <= budget);
     // ...and the caller's own chunks of that size, everything resident.
     context_ptr ref = make_context(
         m.get(), sim_params(256, uint32_t(mi.chunk), 1, {"", SMOL_KV_OFFLOAD_NONE, 1, 0}));
-    std::vector<float> pieces;
-    const int32_t k = mi.chunk;
-    smol_batch pb = smol_batch_init(k);
-    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(k)) {
-        pb.n_tokens = 0;
-        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(k)); ++i)
-            smol_batch_add(&pb, k, ids[i], smol_pos(i), 0, true);
-        REQUIRE(smol_decode(ref.get(), &pb) == SMOL_OK);
-        for (int i = 0; i < pb.n_tokens; ++i) {
-            const float * l = smol_get_logits(ref.get(), i);
-            REQUIRE(l);
-            pieces.insert(pieces.end(), l, l + s.n_vocab);
-        }
-    }
-    smol_batch_free(&pb);
-    CHECK(same_bits(whole, pieces));
+    CHECK(same_bits(whole, logits_in_pieces(ref.get(), s.n_vocab, ids, mi.chunk)));
     std::filesystem::remove(path);
 }
 
@@ -441,37 +438,14 @@ TEST_CASE("a batch asking for more logits than a chunk keeps runs in more chunks
     CHECK(memory_of(c.get()).chunk == int32_t(n_batch));
     std::mt19937 rng(seed);
     const std::vector<int> ids = random_ids(rng, 1300, s.n_vocab);
-    // 1,300 tokens, every one keeping its logits: chunks of 512, 512, 276...
-    std::vector<float> whole;
-    smol_batch b = smol_batch_init(int32_t(n_batch));
-    for (size_t i = 0; i < ids.size(); ++i)
-        smol_batch_add(&b, int32_t(n_batch), ids[i], smol_pos(i), 0, true);
-    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
-    for (int i = 0; i < b.n_tokens; ++i) {
-        const float * l = smol_get_logits(c.get(), i);
-        REQUIRE(l);
-        whole.insert(whole.end(), l, l + s.n_vocab);
-    }
-    smol_batch_free(&b);
+    // 1,300 tokens in one call, every one keeping its logits: chunks of
+    // 512, 512, 276...
+    const std::vector<float> whole = logits_in_pieces(c.get(), s.n_vocab, ids, int32_t(n_batch));
     CHECK(memory_of(c.get()).device_peak <= budget);
     // ...as the caller's own batches of 100 give them.
     context_ptr ref =
         make_context(m.get(), sim_params(2048, 100, 1, {"", SMOL_KV_OFFLOAD_NONE, 0, 0}));
-    std::vector<float> pieces;
-    smol_batch pb = smol_batch_init(100);
-    for (size_t i0 = 0; i0 < ids.size(); i0 += 100) {
-        pb.n_tokens = 0;
-        for (size_t i = i0; i < std::min(ids.size(), i0 + 100); ++i)
-            smol_batch_add(&pb, 100, ids[i], smol_pos(i), 0, true);
-        REQUIRE(smol_decode(ref.get(), &pb) == SMOL_OK);
-        for (int i = 0; i < pb.n_tokens; ++i) {
-            const float * l = smol_get_logits(ref.get(), i);
-            REQUIRE(l);
-            pieces.insert(pieces.end(), l, l + s.n_vocab);
-        }
-    }
-    smol_batch_free(&pb);
-    CHECK(same_bits(whole, pieces));
+    CHECK(same_bits(whole, logits_in_pieces(ref.get(), s.n_vocab, ids, 100)));
     std::filesystem::remove(path);
 }
 
