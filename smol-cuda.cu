@@ -1680,14 +1680,12 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     constexpr int NS = dec_stages;
     uint16_t * ks = dec_sm + warp * NS * 2 * dec_cells * HD; // [NS][dec_cells][HD], swizzled
     uint16_t * vs = ks + NS * dec_cells * HD;                // [NS][dec_cells][HD], swizzled
-    // The tiles' cells: [NS][dec_cells] positions, then sequences.
-    int32_t * cpos = reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD) +
-                     warp * NS * dec_cells;
-    seq_mask * cseq =
-        reinterpret_cast<seq_mask *>(
-            reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD) +
-            dec_warps * NS * dec_cells) +
-        warp * NS * dec_cells;
+    // The tiles' cells, after every warp's K and V: [NS][dec_cells]
+    // positions of each warp, then the same of sequences.
+    int32_t * cpos = reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD);
+    seq_mask * cseq = reinterpret_cast<seq_mask *>(cpos + dec_warps * NS * dec_cells);
+    cpos += warp * NS * dec_cells;
+    cseq += warp * NS * dec_cells;
 
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
     const int my_pos = p.pos[tok], my_seq = p.seq[tok];
