@@ -19,6 +19,27 @@ except ImportError:
 dev = torch.device("cuda:0")
 
 
+# SmolLM2's shapes, for HF transformers' LlamaConfig.
+SHAPES = {
+    '135M': dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                 num_key_value_heads=3, rope_theta=100000),
+    '360M': dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                 num_key_value_heads=5, rope_theta=100000),
+    '1.7B': dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                 num_key_value_heads=32, rope_theta=130000),
+}
+
+
+def hf_model(name, max_positions=8192):
+    """HF transformers' Llama of a SmolLM2 shape: random init (seed 0), bf16, sdpa, on the GPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=49152, max_position_embeddings=max_positions, tie_word_embeddings=True,
+                      attn_implementation='sdpa', **SHAPES[name])
+    torch.manual_seed(0)
+    with torch.device(dev):
+        return cfg, LlamaForCausalLM(cfg).to(dtype=torch.bfloat16).eval()
+
+
 def timed(fn, reps):
     """The best of three runs of reps calls, in seconds a call."""
     fn(); torch.cuda.synchronize()
@@ -47,7 +68,6 @@ def ceilings():
 
 
 def prefill():
-    from transformers import LlamaConfig, LlamaForCausalLM
     for (m, n, k) in [(4096, 6144, 2048), (4096, 2048, 2048), (4096, 16384, 2048), (4096, 2048, 8192), (512, 16384, 2048)]:
         x = torch.randn(m, k, dtype=torch.float16, device=dev); w = torch.randn(n, k, dtype=torch.float16, device=dev)
         t = timed(lambda: torch.nn.functional.linear(x, w), 20)
@@ -55,20 +75,8 @@ def prefill():
     q = torch.randn(1, 32, 4096, 64, dtype=torch.float16, device=dev)
     t = timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), 20)
     print(f"sdpa causal 32 heads x 4096 x 64: {t*1e6:.0f} us, {4*32*4096*4096*64/2/t/1e12:.0f} TFLOP/s (causal half)")
-    shapes = {  # SmolLM2 135M, 360M, 1.7B
-        '135M': dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                     num_key_value_heads=3, rope_theta=100000),
-        '360M': dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
-                     num_key_value_heads=5, rope_theta=100000),
-        '1.7B': dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-                     num_key_value_heads=32, rope_theta=130000),
-    }
-    for name, kw in shapes.items():
-        cfg = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True,
-                          attn_implementation='sdpa', **kw)
-        torch.manual_seed(0)
-        with torch.device(dev):
-            model = LlamaForCausalLM(cfg).to(dtype=torch.bfloat16).eval()
+    for name in SHAPES:
+        _, model = hf_model(name)
         with torch.no_grad():
             for n in (512, 4096):
                 ids = torch.randint(0, 49152, (1, n), device=dev)
@@ -79,16 +87,10 @@ def prefill():
 
 
 def offload():
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    from transformers import DynamicCache
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 32768
     steps = 16
-    cfg = LlamaConfig(vocab_size=49152, max_position_embeddings=max(8192, n + steps + 1),
-                      tie_word_embeddings=True, attn_implementation='sdpa', hidden_size=2048,
-                      intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-                      num_key_value_heads=32, rope_theta=130000)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = LlamaForCausalLM(cfg).to(dtype=torch.bfloat16).eval()
+    cfg, model = hf_model('1.7B', max(8192, n + steps + 1))
     ids = torch.randint(0, 49152, (1, n), device=dev)
     for offloading in (True, False):
         torch.cuda.empty_cache()
