@@ -31,23 +31,42 @@ __device__ __forceinline__ float ld_f16(const uint8_t * p) {
     return f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
 }
 
-// Eight weights of chunk ch of a row (chunks of 8 elements; the quantized
-// types have 4 chunks per 32-element block) and where they meet the
-// activations: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
-// Quantized blocks are only 2-byte aligned, so they are read in 16 or 32-bit
-// pieces; float rows are read 16 bytes at a time.
-template <int T>
-__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
-                                           int & e0, int & e1) {
-    if constexpr (T == SMOL_TYPE_F32) {
-        const float4 a = reinterpret_cast<const float4 *>(row)[2 * ch];
-        const float4 b = reinterpret_cast<const float4 *>(row)[2 * ch + 1];
+// Chunk ch of a row (chunks of 8 elements; the quantized types have 4
+// chunks per 32-element block) as it lies in memory: raw_chunk<T>::load
+// reads it, decode gives its eight weights and `where` the activations
+// they meet: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
+// Apart, a kernel can have a chunk's bytes in flight while it computes
+// another (or while the kernel before it ends) and keep them in few
+// registers. Quantized blocks are only 2-byte aligned, so they are read in
+// 16 or 32-bit pieces; float rows are read 16 bytes at a time.
+template <int T> struct raw_chunk;
+
+template <> struct raw_chunk<SMOL_TYPE_F32> {
+    float4 a, b;
+    int ch;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
+        a = reinterpret_cast<const float4 *>(row)[2 * c];
+        b = reinterpret_cast<const float4 *>(row)[2 * c + 1];
+        ch = c;
+    }
+    __device__ __forceinline__ void decode(float (&v)[8]) const {
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+    __device__ __forceinline__ void where(int & e0, int & e1) const {
         e0 = 8 * ch;
         e1 = e0 + 4;
-    } else if constexpr (T == SMOL_TYPE_F16 || T == SMOL_TYPE_BF16) {
-        const uint4 u = reinterpret_cast<const uint4 *>(row)[ch];
+    }
+};
+
+template <int T> struct raw_chunk_16 { // f16 and bf16
+    uint4 u;
+    int ch;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
+        u = reinterpret_cast<const uint4 *>(row)[c];
+        ch = c;
+    }
+    __device__ __forceinline__ void decode(float (&v)[8]) const {
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -59,49 +78,100 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
                 v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
             }
         }
+    }
+    __device__ __forceinline__ void where(int & e0, int & e1) const {
         e0 = 8 * ch;
         e1 = e0 + 4;
-    } else if constexpr (T == SMOL_TYPE_Q8_0) {
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q8_0);
-        const float d = ld_f16(blk);
-        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * q);
+    }
+};
+template <> struct raw_chunk<SMOL_TYPE_F16> : raw_chunk_16<SMOL_TYPE_F16> {};
+template <> struct raw_chunk<SMOL_TYPE_BF16> : raw_chunk_16<SMOL_TYPE_BF16> {};
+
+template <> struct raw_chunk<SMOL_TYPE_Q8_0> {
+    uint16_t d, qs[4];
+    int ch;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
+        const uint8_t * blk = row + size_t(c >> 2) * sizeof(cpu::block_q8_0);
+        d = *reinterpret_cast<const uint16_t *>(blk);
+        const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * (c & 3));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qs[i] = q[i];
+        ch = c;
+    }
+    __device__ __forceinline__ void decode(float (&v)[8]) const {
+        const float s = f16_to_f32(d);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint16_t w = qs[i];
-            v[2 * i] = d * float(int8_t(w & 0xff));
-            v[2 * i + 1] = d * float(int8_t(w >> 8));
+            v[2 * i] = s * float(int8_t(qs[i] & 0xff));
+            v[2 * i + 1] = s * float(int8_t(qs[i] >> 8));
         }
-        e0 = 32 * (ch >> 2) + 8 * q;
+    }
+    __device__ __forceinline__ void where(int & e0, int & e1) const {
+        e0 = 32 * (ch >> 2) + 8 * (ch & 3);
         e1 = e0 + 4;
-    } else if constexpr (T == SMOL_TYPE_Q4_0) {
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_0);
-        const float d = ld_f16(blk);
-        const uint16_t * qs = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * q);
-        const uint32_t w = uint32_t(qs[0]) | (uint32_t(qs[1]) << 16);
+    }
+};
+
+template <> struct raw_chunk<SMOL_TYPE_Q4_0> {
+    uint16_t d;
+    uint32_t w;
+    int ch;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
+        const uint8_t * blk = row + size_t(c >> 2) * sizeof(cpu::block_q4_0);
+        d = *reinterpret_cast<const uint16_t *>(blk);
+        const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * (c & 3));
+        w = uint32_t(q[0]) | (uint32_t(q[1]) << 16);
+        ch = c;
+    }
+    __device__ __forceinline__ void decode(float (&v)[8]) const {
+        const float s = f16_to_f32(d);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const uint32_t byte = (w >> (8 * i)) & 0xff;
-            v[i] = d * float(int(byte & 15) - 8);
-            v[4 + i] = d * float(int(byte >> 4) - 8);
+            v[i] = s * float(int(byte & 15) - 8);
+            v[4 + i] = s * float(int(byte >> 4) - 8);
         }
-        e0 = 32 * (ch >> 2) + 4 * q;
-        e1 = e0 + 16;
-    } else { // SMOL_TYPE_Q4_1
-        const int q = ch & 3;
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_1);
-        const float d = ld_f16(blk), m = ld_f16(blk + 2);
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * q);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint32_t byte = (w >> (8 * i)) & 0xff;
-            v[i] = d * float(byte & 15) + m;
-            v[4 + i] = d * float(byte >> 4) + m;
-        }
-        e0 = 32 * (ch >> 2) + 4 * q;
+    }
+    __device__ __forceinline__ void where(int & e0, int & e1) const {
+        e0 = 32 * (ch >> 2) + 4 * (ch & 3);
         e1 = e0 + 16;
     }
+};
+
+template <> struct raw_chunk<SMOL_TYPE_Q4_1> {
+    uint16_t d, m;
+    uint32_t w;
+    int ch;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
+        const uint8_t * blk = row + size_t(c >> 2) * sizeof(cpu::block_q4_1);
+        d = *reinterpret_cast<const uint16_t *>(blk);
+        m = *reinterpret_cast<const uint16_t *>(blk + 2);
+        w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * (c & 3));
+        ch = c;
+    }
+    __device__ __forceinline__ void decode(float (&v)[8]) const {
+        const float s = f16_to_f32(d), mn = f16_to_f32(m);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t byte = (w >> (8 * i)) & 0xff;
+            v[i] = s * float(byte & 15) + mn;
+            v[4 + i] = s * float(byte >> 4) + mn;
+        }
+    }
+    __device__ __forceinline__ void where(int & e0, int & e1) const {
+        e0 = 32 * (ch >> 2) + 4 * (ch & 3);
+        e1 = e0 + 16;
+    }
+};
+
+// Eight weights of chunk ch of a row, read and decoded at once.
+template <int T>
+__device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int ch, float (&v)[8],
+                                           int & e0, int & e1) {
+    raw_chunk<T> r;
+    r.load(row, ch);
+    r.decode(v);
+    r.where(e0, e1);
 }
 
 } // namespace smol

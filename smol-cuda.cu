@@ -480,6 +480,7 @@ struct mm_params {
     const float * norm_w;
     float eps;
     bool prefetch; // the GEMV sends its rows' first 4 KiB to L2 before it waits
+    bool early;    // the weights are no kernel's output: the GEMV reads some before it waits
     // Non-null kv.K: the GEMV of q, k and v also stores k (rotated) and v
     // in the cache, as kv_store_kernel would (its k, v and ld unused).
     kv_store_params kv;
@@ -551,52 +552,62 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * rb : nullptr;
     // The weights are no kernel's output: a GEMV launched early may send
     // them to L2 while the kernel before it still runs (see run_mm).
-    if (p.prefetch && valid && ks == 0 && size_t(lane) * 128 < rb) {
+    if (p.early && p.prefetch && valid && ks == 0 && size_t(lane) * 128 < rb) {
 #pragma unroll
         for (int j = 0; j < R; ++j) {
             prefetch_l2(wr + j * rb + size_t(lane) * 128);
             if constexpr (SWIGLU) prefetch_l2(wu + j * rb + size_t(lane) * 128);
         }
     }
+    // With one row a warp, a quantized GEMV reads U chunks a lane at once:
+    // its blocks are read in 2 and 4-byte pieces, and one chunk at a time
+    // kept too few bytes in flight. Float weights are read 16 bytes a chunk;
+    // with more rows than one, the rows are in flight together and U = 1
+    // measured fastest for every type.
+    constexpr int U = R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
+    // U chunks of each row at a time (past the row's end a lane reads its
+    // last chunk again and drops it, so the loads stay unconditional and fly
+    // together). The first are read before the wait: weights are no
+    // kernel's output (p.early), so they stream while the kernel before
+    // this one ends.
+    raw_chunk<T> w_raw[U][R], u_raw[U][SWIGLU ? R : 1];
+    auto fetch = [&](int c0, raw_chunk<T>(&wd)[U][R], raw_chunk<T>(&ud)[U][SWIGLU ? R : 1]) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int ch = min(c0 + u * stride, n_ch - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                wd[u][j].load(wr + j * rb, ch);
+                if constexpr (SWIGLU) ud[u][j].load(wu + j * rb, ch);
+            }
+        }
+    };
+    const int c_first = ks * warp_size + lane;
+    if (p.early && c_first < n_ch) fetch(c_first, w_raw, u_raw);
     griddep_wait();
     griddep_launch();
     if (KS == 1 && !valid) return;
+    if (!p.early && c_first < n_ch) fetch(c_first, w_raw, u_raw);
 
     float acc[R], acc_u[SWIGLU ? R : 1], ss = 0.0f; // ss: x's sum of squares
 #pragma unroll
     for (int j = 0; j < R; ++j) acc[j] = 0.0f;
 #pragma unroll
     for (int j = 0; j < (SWIGLU ? R : 1); ++j) acc_u[j] = 0.0f;
-    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
     const float * x = p.x + size_t(m) * p.ldx;
-    // With one row a warp, a quantized GEMV loads U chunks a lane before it
-    // uses any: its blocks are read in 2 and 4-byte pieces, and one chunk
-    // at a time kept too few bytes in flight. Float weights are read 16
-    // bytes a chunk; with more rows than one, the rows are in flight
-    // together and U = 1 measured fastest for every type.
-    constexpr int U = R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
-    for (int c0 = ks * warp_size + lane; c0 < n_ch; c0 += U * stride) {
-        float v[U][R][8], vu[U][SWIGLU ? R : 1][8];
-        int e0[U], e1[U];
-        // Past the row's end a lane loads its last chunk again and drops
-        // it, so the loads stay unconditional and fly together.
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int ch = min(c0 + u * stride, n_ch - 1);
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                load_chunk<T>(wr + j * rb, ch, v[u][j], e0[u], e1[u]);
-                if constexpr (SWIGLU) load_chunk<T>(wu + j * rb, ch, vu[u][j], e0[u], e1[u]);
-            }
-        }
+    for (int c0 = c_first; c0 < n_ch; c0 += U * stride) {
+        if (c0 != c_first) fetch(c0, w_raw, u_raw);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c0 + u * stride >= n_ch) continue;
-            float4 a = *reinterpret_cast<const float4 *>(x + e0[u]);
-            float4 b = *reinterpret_cast<const float4 *>(x + e1[u]);
+            int e0, e1;
+            w_raw[u][0].where(e0, e1);
+            float4 a = *reinterpret_cast<const float4 *>(x + e0);
+            float4 b = *reinterpret_cast<const float4 *>(x + e1);
             if (p.norm_w) {
-                const float4 na = *reinterpret_cast<const float4 *>(p.norm_w + e0[u]);
-                const float4 nb = *reinterpret_cast<const float4 *>(p.norm_w + e1[u]);
+                const float4 na = *reinterpret_cast<const float4 *>(p.norm_w + e0);
+                const float4 nb = *reinterpret_cast<const float4 *>(p.norm_w + e1);
                 ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
                       b.z * b.z + b.w * b.w;
                 a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
@@ -604,8 +615,13 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
             }
 #pragma unroll
             for (int j = 0; j < R; ++j) {
-                acc[j] += dot8(v[u][j], a, b);
-                if constexpr (SWIGLU) acc_u[j] += dot8(vu[u][j], a, b);
+                float v[8];
+                w_raw[u][j].decode(v);
+                acc[j] += dot8(v, a, b);
+                if constexpr (SWIGLU) {
+                    u_raw[u][j].decode(v);
+                    acc_u[j] += dot8(v, a, b);
+                }
             }
         }
     }
@@ -2971,6 +2987,7 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
     p.x = static_cast<const float *>(tune_x_.p);
     p.ldx = size_t(K);
     p.prefetch = gemv_prefetch(w_bytes);
+    p.early = true; // rows copied in before the timing
     size_t next = 0;
     auto launch_once = [&] {
         p.w[0] = static_cast<const uint8_t *>(tune_w_.p) + (next++ % copies) * w_bytes;
@@ -4230,6 +4247,9 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     // GEMVs alone took 1,315 against 1,101 us (BENCHMARKS.md): matrices
     // that large push each other out of L2.
     p.prefetch = gemv_prefetch(size_t(total_rows) * w->nb[1]);
+    // Weights are leaves of the graph, copied in before any step.
+    p.early = true;
+    for (int i = 0; i < p.n_w; ++i) p.early = p.early && s.mm[i]->src[0]->kind == OP_NONE;
     // The launch's own key (all its rows), else the first matmul's, else
     // the default tile: a fused launch cannot go to cuBLAS.
     mm_key key{w->type, total_rows, K, mm_bucket(M)};
