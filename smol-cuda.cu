@@ -889,6 +889,7 @@ struct attn_params {
     float scale;
     const int32_t * pos; // per token
     const int32_t * seq;
+    const int32_t * cell;       // per token: the cell its k and v went to in this step
     const int32_t * cell_pos;   // per cell, [0, n_used)
     const uint64_t * cell_seqs; // per cell, the sequences that hold it
     const int32_t * n_used;     // device scalar: graphs replayed later read the new value
@@ -1787,11 +1788,36 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (int s = 0; s < NS - 1; ++s) issue(tile_at(first + s * stride), s);
     };
     // The positions, sequences and page summaries were staged before the
-    // step began too: the list is made while the kernel before ends.
+    // step began too: the list is made while the kernel before ends. Over
+    // one sequence the first tiles are on their way by then: every cell but
+    // those of this step's tokens was written by an earlier step, and those
+    // are read again once the kernel that stored them has ended (refetch).
     if constexpr (Pages) list_tiles();
+    if constexpr (!Pages) start();
     griddep_wait();
     griddep_launch();
-    if constexpr (!Pages) start();
+    // Rows of tile `base` in buffer b that this step's tokens wrote, read
+    // again (a 16-byte piece a lane, K's then V's), in place of what the
+    // copy issued before the wait may have found.
+    auto refetch = [&](int base, int b) {
+        static_assert(2 * pieces <= warp_size, "a lane a piece of a K or V row");
+        for (int t0 = 0; t0 < p.n_tok; t0 += warp_size) {
+            const int c = t0 + lane < p.n_tok ? p.cell[t0 + lane] : -1;
+            for (uint32_t hit =
+                     __ballot_sync(0xffffffffu, c >= base && c < min(base + dec_cells, w1));
+                 hit; hit &= hit - 1) {
+                const int cc = __shfl_sync(0xffffffffu, c, __ffs(hit) - 1), r = cc - base;
+                if (lane < 2 * pieces) {
+                    const int pc = lane % pieces;
+                    const uint16_t * src = (lane < pieces ? K : V) + size_t(cc) * HD + pc * 8;
+                    uint16_t * dst =
+                        (lane < pieces ? ks : vs) + (b * dec_cells + r) * HD + (pc ^ (r % 8)) * 8;
+                    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+                }
+            }
+        }
+        __syncwarp();
+    };
 
     uint32_t(*q)[HD / 2] = qs[WU ? warp : 0];
     for (int e = WU ? lane : int(threadIdx.x); e < GB * (HD / 2);
@@ -1831,6 +1857,9 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             issue(tile_at(ti + (NS - 1) * stride), (k + NS - 1) % NS);
             cp_async_wait<NS - 1>();
             __syncwarp();
+            if constexpr (!Pages) {
+                if (k < NS - 1) refetch(base, b); // issued before the wait
+            }
             const uint32_t seen = __ballot_sync(
                 0xffffffffu, kv_cell_visible(cpos[b * dec_cells + lane], cseq[b * dec_cells + lane],
                                              my_seq, my_pos));
@@ -3943,6 +3972,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.scale = 1.0f / std::sqrt(float(p.hd));
     p.pos = d_pos_;
     p.seq = d_seq_;
+    p.cell = d_cell_;
     p.cell_pos = d_cell_pos_;
     p.cell_seqs = d_cell_seqs_;
     p.tiles = d_cell_tiles_;
