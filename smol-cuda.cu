@@ -572,23 +572,23 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     // kernel's output (p.early), so they stream while the kernel before
     // this one ends.
     raw_chunk<T> w_raw[U][R], u_raw[U][SWIGLU ? R : 1];
-    auto fetch = [&](int c0, raw_chunk<T>(&wd)[U][R], raw_chunk<T>(&ud)[U][SWIGLU ? R : 1]) {
+    auto fetch = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int ch = min(c0 + u * stride, n_ch - 1);
 #pragma unroll
             for (int j = 0; j < R; ++j) {
-                wd[u][j].load(wr + j * rb, ch);
-                if constexpr (SWIGLU) ud[u][j].load(wu + j * rb, ch);
+                w_raw[u][j].load(wr + j * rb, ch);
+                if constexpr (SWIGLU) u_raw[u][j].load(wu + j * rb, ch);
             }
         }
     };
     const int c_first = ks * warp_size + lane;
-    if (p.early && c_first < n_ch) fetch(c_first, w_raw, u_raw);
+    if (p.early && c_first < n_ch) fetch(c_first);
     griddep_wait();
     griddep_launch();
     if (KS == 1 && !valid) return;
-    if (!p.early && c_first < n_ch) fetch(c_first, w_raw, u_raw);
+    if (!p.early && c_first < n_ch) fetch(c_first);
 
     float acc[R], acc_u[SWIGLU ? R : 1], ss = 0.0f; // ss: x's sum of squares
 #pragma unroll
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     for (int j = 0; j < (SWIGLU ? R : 1); ++j) acc_u[j] = 0.0f;
     const float * x = p.x + size_t(m) * p.ldx;
     for (int c0 = c_first; c0 < n_ch; c0 += U * stride) {
-        if (c0 != c_first) fetch(c0, w_raw, u_raw);
+        if (c0 != c_first) fetch(c0);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c0 + u * stride >= n_ch) continue;
