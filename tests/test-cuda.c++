@@ -7,6 +7,7 @@
 // bit-identical logits within the device budget. Without a GPU
 // only the refusal is checked; every other test says it was skipped.
 
+#include "decode-all.h"
 #include "smol-backend.h"
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
@@ -28,6 +29,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+using test::decode_all;
+using test::random_ids;
 
 namespace {
 
@@ -1326,39 +1330,6 @@ context_ptr make_context(smol_model * m, const char * device, uint32_t n_ctx,
     INFO(smol_last_error());
     REQUIRE(st == SMOL_OK);
     return context_ptr(c);
-}
-
-// Decodes ids as one sequence in chunks of `chunk` (then one token at a time
-// from `single_from` on), keeping every logit row.
-std::vector<std::vector<float>> decode_all(smol_context * c, const std::vector<int> & ids,
-                                           int n_vocab, int chunk, size_t single_from = SIZE_MAX) {
-    std::vector<std::vector<float>> out;
-    smol_batch b = smol_batch_init(chunk);
-    size_t i0 = 0;
-    while (i0 < ids.size()) {
-        const size_t n = i0 >= single_from ? 1 : std::min(size_t(chunk), single_from - i0);
-        b.n_tokens = 0;
-        for (size_t i = i0; i < std::min(ids.size(), i0 + n); ++i)
-            smol_batch_add(&b, chunk, ids[i], smol_pos(i), 0, true);
-        const smol_status st = smol_decode(c, &b);
-        INFO(smol_last_error());
-        REQUIRE(st == SMOL_OK);
-        for (int i = 0; i < b.n_tokens; ++i) {
-            const float * l = smol_get_logits(c, i);
-            REQUIRE(l != nullptr);
-            out.emplace_back(l, l + n_vocab);
-        }
-        i0 += size_t(b.n_tokens);
-    }
-    smol_batch_free(&b);
-    return out;
-}
-
-std::vector<int> random_ids(std::mt19937 & rng, int n, int n_vocab) {
-    std::uniform_int_distribution<int> d(0, n_vocab - 1);
-    std::vector<int> v(static_cast<size_t>(n));
-    for (auto & x : v) x = d(rng);
-    return v;
 }
 
 bool have_gpu() {

@@ -3,6 +3,7 @@
 // errors bad input gets, and the real SmolLM2-135M-Instruct against
 // llama.cpp's logits and greedy continuations.
 
+#include "decode-all.h"
 #include "smol.h"
 #include "tiny-model.h"
 
@@ -17,6 +18,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+using test::decode_all;
+using test::random_ids;
 
 namespace {
 
@@ -57,28 +61,6 @@ context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_batch = 512,
     return context_ptr(c);
 }
 
-// Decodes ids as one sequence in chunks of `chunk`, keeping every logit row.
-std::vector<std::vector<float>> decode_all(smol_context * c, const std::vector<int> & ids,
-                                           int n_vocab, int chunk, smol_seq_id seq = 0) {
-    std::vector<std::vector<float>> out;
-    smol_batch b = smol_batch_init(chunk);
-    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(chunk)) {
-        b.n_tokens = 0;
-        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(chunk)); ++i)
-            smol_batch_add(&b, chunk, ids[i], smol_pos(i), seq, true);
-        const smol_status st = smol_decode(c, &b);
-        INFO(smol_last_error());
-        REQUIRE(st == SMOL_OK);
-        for (int i = 0; i < b.n_tokens; ++i) {
-            const float * l = smol_get_logits(c, i);
-            REQUIRE(l != nullptr);
-            out.emplace_back(l, l + n_vocab);
-        }
-    }
-    smol_batch_free(&b);
-    return out;
-}
-
 // max |a - b| / max |b| over a row: errors relative to the logits' scale.
 double rel_err(const std::vector<float> & a, const std::vector<double> & b) {
     double num = 0, den = 0;
@@ -87,13 +69,6 @@ double rel_err(const std::vector<float> & a, const std::vector<double> & b) {
         den = std::max(den, std::fabs(b[i]));
     }
     return num / den;
-}
-
-std::vector<int> random_ids(std::mt19937 & rng, int n, int n_vocab) {
-    std::uniform_int_distribution<int> d(0, n_vocab - 1);
-    std::vector<int> v(static_cast<size_t>(n));
-    for (auto & x : v) x = d(rng);
-    return v;
 }
 
 uint32_t fresh_seed() {

@@ -4,6 +4,7 @@
 // ordered and overlapped as promised, and the planner's edge cases and
 // errors.
 
+#include "decode-all.h"
 #include "smol-error.h"
 #include "smol-graph.h"
 #include "smol-llama.h"
@@ -19,6 +20,9 @@
 #include <random>
 #include <string>
 #include <vector>
+
+using test::decode_all;
+using test::random_ids;
 
 namespace {
 
@@ -85,27 +89,6 @@ smol_memory_info memory_of(smol_context * c) {
     return mi;
 }
 
-// Sequence 0's tokens ids decoded in calls of `piece` tokens, every token
-// keeping its logits: every logit row, in order.
-std::vector<float> logits_in_pieces(smol_context * c, int n_vocab, const std::vector<int> & ids,
-                                    int32_t piece) {
-    std::vector<float> out;
-    smol_batch b = smol_batch_init(piece);
-    for (size_t i0 = 0; i0 < ids.size(); i0 += size_t(piece)) {
-        b.n_tokens = 0;
-        for (size_t i = i0; i < std::min(ids.size(), i0 + size_t(piece)); ++i)
-            smol_batch_add(&b, piece, ids[i], smol_pos(i), 0, true);
-        REQUIRE(smol_decode(c, &b) == SMOL_OK);
-        for (int i = 0; i < b.n_tokens; ++i) {
-            const float * l = smol_get_logits(c, i);
-            REQUIRE(l);
-            out.insert(out.end(), l, l + n_vocab);
-        }
-    }
-    smol_batch_free(&b);
-    return out;
-}
-
 // A workload of several sequences: prompts (in chunks of the context's
 // n_batch), then decode steps that batch one token of every sequence, then
 // a few steps of sequence 0 alone. Every logit row, in order.
@@ -151,15 +134,14 @@ std::vector<float> run_workload(smol_context * c, int n_vocab,
     return out;
 }
 
-std::vector<int> random_ids(std::mt19937 & rng, int n, int n_vocab) {
-    std::uniform_int_distribution<int> d(0, n_vocab - 1);
-    std::vector<int> v(static_cast<size_t>(n));
-    for (auto & x : v) x = d(rng);
-    return v;
-}
-
 bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+bool same_bits(const std::vector<std::vector<float>> & a,
+               const std::vector<std::vector<float>> & b) {
+    return a.size() == b.size() &&
+           std::equal(a.begin(), a.end(), b.begin(),
+                      [](const auto & x, const auto & y) { return same_bits(x, y); });
 }
 
 // Placements over one model: everything resident (no budget), every head
@@ -404,12 +386,12 @@ TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller
     std::mt19937 rng(seed);
     const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
     // One call of 40 tokens, chunked inside...
-    const std::vector<float> whole = logits_in_pieces(c.get(), s.n_vocab, ids, 64);
+    const auto whole = decode_all(c.get(), ids, s.n_vocab, 64);
     CHECK(memory_of(c.get()).device_peak <= budget);
     // ...and the caller's own chunks of that size, everything resident.
     context_ptr ref = make_context(
         m.get(), sim_params(256, uint32_t(mi.chunk), 1, {"", SMOL_KV_OFFLOAD_NONE, 1, 0}));
-    CHECK(same_bits(whole, logits_in_pieces(ref.get(), s.n_vocab, ids, mi.chunk)));
+    CHECK(same_bits(whole, decode_all(ref.get(), ids, s.n_vocab, mi.chunk)));
     std::filesystem::remove(path);
 }
 
@@ -440,12 +422,12 @@ TEST_CASE("a batch asking for more logits than a chunk keeps runs in more chunks
     const std::vector<int> ids = random_ids(rng, 1300, s.n_vocab);
     // 1,300 tokens in one call, every one keeping its logits: chunks of
     // 512, 512, 276...
-    const std::vector<float> whole = logits_in_pieces(c.get(), s.n_vocab, ids, int32_t(n_batch));
+    const auto whole = decode_all(c.get(), ids, s.n_vocab, int(n_batch));
     CHECK(memory_of(c.get()).device_peak <= budget);
     // ...as the caller's own batches of 100 give them.
     context_ptr ref =
         make_context(m.get(), sim_params(2048, 100, 1, {"", SMOL_KV_OFFLOAD_NONE, 0, 0}));
-    CHECK(same_bits(whole, logits_in_pieces(ref.get(), s.n_vocab, ids, 100)));
+    CHECK(same_bits(whole, decode_all(ref.get(), ids, s.n_vocab, 100)));
     std::filesystem::remove(path);
 }
 
