@@ -33,7 +33,7 @@ __device__ __forceinline__ float ld_f16(const uint8_t * p) {
 
 // Chunk ch of a row (chunks of 8 elements; the quantized types have 4
 // chunks per 32-element block) as it lies in memory: raw_chunk<T>::load
-// reads it, decode gives its eight weights and `where` the activations
+// reads it, decode gives its eight weights and where(ch) the activations
 // they meet: v[0..3] multiply x[e0..e0+3], v[4..7] multiply x[e1..e1+3].
 // Apart, a kernel can have a chunk's bytes in flight while it computes
 // another (or while the kernel before it ends) and keep them in few
@@ -43,17 +43,15 @@ template <int T> struct raw_chunk;
 
 template <> struct raw_chunk<SMOL_TYPE_F32> {
     float4 a, b;
-    int ch;
-    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
-        a = reinterpret_cast<const float4 *>(row)[2 * c];
-        b = reinterpret_cast<const float4 *>(row)[2 * c + 1];
-        ch = c;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
+        a = reinterpret_cast<const float4 *>(row)[2 * ch];
+        b = reinterpret_cast<const float4 *>(row)[2 * ch + 1];
     }
     __device__ __forceinline__ void decode(float (&v)[8]) const {
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     }
-    __device__ __forceinline__ void where(int & e0, int & e1) const {
+    static __device__ __forceinline__ void where(int ch, int & e0, int & e1) {
         e0 = 8 * ch;
         e1 = e0 + 4;
     }
@@ -61,10 +59,8 @@ template <> struct raw_chunk<SMOL_TYPE_F32> {
 
 template <int T> struct raw_chunk_16 { // f16 and bf16
     uint4 u;
-    int ch;
-    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
-        u = reinterpret_cast<const uint4 *>(row)[c];
-        ch = c;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
+        u = reinterpret_cast<const uint4 *>(row)[ch];
     }
     __device__ __forceinline__ void decode(float (&v)[8]) const {
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -79,7 +75,7 @@ template <int T> struct raw_chunk_16 { // f16 and bf16
             }
         }
     }
-    __device__ __forceinline__ void where(int & e0, int & e1) const {
+    static __device__ __forceinline__ void where(int ch, int & e0, int & e1) {
         e0 = 8 * ch;
         e1 = e0 + 4;
     }
@@ -89,14 +85,12 @@ template <> struct raw_chunk<SMOL_TYPE_BF16> : raw_chunk_16<SMOL_TYPE_BF16> {};
 
 template <> struct raw_chunk<SMOL_TYPE_Q8_0> {
     uint16_t d, qs[4];
-    int ch;
-    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
-        const uint8_t * blk = row + size_t(c >> 2) * sizeof(cpu::block_q8_0);
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q8_0);
         d = *reinterpret_cast<const uint16_t *>(blk);
-        const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * (c & 3));
+        const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * (ch & 3));
 #pragma unroll
         for (int i = 0; i < 4; ++i) qs[i] = q[i];
-        ch = c;
     }
     __device__ __forceinline__ void decode(float (&v)[8]) const {
         const float s = f16_to_f32(d);
@@ -106,7 +100,7 @@ template <> struct raw_chunk<SMOL_TYPE_Q8_0> {
             v[2 * i + 1] = s * float(int8_t(qs[i] >> 8));
         }
     }
-    __device__ __forceinline__ void where(int & e0, int & e1) const {
+    static __device__ __forceinline__ void where(int ch, int & e0, int & e1) {
         e0 = 32 * (ch >> 2) + 8 * (ch & 3);
         e1 = e0 + 4;
     }
@@ -115,13 +109,11 @@ template <> struct raw_chunk<SMOL_TYPE_Q8_0> {
 template <> struct raw_chunk<SMOL_TYPE_Q4_0> {
     uint16_t d;
     uint32_t w;
-    int ch;
-    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
-        const uint8_t * blk = row + size_t(c >> 2) * sizeof(cpu::block_q4_0);
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_0);
         d = *reinterpret_cast<const uint16_t *>(blk);
-        const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * (c & 3));
+        const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * (ch & 3));
         w = uint32_t(q[0]) | (uint32_t(q[1]) << 16);
-        ch = c;
     }
     __device__ __forceinline__ void decode(float (&v)[8]) const {
         const float s = f16_to_f32(d);
@@ -132,7 +124,7 @@ template <> struct raw_chunk<SMOL_TYPE_Q4_0> {
             v[4 + i] = s * float(int(byte >> 4) - 8);
         }
     }
-    __device__ __forceinline__ void where(int & e0, int & e1) const {
+    static __device__ __forceinline__ void where(int ch, int & e0, int & e1) {
         e0 = 32 * (ch >> 2) + 4 * (ch & 3);
         e1 = e0 + 16;
     }
@@ -141,13 +133,11 @@ template <> struct raw_chunk<SMOL_TYPE_Q4_0> {
 template <> struct raw_chunk<SMOL_TYPE_Q4_1> {
     uint16_t d, m;
     uint32_t w;
-    int ch;
-    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int c) {
-        const uint8_t * blk = row + size_t(c >> 2) * sizeof(cpu::block_q4_1);
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_1);
         d = *reinterpret_cast<const uint16_t *>(blk);
         m = *reinterpret_cast<const uint16_t *>(blk + 2);
-        w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * (c & 3));
-        ch = c;
+        w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * (ch & 3));
     }
     __device__ __forceinline__ void decode(float (&v)[8]) const {
         const float s = f16_to_f32(d), mn = f16_to_f32(m);
@@ -158,7 +148,7 @@ template <> struct raw_chunk<SMOL_TYPE_Q4_1> {
             v[4 + i] = s * float(byte >> 4) + mn;
         }
     }
-    __device__ __forceinline__ void where(int & e0, int & e1) const {
+    static __device__ __forceinline__ void where(int ch, int & e0, int & e1) {
         e0 = 32 * (ch >> 2) + 4 * (ch & 3);
         e1 = e0 + 16;
     }
@@ -171,7 +161,7 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
     raw_chunk<T> r;
     r.load(row, ch);
     r.decode(v);
-    r.where(e0, e1);
+    raw_chunk<T>::where(ch, e0, e1);
 }
 
 } // namespace smol

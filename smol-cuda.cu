@@ -479,8 +479,10 @@ struct mm_params {
     size_t ldr;
     const float * norm_w;
     float eps;
-    bool prefetch; // the GEMV sends its rows' first 4 KiB to L2 before it waits
-    bool early;    // the weights are no kernel's output: the GEMV reads some before it waits
+    // The weights are no kernel's output, so the GEMV reads its first chunks
+    // before it waits (early) and, with prefetch, sends its rows' first 4 KiB
+    // to L2 as well.
+    bool prefetch, early;
     // Non-null kv.K: the GEMV of q, k and v also stores k (rotated) and v
     // in the cache, as kv_store_kernel would (its k, v and ld unused).
     kv_store_params kv;
@@ -550,9 +552,9 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     const size_t rb = p.w_row_bytes;
     const uint8_t * wr = w + size_t(r) * rb;
     const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * rb : nullptr;
-    // The weights are no kernel's output: a GEMV launched early may send
-    // them to L2 while the kernel before it still runs (see run_mm).
-    if (p.early && p.prefetch && valid && ks == 0 && size_t(lane) * 128 < rb) {
+    // A GEMV launched early sends its weights to L2 while the kernel before
+    // it still runs (see run_mm).
+    if (p.prefetch && valid && ks == 0 && size_t(lane) * 128 < rb) {
 #pragma unroll
         for (int j = 0; j < R; ++j) {
             prefetch_l2(wr + j * rb + size_t(lane) * 128);
@@ -602,7 +604,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
         for (int u = 0; u < U; ++u) {
             if (c0 + u * stride >= n_ch) continue;
             int e0, e1;
-            w_raw[u][0].where(e0, e1);
+            raw_chunk<T>::where(c0 + u * stride, e0, e1);
             float4 a = *reinterpret_cast<const float4 *>(x + e0);
             float4 b = *reinterpret_cast<const float4 *>(x + e1);
             if (p.norm_w) {
@@ -1697,6 +1699,10 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     constexpr int NS = dec_stages;
     uint16_t * ks = dec_sm + warp * NS * 2 * dec_cells * HD; // [NS][dec_cells][HD], swizzled
     uint16_t * vs = ks + NS * dec_cells * HD;                // [NS][dec_cells][HD], swizzled
+    // Where piece `piece` of row r of buffer b lies in ks or vs.
+    auto piece_at = [](int b, int r, int piece) {
+        return (b * dec_cells + r) * HD + (piece ^ (r % 8)) * 8;
+    };
     // The tiles' cells, after every warp's K and V: [NS][dec_cells]
     // positions of each warp, then the same of sequences.
     int32_t * cpos = reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD);
@@ -1762,7 +1768,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (int i = 0; i < dec_cells / rows_at_once; ++i) {
             const int r = i * rows_at_once + lane / pieces;
             const bool on = c + r < w1;
-            const int at = (b * dec_cells + r) * HD + ((lane % pieces) ^ (r % 8)) * 8;
+            const int at = piece_at(b, r, lane % pieces);
             cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
             cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
         }
@@ -1810,8 +1816,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                 if (lane < 2 * pieces) {
                     const int pc = lane % pieces;
                     const uint16_t * src = (lane < pieces ? K : V) + size_t(cc) * HD + pc * 8;
-                    uint16_t * dst =
-                        (lane < pieces ? ks : vs) + (b * dec_cells + r) * HD + (pc ^ (r % 8)) * 8;
+                    uint16_t * dst = (lane < pieces ? ks : vs) + piece_at(b, r, pc);
                     *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
                 }
             }
@@ -3015,8 +3020,8 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
     p.M = M;
     p.x = static_cast<const float *>(tune_x_.p);
     p.ldx = size_t(K);
-    p.prefetch = gemv_prefetch(w_bytes);
     p.early = true; // rows copied in before the timing
+    p.prefetch = gemv_prefetch(w_bytes);
     size_t next = 0;
     auto launch_once = [&] {
         p.w[0] = static_cast<const uint8_t *>(tune_w_.p) + (next++ % copies) * w_bytes;
@@ -4270,16 +4275,16 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     p.ldr = s.res ? s.res->nb[1] / 4 : 0;
     p.norm_w = s.norm ? data_of<const float>(s.norm->src[1]) : nullptr;
     p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
+    // Weights are leaves of the graph, copied in before any step.
+    p.early = true;
+    for (int i = 0; i < p.n_w; ++i) p.early = p.early && s.mm[i]->src[0]->kind == OP_NONE;
     // A GEMV's prefetch pays where its weights take a small part of L2:
     // then the whole matrix is on its way while the kernel before ends
     // (the 135M model's GEMVs, up to 3.5 MB). With the 1.7B model's (8 to
     // 67 MB) its decode ran 611-632 tokens/s, 711-724 without, and its
     // GEMVs alone took 1,315 against 1,101 us (BENCHMARKS.md): matrices
     // that large push each other out of L2.
-    p.prefetch = gemv_prefetch(size_t(total_rows) * w->nb[1]);
-    // Weights are leaves of the graph, copied in before any step.
-    p.early = true;
-    for (int i = 0; i < p.n_w; ++i) p.early = p.early && s.mm[i]->src[0]->kind == OP_NONE;
+    p.prefetch = p.early && gemv_prefetch(size_t(total_rows) * w->nb[1]);
     // The launch's own key (all its rows), else the first matmul's, else
     // the default tile: a fused launch cannot go to cuBLAS.
     mm_key key{w->type, total_rows, K, mm_bucket(M)};
