@@ -2413,9 +2413,14 @@ class cuda_backend final : public backend {
     cell_tile * d_cell_tiles_ = nullptr;
 
     // What the device holds of the cache's cell table, to upload only changes.
+    // While the cache's version stays shadow_version_, only the cells a
+    // batch takes change (kv_cache::version), so a step compares those, not
+    // the whole table; held_ is then the union of the used cells' sequences.
     const kv_cache * shadow_kv_ = nullptr;
     std::vector<int32_t> shadow_pos_;
     std::vector<uint64_t> shadow_seqs_;
+    uint64_t shadow_version_ = 0;
+    seq_mask held_ = 0;
     // Cells whose tile summaries the device lacks: they are made when a
     // graph whose attention reads them is staged: the flash kernel's
     // (flash_steps_, set with the steps), or the decode kernel's over a
@@ -3515,29 +3520,38 @@ void cuda_backend::stage(graph & g) {
     }
     const size_t dyn_bytes = off;
 
-    // The cache cells [lo, hi) whose position or sequence changed.
+    // The cache cells [lo, hi) whose position or sequence changed: with the
+    // cache's version unchanged, among the batch's own cells; else anywhere.
     const kv_cache * kv = b.kv;
     int32_t lo = 0, hi = 0;
-    seq_mask held = 0; // the sequences of the cells in use
     if (kv) {
         if (shadow_kv_ != kv || shadow_pos_.size() != size_t(kv->n_cells)) {
             shadow_kv_ = kv;
             shadow_pos_.assign(size_t(kv->n_cells), INT32_MIN);
             shadow_seqs_.assign(size_t(kv->n_cells), ~uint64_t(0));
+            shadow_version_ = ~uint64_t(0); // no version: compare every cell
             tiles_lo_ = INT32_MAX;
             tiles_hi_ = 0;
         }
-        lo = kv->n_used;
-        for (int32_t c = 0; c < kv->n_used; ++c) {
-            if (kv->cell_pos[size_t(c)] >= 0) held |= kv->cell_seqs[size_t(c)];
+        auto changed = [&](int32_t c) {
+            if (kv->cell_pos[size_t(c)] >= 0) held_ |= kv->cell_seqs[size_t(c)];
             if (kv->cell_pos[size_t(c)] != shadow_pos_[size_t(c)] ||
                 kv->cell_seqs[size_t(c)] != shadow_seqs_[size_t(c)]) {
                 lo = std::min(lo, c);
-                hi = c + 1;
+                hi = std::max(hi, c + 1);
             }
+        };
+        lo = kv->n_used;
+        if (shadow_version_ == kv->version && b.cell) {
+            for (int32_t i = 0; i < n_tok; ++i) changed(b.cell[i]);
+        } else {
+            held_ = 0;
+            for (int32_t c = 0; c < kv->n_used; ++c) changed(c);
+            shadow_version_ = kv->version;
         }
         if (hi < lo) hi = lo;
     }
+    const seq_mask held = kv ? held_ : 0; // the sequences of the cells in use
     const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
     const size_t mask_bytes = size_t(hi - lo) * sizeof(uint64_t);
     // The tiles that hold a changed cell, summarised when an attention

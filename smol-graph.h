@@ -137,9 +137,12 @@ struct kv_cache {
     std::vector<smol_pos> cell_pos;  // -1: free
     std::vector<seq_mask> cell_seqs; // the sequences that hold each cell
     int32_t n_used = 0;              // cells [0, n_used) may be occupied
-    // Counts the changes made by the methods below (not the cells a decode
-    // takes, which its owner tracks itself).
+    // Counts the changes made by the methods below and by decodes that
+    // failed part way (not the cells a successful decode takes: those are
+    // its batch's cells, which a backend reads from batch_info::cell).
+    // Unique across caches: touch() records a change.
     uint64_t version = 0;
+    void touch();
 
     // Sets the shape and frees every cell; k and v are set by the owner.
     void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells);

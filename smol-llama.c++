@@ -616,13 +616,21 @@ void llama_context::decode(const smol_batch & b) {
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
     // cells of the chunks before it.
+    // A chunk that fails may leave cells taken that no backend has seen: that
+    // counts as a change of the cache (kv_cache::version), so a backend
+    // compares its whole copy of the cell table at the next step.
     const double t0 = now_ms();
-    for (int32_t i0 = 0, out_base = 0, m = 0; i0 < n; i0 += m) {
-        int32_t outs = 0;
-        for (m = 0; m < std::min(plan.chunk, n - i0) && outs < chunk_outputs; ++m)
-            outs += out_row_[size_t(i0 + m)] >= 0;
-        run_chunk(b, i0, m, out_base);
-        out_base += outs;
+    try {
+        for (int32_t i0 = 0, out_base = 0, m = 0; i0 < n; i0 += m) {
+            int32_t outs = 0;
+            for (m = 0; m < std::min(plan.chunk, n - i0) && outs < chunk_outputs; ++m)
+                outs += out_row_[size_t(i0 + m)] >= 0;
+            run_chunk(b, i0, m, out_base);
+            out_base += outs;
+        }
+    } catch (...) {
+        kv.touch();
+        throw;
     }
     seq_version_ = kv.version;
     const double dt = now_ms() - t0;

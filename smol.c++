@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -193,6 +194,13 @@ tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src
 
 // --- KV cache cells -------------------------------------------------------------
 
+// Versions come from one counter for every cache, so a cache made where
+// another was (a backend's copy keyed by its address) never repeats one.
+void kv_cache::touch() {
+    static std::atomic<uint64_t> last{0};
+    version = ++last;
+}
+
 void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
     n_layer = layers;
     n_head_kv = heads;
@@ -201,7 +209,7 @@ void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
     cell_pos.assign(cells, -1);
     cell_seqs.assign(cells, 0);
     n_used = 0;
-    ++version;
+    touch();
 }
 
 int32_t kv_cache::n_free() const {
@@ -212,7 +220,7 @@ void kv_cache::clear() {
     std::fill(cell_pos.begin(), cell_pos.end(), -1);
     std::fill(cell_seqs.begin(), cell_seqs.end(), 0);
     n_used = 0;
-    ++version;
+    touch();
 }
 
 void kv_cache::shrink_used() {
@@ -227,7 +235,7 @@ void kv_cache::seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1) {
     if (p1 < 0) p1 = INT32_MAX;
     if (seq >= kv_max_seqs) return;
     const seq_mask drop = seq < 0 ? ~seq_mask(0) : seq_mask(1) << seq;
-    ++version;
+    touch();
     for (int32_t c = 0; c < n_used; ++c) {
         if (cell_pos[c] < p0 || cell_pos[c] >= p1 || !(cell_seqs[c] & drop)) continue;
         cell_seqs[c] &= ~drop;
@@ -239,7 +247,7 @@ void kv_cache::seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1) {
 void kv_cache::seq_cp(smol_seq_id src, smol_seq_id dst, smol_pos p0, smol_pos p1) {
     if (p1 < 0) p1 = INT32_MAX;
     if (!valid_seq(src) || !valid_seq(dst) || src == dst) return;
-    ++version;
+    touch();
     for (int32_t c = 0; c < n_used; ++c) {
         if (cell_pos[c] >= p0 && cell_pos[c] < p1 && ((cell_seqs[c] >> src) & 1u))
             cell_seqs[c] |= seq_mask(1) << dst;
@@ -274,7 +282,7 @@ int32_t kv_cache::find_cell(int32_t after, int32_t & page_from, int32_t & cell_f
 
 void kv_cache::cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
     SMOL_ASSERT_MSG(valid_seq(seq), "cells_add_seq: sequence out of range");
-    ++version;
+    touch();
     for (int32_t i = 0; i < n; ++i) {
         SMOL_ASSERT_MSG(cell_pos[cells[i]] >= 0, "cells_add_seq: the cell is free");
         cell_seqs[cells[i]] |= seq_mask(1) << seq;
@@ -283,7 +291,7 @@ void kv_cache::cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq) 
 
 void kv_cache::cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
     SMOL_ASSERT_MSG(valid_seq(seq), "cells_rm_seq: sequence out of range");
-    ++version;
+    touch();
     for (int32_t i = 0; i < n; ++i) {
         const int32_t c = cells[i];
         cell_seqs[c] &= ~(seq_mask(1) << seq);
