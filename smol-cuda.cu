@@ -867,7 +867,7 @@ __global__ void f32_to_f16_kernel(const float * x, size_t ldx, int K, int M, uin
 // cells in use, the union and the intersection of their sequences, and how
 // many are in use. The host keeps it with the table (stage).
 struct cell_tile {
-    uint64_t seq_or, seq_and;
+    seq_mask seq_or, seq_and;
     int32_t min_pos, max_pos, n_used, pad;
 };
 constexpr int cell_tile_cells = kv_page; // a tile is a page of the cache
@@ -875,7 +875,7 @@ constexpr int cell_tile_cells = kv_page; // a tile is a page of the cache
 // Whether no query of the sequences `seqs` at positions up to max_pos can
 // see a cell of the tile (so an attention kernel skips it unread).
 __device__ __forceinline__ bool tile_unseen(const cell_tile & t, seq_mask seqs, int max_pos) {
-    return t.n_used == 0 || t.min_pos > max_pos || (t.seq_or & seqs) == 0;
+    return t.n_used == 0 || t.min_pos > max_pos || !(t.seq_or & seqs);
 }
 
 struct attn_params {
@@ -891,17 +891,28 @@ struct attn_params {
     float scale;
     const int32_t * pos; // per token
     const int32_t * seq;
-    const int32_t * cell;       // per token: the cell its k and v went to in this step
-    const int32_t * cell_pos;   // per cell, [0, n_used)
-    const uint64_t * cell_seqs; // per cell, the sequences that hold it
-    const int32_t * n_used;     // device scalar: graphs replayed later read the new value
-    const cell_tile * tiles;    // per 64 cells
-    int n_kv;                   // kv heads of the view
-    int Q, W, S;                // queries per block, cell streams per query, splits over cells
-    float * part;               // S > 1: [token][head][split] of (max, sum, acc[hd])
-    int * done;                 // S > 1: splits finished per (token, head); left at zero
-    rope_params rope;           // non-null pos: rotate q as it is loaded
+    const int32_t * cell;     // per token: the cell its k and v went to in this step
+    const int32_t * cell_pos; // per cell, [0, n_used)
+    // Per cell, the sequences that hold it: two planes of words, the cells'
+    // sequences 0-63, then (seq_plane words on) their sequences 64-127.
+    const uint64_t * cell_seqs;
+    size_t seq_plane;
+    const int32_t * n_used;  // device scalar: graphs replayed later read the new value
+    const cell_tile * tiles; // per 64 cells
+    int n_kv;                // kv heads of the view
+    int Q, W, S;             // queries per block, cell streams per query, splits over cells
+    float * part;            // S > 1: [token][head][split] of (max, sum, acc[hd])
+    int * done;              // S > 1: splits finished per (token, head); left at zero
+    rope_params rope;        // non-null pos: rotate q as it is loaded
 };
+
+// Cell c's sequences, and the plane of words that holds sequence seq's bit.
+__device__ __forceinline__ seq_mask cell_mask(const attn_params & p, int c) {
+    return {{p.cell_seqs[c], p.cell_seqs[p.seq_plane + c]}};
+}
+__device__ __forceinline__ const uint64_t * seq_words(const attn_params & p, int seq) {
+    return p.cell_seqs + size_t(seq >> 6) * p.seq_plane;
+}
 
 // Elements 2j and 2j + 1 of query head h of token tok (hd apart per head),
 // turned by the rope when the kernel applies it; zeros past the batch.
@@ -1016,7 +1027,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             const int c = base + lane;
             bool vis = false;
             if (c < c_end) {
-                vis = kv_cell_visible(p.cell_pos[c], p.cell_seqs[c], my_seq, my_pos);
+                vis = kv_cell_visible(p.cell_pos[c], cell_mask(p, c), my_seq, my_pos);
             }
             float sc = -INFINITY;
             if (vis) {
@@ -1316,7 +1327,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     __shared__ int c_pos[fa_cells], c_seen[fa_cells];
     __shared__ seq_mask c_seq[fa_cells];
     __shared__ int b_min_pos, b_max_pos;
-    __shared__ unsigned long long b_seqs;
+    __shared__ unsigned long long b_seqs[2]; // the words of a seq_mask
 
     griddep_wait();
     griddep_launch();
@@ -1340,7 +1351,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     if (threadIdx.x == 0) {
         b_min_pos = INT_MAX;
         b_max_pos = -1;
-        b_seqs = 0;
+        b_seqs[0] = b_seqs[1] = 0;
     }
     for (int e = threadIdx.x; e < fa_rows * half; e += blockDim.x) {
         const int qi = e / half, j = e % half;
@@ -1359,7 +1370,8 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     if (threadIdx.x < fa_rows && tok0 + int(threadIdx.x) < p.n_tok) {
         atomicMin(&b_min_pos, p.pos[tok0 + threadIdx.x]);
         atomicMax(&b_max_pos, p.pos[tok0 + threadIdx.x]);
-        atomicOr(&b_seqs, 1ull << p.seq[tok0 + threadIdx.x]);
+        const int s = p.seq[tok0 + threadIdx.x];
+        atomicOr(&b_seqs[s >> 6], 1ull << (s & 63));
     }
 
     uint32_t qa[HD / 16][4];
@@ -1373,7 +1385,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     }
     __syncthreads();
     const int min_pos = b_min_pos, max_pos = b_max_pos;
-    const seq_mask seqs = b_seqs;
+    const seq_mask seqs{{b_seqs[0], b_seqs[1]}};
 
     // Scores in log2 units, so exp2 serves as the exponential.
     const float scale = p.scale * log2_e;
@@ -1538,7 +1550,7 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
             if (threadIdx.x < fa_cells) {
                 const int c = c0 + int(threadIdx.x);
                 c_pos[threadIdx.x] = c < c_end ? p.cell_pos[c] : -1;
-                c_seq[threadIdx.x] = c < c_end ? p.cell_seqs[c] : seq_mask(0);
+                c_seq[threadIdx.x] = c < c_end ? cell_mask(p, c) : seq_mask::none();
                 c_seen[threadIdx.x] = 0;
             }
             __syncthreads();
@@ -1706,12 +1718,13 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     // The tiles' cells, after every warp's K and V: [NS][dec_cells]
     // positions of each warp, then the same of sequences.
     int32_t * cpos = reinterpret_cast<int32_t *>(dec_sm + dec_warps * NS * 2 * dec_cells * HD);
-    seq_mask * cseq = reinterpret_cast<seq_mask *>(cpos + dec_warps * NS * dec_cells);
+    uint64_t * cseq = reinterpret_cast<uint64_t *>(cpos + dec_warps * NS * dec_cells);
     cpos += warp * NS * dec_cells;
     cseq += warp * NS * dec_cells;
 
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
     const int my_pos = p.pos[tok], my_seq = p.seq[tok];
+    const uint64_t * my_words = seq_words(p, my_seq);
     // The tiles of a window [w0, w1): every tile, or the listed ones; past
     // the last, w1 (nothing to copy, no cell seen).
     __shared__ int listed[Pages ? dec_list : 1];
@@ -1729,7 +1742,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (int j = 0; j < per; ++j) {
             if (first + j < n) {
                 const cell_tile & t = p.tiles[(w0 + (first + j) * dec_cells) / cell_tile_cells];
-                keep |= uint32_t(!tile_unseen(t, seq_mask(1) << my_seq, my_pos)) << j;
+                keep |= uint32_t(!tile_unseen(t, seq_mask::of(my_seq), my_pos)) << j;
             }
         }
         const int cnt = __popc(keep);
@@ -1772,7 +1785,8 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
             cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
         }
-        // Lanes 0-7 copy four positions each, lanes 8-23 two sequence masks.
+        // Lanes 0-7 copy four positions each, lanes 8-23 the words of two
+        // cells that hold the token's sequence's bit.
         if (lane < 24) {
             const bool pos_part = lane < 8;
             const int size = pos_part ? 4 : 8, per = 16 / size;
@@ -1782,7 +1796,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                                   : static_cast<void *>(cseq + b * dec_cells + c0 - c);
             const void * from = bytes == 0 ? static_cast<const void *>(K)
                                 : pos_part ? static_cast<const void *>(p.cell_pos + c0)
-                                           : static_cast<const void *>(p.cell_seqs + c0);
+                                           : static_cast<const void *>(my_words + c0);
             cp_async16(dst, from, bytes);
         }
         cp_async_commit();
@@ -1865,9 +1879,10 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             if constexpr (!Pages) {
                 if (k < NS - 1) refetch(base, b); // issued before the wait
             }
+            const int cp = cpos[b * dec_cells + lane];
             const uint32_t seen = __ballot_sync(
-                0xffffffffu, kv_cell_visible(cpos[b * dec_cells + lane], cseq[b * dec_cells + lane],
-                                             my_seq, my_pos));
+                0xffffffffu,
+                cp >= 0 && cp <= my_pos && ((cseq[b * dec_cells + lane] >> (my_seq & 63)) & 1u));
             const uint16_t * kt = ks + b * dec_cells * HD;
             const uint16_t * vt = vs + b * dec_cells * HD;
             if (const uint32_t unseen = __ballot_sync(0xffffffffu, base + lane < w1) & ~seen) {
@@ -2168,14 +2183,19 @@ size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
-// The device's copy of the cache table: positions, then (16-byte aligned,
-// for the decode kernel's copies) the sequence masks, then the tiles of 64
+// The device's copy of the cache table: positions, then the sequence masks
+// in two planes of words (sequences 0-63 of every cell, then 64-127: the
+// decode kernel copies the words of its token's sequence alone, 16 bytes
+// at a time, so each plane starts 16-byte aligned), then the tiles of 64
 // cells.
 size_t cell_seqs_offset(int64_t n_cells) {
     return align_up(size_t(n_cells) * sizeof(int32_t), 16);
 }
+size_t seq_plane_words(int64_t n_cells) {
+    return align_up(size_t(n_cells), 2);
+}
 size_t cell_tiles_offset(int64_t n_cells) {
-    return cell_seqs_offset(n_cells) + size_t(n_cells) * sizeof(uint64_t);
+    return cell_seqs_offset(n_cells) + 2 * seq_plane_words(n_cells) * sizeof(uint64_t);
 }
 size_t cell_table_bytes(int64_t n_cells) {
     return cell_tiles_offset(n_cells) +
@@ -2184,12 +2204,12 @@ size_t cell_table_bytes(int64_t n_cells) {
 
 // The summary of cells [c0, c0 + 64) (those past the table count as unused).
 cell_tile tile_of(const kv_cache & kv, int64_t c0) {
-    cell_tile t{0, ~uint64_t(0), INT32_MAX, -1, 0, 0};
+    cell_tile t{seq_mask::none(), seq_mask::all(), INT32_MAX, -1, 0, 0};
     const int64_t c1 = std::min<int64_t>(c0 + cell_tile_cells, kv.n_cells);
     for (int64_t c = c0; c < c1; ++c) {
         const int32_t cp = kv.cell_pos[size_t(c)];
         if (cp < 0) continue;
-        const uint64_t cs = kv.cell_seqs[size_t(c)];
+        const seq_mask cs = kv.cell_seqs[size_t(c)];
         t.seq_or |= cs;
         t.seq_and &= cs;
         t.min_pos = std::min(t.min_pos, cp);
@@ -2409,7 +2429,7 @@ class cuda_backend final : public backend {
     int32_t * d_seq_ = nullptr;
     int32_t * d_cell_ = nullptr;
     int32_t * d_cell_pos_ = nullptr;
-    uint64_t * d_cell_seqs_ = nullptr;
+    uint64_t * d_cell_seqs_ = nullptr; // two planes of n_cells words (attn_params)
     cell_tile * d_cell_tiles_ = nullptr;
 
     // What the device holds of the cache's cell table, to upload only changes.
@@ -2418,9 +2438,9 @@ class cuda_backend final : public backend {
     // the whole table; held_ is then the union of the used cells' sequences.
     const kv_cache * shadow_kv_ = nullptr;
     std::vector<int32_t> shadow_pos_;
-    std::vector<uint64_t> shadow_seqs_;
+    std::vector<seq_mask> shadow_seqs_;
     uint64_t shadow_version_ = 0;
-    seq_mask held_ = 0;
+    seq_mask held_ = seq_mask::none();
     // Cells whose tile summaries the device lacks: they are made when a
     // graph whose attention reads them is staged: the flash kernel's
     // (flash_steps_, set with the steps), or the decode kernel's over a
@@ -3199,9 +3219,9 @@ void cuda_backend::make_steps(graph & g) {
     for (size_t i = 0; i < n; ++i) steps_[i].t = nodes[i];
     const batch_info & b = g.batch;
     seqs_apart_ = b.seq && b.n_tokens > 1;
-    seq_mask seen = 0;
+    seq_mask seen = seq_mask::none();
     for (int32_t i = 0; seqs_apart_ && i < b.n_tokens; ++i) {
-        const seq_mask bit = seq_mask(1) << b.seq[i];
+        const seq_mask bit = seq_mask::of(b.seq[i]);
         seqs_apart_ = !(seen & bit);
         seen |= bit;
     }
@@ -3528,7 +3548,7 @@ void cuda_backend::stage(graph & g) {
         if (shadow_kv_ != kv || shadow_pos_.size() != size_t(kv->n_cells)) {
             shadow_kv_ = kv;
             shadow_pos_.assign(size_t(kv->n_cells), INT32_MIN);
-            shadow_seqs_.assign(size_t(kv->n_cells), ~uint64_t(0));
+            shadow_seqs_.assign(size_t(kv->n_cells), seq_mask::all());
             shadow_version_ = ~uint64_t(0); // no version: compare every cell
             tiles_lo_ = INT32_MAX;
             tiles_hi_ = 0;
@@ -3545,22 +3565,22 @@ void cuda_backend::stage(graph & g) {
         if (shadow_version_ == kv->version && b.cell) {
             for (int32_t i = 0; i < n_tok; ++i) changed(b.cell[i]);
         } else {
-            held_ = 0;
+            held_ = seq_mask::none();
             for (int32_t c = 0; c < kv->n_used; ++c) changed(c);
             shadow_version_ = kv->version;
         }
         if (hi < lo) hi = lo;
     }
-    const seq_mask held = kv ? held_ : 0; // the sequences of the cells in use
+    const seq_mask held = kv ? held_ : seq_mask::none(); // the sequences of the cells in use
     const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
-    const size_t mask_bytes = size_t(hi - lo) * sizeof(uint64_t);
+    const size_t mask_bytes = size_t(hi - lo) * sizeof(seq_mask);
     // The tiles that hold a changed cell, summarised when an attention
     // kernel will read them.
     if (hi > lo) {
         tiles_lo_ = std::min(tiles_lo_, lo);
         tiles_hi_ = std::max(tiles_hi_, hi);
     }
-    pages_ = (held & (held - 1)) != 0;
+    pages_ = held.several();
     int32_t t_lo = 0, t_hi = 0;
     if (kv && (flash_steps_ || (decode_steps_ && pages_)) && tiles_hi_ > tiles_lo_) {
         t_lo = tiles_lo_ / cell_tile_cells;
@@ -3608,11 +3628,20 @@ void cuda_backend::stage(graph & g) {
         }
         if (hi > lo) {
             std::memcpy(hp, kv->cell_pos.data() + lo, cell_bytes);
-            std::memcpy(hm, kv->cell_seqs.data() + lo, mask_bytes);
+            // The masks' words as the device keeps them: two planes.
+            uint64_t * hw = reinterpret_cast<uint64_t *>(hm);
+            const size_t n = size_t(hi - lo);
+            for (size_t i = 0; i < n; ++i) {
+                hw[i] = kv->cell_seqs[size_t(lo) + i].w[0];
+                hw[n + i] = kv->cell_seqs[size_t(lo) + i].w[1];
+            }
             SMOL_GPU_CHECK(
                 cudaMemcpyAsync(d_cell_pos_ + lo, hp, cell_bytes, cudaMemcpyHostToDevice, stream_));
-            SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seqs_ + lo, hm, mask_bytes,
-                                           cudaMemcpyHostToDevice, stream_));
+            for (size_t w = 0; w < 2; ++w) {
+                SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seqs_ + w * seq_plane_words(kv->n_cells) + lo,
+                                               hw + w * n, n * sizeof(uint64_t),
+                                               cudaMemcpyHostToDevice, stream_));
+            }
             std::copy(kv->cell_pos.begin() + lo, kv->cell_pos.begin() + hi,
                       shadow_pos_.begin() + lo);
             std::copy(kv->cell_seqs.begin() + lo, kv->cell_seqs.begin() + hi,
@@ -3994,6 +4023,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.cell = d_cell_;
     p.cell_pos = d_cell_pos_;
     p.cell_seqs = d_cell_seqs_;
+    p.seq_plane = seq_plane_words(kv.n_cells);
     p.tiles = d_cell_tiles_;
     p.n_used = d_params_;
     const attn_choice a = choose_attention(t);

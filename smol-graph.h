@@ -111,9 +111,63 @@ void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1 = 1, 
 #endif
 
 // A cell may belong to several sequences at once (a shared prompt prefix):
-// bit s of its mask stands for sequence s, so at most 64 sequences exist.
-using seq_mask = uint64_t;
-constexpr int32_t kv_max_seqs = 64;
+// bit s of its mask stands for sequence s, so at most 128 sequences exist.
+// An aggregate of two words, so that GPU kernels keep masks in shared memory
+// and copy them 16 bytes a cell.
+constexpr int32_t kv_max_seqs = 128;
+struct seq_mask {
+    uint64_t w[2];
+
+    SMOL_HOST_DEVICE static constexpr seq_mask none() { return {{0, 0}}; }
+    SMOL_HOST_DEVICE static constexpr seq_mask all() { return {{~uint64_t(0), ~uint64_t(0)}}; }
+    // Sequence s alone (0 <= s < kv_max_seqs).
+    SMOL_HOST_DEVICE static constexpr seq_mask of(int32_t s) {
+        return s < 64 ? seq_mask{{uint64_t(1) << s, 0}} : seq_mask{{0, uint64_t(1) << (s - 64)}};
+    }
+    SMOL_HOST_DEVICE constexpr bool has(int32_t s) const {
+        return ((w[s >> 6] >> (s & 63)) & 1u) != 0;
+    }
+    SMOL_HOST_DEVICE constexpr explicit operator bool() const { return (w[0] | w[1]) != 0; }
+    // Whether it holds more than one sequence.
+    SMOL_HOST_DEVICE constexpr bool several() const {
+        return (w[0] & (w[0] - 1)) != 0 || (w[1] & (w[1] - 1)) != 0 || (w[0] != 0 && w[1] != 0);
+    }
+    // The lowest sequence of a mask that holds one, and the mask without it:
+    // for (seq_mask m = x; m; m = m.rest()) visit(m.first());
+    SMOL_HOST_DEVICE int32_t first() const {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+        return w[0] ? __ffsll(static_cast<long long>(w[0])) - 1
+                    : 64 + __ffsll(static_cast<long long>(w[1])) - 1;
+#else
+        return w[0] ? __builtin_ctzll(w[0]) : 64 + __builtin_ctzll(w[1]);
+#endif
+    }
+    SMOL_HOST_DEVICE constexpr seq_mask rest() const {
+        return w[0] ? seq_mask{{w[0] & (w[0] - 1), w[1]}} : seq_mask{{0, w[1] & (w[1] - 1)}};
+    }
+
+    SMOL_HOST_DEVICE constexpr seq_mask operator|(seq_mask o) const {
+        return {{w[0] | o.w[0], w[1] | o.w[1]}};
+    }
+    SMOL_HOST_DEVICE constexpr seq_mask operator&(seq_mask o) const {
+        return {{w[0] & o.w[0], w[1] & o.w[1]}};
+    }
+    SMOL_HOST_DEVICE constexpr seq_mask operator~() const {
+        return {{~w[0], ~w[1]}};
+    }
+    SMOL_HOST_DEVICE constexpr bool operator==(seq_mask o) const {
+        return w[0] == o.w[0] && w[1] == o.w[1];
+    }
+    SMOL_HOST_DEVICE constexpr bool operator!=(seq_mask o) const {
+        return !(*this == o);
+    }
+    SMOL_HOST_DEVICE seq_mask & operator|=(seq_mask o) {
+        return *this = *this | o;
+    }
+    SMOL_HOST_DEVICE seq_mask & operator&=(seq_mask o) {
+        return *this = *this & o;
+    }
+};
 // Cells a page of the cache: a sequence's history fills pages of its own,
 // so a GPU kernel can skip another sequence's pages by their summaries.
 constexpr int32_t kv_page = 64;
@@ -122,7 +176,7 @@ constexpr int32_t kv_page = 64;
 // definition of visibility, for every backend's attention.
 SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, seq_mask cell_seqs, smol_seq_id seq,
                                              smol_pos pos) {
-    return cell_pos >= 0 && cell_pos <= pos && ((cell_seqs >> seq) & 1u) != 0;
+    return cell_pos >= 0 && cell_pos <= pos && cell_seqs.has(seq);
 }
 
 // The cache is a set of cells shared by all sequences. Each (layer, kv-head)

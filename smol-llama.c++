@@ -561,8 +561,8 @@ void llama_context::decode(const smol_batch & b) {
         seq_tail_.assign(kv_max_seqs, -1);
         for (int32_t c = 0; c < kv.n_used; ++c) {
             if (kv.cell_pos[c] < 0) continue;
-            for (seq_mask m = kv.cell_seqs[c]; m; m &= m - 1) {
-                const int s = __builtin_ctzll(m);
+            for (seq_mask m = kv.cell_seqs[c]; m; m = m.rest()) {
+                const int s = m.first();
                 if (kv.cell_pos[c] > seq_max[size_t(s)]) {
                     seq_max[size_t(s)] = kv.cell_pos[c];
                     seq_tail_[size_t(s)] = c;
@@ -657,7 +657,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         tail = c;
         cells_[size_t(j)] = c;
         kv.cell_pos[c] = b.pos[i];
-        kv.cell_seqs[c] = seq_mask(1) << b.seq_id[i];
+        kv.cell_seqs[c] = seq_mask::of(b.seq_id[i]);
         kv.n_used = std::max(kv.n_used, c + 1);
         batch_cells_[size_t(i)] = c;
         tokens_[size_t(j)] = b.token[i];
@@ -737,21 +737,21 @@ std::string llama_context::schedule_text(int32_t n) {
 // Lists, for each sequence of the batch, the cells it holds sorted by
 // position (two passes: count, then place; no allocation once warm).
 void llama_context::list_seq_cells(int32_t n) {
-    seq_mask in_batch = 0;
-    for (int32_t i = 0; i < n; ++i) in_batch |= seq_mask(1) << seqs_[i];
+    seq_mask in_batch = seq_mask::none();
+    for (int32_t i = 0; i < n; ++i) in_batch |= seq_mask::of(seqs_[i]);
     seq_begin_.assign(kv_max_seqs + 1, 0);
     for (int32_t c = 0; c < kv.n_used; ++c) {
         if (kv.cell_pos[c] < 0) continue;
-        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m &= m - 1)
-            ++seq_begin_[size_t(__builtin_ctzll(m)) + 1];
+        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m = m.rest())
+            ++seq_begin_[size_t(m.first()) + 1];
     }
     for (int32_t s = 0; s < kv_max_seqs; ++s) seq_begin_[size_t(s) + 1] += seq_begin_[size_t(s)];
     seq_cells_.resize(size_t(std::max(seq_begin_[kv_max_seqs], 1)));
     fill_.assign(seq_begin_.begin(), seq_begin_.end() - 1);
     for (int32_t c = 0; c < kv.n_used; ++c) {
         if (kv.cell_pos[c] < 0) continue;
-        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m &= m - 1)
-            seq_cells_[size_t(fill_[size_t(__builtin_ctzll(m))]++)] = c;
+        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m = m.rest())
+            seq_cells_[size_t(fill_[size_t(m.first())]++)] = c;
     }
     // A sequence takes cells in rising order, so a list is usually sorted
     // already (a page freed below its others breaks that).

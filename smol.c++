@@ -207,7 +207,7 @@ void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
     head_dim = dim;
     n_cells = cells;
     cell_pos.assign(cells, -1);
-    cell_seqs.assign(cells, 0);
+    cell_seqs.assign(cells, seq_mask::none());
     n_used = 0;
     touch();
 }
@@ -218,7 +218,7 @@ int32_t kv_cache::n_free() const {
 
 void kv_cache::clear() {
     std::fill(cell_pos.begin(), cell_pos.end(), -1);
-    std::fill(cell_seqs.begin(), cell_seqs.end(), 0);
+    std::fill(cell_seqs.begin(), cell_seqs.end(), seq_mask::none());
     n_used = 0;
     touch();
 }
@@ -234,12 +234,12 @@ static bool valid_seq(smol_seq_id s) {
 void kv_cache::seq_rm(smol_seq_id seq, smol_pos p0, smol_pos p1) {
     if (p1 < 0) p1 = INT32_MAX;
     if (seq >= kv_max_seqs) return;
-    const seq_mask drop = seq < 0 ? ~seq_mask(0) : seq_mask(1) << seq;
+    const seq_mask drop = seq < 0 ? seq_mask::all() : seq_mask::of(seq);
     touch();
     for (int32_t c = 0; c < n_used; ++c) {
         if (cell_pos[c] < p0 || cell_pos[c] >= p1 || !(cell_seqs[c] & drop)) continue;
         cell_seqs[c] &= ~drop;
-        if (cell_seqs[c] == 0) cell_pos[c] = -1;
+        if (!cell_seqs[c]) cell_pos[c] = -1;
     }
     shrink_used();
 }
@@ -249,15 +249,15 @@ void kv_cache::seq_cp(smol_seq_id src, smol_seq_id dst, smol_pos p0, smol_pos p1
     if (!valid_seq(src) || !valid_seq(dst) || src == dst) return;
     touch();
     for (int32_t c = 0; c < n_used; ++c) {
-        if (cell_pos[c] >= p0 && cell_pos[c] < p1 && ((cell_seqs[c] >> src) & 1u))
-            cell_seqs[c] |= seq_mask(1) << dst;
+        if (cell_pos[c] >= p0 && cell_pos[c] < p1 && cell_seqs[c].has(src))
+            cell_seqs[c] |= seq_mask::of(dst);
     }
 }
 
 int32_t kv_cache::seq_len(smol_seq_id seq) const {
     if (!valid_seq(seq)) return 0;
     int32_t n = 0;
-    for (int32_t c = 0; c < n_used; ++c) n += cell_pos[c] >= 0 && ((cell_seqs[c] >> seq) & 1u);
+    for (int32_t c = 0; c < n_used; ++c) n += cell_pos[c] >= 0 && cell_seqs[c].has(seq);
     return n;
 }
 
@@ -285,7 +285,7 @@ void kv_cache::cells_add_seq(const int32_t * cells, int32_t n, smol_seq_id seq) 
     touch();
     for (int32_t i = 0; i < n; ++i) {
         SMOL_ASSERT_MSG(cell_pos[cells[i]] >= 0, "cells_add_seq: the cell is free");
-        cell_seqs[cells[i]] |= seq_mask(1) << seq;
+        cell_seqs[cells[i]] |= seq_mask::of(seq);
     }
 }
 
@@ -294,8 +294,8 @@ void kv_cache::cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
     touch();
     for (int32_t i = 0; i < n; ++i) {
         const int32_t c = cells[i];
-        cell_seqs[c] &= ~(seq_mask(1) << seq);
-        if (cell_seqs[c] == 0) cell_pos[c] = -1;
+        cell_seqs[c] &= ~seq_mask::of(seq);
+        if (!cell_seqs[c]) cell_pos[c] = -1;
     }
     shrink_used();
 }

@@ -167,7 +167,7 @@ typedef struct smol_context_params {
     uint32_t n_ctx;             // KV cells shared by all sequences (0: 4096, capped at training)
     uint32_t n_batch;           // most tokens one smol_decode call takes (0: 512, 4096 on a GPU)
     int32_t n_threads;          // CPU threads (0: all cores)
-    uint32_t n_seq_max;         // most sequences at once (default 1, at most 64)
+    uint32_t n_seq_max;         // most sequences at once (default 1, at most 128)
     const char * device;        // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
     uint64_t gpu_mem;           // device memory budget in bytes (0: none, every head resident)
     smol_kv_offload kv_offload; // default AUTO
@@ -352,7 +352,7 @@ typedef bool (*smol_engine_event_fn)(const smol_engine_event * event, void * use
 
 typedef struct smol_engine_params {
     smol_context_params context; // n_ctx: cells for all requests; n_seq_max: parallel
-                                 // requests (at most 63; one sequence holds the cache)
+                                 // requests (at most 127; one sequence holds the cache)
     uint32_t n_chunk;            // most prompt tokens of one request per step (256)
     uint32_t n_queue_max;        // most requests waiting for a slot (256); more: SMOL_ERR_BUSY
     bool prefix_cache;           // reuse the KV of earlier prefixes (true)

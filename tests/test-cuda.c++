@@ -296,7 +296,7 @@ struct attn_setup {
         for (int c = 0; c < history; ++c) {
             if (rng() % 10 == 0) continue; // a free cell
             kv.cell_pos[size_t(c)] = int32_t(rng() % 500);
-            kv.cell_seqs[size_t(c)] = uint64_t(1) << (rng() % 2);
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(rng() % 2);
         }
         kv.n_used = history;
         int c = 0;
@@ -306,7 +306,7 @@ struct attn_setup {
             seq.push_back(int32_t(rng() % 2));
             cell.push_back(c);
             kv.cell_pos[size_t(c)] = pos.back();
-            kv.cell_seqs[size_t(c)] = uint64_t(1) << seq.back();
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(seq.back());
             kv.n_used = std::max(kv.n_used, c + 1);
         }
         fill_batch(rng);
@@ -329,7 +329,7 @@ struct attn_setup {
             if (rng() % 8 == 0) continue;
             const int s = int(rng() % 3);
             kv.cell_pos[size_t(c)] = next[s]++;
-            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(s);
         }
         for (int i = 0; i < h.history / 4; ++i) {
             const size_t a = rng() % size_t(h.history), b = rng() % size_t(h.history);
@@ -345,7 +345,7 @@ struct attn_setup {
             seq.push_back(s);
             cell.push_back(c);
             kv.cell_pos[size_t(c)] = pos.back();
-            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(s);
             kv.n_used = std::max(kv.n_used, c + 1);
         }
         fill_batch(rng);
@@ -367,7 +367,8 @@ struct attn_setup {
         fill_cache(rng);
         for (int c = 0; c < h.history; ++c) {
             kv.cell_pos[size_t(c)] = c;
-            kv.cell_seqs[size_t(c)] = c < h.shared ? 3u : 1u;
+            kv.cell_seqs[size_t(c)] = c < h.shared ? smol::seq_mask::of(0) | smol::seq_mask::of(1)
+                                                   : smol::seq_mask::of(0);
         }
         int next[2] = {h.history, h.shared};
         for (int i = 0; i < n_tok; ++i) {
@@ -377,7 +378,7 @@ struct attn_setup {
             seq.push_back(s);
             cell.push_back(c);
             kv.cell_pos[size_t(c)] = pos.back();
-            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(s);
         }
         kv.n_used = h.history + n_tok;
         fill_batch(rng);
@@ -400,7 +401,8 @@ struct attn_setup {
         // Every sequence's newest cell is the shared page's last.
         std::vector<int32_t> tail(size_t(h.n_seqs), smol::kv_page - 1),
             next(size_t(h.n_seqs), smol::kv_page);
-        const uint64_t all = h.n_seqs == 64 ? ~uint64_t(0) : (uint64_t(1) << h.n_seqs) - 1;
+        smol::seq_mask all = smol::seq_mask::none();
+        for (int s = 0; s < h.n_seqs; ++s) all |= smol::seq_mask::of(s);
         for (int c = 0; c < smol::kv_page; ++c) {
             kv.cell_pos[size_t(c)] = c;
             kv.cell_seqs[size_t(c)] = all;
@@ -416,7 +418,7 @@ struct attn_setup {
             const int32_t c = kv.find_cell(tail[size_t(s)], page_from, cell_from);
             REQUIRE(c >= 0);
             kv.cell_pos[size_t(c)] = next[size_t(s)]++;
-            kv.cell_seqs[size_t(c)] = uint64_t(1) << s;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(s);
             kv.n_used = std::max(kv.n_used, c + 1);
             tail[size_t(s)] = c;
             return c;
@@ -426,7 +428,7 @@ struct attn_setup {
         for (int c = smol::kv_page; c < kv.n_used; ++c) {
             if (rng() % 16 != 0) continue;
             kv.cell_pos[size_t(c)] = -1;
-            kv.cell_seqs[size_t(c)] = 0;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::none();
         }
         for (int s = 0; s < h.n_seqs; ++s) {
             const int32_t p = next[size_t(s)];
@@ -727,7 +729,7 @@ TEST_CASE("attention leaves out the cells no token sees, even those holding NaN 
             attn_setup a(rng, 9, 3, 64, attn_setup::served{history}, n_tok);
             int poisoned = 0;
             for (int c = 0; c < a.kv.n_used; ++c) {
-                if (a.kv.cell_seqs[size_t(c)] != (uint64_t(1) << 2)) continue;
+                if (a.kv.cell_seqs[size_t(c)] != smol::seq_mask::of(2)) continue;
                 const uint16_t bad = c % 2 ? 0x7e00 : 0x7c00; // f16 NaN, +infinity
                 for (int h = 0; h < a.n_head_kv; ++h) {
                     // Layer 1's rows, as run() attends.
@@ -853,10 +855,11 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
           "default") {
     // Tokens of many sequences at once: the decode kernel lists the pages
     // its token's sequence holds (in windows of 512 tiles over a long
-    // split) and skips the rest; 1.7B's 32 kv heads at 32 and 64 sequences
-    // are more blocks than the GPU holds at once (a warp serves each kv head
-    // then), and 48 sequences more tokens than a decode-sized batch, and all
-    // still take it. SMOL_ATTN=decode-warps takes the warp form for every
+    // split) and skips the rest; 1.7B's 32 kv heads at 32, 64 and 128
+    // sequences are more blocks than the GPU holds at once (a warp serves
+    // each kv head then), and 48 and 100 sequences more tokens than a
+    // decode-sized batch, and all still take it. Sequences from 64 up are
+    // the second word of a cell's mask. SMOL_ATTN=decode-warps takes the warp form for every
     // shape here, with kv heads that leave warps of a block idle (3, 5).
     auto automatic = gpu_attention("auto");
     if (!automatic) return;
@@ -867,8 +870,9 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
     struct shape {
         int n_head, n_head_kv, n_seqs, history;
     };
-    const shape shapes[] = {{16, 8, 32, 640}, {32, 32, 32, 120}, {32, 32, 64, 90},
-                            {9, 3, 5, 300},   {8, 4, 48, 100},   {15, 5, 7, 2000}};
+    const shape shapes[] = {{16, 8, 32, 640},  {32, 32, 32, 120}, {32, 32, 64, 90},
+                            {9, 3, 5, 300},    {8, 4, 48, 100},   {15, 5, 7, 2000},
+                            {32, 32, 128, 40}, {9, 3, 100, 120}};
     for (const shape & sh : shapes) {
         const uint32_t seed = fresh_seed();
         CAPTURE(seed);

@@ -213,15 +213,15 @@ TEST_CASE("a cell shared by two sequences serves both and is freed when neither 
     CHECK(smol_kv_free_cells(c.get()) == 64);
 }
 
-TEST_CASE("more than 64 sequences are refused with a message") {
+TEST_CASE("more than 128 sequences are refused with a message") {
     tiny_file f(SMOL_TYPE_F32, 99, "seqmax.gguf");
     smol_context_params p = smol_context_default_params();
     p.n_ctx = 64;
-    p.n_seq_max = 65;
+    p.n_seq_max = 129;
     smol_context * c = nullptr;
     CHECK(smol_context_create(f.model.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
-    CHECK(std::string(smol_last_error()).find("64") != std::string::npos);
-    p.n_seq_max = 64;
+    CHECK(std::string(smol_last_error()).find("128") != std::string::npos);
+    p.n_seq_max = 128;
     REQUIRE(smol_context_create(f.model.get(), &p, &c) == SMOL_OK);
     smol_context_free(c);
 }
@@ -601,6 +601,6 @@ TEST_CASE("the engine refuses bad requests with a message and a full queue with 
     // One slot and two places in the queue.
     for (int i = 0; i < 3; ++i) CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_OK);
     CHECK(smol_engine_submit(e.get(), &r, nullptr) == SMOL_ERR_BUSY);
-    p.context.n_seq_max = 64;
+    p.context.n_seq_max = 128;
     CHECK(smol_engine_create(f.model.get(), &p, &raw) == SMOL_ERR_INVALID_ARGUMENT);
 }

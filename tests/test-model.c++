@@ -234,6 +234,52 @@ TEST_CASE("sequences batched together give the logits each gives alone") {
     std::filesystem::remove(path);
 }
 
+TEST_CASE("sequences 64 to 127 share a prompt's cells and decode as sequence 0 does") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("seqs128.gguf");
+    tiny::shape s;
+    s.wtype = SMOL_TYPE_F16;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> a = random_ids(rng, 13, s.n_vocab);
+
+    context_ptr solo = make_context(m.get(), 64);
+    const auto want = decode_all(solo.get(), a, s.n_vocab, 64).back();
+
+    // The prompt's first 12 tokens once, as sequence 0, then shared with
+    // sequences in both words of a cell's mask; its last token for each.
+    context_ptr c = make_context(m.get(), 128, 64, 128);
+    const std::vector<int> prompt(a.begin(), a.end() - 1);
+    decode_all(c.get(), prompt, s.n_vocab, 64);
+    const smol_seq_id seqs[] = {0, 63, 64, 100, 127};
+    for (smol_seq_id q : seqs) {
+        if (q != 0) smol_kv_seq_cp(c.get(), 0, q, 0, -1);
+        CHECK(smol_kv_seq_len(c.get(), q) == 12);
+    }
+    CHECK(smol_kv_free_cells(c.get()) == 128 - 12);
+    smol_batch b = smol_batch_init(8);
+    for (smol_seq_id q : seqs) smol_batch_add(&b, 8, a.back(), 12, q, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    for (int i = 0; i < b.n_tokens; ++i) {
+        CAPTURE(seqs[i]);
+        const float * got = smol_get_logits(c.get(), i);
+        REQUIRE(got);
+        CHECK(std::equal(want.begin(), want.end(), got));
+        CHECK(smol_kv_seq_len(c.get(), seqs[i]) == 13);
+    }
+    smol_batch_free(&b);
+    // Removing one sequence keeps the cells the others hold.
+    smol_kv_seq_rm(c.get(), 100, 0, -1);
+    CHECK(smol_kv_seq_len(c.get(), 100) == 0);
+    CHECK(smol_kv_seq_len(c.get(), 127) == 13);
+    CHECK(smol_kv_free_cells(c.get()) == 128 - 12 - 4);
+    smol_kv_seq_rm(c.get(), -1, 0, -1);
+    CHECK(smol_kv_free_cells(c.get()) == 128);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("removing the tail of a sequence and decoding it again reproduces the logits") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);

@@ -245,7 +245,7 @@ TEST_CASE("sequences decoded together take cache pages of their own; one alone s
         REQUIRE(c >= 0);
         REQUIRE(kv.cell_pos[size_t(c)] < 0);
         kv.cell_pos[size_t(c)] = len[size_t(s)]++;
-        kv.cell_seqs[size_t(c)] = smol::seq_mask(1) << s;
+        kv.cell_seqs[size_t(c)] = smol::seq_mask::of(s);
         CHECK((tail[size_t(s)] < 0 || c > tail[size_t(s)]));
         tail[size_t(s)] = c;
     }
@@ -272,7 +272,7 @@ TEST_CASE("sequences decoded together take cache pages of their own; one alone s
         const int32_t c = kv.find_cell(last, page_from, cell_from);
         CHECK(c == i);
         kv.cell_pos[size_t(c)] = i;
-        kv.cell_seqs[size_t(c)] = 1;
+        kv.cell_seqs[size_t(c)] = smol::seq_mask::of(0);
         last = c;
     }
 }
@@ -308,7 +308,7 @@ TEST_CASE("the cache says whether n cells are free as counting them would") {
             const int32_t c = kv.find_cell(tail[size_t(s)], page_from, cell_from);
             if (c < 0) break;
             kv.cell_pos[size_t(c)] = len[size_t(s)]++;
-            kv.cell_seqs[size_t(c)] = smol::seq_mask(1) << s;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(s);
             kv.n_used = std::max(kv.n_used, c + 1);
             tail[size_t(s)] = c;
         }

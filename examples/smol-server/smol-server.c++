@@ -692,7 +692,7 @@ int main(int argc, char ** argv) {
                    std::string("GGUF model file (default: models/") + default_model_name + ")");
     app.add_option("--alias", o.alias, "the model id clients name (default: the file's name)");
     app.add_option("-c,--ctx-size", o.n_ctx, "KV cells shared by all requests (default 4096)");
-    app.add_option("--parallel", o.parallel, "requests generating at once (1-63, default 4)");
+    app.add_option("--parallel", o.parallel, "requests generating at once (1-127, default 4)");
     app.add_option("--max-queue", o.max_queue, "requests waiting beyond those (default 32)");
     app.add_option("--max-body", o.max_body, "largest request body in bytes (default 1 MiB)");
     app.add_option("--chunk", o.chunk, "most prompt tokens of one request per step (default 256)");
