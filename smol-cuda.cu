@@ -2334,7 +2334,8 @@ class cuda_backend final : public backend {
     void prepare(graph & g);
     void stage(graph & g);
     void restore_leaves();
-    void signature(const graph & g);
+    void structure(const graph & g);
+    void signature();
     void launch_all(graph & g);
     void launch_program(graph & g);
     void launch(const step & s, const batch_info & b);
@@ -2458,7 +2459,12 @@ class cuda_backend final : public backend {
     std::vector<step> steps_;
     arena_plan plan_;                                  // reused from step to step
     std::vector<std::pair<tensor *, void *>> swapped_; // host leaves and their host data
-    std::vector<uint64_t> sig_, prev_sig_;
+    // A graph's structure (structure()), then with the addresses a replay
+    // bakes in (signature()). steps_, plan_ and sched_ were made for a graph
+    // of structure prep_sig_ (while prepared_): a decode step that repeats
+    // it skips making them again.
+    std::vector<uint64_t> sig_, prev_sig_, prep_sig_;
+    bool prepared_ = false;
     struct captured {
         std::vector<uint64_t> sig;
         cudaGraphExec_t exec;
@@ -2604,6 +2610,7 @@ void cuda_backend::drop_graphs() {
     for (auto & c : execs_) (void)cudaGraphExecDestroy(c.exec);
     execs_.clear();
     prev_sig_.clear();
+    prepared_ = false; // the steps may have chosen kernels by the old table
     replayed_ = -1;
 }
 
@@ -3205,6 +3212,18 @@ cuda_backend::attn_choice cuda_backend::choose_attention(const tensor * t) const
     return c;
 }
 
+// Whether every token of a batch is of a sequence of its own.
+bool seqs_apart(const batch_info & b) {
+    bool apart = b.seq && b.n_tokens > 1;
+    seq_mask seen = seq_mask::none();
+    for (int32_t i = 0; apart && i < b.n_tokens; ++i) {
+        const seq_mask bit = seq_mask::of(b.seq[i]);
+        apart = !(seen & bit);
+        seen |= bit;
+    }
+    return apart;
+}
+
 void cuda_backend::make_steps(graph & g) {
     const auto & nodes = g.nodes();
     const size_t n = nodes.size();
@@ -3215,16 +3234,10 @@ void cuda_backend::make_steps(graph & g) {
         }
     }
     if (n > 0) ++uses[n - 1]; // the caller reads the last node
+    prepared_ = false; // steps_ are remade for g
     steps_.assign(n, step{});
     for (size_t i = 0; i < n; ++i) steps_[i].t = nodes[i];
-    const batch_info & b = g.batch;
-    seqs_apart_ = b.seq && b.n_tokens > 1;
-    seq_mask seen = seq_mask::none();
-    for (int32_t i = 0; seqs_apart_ && i < b.n_tokens; ++i) {
-        const seq_mask bit = seq_mask::of(b.seq[i]);
-        seqs_apart_ = !(seen & bit);
-        seen |= bit;
-    }
+    seqs_apart_ = seqs_apart(g.batch);
     flash_steps_ = decode_steps_ = false;
     for (size_t i = 0; i < n; ++i) {
         if (nodes[i]->kind == OP_MUL_MAT) {
@@ -3665,24 +3678,35 @@ void cuda_backend::restore_leaves() {
 // every address a kernel reads or writes. Values that change between decode
 // steps (tokens, positions, cells, n_used) live in device memory the graph
 // reads, so they are not part of it.
-void cuda_backend::signature(const graph & g) {
+// The words that decide what prepare makes of a graph: every node's op,
+// shape, sources (a node by its index, a leaf by its memory), views,
+// copies, ordering and parameters, the nodes' own addresses (steps_ points
+// at them), and whether the batch's tokens are of different sequences.
+// Positions, sequences and cells are not in it: kernels read them from
+// device memory.
+void cuda_backend::structure(const graph & g) {
     sig_.clear();
     auto put = [&](uint64_t v) { sig_.push_back(v); };
     auto ptr = [&](const void * p) { put(uint64_t(reinterpret_cast<uintptr_t>(p))); };
+    ptr(&g);
     put(g.nodes().size());
+    put(seqs_apart(g.batch));
     for (const tensor * t : g.nodes()) {
+        ptr(t);
         put(uint64_t(t->kind) | uint64_t(t->type) << 8);
         for (int d = 0; d < 4; ++d) put(uint64_t(t->ne[d]) ^ (uint64_t(t->nb[d]) << 40));
         ptr(t->data);
         for (const tensor * s : t->src) {
             if (!s) {
                 put(0);
-                continue;
+            } else if (s->node_index >= 0) {
+                put(uint64_t(uint32_t(s->node_index)) << 8 | 1);
+            } else {
+                ptr(s->data);
+                put(uint64_t(s->type) | uint64_t(s->where == placement::host) << 8);
+                put(uint64_t(s->ne[0]) ^ (uint64_t(s->ne[1]) << 32));
+                put(s->nb[1]);
             }
-            ptr(s->data);
-            put(uint64_t(s->type) | uint64_t(uint32_t(s->node_index)) << 8);
-            put(uint64_t(s->ne[0]) ^ (uint64_t(s->ne[1]) << 32));
-            put(s->nb[1]);
         }
         ptr(t->kv.k);
         ptr(t->kv.v);
@@ -3703,13 +3727,20 @@ void cuda_backend::signature(const graph & g) {
     ptr(kv ? kv->k : nullptr);
     ptr(kv ? kv->v : nullptr);
     put(kv ? uint64_t(kv->n_cells) : 0);
+}
+
+// Everything a captured graph depends on: the structure, then the memory
+// its kernels were given (the arena holds every intermediate at the plan's
+// offsets) and the form the cache's sequences chose.
+void cuda_backend::signature() {
+    auto ptr = [&](const void * p) { sig_.push_back(uint64_t(reinterpret_cast<uintptr_t>(p))); };
+    ptr(arena_.p);
     ptr(d_params_);
     ptr(d_cell_pos_);
     ptr(work_.p);
     ptr(rope_.p);
     ptr(done_.p);
-    put(seqs_apart_);
-    put(pages_);
+    sig_.push_back(pages_);
 }
 
 void cuda_backend::reserve(graph & g) {
@@ -3736,9 +3767,22 @@ void cuda_backend::reserve(graph & g) {
 
 void cuda_backend::run(graph & g) {
     activate();
-    prepare(g);
+    structure(g);
+    if (prepared_ && sig_ == prep_sig_) {
+        // The step before had this structure: its steps, arena plan and
+        // schedule stand; only the new nodes' addresses are set.
+        const auto & nodes = g.nodes();
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            if (plan_.offset[i] != SIZE_MAX)
+                nodes[i]->data = static_cast<uint8_t *>(arena_.p) + plan_.offset[i];
+        }
+    } else {
+        prepare(g);
+        make_schedule(g, sched_);
+        prep_sig_ = sig_;
+        prepared_ = true;
+    }
     stage(g);
-    make_schedule(g, sched_);
     // Events are made here, never while a stream is being captured.
     while (events_.size() < size_t(sched_.n_events)) {
         cudaEvent_t e = nullptr;
@@ -3759,7 +3803,7 @@ void cuda_backend::run(graph & g) {
                 (t->kind != OP_MUL_MAT || small_mm(t) || t->src[1]->ne[1] <= 32 || seqs_apart_);
         }
         if (capturable) {
-            signature(g);
+            signature();
             for (captured & c : execs_) {
                 if (c.sig == sig_) {
                     c.last_used = ++clock_;
