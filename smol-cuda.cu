@@ -3234,7 +3234,7 @@ void cuda_backend::make_steps(graph & g) {
         }
     }
     if (n > 0) ++uses[n - 1]; // the caller reads the last node
-    prepared_ = false; // steps_ are remade for g
+    prepared_ = false;        // steps_ are remade for g
     steps_.assign(n, step{});
     for (size_t i = 0; i < n; ++i) steps_[i].t = nodes[i];
     seqs_apart_ = seqs_apart(g.batch);
