@@ -3650,11 +3650,9 @@ void cuda_backend::stage(graph & g) {
             }
             SMOL_GPU_CHECK(
                 cudaMemcpyAsync(d_cell_pos_ + lo, hp, cell_bytes, cudaMemcpyHostToDevice, stream_));
-            for (size_t w = 0; w < 2; ++w) {
-                SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_seqs_ + w * seq_plane_words(kv->n_cells) + lo,
-                                               hw + w * n, n * sizeof(uint64_t),
-                                               cudaMemcpyHostToDevice, stream_));
-            }
+            SMOL_GPU_CHECK(cudaMemcpy2DAsync(
+                d_cell_seqs_ + lo, seq_plane_words(kv->n_cells) * sizeof(uint64_t), hw,
+                n * sizeof(uint64_t), n * sizeof(uint64_t), 2, cudaMemcpyHostToDevice, stream_));
             std::copy(kv->cell_pos.begin() + lo, kv->cell_pos.begin() + hi,
                       shadow_pos_.begin() + lo);
             std::copy(kv->cell_seqs.begin() + lo, kv->cell_seqs.begin() + hi,
@@ -3688,14 +3686,21 @@ void cuda_backend::structure(const graph & g) {
     sig_.clear();
     auto put = [&](uint64_t v) { sig_.push_back(v); };
     auto ptr = [&](const void * p) { put(uint64_t(reinterpret_cast<uintptr_t>(p))); };
+    auto index = [](const tensor * t) { return t ? uint64_t(uint32_t(t->node_index)) : ~0ull; };
     ptr(&g);
     put(g.nodes().size());
     put(seqs_apart(g.batch));
     for (const tensor * t : g.nodes()) {
+        // What most nodes lack (a view of the cache, a copy, ordering
+        // dependencies, memory of their own) is written only where present,
+        // and the first word says which.
+        const bool view = t->kv.k || t->kv.v, copy = t->kind == OP_COPY,
+                   deps = t->deps[0] || t->deps[1], data = t->data;
         ptr(t);
-        put(uint64_t(t->kind) | uint64_t(t->type) << 8);
+        put(uint64_t(t->kind) | uint64_t(t->type) << 8 | uint64_t(t->where) << 16 |
+            uint64_t(view) << 24 | uint64_t(copy) << 25 | uint64_t(deps) << 26 |
+            uint64_t(data) << 27 | index(t->view_of) << 32);
         for (int d = 0; d < 4; ++d) put(uint64_t(t->ne[d]) ^ (uint64_t(t->nb[d]) << 40));
-        ptr(t->data);
         for (const tensor * s : t->src) {
             if (!s) {
                 put(0);
@@ -3703,24 +3708,32 @@ void cuda_backend::structure(const graph & g) {
                 put(uint64_t(uint32_t(s->node_index)) << 8 | 1);
             } else {
                 ptr(s->data);
-                put(uint64_t(s->type) | uint64_t(s->where == placement::host) << 8);
+                put(uint64_t(s->type) | uint64_t(s->where) << 8);
                 put(uint64_t(s->ne[0]) ^ (uint64_t(s->ne[1]) << 32));
                 put(s->nb[1]);
             }
         }
-        ptr(t->kv.k);
-        ptr(t->kv.v);
-        put(t->kv.head_stride);
-        put(uint64_t(uint32_t(t->kv.h0)) | uint64_t(uint32_t(t->kv.h1)) << 32);
-        put(t->copy.width);
-        put(t->copy.height);
-        put(t->copy.dpitch ^ (t->copy.spitch << 1) ^ (uint64_t(t->copy.dir) << 62));
-        for (const tensor * d : t->deps) put(d ? uint64_t(uint32_t(d->node_index)) : ~0ull);
-        for (int32_t v : t->iparams) put(uint32_t(v));
-        for (float f : t->fparams) {
-            uint32_t u;
-            std::memcpy(&u, &f, 4);
-            put(u);
+        put(uint64_t(uint32_t(t->iparams[0])) | uint64_t(uint32_t(t->iparams[1])) << 32);
+        put(uint64_t(uint32_t(t->iparams[2])) | uint64_t(uint32_t(t->iparams[3])) << 32);
+        uint64_t f;
+        std::memcpy(&f, t->fparams, sizeof(f));
+        put(f);
+        if (data) ptr(t->data);
+        if (view) {
+            ptr(t->kv.k);
+            ptr(t->kv.v);
+            put(t->kv.head_stride);
+            put(uint64_t(uint32_t(t->kv.h0)) | uint64_t(uint32_t(t->kv.h1)) << 32);
+            put(uint32_t(t->kv.slot));
+        }
+        if (copy) {
+            put(t->copy.width);
+            put(t->copy.height);
+            put(t->copy.dpitch ^ (t->copy.spitch << 1) ^ (uint64_t(t->copy.dir) << 62));
+        }
+        if (deps) {
+            put(index(t->deps[0]));
+            put(index(t->deps[1]));
         }
     }
     const kv_cache * kv = g.batch.kv;
