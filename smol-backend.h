@@ -61,6 +61,10 @@ class backend {
     // position (batch_info::seq_cells; the CPU's kernels), which costs the
     // host a pass over the cache a step. A GPU reads the cell table.
     virtual bool wants_seq_cells() const { return true; }
+    // Whether run() may be given the graph of its last run again, neither
+    // cleared nor changed but for its batch (positions, sequences, cells),
+    // and run it as before. Elsewhere a decode step builds its graph anew.
+    virtual bool reruns_graphs() const { return false; }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with
     // the sizes) rather than returning null.

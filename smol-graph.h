@@ -275,8 +275,15 @@ class graph {
 
     const std::vector<tensor *> & nodes() const { return nodes_; }
     batch_info batch;
+    // A number no other graph, nor this one before its last clear(), had.
+    uint64_t generation() const { return generation_; }
+    // Set by the builder when it hands a backend that reruns graphs the
+    // graph of that backend's last run again, unchanged but for its batch
+    // (backend::reruns_graphs); clear() resets it.
+    bool rerun = false;
 
   private:
+    uint64_t generation_;
     std::vector<tensor> tensors_;
     std::vector<tensor *> nodes_;
 };

@@ -290,7 +290,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
             plan.resident.assign(size_t(hp.n_layer) * size_t(plan.n_group), 1);
             graph_.clear();
             graph_.batch.kv = &kv;
-            build_graph(n, std::min(n, chunk_outputs));
+            build_graph(shape_of(n, std::min(n, chunk_outputs)));
             most = std::max<uint64_t>(most, be_->compute_bytes(graph_));
         }
         return most;
@@ -319,7 +319,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     // plan counted, so no later batch grows past it.
     graph_.clear();
     graph_.batch.kv = &kv;
-    build_graph(plan.chunk, params.gpu_mem > 0 ? std::min(plan.chunk, chunk_outputs) : 1);
+    build_graph(shape_of(plan.chunk, params.gpu_mem > 0 ? std::min(plan.chunk, chunk_outputs) : 1));
     be_->reserve(graph_);
 }
 
@@ -410,9 +410,31 @@ void * llama_context::to_backend(const weight & w) {
 // the group before it, so the copy overlaps that compute), stores its new
 // k, v into the slot, and OFFLOADs those cells back to host. Slots alternate
 // between offloaded groups in order, across layers too.
-void llama_context::build_graph(int32_t n, int32_t n_out) {
+llama_context::step_shape llama_context::shape_of(int32_t n, int32_t n_out) const {
+    step_shape s;
+    s.n = n;
+    s.n_out = n_out;
+    constexpr int32_t granule = 256; // cells: copy sizes change every 256 tokens, not every one
+    s.n_copy = std::min(kv.n_cells, (std::max(kv.n_used, 1) + granule - 1) / granule * granule);
+    int32_t c0 = kv.n_cells, c1 = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        c0 = std::min(c0, cells_[size_t(i)]);
+        c1 = std::max(c1, cells_[size_t(i)] + 1);
+    }
+    // The OFFLOAD takes whole granules too (the slot holds the host's bytes
+    // for every prefetched cell it did not write), so a decode step's graph
+    // repeats for up to a granule of tokens and replays as a CUDA graph.
+    if (c1 > c0) {
+        s.c0 = c0 / granule * granule;
+        s.c1 = std::min(s.n_copy, (c1 + granule - 1) / granule * granule);
+    }
+    return s;
+}
+
+void llama_context::build_graph(const step_shape & shape) {
     const llama_hparams & hp = model.hp;
     graph & g = graph_;
+    const int32_t n = shape.n, n_out = shape.n_out;
     auto W = [&](const weight & w) {
         tensor * t = g.leaf(w.type, const_cast<void *>(w.data), w.ne0, w.ne1);
         t->where = be_->where();
@@ -430,23 +452,7 @@ void llama_context::build_graph(int32_t n, int32_t n_out) {
     const bool storage = !group_base_.empty();
     const size_t row = size_t(hp.head_dim) * sizeof(uint16_t);
     const size_t pitch = size_t(kv.n_cells) * row;
-    constexpr int32_t granule = 256; // cells: copy sizes change every 256 tokens, not every one
-    const int32_t n_copy =
-        std::min(kv.n_cells, (std::max(kv.n_used, 1) + granule - 1) / granule * granule);
-    int32_t c0 = kv.n_cells, c1 = 0;
-    for (int32_t i = 0; i < n; ++i) {
-        c0 = std::min(c0, cells_[size_t(i)]);
-        c1 = std::max(c1, cells_[size_t(i)] + 1);
-    }
-    // The OFFLOAD takes whole granules too (the slot holds the host's bytes
-    // for every prefetched cell it did not write), so a decode step's graph
-    // repeats for up to a granule of tokens and replays as a CUDA graph.
-    if (c1 <= c0) {
-        c0 = c1 = 0;
-    } else {
-        c0 = c0 / granule * granule;
-        c1 = std::min(n_copy, (c1 + granule - 1) / granule * granule);
-    }
+    const int32_t n_copy = shape.n_copy, c0 = shape.c0, c1 = shape.c1;
     prefetch_.assign(size_t(plan.n_offloaded_groups()), nullptr);
     offload_.assign(prefetch_.size(), nullptr);
     attend_.assign(prefetch_.size(), nullptr);
@@ -667,7 +673,14 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
     }
     const bool lists = be_->wants_seq_cells();
     if (lists) list_seq_cells(n);
-    graph_.clear();
+    // A backend that runs a graph again gets the last one, unless the step's
+    // shape changed or graph_ was rebuilt for something else since.
+    const step_shape shape = shape_of(n, n_out);
+    const bool again = be_->reruns_graphs() && graph_.generation() == built_gen_ && shape == built_;
+    if (!again) {
+        graph_.clear();
+        logits_node_ = nullptr;
+    }
     graph_.batch = batch_info{positions_.data(),
                               seqs_.data(),
                               cells_.data(),
@@ -675,8 +688,12 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
                               &kv,
                               lists ? seq_cells_.data() : nullptr,
                               lists ? seq_begin_.data() : nullptr};
-    logits_node_ = nullptr;
-    build_graph(n, n_out);
+    if (!again) {
+        build_graph(shape);
+        built_ = shape;
+        built_gen_ = graph_.generation();
+    }
+    graph_.rerun = again;
     float * dst = logits_.data() + size_t(out_base) * size_t(hp.n_vocab);
     if (logits_node_ && be_->where() == placement::host) logits_node_->data = dst;
     be_->run(graph_);
@@ -725,7 +742,7 @@ std::string llama_context::schedule_text(int32_t n) {
     for (int32_t j = 0; j < n; ++j) kv.cell_pos[size_t(cells_[size_t(j)])] = -1;
     graph_.clear();
     graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
-    build_graph(n, 1);
+    build_graph(shape_of(n, 1));
     kv.n_used = n_used;
     schedule s;
     make_schedule(graph_, s);

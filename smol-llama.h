@@ -96,7 +96,15 @@ class llama_context {
     smol_perf perf{};
 
   private:
-    void build_graph(int32_t n_tokens, int32_t n_outputs);
+    // The cells a step's PREFETCH copies ([0, n_copy)) and its OFFLOAD copies
+    // ([c0, c1)), in granules; they, the token and output counts decide the
+    // step's graph.
+    struct step_shape {
+        int32_t n = 0, n_out = 0, n_copy = 0, c0 = 0, c1 = 0;
+        bool operator==(const step_shape &) const = default;
+    };
+    step_shape shape_of(int32_t n_tokens, int32_t n_outputs) const;
+    void build_graph(const step_shape & s);
     void alloc_kv();
     kv_view group_view(int32_t layer, int32_t group, int32_t slot) const;
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
@@ -117,6 +125,9 @@ class llama_context {
     weight tok_embd_, output_norm_, output_;
     std::vector<llama_layer> layers_;
     graph graph_;
+    // The shape graph_ was built for, while its generation is built_gen_.
+    step_shape built_{};
+    uint64_t built_gen_ = ~uint64_t(0);
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
     // Each sequence's newest position and cell, as of kv.version

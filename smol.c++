@@ -67,12 +67,19 @@ void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1, int6
     t.nb[3] = t.nb[2] * ne2;
 }
 
-graph::graph(size_t capacity) {
+static uint64_t next_generation() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+}
+
+graph::graph(size_t capacity) : generation_(next_generation()) {
     tensors_.reserve(capacity);
     nodes_.reserve(capacity);
 }
 
 void graph::clear() {
+    generation_ = next_generation();
+    rerun = false;
     tensors_.clear();
     nodes_.clear();
     batch = {};
