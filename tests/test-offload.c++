@@ -222,6 +222,47 @@ TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or 
     std::filesystem::remove(path);
 }
 
+// A decode step's copies cover whole granules of 256 cells, so steps of one
+// token run the same graph until the history crosses into the next granule.
+// The simulated device, like the GPU, runs such a graph again as it was;
+// across the boundary the graph must be built anew.
+TEST_CASE("one-token steps across a 256-cell granule give the logits of a resident cache") {
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    const std::string path = temp_path("granule.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 3;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    std::mt19937 rng(seed);
+    // Prompts in calls of 64 tokens up to 240, then one token a call to 300:
+    // the steps cross cell 256 and each of them keeps its logits.
+    const std::vector<int> ids = random_ids(rng, 300, s.n_vocab);
+    model_ptr m = load(path);
+    std::vector<std::vector<float>> want;
+    for (const placement_case pc : {placement_case{"resident", SMOL_KV_OFFLOAD_NONE, 0, 0},
+                                    placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 1, 0},
+                                    placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 2, 0}}) {
+        CAPTURE(pc.name);
+        CAPTURE(pc.head_group);
+        context_ptr c = make_context(m.get(), sim_params(1024, 64, 1, pc));
+        const auto got = decode_all(c.get(), ids, s.n_vocab, 64, 240);
+        REQUIRE(got.size() == ids.size());
+        if (want.empty()) {
+            want = got;
+            continue;
+        }
+        for (size_t i = 0; i < got.size(); ++i) {
+            CAPTURE(i);
+            CHECK(std::memcmp(got[i].data(), want[i].data(), got[i].size() * sizeof(float)) == 0);
+        }
+    }
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("sequences decoded together take cache pages of their own; one alone stays dense") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
