@@ -3796,6 +3796,16 @@ void cuda_backend::run(graph & g) {
         // steps were made for, its nodes at their arena addresses.
         sig_ = prep_sig_;
     } else {
+        if (g.rerun) {
+            // Not taken again (its batch's sequences came apart or together,
+            // or the steps were remade): its nodes go back to how they were
+            // built, without the arena addresses a run gave them.
+            const uint8_t * a = static_cast<const uint8_t *>(arena_.p);
+            for (tensor * t : g.nodes()) {
+                const uint8_t * d = static_cast<const uint8_t *>(t->data);
+                if (a && d >= a && d < a + arena_.size) t->data = nullptr;
+            }
+        }
         structure(g);
         if (prepared_ && sig_ == prep_sig_) {
             // The step before had this structure: its steps, arena plan and
