@@ -363,6 +363,40 @@ TEST_CASE("the cache says whether n cells are free as counting them would") {
     CHECK(holes);
 }
 
+// A GPU backend keeps a copy of the cell table and, while the cache's
+// version holds, compares only the cells a step takes; so every change by
+// the cache's methods must move the version, and no cache may repeat a
+// version another cache had (one made where a freed one lay included).
+TEST_CASE("every change to the cache moves its version, and no two caches share one") {
+    std::vector<uint64_t> seen;
+    auto fresh = [&](uint64_t v) {
+        const bool is_new = std::find(seen.begin(), seen.end(), v) == seen.end();
+        seen.push_back(v);
+        return is_new;
+    };
+    for (int round = 0; round < 3; ++round) {
+        auto kv = std::make_unique<smol::kv_cache>();
+        kv->init(1, 1, 8, 2 * smol::kv_page);
+        CHECK(fresh(kv->version));
+        for (int32_t c = 0; c < 10; ++c) {
+            kv->cell_pos[size_t(c)] = c;
+            kv->cell_seqs[size_t(c)] = smol::seq_mask::of(0);
+        }
+        kv->n_used = 10;
+        kv->seq_cp(0, 1, 0, 5);
+        CHECK(fresh(kv->version));
+        const int32_t cells[2] = {6, 7};
+        kv->cells_add_seq(cells, 2, 2);
+        CHECK(fresh(kv->version));
+        kv->cells_rm_seq(cells, 2, 2);
+        CHECK(fresh(kv->version));
+        kv->seq_rm(1, 0, -1);
+        CHECK(fresh(kv->version));
+        kv->clear();
+        CHECK(fresh(kv->version));
+    }
+}
+
 TEST_CASE("the simulated device's measured memory stays within the budget and near the plan") {
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
