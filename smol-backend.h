@@ -49,6 +49,16 @@ struct memory_stats {
     size_t host_pageable = 0; // asked for pinned, got pageable
 };
 
+// What a backend that reruns graphs keeps of its last run: a graph handed
+// over again (graph::rerun) is run as that run left it only when it is that
+// graph still (generations are never repeated) and that run ended well.
+struct last_run {
+    uint64_t generation = 0; // 0: no run to take again
+    bool again(const graph & g) const { return g.rerun && generation == g.generation(); }
+    void forget() { generation = 0; }
+    void ended(const graph & g) { generation = g.generation(); }
+};
+
 class backend {
   public:
     virtual ~backend() = default;

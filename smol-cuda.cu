@@ -2461,16 +2461,13 @@ class cuda_backend final : public backend {
     arena_plan plan_;                                  // reused from step to step
     std::vector<std::pair<tensor *, void *>> swapped_; // host leaves and their host data
     // A graph's structure (structure()), then with the addresses a replay
-    // bakes in (signature()). steps_, plan_ and sched_ were made for a graph
-    // of structure prep_sig_ (while prepared_): a decode step that repeats
-    // it skips making them again.
+    // bakes in (signature()). steps_, plan_ and sched_ were made for the
+    // graph of the last run, of structure prep_sig_ (while prepared_): a
+    // decode step that reruns it (last_) takes them as they are, unless its
+    // batch's sequences came apart or together (ran_apart_).
     std::vector<uint64_t> sig_, prev_sig_, prep_sig_;
     bool prepared_ = false;
-    // The graph the last run that ended well ran (and its generation), and
-    // whether its batch's sequences were apart: given again, unchanged, it
-    // needs not even its structure read.
-    const graph * ran_ = nullptr;
-    uint64_t ran_gen_ = 0;
+    last_run last_;
     bool ran_apart_ = false;
     struct captured {
         std::vector<uint64_t> sig;
@@ -3591,7 +3588,6 @@ void cuda_backend::stage(graph & g) {
         }
         if (hi < lo) hi = lo;
     }
-    const seq_mask held = kv ? held_ : seq_mask::none(); // the sequences of the cells in use
     const size_t cell_bytes = size_t(hi - lo) * sizeof(int32_t);
     const size_t mask_bytes = size_t(hi - lo) * sizeof(seq_mask);
     // The tiles that hold a changed cell, summarised when an attention
@@ -3600,7 +3596,7 @@ void cuda_backend::stage(graph & g) {
         tiles_lo_ = std::min(tiles_lo_, lo);
         tiles_hi_ = std::max(tiles_hi_, hi);
     }
-    pages_ = held.several();
+    pages_ = kv && held_.several(); // cells of several sequences in use
     int32_t t_lo = 0, t_hi = 0;
     if (kv && (flash_steps_ || (decode_steps_ && pages_)) && tiles_hi_ > tiles_lo_) {
         t_lo = tiles_lo_ / cell_tile_cells;
@@ -3679,22 +3675,16 @@ void cuda_backend::restore_leaves() {
     swapped_.clear();
 }
 
-// Everything a captured graph depends on: the ops, shapes, parameters and
-// every address a kernel reads or writes. Values that change between decode
-// steps (tokens, positions, cells, n_used) live in device memory the graph
-// reads, so they are not part of it.
-// The words that decide what prepare makes of a graph: every node's op,
-// shape, sources (a node by its index, a leaf by its memory), views,
-// copies, ordering and parameters, the nodes' own addresses (steps_ points
-// at them), and whether the batch's tokens are of different sequences.
-// Positions, sequences and cells are not in it: kernels read them from
-// device memory.
+// The words that decide what prepare makes of a graph, and so what a
+// captured graph launches: every node's op, shape, sources (a node by its
+// index, a leaf by its memory), views, copies, ordering and parameters, and
+// whether the batch's tokens are of different sequences. Positions,
+// sequences and cells are not in it: kernels read them from device memory.
 void cuda_backend::structure(const graph & g) {
     sig_.clear();
     auto put = [&](uint64_t v) { sig_.push_back(v); };
     auto ptr = [&](const void * p) { put(uint64_t(reinterpret_cast<uintptr_t>(p))); };
     auto index = [](const tensor * t) { return t ? uint64_t(uint32_t(t->node_index)) : ~0ull; };
-    ptr(&g);
     put(g.nodes().size());
     put(seqs_apart(g.batch));
     for (const tensor * t : g.nodes()) {
@@ -3703,7 +3693,6 @@ void cuda_backend::structure(const graph & g) {
         // and the first word says which.
         const bool view = t->kv.k || t->kv.v, copy = t->kind == OP_COPY,
                    deps = t->deps[0] || t->deps[1], data = t->data;
-        ptr(t);
         put(uint64_t(t->kind) | uint64_t(t->type) << 8 | uint64_t(t->where) << 16 |
             uint64_t(view) << 24 | uint64_t(copy) << 25 | uint64_t(deps) << 26 |
             uint64_t(data) << 27 | index(t->view_of) << 32);
@@ -3788,9 +3777,8 @@ void cuda_backend::reserve(graph & g) {
 void cuda_backend::run(graph & g) {
     activate();
     const bool apart = seqs_apart(g.batch);
-    const bool again =
-        g.rerun && prepared_ && ran_ == &g && ran_gen_ == g.generation() && ran_apart_ == apart;
-    ran_ = nullptr;
+    const bool again = last_.again(g) && prepared_ && ran_apart_ == apart;
+    last_.forget();
     if (again) {
         // The graph of the last run, as that run left it: the structure its
         // steps were made for, its nodes at their arena addresses.
@@ -3807,24 +3795,13 @@ void cuda_backend::run(graph & g) {
             }
         }
         structure(g);
-        if (prepared_ && sig_ == prep_sig_) {
-            // The step before had this structure: its steps, arena plan and
-            // schedule stand; only the new nodes' addresses are set.
-            const auto & nodes = g.nodes();
-            for (size_t i = 0; i < nodes.size(); ++i) {
-                if (plan_.offset[i] != SIZE_MAX)
-                    nodes[i]->data = static_cast<uint8_t *>(arena_.p) + plan_.offset[i];
-            }
-        } else {
-            prepare(g);
-            make_schedule(g, sched_);
-            prep_sig_ = sig_;
-            prepared_ = true;
-        }
+        prepare(g);
+        make_schedule(g, sched_);
+        prep_sig_ = sig_;
+        prepared_ = true;
     }
     auto ran_well = [&] {
-        ran_ = &g;
-        ran_gen_ = g.generation();
+        last_.ended(g);
         ran_apart_ = apart;
     };
     stage(g);

@@ -1250,16 +1250,15 @@ class sim_backend final : public backend, public copy_engine {
     // the plan and schedule of its last run.
     bool reruns_graphs() const override { return true; }
     void run(graph & g) override {
-        const bool again = g.rerun && ran_ == &g && ran_gen_ == g.generation();
-        ran_ = nullptr;
+        const bool again = last_.again(g);
+        last_.forget();
         if (!again) {
             exec_.plan(g);
             mem_.set_compute("sim device", exec_.held_bytes());
             make_schedule(g, sched_);
         }
         exec_.run(g, &sched_, this);
-        ran_ = &g;
-        ran_gen_ = g.generation();
+        last_.ended(g);
     }
     void reserve(graph & g) override {
         exec_.plan(g);
@@ -1324,9 +1323,7 @@ class sim_backend final : public backend, public copy_engine {
     memory_ledger mem_;
     std::unordered_map<void *, size_t> host_;
     schedule sched_;
-    // The graph of the last run that ended well, and its generation.
-    const graph * ran_ = nullptr;
-    uint64_t ran_gen_ = 0;
+    last_run last_;
     std::thread workers_[2];
     std::mutex mu_;
     std::condition_variable cv_, done_cv_;
