@@ -164,6 +164,18 @@ std::vector<placement_case> placements(smol_model * m, uint32_t n_ctx, uint32_t 
     return cases;
 }
 
+// The tiny llama the placement tests write: eight query heads over four kv
+// heads, so groups of 1, 2 and 4 kv heads all divide it.
+tiny::shape placed_shape() {
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 3;
+    s.wtype = SMOL_TYPE_Q8_0;
+    return s;
+}
+
 void check_placements_agree(const std::string & path, uint32_t n_ctx, uint32_t n_batch,
                             int n_head_kv, int n_vocab,
                             const std::vector<std::vector<int>> & prompts,
@@ -207,12 +219,7 @@ TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or 
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
     const std::string path = temp_path("place.gguf");
-    tiny::shape s;
-    s.n_embd = 128;
-    s.n_head = 8;
-    s.n_head_kv = 4;
-    s.n_layer = 3;
-    s.wtype = SMOL_TYPE_Q8_0;
+    const tiny::shape s = placed_shape();
     tiny::write(path, s, seed);
     std::mt19937 rng(seed);
     const std::vector<std::vector<int>> prompts = {random_ids(rng, 45, s.n_vocab),
@@ -230,12 +237,7 @@ TEST_CASE("one-token steps across a 256-cell granule give the logits of a reside
     const uint32_t seed = fresh_seed();
     CAPTURE(seed);
     const std::string path = temp_path("granule.gguf");
-    tiny::shape s;
-    s.n_embd = 128;
-    s.n_head = 8;
-    s.n_head_kv = 4;
-    s.n_layer = 3;
-    s.wtype = SMOL_TYPE_Q8_0;
+    const tiny::shape s = placed_shape();
     tiny::write(path, s, seed);
     std::mt19937 rng(seed);
     // Prompts in calls of 64 tokens up to 240, then one token a call to 300:
