@@ -67,18 +67,20 @@ void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1, int6
     t.nb[3] = t.nb[2] * ne2;
 }
 
-static uint64_t next_generation() {
+// A number never handed out before: graph generations and cache versions,
+// which a backend compares to know a graph or cache it has seen.
+static uint64_t fresh_number() {
     static std::atomic<uint64_t> last{0};
     return ++last;
 }
 
-graph::graph(size_t capacity) : generation_(next_generation()) {
+graph::graph(size_t capacity) : generation_(fresh_number()) {
     tensors_.reserve(capacity);
     nodes_.reserve(capacity);
 }
 
 void graph::clear() {
-    generation_ = next_generation();
+    generation_ = fresh_number();
     rerun = false;
     tensors_.clear();
     nodes_.clear();
@@ -201,11 +203,10 @@ tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src
 
 // --- KV cache cells -------------------------------------------------------------
 
-// Versions come from one counter for every cache, so a cache made where
-// another was (a backend's copy keyed by its address) never repeats one.
+// A fresh number, so a cache made where another was (a backend's copy keyed
+// by its address) never repeats a version.
 void kv_cache::touch() {
-    static std::atomic<uint64_t> last{0};
-    version = ++last;
+    version = fresh_number();
 }
 
 void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
