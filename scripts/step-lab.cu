@@ -8,8 +8,11 @@
 // the ring's slots as they land. The question it asks: since weights never
 // depend on the activations, can a producer that runs ahead across op
 // boundaries keep the memory pipe full while the consumers wait, so that a
-// step costs its bytes rather than a launch's ramp and drain a matrix?
-// BENCHMARKS.md ("a persistent decode step, in a lab") has its answer.
+// step costs its bytes rather than a launch's ramp and drain a matrix? For
+// comparison, the same GEMVs one launch an op (bulk_gemv): a block asks for
+// all its rows' bytes with one bulk copy before anything else, launched
+// early or not. BENCHMARKS.md ("a persistent decode step, in a lab") has
+// the answers.
 //
 // Each variant is checked against one plain kernel an op (max error of the
 // logits and of the residual stream), then timed replayed from a CUDA graph
@@ -25,6 +28,7 @@
 #include <cstdio>
 #include <cuda_fp16.h>
 #include <random>
+#include <string>
 #include <vector>
 #define CK(x)                                                                                      \
     do {                                                                                           \
@@ -321,6 +325,115 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
     }
 }
 
+// One launch an op, for comparison: a block takes `rb` rows and, as its first
+// act, asks for all their bytes with one bulk copy (two for SwiGLU) into
+// shared memory; launched early (programmatic dependent launch, PDL), it
+// does so before it waits for the kernel before it. Then each warp takes
+// (row, 2048-wide segment) items: x's segment in registers (16 floats a
+// lane), the row from shared memory, the segments summed in order.
+template <bool PDL> __global__ void __launch_bounds__(128) bulk_gemv(const Op o, int rb) {
+    constexpr int NW = 4;
+    extern __shared__ __align__(128) uint8_t wsm[];
+    __shared__ uint64_t bar;
+    __shared__ float part[2][64], ssp[NW];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = blockIdx.x * rb, n = min(rb, o.rows - r0);
+    const uint32_t bytes = uint32_t(n) * o.K * 2;
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_expect(&bar, o.wu ? 2 * bytes : bytes);
+        bulk_copy(wsm, o.w + size_t(r0) * o.K, bytes, &bar);
+        if (o.wu) bulk_copy(wsm + bytes, o.wu + size_t(r0) * o.K, bytes, &bar);
+    }
+    if (PDL) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    }
+    __syncthreads(); // the barrier's init is seen before anyone waits on it
+    const int segs = (o.K + 2047) / 2048, seg = warp % segs, k0 = seg * 2048;
+    const int kn = min(2048, o.K - k0);
+    float4 xv[16];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int k = 128 * i + 4 * lane;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (k < kn) {
+            v = __ldcg(reinterpret_cast<const float4 *>(o.x + k0 + k));
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            if (o.nw) {
+                const float4 w = *reinterpret_cast<const float4 *>(o.nw + k0 + k);
+                v = make_float4(v.x * w.x, v.y * w.y, v.z * w.z, v.w * w.w);
+            }
+        }
+        xv[i] = v;
+    }
+    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    if (lane == 0 && warp < segs) ssp[warp] = ss;
+    mbar_wait(&bar, 0);
+    const __half * wt = reinterpret_cast<const __half *>(wsm);
+    const __half * ut = wt + size_t(n) * o.K;
+    for (int item = warp; item < n * segs; item += NW) {
+        const int row = item / segs; // item % segs == seg: NW is a multiple of segs
+        const __half * wr = wt + size_t(row) * o.K + k0;
+        const __half * ur = ut + size_t(row) * o.K + k0;
+        float a = 0.0f, au = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int k = 128 * i + 4 * lane;
+            if (k < kn) {
+                const uint2 raw = *reinterpret_cast<const uint2 *>(wr + k);
+                const __half2 * h = reinterpret_cast<const __half2 *>(&raw);
+                const float4 x = xv[i];
+                float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]);
+                a += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
+                if (o.wu) {
+                    const uint2 ru = *reinterpret_cast<const uint2 *>(ur + k);
+                    const __half2 * hu = reinterpret_cast<const __half2 *>(&ru);
+                    f0 = __half22float2(hu[0]), f1 = __half22float2(hu[1]);
+                    au += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
+                }
+            }
+        }
+        for (int m = 16; m > 0; m >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, m);
+            au += __shfl_xor_sync(0xffffffffu, au, m);
+        }
+        if (lane == 0) {
+            part[0][item] = a;
+            part[1][item] = au;
+        }
+    }
+    __syncthreads();
+    if (int(threadIdx.x) < n) {
+        const int row = threadIdx.x;
+        float a = 0.0f, au = 0.0f, t = 0.0f;
+        for (int sg = 0; sg < segs; ++sg) {
+            a += part[0][row * segs + sg];
+            au += part[1][row * segs + sg];
+            t += ssp[sg];
+        }
+        if (o.nw) {
+            const float scale = rsqrtf(t / o.K + 1e-5f);
+            a *= scale;
+            au *= scale;
+        }
+        if (o.wu) a = a / (1.0f + __expf(-a)) * au;
+        if (o.res) a += o.res[r0 + row];
+        o.y[r0 + row] = a;
+    }
+}
+
+// Rows a block of bulk_gemv takes: at most `target` bytes of weights, and
+// at least `waves` blocks an SM where the matrix has the rows.
+inline int bulk_rows(const Op & o, int n_sm, int target, int waves) {
+    const int row = o.K * 2 * (o.wu ? 2 : 1);
+    int rb = std::max(1, target / row);
+    rb = std::min(rb, std::max(1, o.rows / (n_sm * waves)));
+    return std::min(rb, 64 / ((o.K + 2047) / 2048));
+}
+
 // The reference: a block a row, one launch an op.
 __global__ void ref_kernel(const Op o) {
     __shared__ float red[256];
@@ -448,6 +561,85 @@ int main(int argc, char ** argv) {
                    ms * 1000 / 20);
         }
 
+        // Checks a step against the reference, then times it replayed from a
+        // graph (best of three runs of 50).
+        auto measure = [&](const std::string & label, auto step) {
+            // Zeros where the step's output goes: one that leaves out the
+            // arithmetic shows an error as large as the output.
+            CK(cudaMemsetAsync(logits, 0, md.V * 4, s));
+            step();
+            std::vector<float> got(md.V), got_x(md.D);
+            CK(cudaMemcpyAsync(got.data(), logits, md.V * 4, cudaMemcpyDeviceToHost, s));
+            CK(cudaMemcpyAsync(got_x.data(), x, md.D * 4, cudaMemcpyDeviceToHost, s));
+            CK(cudaStreamSynchronize(s));
+            double err = 0, mag = 0, err_x = 0, mag_x = 0;
+            for (int i = 0; i < md.V; ++i) {
+                err = std::max(err, double(std::fabs(got[i] - want[i])));
+                mag = std::max(mag, double(std::fabs(want[i])));
+            }
+            for (int i = 0; i < md.D; ++i) {
+                err_x = std::max(err_x, double(std::fabs(got_x[i] - want_x[i])));
+                mag_x = std::max(mag_x, double(std::fabs(want_x[i])));
+            }
+            cudaGraph_t gr;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+            step();
+            CK(cudaStreamEndCapture(s, &gr));
+            CK(cudaGraphInstantiate(&ge, gr, 0));
+            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+            cudaEvent_t a, e;
+            cudaEventCreate(&a);
+            cudaEventCreate(&e);
+            float best = 1e30f;
+            for (int rep = 0; rep < 3; ++rep) {
+                cudaEventRecord(a, s);
+                for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(ge, s));
+                cudaEventRecord(e, s);
+                CK(cudaEventSynchronize(e));
+                float ms;
+                cudaEventElapsedTime(&ms, a, e);
+                best = std::min(best, ms * 1000 / 50);
+            }
+            printf("  %-72s %7.1f us a step, %3.0f%% of floor; max error %.2e of %.2e (logits), "
+                   "%.2e of %.2e (stream)\n",
+                   label.c_str(), best, 100 * floor_us / best, err, mag, err_x, mag_x);
+            fflush(stdout);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(gr));
+        };
+
+        // One launch an op, bulk copies first.
+        for (int pdl : {0, 1})
+            for (int target : {16384, 32768})
+                for (int waves : {1, 2}) {
+                    auto kernel = pdl ? bulk_gemv<true> : bulk_gemv<false>;
+                    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            96 * 1024));
+                    auto step = [&] {
+                        CK(cudaMemcpyAsync(x, x0, md.D * 4, cudaMemcpyDeviceToDevice, s));
+                        for (const Op & op : ops) {
+                            const int rb = bulk_rows(op, n_sm, target, waves);
+                            cudaLaunchAttribute at{};
+                            at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                            at.val.programmaticStreamSerializationAllowed = 1;
+                            cudaLaunchConfig_t c{};
+                            c.gridDim = dim3((op.rows + rb - 1) / rb);
+                            c.blockDim = dim3(128);
+                            c.dynamicSmemBytes = size_t(rb) * op.K * 2 * (op.wu ? 2 : 1);
+                            c.stream = s;
+                            c.attrs = &at;
+                            c.numAttrs = pdl ? 1 : 0;
+                            CK(cudaLaunchKernelEx(&c, kernel, op, rb));
+                        }
+                    };
+                    char label[128];
+                    snprintf(label, sizeof label,
+                             "one launch an op, bulk copies of up to %d KiB, %d+ blocks an SM%s",
+                             target / 1024, waves, pdl ? ", launched early" : "");
+                    measure(label, step);
+                }
+
         struct Variant {
             int nc, cp, slot_kib, slots, flags, np;
         };
@@ -485,57 +677,16 @@ int main(int argc, char ** argv) {
                                                            v.slots, bar, v.flags, v.np);
                 CK(cudaGetLastError());
             };
-            // Zeros where the variant's output goes: one that leaves out the
-            // arithmetic shows an error as large as the output.
-            CK(cudaMemsetAsync(logits, 0, md.V * 4, s));
-            step();
-            std::vector<float> got(md.V), got_x(md.D);
-            CK(cudaMemcpyAsync(got.data(), logits, md.V * 4, cudaMemcpyDeviceToHost, s));
-            CK(cudaMemcpyAsync(got_x.data(), x, md.D * 4, cudaMemcpyDeviceToHost, s));
-            CK(cudaStreamSynchronize(s));
-            double err = 0, mag = 0, err_x = 0, mag_x = 0;
-            for (int i = 0; i < md.V; ++i) {
-                err = std::max(err, double(std::fabs(got[i] - want[i])));
-                mag = std::max(mag, double(std::fabs(want[i])));
-            }
-            for (int i = 0; i < md.D; ++i) {
-                err_x = std::max(err_x, double(std::fabs(got_x[i] - want_x[i])));
-                mag_x = std::max(mag_x, double(std::fabs(want_x[i])));
-            }
-            cudaGraph_t gr;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-            step();
-            CK(cudaStreamEndCapture(s, &gr));
-            CK(cudaGraphInstantiate(&ge, gr, 0));
-            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-            cudaEvent_t a, e;
-            cudaEventCreate(&a);
-            cudaEventCreate(&e);
-            float best = 1e30f;
-            for (int rep = 0; rep < 3; ++rep) {
-                cudaEventRecord(a, s);
-                for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(ge, s));
-                cudaEventRecord(e, s);
-                CK(cudaEventSynchronize(e));
-                float ms;
-                cudaEventElapsedTime(&ms, a, e);
-                best = std::min(best, ms * 1000 / 50);
-            }
-            printf("  %2d consumer warps, %s x%d, %2d slots of %2d KiB%-26s %7.1f us a step, "
-                   "%3.0f%% of "
-                   "floor; max error %.2e of %.2e (logits), %.2e of %.2e (stream)\n",
-                   v.nc, v.cp == cp_bulk ? "bulk copies " : "warp cp.async", v.np, v.slots,
-                   v.slot_kib,
-                   v.flags == 1   ? " (no arithmetic)"
-                   : v.flags == 2 ? " (no grid barrier)"
-                   : v.flags == 3 ? " (copies alone)"
-                   : v.flags == 7 ? " (slots alone)"
-                                  : "",
-                   best, 100 * floor_us / best, err, mag, err_x, mag_x);
-            fflush(stdout);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(gr));
+            char label[128];
+            snprintf(label, sizeof label,
+                     "persistent, %2d consumer warps, %s x%d, %2d slots of %2d KiB%s", v.nc,
+                     v.cp == cp_bulk ? "bulk copies" : "warp cp.async", v.np, v.slots, v.slot_kib,
+                     v.flags == 1   ? " (no arithmetic)"
+                     : v.flags == 2 ? " (no grid barrier)"
+                     : v.flags == 3 ? " (copies alone)"
+                     : v.flags == 7 ? " (slots alone)"
+                                    : "");
+            measure(label, step);
         }
         CK(cudaFree(W));
         CK(cudaFree(d_ops));
