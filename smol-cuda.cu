@@ -1814,6 +1814,9 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     // are read again once the kernel that stored them has ended (refetch).
     if constexpr (Pages) list_tiles();
     if constexpr (!Pages) start();
+    // The cells of the step's first warp_size tokens, staged before the step
+    // began like the count: the refetch below needs them once the wait returns.
+    const int first_cell = lane < p.n_tok ? p.cell[lane] : -1;
     griddep_wait();
     griddep_launch();
     // Rows of tile `base` in buffer b that this step's tokens wrote, read
@@ -1822,7 +1825,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     auto refetch = [&](int base, int b) {
         static_assert(2 * pieces <= warp_size, "a lane a piece of a K or V row");
         for (int t0 = 0; t0 < p.n_tok; t0 += warp_size) {
-            const int c = t0 + lane < p.n_tok ? p.cell[t0 + lane] : -1;
+            const int c = t0 == 0 ? first_cell : t0 + lane < p.n_tok ? p.cell[t0 + lane] : -1;
             for (uint32_t hit =
                      __ballot_sync(0xffffffffu, c >= base && c < min(base + dec_cells, w1));
                  hit; hit &= hit - 1) {
