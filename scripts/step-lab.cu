@@ -23,21 +23,7 @@
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o step-lab scripts/step-lab.cu
 //   ./step-lab
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cuda_fp16.h>
-#include <random>
-#include <string>
-#include <vector>
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                           \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "gemv-lab.cuh" // CK, and the headers
 
 struct Op {
     const __half * w;  // rows x K
@@ -105,6 +91,19 @@ __host__ __device__ inline Unit unit_of(const Op & o, int slot_bytes) {
 __host__ __device__ inline int slots_of(const Op & o, Unit u, int lo, int hi) {
     return u.pieces > 1 ? (hi - lo) * u.pieces : (hi - lo + u.rows - 1) / u.rows;
 }
+// Block b's part of an op: its rows, what a slot holds, how many slots.
+struct Part {
+    int lo, hi;
+    Unit u;
+    int n_sl;
+};
+__device__ inline Part part_of(const Op & o, int b, int nb, int slot_bytes) {
+    Part pt;
+    share(o, b, nb, pt.lo, pt.hi);
+    pt.u = unit_of(o, slot_bytes);
+    pt.n_sl = slots_of(o, pt.u, pt.lo, pt.hi);
+    return pt;
+}
 
 constexpr int x_regs = 16;      // float4s of x a lane keeps: rows of up to 2048
 constexpr int max_parts = 1024; // a block's (row, piece) sums an op, gate's and up's
@@ -141,10 +140,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
         int it = 0;
         for (int oi = 0; oi < n_ops; ++oi) {
             const Op o = ops[oi];
-            int lo, hi;
-            share(o, b, nb, lo, hi);
-            const Unit u = unit_of(o, slot_bytes);
-            const int n_sl = slots_of(o, u, lo, hi);
+            const auto [lo, hi, u, n_sl] = part_of(o, b, nb, slot_bytes);
             for (int j = 0; j < n_sl; ++j, ++it) {
                 if (CP == cp_bulk && it % np != lane) continue;
                 const int s = it % n_slots, round = it / n_slots;
@@ -192,10 +188,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
     unsigned target = 0;
     for (int oi = 0; oi < n_ops; ++oi) {
         const Op o = ops[oi];
-        int lo, hi;
-        share(o, b, nb, lo, hi);
-        const Unit u = unit_of(o, slot_bytes);
-        const int n_sl = slots_of(o, u, lo, hi);
+        const auto [lo, hi, u, n_sl] = part_of(o, b, nb, slot_bytes);
         if (flags & 4) { // the slots alone: no input, no syncs
             for (int j = 0; j < n_sl; ++j) {
                 const int it = it0 + j, s = it % n_slots;
