@@ -70,6 +70,22 @@ template <int NC> __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
 }
 
+// a += the four f16 weights at wr + k times x; au likewise with ur's when
+// the op is SwiGLU's (up).
+__device__ __forceinline__ void dot4(const __half * wr, const __half * ur, int k, float4 x, bool up,
+                                     float & a, float & au) {
+    const uint2 raw = *reinterpret_cast<const uint2 *>(wr + k);
+    const __half2 * h = reinterpret_cast<const __half2 *>(&raw);
+    float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]);
+    a += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
+    if (up) {
+        const uint2 ru = *reinterpret_cast<const uint2 *>(ur + k);
+        const __half2 * hu = reinterpret_cast<const __half2 *>(&ru);
+        f0 = __half22float2(hu[0]), f1 = __half22float2(hu[1]);
+        au += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
+    }
+}
+
 // The rows [lo, hi) of an op that block b of nb takes.
 __host__ __device__ inline void share(const Op & o, int b, int nb, int & lo, int & hi) {
     lo = int((long long)o.rows * b / nb);
@@ -242,18 +258,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
                     const __half * wr = wt + size_t(row) * kn;
                     const __half * ur = wut + size_t(row) * kn;
                     float a = 0.0f, au = 0.0f;
-                    auto step4 = [&](int k, float4 x) {
-                        const uint2 raw = *reinterpret_cast<const uint2 *>(wr + k);
-                        const __half2 * h = reinterpret_cast<const __half2 *>(&raw);
-                        float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]);
-                        a += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
-                        if (o.wu) {
-                            const uint2 ru = *reinterpret_cast<const uint2 *>(ur + k);
-                            const __half2 * hu = reinterpret_cast<const __half2 *>(&ru);
-                            f0 = __half22float2(hu[0]), f1 = __half22float2(hu[1]);
-                            au += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
-                        }
-                    };
+                    auto step4 = [&](int k, float4 x) { dot4(wr, ur, k, x, o.wu, a, au); };
                     if (in_regs) {
 #pragma unroll
                         for (int i = 0; i < x_regs; ++i) {
@@ -375,19 +380,7 @@ template <bool PDL> __global__ void __launch_bounds__(128) bulk_gemv(const Op o,
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const int k = 128 * i + 4 * lane;
-            if (k < kn) {
-                const uint2 raw = *reinterpret_cast<const uint2 *>(wr + k);
-                const __half2 * h = reinterpret_cast<const __half2 *>(&raw);
-                const float4 x = xv[i];
-                float2 f0 = __half22float2(h[0]), f1 = __half22float2(h[1]);
-                a += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
-                if (o.wu) {
-                    const uint2 ru = *reinterpret_cast<const uint2 *>(ur + k);
-                    const __half2 * hu = reinterpret_cast<const __half2 *>(&ru);
-                    f0 = __half22float2(hu[0]), f1 = __half22float2(hu[1]);
-                    au += f0.x * x.x + f0.y * x.y + f1.x * x.z + f1.y * x.w;
-                }
-            }
+            if (k < kn) dot4(wr, ur, k, xv[i], o.wu, a, au);
         }
         for (int m = 16; m > 0; m >>= 1) {
             a += __shfl_xor_sync(0xffffffffu, a, m);
