@@ -1882,10 +1882,9 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             if constexpr (!Pages) {
                 if (k < NS - 1) refetch(base, b); // issued before the wait
             }
-            const int cp = cpos[b * dec_cells + lane];
             const uint32_t seen = __ballot_sync(
-                0xffffffffu,
-                cp >= 0 && cp <= my_pos && ((cseq[b * dec_cells + lane] >> (my_seq & 63)) & 1u));
+                0xffffffffu, kv_cell_visible(cpos[b * dec_cells + lane],
+                                             cseq + b * dec_cells + lane, my_seq, my_pos));
             const uint16_t * kt = ks + b * dec_cells * HD;
             const uint16_t * vt = vs + b * dec_cells * HD;
             if (const uint32_t unseen = __ballot_sync(0xffffffffu, base + lane < w1) & ~seen) {

@@ -178,6 +178,12 @@ SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, seq_mask cell_se
                                              smol_pos pos) {
     return cell_pos >= 0 && cell_pos <= pos && cell_seqs.has(seq);
 }
+// The same over the one word of a cell's mask that holds seq's bit (the
+// decode kernel keeps no other), read only for a cell at or before pos.
+SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, const uint64_t * seq_word,
+                                             smol_seq_id seq, smol_pos pos) {
+    return cell_pos >= 0 && cell_pos <= pos && ((*seq_word >> (seq & 63)) & 1u) != 0;
+}
 
 // The cache is a set of cells shared by all sequences. Each (layer, kv-head)
 // slice of K and of V is [n_cells][head_dim] f16, contiguous, so one head's
