@@ -147,3 +147,35 @@ __global__ void __launch_bounds__(128) gemv(const P p) {
         p.y[r0 + lane] = a;
     }
 }
+
+// Captures what `record` issues on stream s as a CUDA graph, replays it
+// `warm` times, then times `rounds` runs of `reps` replays: the best run's
+// microseconds a replay.
+template <typename F> float replay_us(cudaStream_t s, F record, int reps, int rounds, int warm) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    record();
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < warm; ++i) CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int r = 0; r < rounds; ++r) {
+        CK(cudaEventRecord(a, s));
+        for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        best = std::min(best, ms * 1000 / reps);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    return best;
+}

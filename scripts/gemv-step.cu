@@ -148,29 +148,10 @@ int main() {
                      : mode == 2              ? gemv_go<false, true, 0>(pl.hd, ph, s)
                                               : gemv_go<false, true, 2>(pl.hd, ph, s));
                 };
-                cudaGraph_t gr;
-                cudaGraphExec_t ge;
-                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-                step();
-                CK(cudaStreamEndCapture(s, &gr));
-                CK(cudaGraphInstantiate(&ge, gr, 0));
-                for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-                CK(cudaStreamSynchronize(s));
-                cudaEvent_t a, b;
-                cudaEventCreate(&a);
-                cudaEventCreate(&b);
-                cudaEventRecord(a, s);
-                for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(ge, s));
-                cudaEventRecord(b, s);
-                CK(cudaEventSynchronize(b));
-                float ms;
-                cudaEventElapsedTime(&ms, a, b);
+                const float us = replay_us(s, step, 50, 1, 3);
                 printf(
                     "tiny/layer %d pdl+prefetch mode %d  %-42s step %7.1f us  (%.0f%% of floor)\n",
-                    tinies, mode, pl.name, ms * 1000 / 50,
-                    100 * (total / 4.2e6) / (ms * 1000 / 50));
+                    tinies, mode, pl.name, us, 100 * (total / 4.2e6) / us);
                 fflush(stdout);
-                cudaGraphExecDestroy(ge);
-                cudaGraphDestroy(gr);
             }
 }

@@ -41,29 +41,13 @@ float run(int N, int K, bool norm, bool resid, bool ref) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     const int L = 60;
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < L; ++i) launch(i % copies, s);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    float best = 1e9;
-    for (int rep = 0; rep < 5; ++rep) {
-        cudaEventRecord(a, s);
-        CK(cudaGraphLaunch(ge, s));
-        cudaEventRecord(b, s);
-        CK(cudaEventSynchronize(b));
-        float ms;
-        cudaEventElapsedTime(&ms, a, b);
-        best = std::min(best, ms * 1000 / L);
-    }
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
+    const float best = replay_us(
+                           s,
+                           [&] {
+                               for (int i = 0; i < L; ++i) launch(i % copies, s);
+                           },
+                           1, 5, 1) /
+                       L;
     cudaStreamDestroy(s);
     return best;
 }

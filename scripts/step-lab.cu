@@ -525,27 +525,14 @@ int main(int argc, char ** argv) {
         CK(cudaMemcpyAsync(want_x.data(), x, md.D * 4, cudaMemcpyDeviceToHost, s));
         CK(cudaStreamSynchronize(s));
         // Plain launches of the reference, as a rough ceiling of one kernel an op.
-        {
-            cudaGraph_t gr;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-            CK(cudaMemcpyAsync(x, x0, md.D * 4, cudaMemcpyDeviceToDevice, s));
-            for (const Op & op : ops) ref_kernel<<<op.rows, 256, 0, s>>>(op);
-            CK(cudaStreamEndCapture(s, &gr));
-            CK(cudaGraphInstantiate(&ge, gr, 0));
-            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-            cudaEvent_t a, e;
-            cudaEventCreate(&a);
-            cudaEventCreate(&e);
-            cudaEventRecord(a, s);
-            for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(ge, s));
-            cudaEventRecord(e, s);
-            CK(cudaEventSynchronize(e));
-            float ms;
-            cudaEventElapsedTime(&ms, a, e);
-            printf("  reference, a block a row, one launch an op: %.1f us a step\n",
-                   ms * 1000 / 20);
-        }
+        printf("  reference, a block a row, one launch an op: %.1f us a step\n",
+               replay_us(
+                   s,
+                   [&] {
+                       CK(cudaMemcpyAsync(x, x0, md.D * 4, cudaMemcpyDeviceToDevice, s));
+                       for (const Op & op : ops) ref_kernel<<<op.rows, 256, 0, s>>>(op);
+                   },
+                   20, 1, 3));
 
         // Checks a step against the reference, then times it replayed from a
         // graph (best of three runs of 50).
@@ -567,32 +554,11 @@ int main(int argc, char ** argv) {
                 err_x = std::max(err_x, double(std::fabs(got_x[i] - want_x[i])));
                 mag_x = std::max(mag_x, double(std::fabs(want_x[i])));
             }
-            cudaGraph_t gr;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-            step();
-            CK(cudaStreamEndCapture(s, &gr));
-            CK(cudaGraphInstantiate(&ge, gr, 0));
-            for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-            cudaEvent_t a, e;
-            cudaEventCreate(&a);
-            cudaEventCreate(&e);
-            float best = 1e30f;
-            for (int rep = 0; rep < 3; ++rep) {
-                cudaEventRecord(a, s);
-                for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(ge, s));
-                cudaEventRecord(e, s);
-                CK(cudaEventSynchronize(e));
-                float ms;
-                cudaEventElapsedTime(&ms, a, e);
-                best = std::min(best, ms * 1000 / 50);
-            }
+            const float best = replay_us(s, step, 50, 3, 3);
             printf("  %-72s %7.1f us a step, %3.0f%% of floor; max error %.2e of %.2e (logits), "
                    "%.2e of %.2e (stream)\n",
                    label.c_str(), best, 100 * floor_us / best, err, mag, err_x, mag_x);
             fflush(stdout);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(gr));
         };
 
         // One launch an op, bulk copies first.
