@@ -1267,6 +1267,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const uint16_t * r
     }
 }
 
+// The transpose of an 8x8 f16 matrix held as a fragment (lane l: row l / 4,
+// columns 2 (l % 4) and 2 (l % 4) + 1), in the same layout: a matrix of
+// products turned into the B fragment of a product by its transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
 // 16 bytes from global to shared memory without a register, in the group
 // the next commit closes: the first `bytes` (0 to 16) read from gmem, the
 // rest zeros (gmem must be a valid address even when nothing is read);
@@ -1655,10 +1664,10 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 // and sequences as one group, dec_stages - 1 tiles ahead: which cells the
 // token sees is read once a tile has landed, so no copy waits on memory and
 // a short history costs one trip to it. The scores and the weighted sum of V
-// are tensor-core products, as in the flash kernel: the block's query heads
-// are rows of a 16-row fragment (the query rounded to f16, as on the CPU)
-// and the weights go to the second product as f16, so the kernel is held to
-// the flash kernel's bound against the CPU.
+// are tensor-core products, as in the flash kernel, taken transposed: the
+// block's query heads are columns of an 8-column fragment (the query
+// rounded to f16, as on the CPU) and the weights go to the second product
+// as f16, so the kernel is held to the flash kernel's bound against the CPU.
 // With S splits the last block of a (token, kv head) merges the partials.
 // Over a cache of several sequences (pages) the block first lists the tiles
 // of its split whose page its token's sequence holds, from the pages'
@@ -1777,13 +1786,24 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         const int from = (lane / pieces) * HD + (lane % pieces) * 8;
         const uint16_t * kg = K + size_t(c) * HD + from;
         const uint16_t * vg = V + size_t(c) * HD + from;
+        if (c + dec_cells <= w1) {
+            // A whole tile, as all but a window's last are: no row to test,
+            // so the copies' addresses are two registers and offsets.
 #pragma unroll
-        for (int i = 0; i < dec_cells / rows_at_once; ++i) {
-            const int r = i * rows_at_once + lane / pieces;
-            const bool on = c + r < w1;
-            const int at = piece_at(b, r, lane % pieces);
-            cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
-            cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
+            for (int i = 0; i < dec_cells / rows_at_once; ++i) {
+                const int at = piece_at(b, i * rows_at_once + lane / pieces, lane % pieces);
+                cp_async16(ks + at, kg + i * rows_at_once * HD);
+                cp_async16(vs + at, vg + i * rows_at_once * HD);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < dec_cells / rows_at_once; ++i) {
+                const int r = i * rows_at_once + lane / pieces;
+                const bool on = c + r < w1;
+                const int at = piece_at(b, r, lane % pieces);
+                cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
+                cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
+            }
         }
         // Lanes 0-7 copy four positions each, lanes 8-23 the words of two
         // cells that hold the token's sequence's bit.
@@ -1851,24 +1871,26 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         q[g][j] = pack_f16x2(x0, x1);
     }
     __syncthreads();
-    // Lane l holds row l / 4 of the products (query head l / 4 of the
-    // block's, where there is one) and columns 2 (l % 4), 2 (l % 4) + 1 of
-    // each 8-column tile; rows 8-15 of the fragments are zero.
-    const int qg = lane / 4, qt = lane % 4;
-    uint32_t qa[HD / 16][4];
+    // The products are taken transposed, cells and dimensions as the 16
+    // rows of a fragment and the block's query heads as its 8 columns, so
+    // no product spends half its rows on nothing: S^T = K Q^T, then
+    // O^T = V^T P^T. Lane l holds columns 2 (l % 4) and 2 (l % 4) + 1 (query
+    // heads qc, qc + 1) of rows l / 4 and l / 4 + 8; Q^T's B fragments are
+    // query head l / 4's pairs (zero past the block's heads).
+    const int qg = lane / 4, qt = lane % 4, qc = 2 * qt;
+    uint32_t qb[HD / 16][2];
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-        qa[kk][0] = qg < GB ? q[qg][8 * kk + qt] : 0u;
-        qa[kk][1] = 0u;
-        qa[kk][2] = qg < GB ? q[qg][8 * kk + 4 + qt] : 0u;
-        qa[kk][3] = 0u;
+        qb[kk][0] = qg < GB ? q[qg][8 * kk + qt] : 0u;
+        qb[kk][1] = qg < GB ? q[qg][8 * kk + 4 + qt] : 0u;
     }
 
     // Scores in log2 units, so exp2 serves as the exponential.
     const float scale = p.scale * log2_e;
-    constexpr int n_dt = HD / 8;
-    float m = -INFINITY, l = 0.0f; // row qg's running maximum, this lane's part of its sum
-    float o[n_dt][4];              // columns 8n + 2 qt, +1 of rows qg (and qg + 8, zero)
+    constexpr int n_dt = HD / 16;
+    // Query heads qc and qc + 1: running maxima, this lane's parts of the sums.
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[n_dt][4]; // O^T: dimensions 16n + qg (+ 8) of query heads qc, qc + 1
 #pragma unroll
     for (int n = 0; n < n_dt; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (;;) {
@@ -1901,73 +1923,80 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                 __syncwarp();
             }
             if (seen) {
-                // S = Q K^T: B fragments of K for two 8-cell tiles at once
-                // (lanes 0-7 give cells 16j2..+7 at columns 16kk, lanes 8-15
-                // the same cells at 16kk + 8, lanes 16-31 cells 16j2+8..+15).
-                float s[dec_cells / 8][4];
+                // S^T = K Q^T: A fragments of K for 16 cells (matrices of
+                // cells 0-7 and 8-15 at columns 16kk, then the same at 16kk + 8).
+                float s[dec_cells / 16][4];
 #pragma unroll
-                for (int j = 0; j < dec_cells / 8; ++j)
+                for (int j = 0; j < dec_cells / 16; ++j)
                     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
-                    for (int j2 = 0; j2 < dec_cells / 16; ++j2) {
-                        const int r = 16 * j2 + 8 * (lane / 16) + lane % 8;
-                        const int piece = 2 * kk + lane / 8 % 2;
-                        uint32_t bf[4];
-                        ldmatrix_x4(bf, kt + r * HD + (piece ^ (lane % 8)) * 8);
-                        mma_f16_16816(s[2 * j2], qa[kk], bf[0], bf[1]);
-                        mma_f16_16816(s[2 * j2 + 1], qa[kk], bf[2], bf[3]);
+                    for (int j = 0; j < dec_cells / 16; ++j) {
+                        const int r = 16 * j + 8 * (lane / 8 % 2) + lane % 8;
+                        const int piece = 2 * kk + lane / 16;
+                        uint32_t af[4];
+                        ldmatrix_x4(af, kt + r * HD + (piece ^ (lane % 8)) * 8);
+                        mma_f16_16816(s[j], af, qb[kk][0], qb[kk][1]);
                     }
                 }
-                // Lane l has cells 8j + 2 (l % 4) + i of row l / 4; a cell
-                // the token does not see scores -inf and weighs zero.
-                float mx = -INFINITY;
+                // Lane l has cells 16j + l / 4 (+ 8) of query heads qc, qc + 1;
+                // a cell the token does not see scores -inf and weighs zero.
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-                for (int j = 0; j < dec_cells / 8; ++j) {
+                for (int j = 0; j < dec_cells / 16; ++j) {
 #pragma unroll
-                    for (int i = 0; i < 2; ++i) {
-                        if (!((seen >> (8 * j + 2 * qt + i)) & 1u)) s[j][i] = -INFINITY;
-                        mx = fmaxf(mx, s[j][i]);
+                    for (int i = 0; i < 4; ++i) {
+                        if (!((seen >> (16 * j + qg + 8 * (i / 2))) & 1u)) s[j][i] = -INFINITY;
+                        mx[i % 2] = fmaxf(mx[i % 2], s[j][i]);
                     }
                 }
-                mx = fmaxf(mx, SMOL_SHFL_XOR(mx, 1));
-                mx = fmaxf(mx, SMOL_SHFL_XOR(mx, 2));
-                // Finite: the row sees a cell (the scale is positive, so the
-                // same scores are largest).
-                const float mn = fmaxf(m, mx * scale);
-                const float corr = m == -INFINITY ? 0.0f : fast_exp2(m - mn);
-                m = mn;
-                l *= corr;
+                float corr[2], mn[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    mx[i] = fmaxf(mx[i], SMOL_SHFL_XOR(mx[i], 4));
+                    mx[i] = fmaxf(mx[i], SMOL_SHFL_XOR(mx[i], 8));
+                    mx[i] = fmaxf(mx[i], SMOL_SHFL_XOR(mx[i], 16));
+                    // Finite: the token sees a cell (the scale is positive,
+                    // so the same scores are largest).
+                    mn[i] = fmaxf(m[i], mx[i] * scale);
+                    corr[i] = m[i] == -INFINITY ? 0.0f : fast_exp2(m[i] - mn[i]);
+                    m[i] = mn[i];
+                    l[i] *= corr[i];
+                }
 #pragma unroll
                 for (int n = 0; n < n_dt; ++n) {
-                    o[n][0] *= corr;
-                    o[n][1] *= corr;
+                    o[n][0] *= corr[0];
+                    o[n][1] *= corr[1];
+                    o[n][2] *= corr[0];
+                    o[n][3] *= corr[1];
                 }
-                // P as the A fragments of P V: cells 16kk..16kk+15 are the
-                // score tiles 2kk and 2kk + 1.
-                uint32_t pa[dec_cells / 16][4];
+                // P^T as f16 8x8 matrices (cells by query heads), turned into
+                // P's: the B fragments of O^T = V^T P^T for cells 16j..16j+15.
+                uint32_t pb[dec_cells / 16][2];
 #pragma unroll
-                for (int j = 0; j < dec_cells / 8; ++j) {
-                    const float p0 = fast_exp2(fmaf(s[j][0], scale, -mn));
-                    const float p1 = fast_exp2(fmaf(s[j][1], scale, -mn));
-                    l += p0 + p1;
-                    pa[j / 2][(j % 2) * 2] = pack_f16x2(p0, p1);
-                    pa[j / 2][(j % 2) * 2 + 1] = 0u;
+                for (int j = 0; j < dec_cells / 16; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float p0 = fast_exp2(fmaf(s[j][2 * h], scale, -mn[0]));
+                        const float p1 = fast_exp2(fmaf(s[j][2 * h + 1], scale, -mn[1]));
+                        l[0] += p0;
+                        l[1] += p1;
+                        pb[j][h] = movmatrix_trans(pack_f16x2(p0, p1));
+                    }
                 }
-                // O += P V: B fragments of V for two 8-column tiles at once
-                // (lanes 0-7 give cells 16kk..+7 at columns 16n2, lanes 8-15
-                // cells 16kk+8..+15 there, lanes 16-31 the same at 16n2 + 8).
+                // O^T += V^T P^T: A fragments of V^T for 16 dimensions by 16
+                // cells (V's matrices transposed: cells 0-7 at dimensions
+                // 16n, then 16n + 8, then cells 8-15 at both).
                 const int mi = lane / 8, mr = lane % 8;
 #pragma unroll
                 for (int kk = 0; kk < dec_cells / 16; ++kk) {
 #pragma unroll
-                    for (int n2 = 0; n2 < HD / 16; ++n2) {
-                        const int r = 16 * kk + mr + 8 * (mi & 1), piece = 2 * n2 + (mi >> 1);
-                        uint32_t bf[4];
-                        ldmatrix_x4<true>(bf, vt + r * HD + (piece ^ mr) * 8);
-                        mma_f16_16816(o[2 * n2], pa[kk], bf[0], bf[1]);
-                        mma_f16_16816(o[2 * n2 + 1], pa[kk], bf[2], bf[3]);
+                    for (int n = 0; n < n_dt; ++n) {
+                        const int r = 16 * kk + 8 * (mi >> 1) + mr, piece = 2 * n + (mi & 1);
+                        uint32_t af[4];
+                        ldmatrix_x4<true>(af, vt + r * HD + (piece ^ mr) * 8);
+                        mma_f16_16816(o[n], af, pb[kk][0], pb[kk][1]);
                     }
                 }
             }
@@ -1985,32 +2014,43 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         __syncthreads();
     }
     cp_async_wait<0>();
-    // A row's sum: the four lanes of a quad hold its cells between them.
-    l += SMOL_SHFL_XOR(l, 1);
-    l += SMOL_SHFL_XOR(l, 2);
+    // A query head's sum: the eight lanes of a column hold its cells between them.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += SMOL_SHFL_XOR(l[i], 4);
+        l[i] += SMOL_SHFL_XOR(l[i], 8);
+        l[i] += SMOL_SHFL_XOR(l[i], 16);
+    }
 
     if constexpr (WU) {
         // A warp's state is its kv head's whole answer (one split).
-        if (!active || qg >= n_here) return;
-        float * out = p.out + size_t(tok) * p.ldo + (h_first + qg) * HD + 2 * qt;
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        if (!active) return;
 #pragma unroll
-        for (int n = 0; n < n_dt; ++n) {
-            out[8 * n] = o[n][0] * inv;
-            out[8 * n + 1] = o[n][1] * inv;
+        for (int i = 0; i < 2; ++i) {
+            if (qc + i >= n_here) continue;
+            float * out = p.out + size_t(tok) * p.ldo + (h_first + qc + i) * HD + qg;
+            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+            for (int n = 0; n < n_dt; ++n) {
+                out[16 * n] = o[n][i] * inv;
+                out[16 * n + 8] = o[n][2 + i] * inv;
+            }
         }
     } else {
         // The warps' states, then the block's: max, sum and the weighted sum of
         // V for each query head.
-        if (qg < GB) {
-            if (qt == 0) {
-                st[warp][qg][0] = m;
-                st[warp][qg][1] = l;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (qc + i >= GB) continue;
+            float * sw = st[warp][qc + i];
+            if (qg == 0) {
+                sw[0] = m[i];
+                sw[1] = l[i];
             }
 #pragma unroll
             for (int n = 0; n < n_dt; ++n) {
-                st[warp][qg][2 + 8 * n + 2 * qt] = o[n][0];
-                st[warp][qg][2 + 8 * n + 2 * qt + 1] = o[n][1];
+                sw[2 + 16 * n + qg] = o[n][i];
+                sw[2 + 16 * n + qg + 8] = o[n][2 + i];
             }
         }
         __syncthreads();
