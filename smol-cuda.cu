@@ -1207,10 +1207,10 @@ constexpr int dec_max_tok = 32;
 
 // A block's shared memory: per warp dec_stages tiles of K, V and their
 // cells' positions and sequences.
-template <int HD> constexpr size_t dec_tile_bytes() {
+template <int HD> __host__ __device__ constexpr size_t dec_tile_bytes() {
     return dec_cells * (2 * HD * sizeof(uint16_t) + sizeof(int32_t) + sizeof(uint64_t));
 }
-template <int HD> constexpr size_t dec_smem() {
+template <int HD> __host__ __device__ constexpr size_t dec_smem() {
     return size_t(dec_warps) * dec_stages * dec_tile_bytes<HD>();
 }
 
@@ -2089,25 +2089,52 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         // The block that finishes last for this (token, kv head, part) merges
         // the splits.
         if (!last_split_block(p.done + blockIdx.x * gridDim.y + blockIdx.y, n_split)) return;
+        // The block's partials, [GB][S] of (max, sum, acc[HD]), into the
+        // tiles' shared memory (free now) in 16-byte copies that wait on
+        // nothing: one trip to L2, where loads of eight splits at a time made
+        // several. The merge runs while every other SM of the launch waits.
+        const size_t at = size_t(part_of_block - p.part), a0 = at & ~size_t(3);
+        const size_t n_pieces = (at + size_t(n_here) * p.S * (HD + 2) - a0 + 3) / 4;
+        float * ps = reinterpret_cast<float *>(dec_sm);
+        static_assert(dec_max_heads * dec_max_splits * (HD + 2) * sizeof(float) + 16 <=
+                          dec_smem<HD>(),
+                      "the partials fit where the tiles were");
+        for (size_t k = threadIdx.x; k < n_pieces; k += blockDim.x)
+            cp_async16(ps + 4 * k, p.part + a0 + 4 * k);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        const float * pb = ps + (at - a0);
         __shared__ float weight[GB][dec_max_splits];
         __shared__ float inv_sum[GB];
         for (int g = warp; g < n_here; g += dec_warps) {
-            const float L = split_weights<true, dec_max_splits / warp_size>(
-                part_of_block + size_t(g) * p.S * (HD + 2), n_split, HD + 2, weight[g]);
+            // Each split's weight exp2(max - the largest max) and the sum they give.
+            const float * pg = pb + size_t(g) * p.S * (HD + 2);
+            float mx = -INFINITY;
+            for (int i = lane; i < n_split; i += warp_size) mx = fmaxf(mx, pg[i * (HD + 2)]);
+            mx = warp_max(mx);
+            float L = 0.0f;
+            for (int i = lane; i < n_split; i += warp_size) {
+                const float mi = pg[i * (HD + 2)];
+                const float f = mi == -INFINITY ? 0.0f : exp2f(mi - mx);
+                L += pg[i * (HD + 2) + 1] * f;
+                weight[g][i] = f;
+            }
+            L = warp_sum(L);
             if (lane == 0) inv_sum[g] = L > 0.0f ? 1.0f / L : 0.0f;
         }
         __syncthreads();
-        // Each output's splits are summed by `ways` threads (every ways-th split
-        // each, several loads in flight), whose sums then meet in shared memory.
+        // Each output's splits are summed by `ways` threads (every ways-th
+        // split each, in the splits' order), whose sums then meet in shared
+        // memory.
         const int n_out = n_here * HD, ways = max(1, int(blockDim.x) / n_out);
         float * red = &st[0][0][0]; // ways * n_out <= blockDim.x floats when ways > 1
         for (int it = threadIdx.x; it < ways * n_out; it += blockDim.x) {
             const int way = it / n_out, o = it % n_out, g = o / HD;
-            const float * pr = part_of_block + size_t(g) * p.S * (HD + 2) + 2 + o % HD;
+            const float * pr = pb + size_t(g) * p.S * (HD + 2) + 2 + o % HD;
             float a = 0.0f;
-#pragma unroll 8
             for (int i = way; i < n_split; i += ways) {
-                const float f = weight[g][i], x = SMOL_LOAD_L2(pr + size_t(i) * (HD + 2));
+                const float f = weight[g][i], x = pr[i * (HD + 2)];
                 a = f != 0.0f ? a + x * f : a;
             }
             if (ways == 1) {
@@ -3456,8 +3483,10 @@ size_t cuda_backend::step_work() const {
                 // blocks alone, unsplit), whatever head group a node serves.
                 const int group = t->iparams[1] / t->iparams[2];
                 const size_t blocks = n_tok * size_t(t->iparams[2]) * size_t(decode_subs(group));
+                // (The merge copies whole 16-byte pieces: up to 12 bytes past the end.)
                 work = std::max(work, std::max(size_t(dec_slots_), blocks) *
-                                          size_t(decode_heads(group)) * partial);
+                                              size_t(decode_heads(group)) * partial +
+                                          16);
             } else if (a.kind == attn_kernel::flash && (a.S > 1 || n_tok >= size_t(fa_rows))) {
                 // (query heads x splits) stays within the layer's heads for
                 // prompts (see flash_splits), so one bound serves any head
