@@ -10,7 +10,10 @@
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o kv-stream-lab scripts/kv-stream-lab.cu
 //   ./kv-stream-lab [heads cells]     (default 32 32768: SmolLM2-1.7B at 32K)
+//   ./kv-stream-lab heads cells spin [1]  (the timed kernel: when blocks end, and on which
+//                                         SM; 1: with the cells' positions and masks)
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -88,6 +91,76 @@ template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_cpasync(P p
         __syncwarp();
     }
     if (acc == 12345.0f) p.sink[0] = acc;
+}
+
+// k_cpasync<W, 2> with a stand-in for the decode kernel's arithmetic (each
+// tile holds its warp for `spin` more cycles) that records, for each block,
+// its SM and when it began and ended (the global timer, ns): do blocks of
+// equal work end together, and is an SM that ends early the same one each
+// launch?
+struct stamp {
+    unsigned long long t0, t1;
+    int sm;
+};
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+// With `cells` set, each tile's copies also bring its cells' positions and
+// mask words (4 and 8 bytes a cell, from two arrays), as smol's do.
+template <int W>
+__global__ void __launch_bounds__(W * 32)
+    k_timed(P p, int spin, stamp * out, const int32_t * cpos, const uint64_t * cseq) {
+    extern __shared__ __align__(16) uint16_t sm[];
+    constexpr int NS = 2;
+    const unsigned long long t0 = now_ns();
+    const walk<W> w(p);
+    const int lane = w.lane, n = w.n;
+    uint16_t * ks = sm + w.warp * NS * 2 * TILE;
+    uint16_t * vs = ks + NS * TILE;
+    __shared__ __align__(16) uint32_t cbuf[W][NS * 32 * 3];
+    uint32_t * cs = cbuf[w.warp];
+    auto issue = [&](int i, int b) {
+        if (i < n) {
+            const size_t c = w.cell(i);
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const int e = (r * 32 + lane) * 8;
+                cp16(ks + b * TILE + e, p.K + c * HD + e);
+                cp16(vs + b * TILE + e, p.V + c * HD + e);
+            }
+            if (cpos && lane < 24) {
+                // Lanes 0-7 four positions each, lanes 8-23 two mask words.
+                const size_t cc = c % size_t(p.cells);
+                const void * from = lane < 8
+                                        ? static_cast<const void *>(cpos + cc + 4 * lane)
+                                        : static_cast<const void *>(cseq + cc + 2 * (lane - 8));
+                cp16(cs + b * 32 * 3 + lane * 4, from);
+            }
+        }
+        commit();
+    };
+    issue(0, 0);
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        issue(i + 1, (i + 1) % NS);
+        wait_groups<1>();
+        __syncwarp();
+        const int b = i % NS;
+        acc += float(ks[b * TILE + lane * 64]) + float(vs[b * TILE + lane * 64 + 1]) +
+               float(cs[b * 96 + lane]);
+        const long long until = clock64() + spin;
+        while (clock64() < until) acc += 1e-30f;
+        __syncwarp();
+    }
+    if (acc == 12345.0f) p.sink[0] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int id;
+        asm volatile("mov.u32 %0, %smid;" : "=r"(id));
+        out[blockIdx.y * gridDim.x + blockIdx.x] = {t0, now_ns(), id};
+    }
 }
 
 // Plain 16-byte loads into registers: a lane holds 8 + 8 pieces of a tile;
@@ -244,6 +317,100 @@ int main(int argc, char ** argv) {
                     best * 1e3, bytes / (best * 1e-3) / 1e9, per_sm, S, S * heads);
     };
     const size_t tb = size_t(TILE) * 2 * 2; // K and V bytes of a tile
+    if (argc > 3) {
+        // ./kv-stream-lab heads cells spin: the timed kernel, 8 warps of two
+        // tiles, one block an SM, 20 launches.
+        const int spin = std::atoi(argv[3]), W = 8;
+        const bool with_cells = argc > 4 && std::atoi(argv[4]) != 0;
+        int32_t * cpos = nullptr;
+        uint64_t * cseq = nullptr;
+        if (with_cells) {
+            CK(cudaMalloc(&cpos, size_t(cells) * 4 + 64));
+            CK(cudaMalloc(&cseq, size_t(cells) * 8 + 64));
+            CK(cudaMemset(cpos, 1, size_t(cells) * 4 + 64));
+            CK(cudaMemset(cseq, 1, size_t(cells) * 8 + 64));
+        }
+        const size_t smem = W * 2 * tb;
+        CK(cudaFuncSetAttribute(k_timed<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(smem)));
+        int S = std::max(1, sms / heads);
+        int chunk = (cells + S - 1) / S;
+        chunk = (chunk + CELLS - 1) / CELLS * CELLS;
+        S = (cells + chunk - 1) / chunk;
+        const int blocks = S * heads, runs = 20;
+        stamp * d_st;
+        CK(cudaMalloc(&d_st, sizeof(stamp) * blocks * runs));
+        for (int i = 0; i < runs; ++i) {
+            const int l = i % layers;
+            P p{pool + per * 2 * l, pool + per * 2 * l + per, cells, chunk, sink};
+            k_timed<8><<<dim3(S, heads), W * 32, smem>>>(p, spin, d_st + i * blocks, cpos, cseq);
+        }
+        CK(cudaGetLastError());
+        std::vector<stamp> st(size_t(blocks) * runs);
+        CK(cudaMemcpy(st.data(), d_st, st.size() * sizeof(stamp), cudaMemcpyDeviceToHost));
+        // Per launch: its span, and each block's end as a fraction of it;
+        // per SM: that fraction in the first and the second half of the runs.
+        std::vector<double> half[2];
+        half[0].assign(sms, 0.0);
+        half[1].assign(sms, 0.0);
+        std::vector<int> cnt[2];
+        cnt[0].assign(sms, 0);
+        cnt[1].assign(sms, 0);
+        double span_sum = 0, early_sum = 0, mean_sum = 0;
+        for (int i = 2; i < runs; ++i) { // the first two warm up
+            const stamp * b = st.data() + size_t(i) * blocks;
+            unsigned long long t0 = ~0ull, t1 = 0;
+            for (int k = 0; k < blocks; ++k) {
+                t0 = std::min(t0, b[k].t0);
+                t1 = std::max(t1, b[k].t1);
+            }
+            const double span = double(t1 - t0);
+            double early = 1.0, mean = 0.0;
+            for (int k = 0; k < blocks; ++k) {
+                const double f = double(b[k].t1 - t0) / span;
+                early = std::min(early, f);
+                mean += f / blocks;
+                const int h = i < 11 ? 0 : 1;
+                if (b[k].sm >= 0 && b[k].sm < sms) {
+                    half[h][b[k].sm] += f;
+                    ++cnt[h][b[k].sm];
+                }
+            }
+            span_sum += span;
+            early_sum += early;
+            mean_sum += mean;
+        }
+        // Pearson correlation of the SMs' mean end fractions between halves.
+        double ma = 0, mb = 0;
+        int n = 0;
+        std::vector<double> a, b;
+        for (int k = 0; k < sms; ++k) {
+            if (cnt[0][k] && cnt[1][k]) {
+                a.push_back(half[0][k] / cnt[0][k]);
+                b.push_back(half[1][k] / cnt[1][k]);
+                ma += a.back();
+                mb += b.back();
+                ++n;
+            }
+        }
+        ma /= n;
+        mb /= n;
+        double sab = 0, saa = 0, sbb = 0;
+        for (int k = 0; k < n; ++k) {
+            sab += (a[k] - ma) * (b[k] - mb);
+            saa += (a[k] - ma) * (a[k] - ma);
+            sbb += (b[k] - mb) * (b[k] - mb);
+        }
+        const int m = runs - 2;
+        std::printf(
+            "timed, spin %d%s: %d blocks, span %.1f us (%.0f GB/s), earliest block end %.0f%%, "
+            "mean %.0f%% of the span; SMs' mean end, first half against second: r = %.2f "
+            "(%d SMs)\n",
+            spin, with_cells ? ", cells' positions and masks" : "", blocks, span_sum / m / 1e3,
+            bytes / (span_sum / m * 1e-9) / 1e9, 100 * early_sum / m, 100 * mean_sum / m,
+            sab / std::sqrt(saa * sbb), n);
+        return 0;
+    }
     time("cp.async W4 NS2", k_cpasync<4, 2>, 4, 4 * 2 * tb, 0);
     time("cp.async W4 NS3", k_cpasync<4, 3>, 4, 4 * 3 * tb, 0);
     time("cp.async W4 NS4 (smol)", k_cpasync<4, 4>, 4, 4 * 4 * tb, 0);
