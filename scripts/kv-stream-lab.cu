@@ -61,6 +61,18 @@ template <int W> struct walk {
     __device__ size_t cell(int i) const { return head + c0 + size_t(warp + i * W) * CELLS; }
 };
 
+// The K and V rows of the tile at cell c into buffer b of ks and vs, 16
+// bytes a lane a copy.
+__device__ __forceinline__ void copy_tile(const P & p, size_t c, uint16_t * ks, uint16_t * vs,
+                                          int b, int lane) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+        const int e = (r * 32 + lane) * 8;
+        cp16(ks + b * TILE + e, p.K + c * HD + e);
+        cp16(vs + b * TILE + e, p.V + c * HD + e);
+    }
+}
+
 // cp.async into NS buffers a warp, NS - 1 tiles ahead.
 template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_cpasync(P p) {
     extern __shared__ __align__(16) uint16_t sm[];
@@ -69,15 +81,7 @@ template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_cpasync(P p
     uint16_t * ks = sm + w.warp * NS * 2 * TILE;
     uint16_t * vs = ks + NS * TILE;
     auto issue = [&](int i, int b) {
-        if (i < n) {
-            const size_t c = w.cell(i);
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const int e = (r * 32 + lane) * 8;
-                cp16(ks + b * TILE + e, p.K + c * HD + e);
-                cp16(vs + b * TILE + e, p.V + c * HD + e);
-            }
-        }
+        if (i < n) copy_tile(p, w.cell(i), ks, vs, b, lane);
         commit();
     };
     for (int s = 0; s < NS - 1; ++s) issue(s, s);
@@ -124,12 +128,7 @@ __global__ void __launch_bounds__(W * 32)
     auto issue = [&](int i, int b) {
         if (i < n) {
             const size_t c = w.cell(i);
-#pragma unroll
-            for (int r = 0; r < 8; ++r) {
-                const int e = (r * 32 + lane) * 8;
-                cp16(ks + b * TILE + e, p.K + c * HD + e);
-                cp16(vs + b * TILE + e, p.V + c * HD + e);
-            }
+            copy_tile(p, c, ks, vs, b, lane);
             if (cpos && lane < 24) {
                 // Lanes 0-7 four positions each, lanes 8-23 two mask words.
                 const size_t cc = c % size_t(p.cells);
