@@ -953,16 +953,18 @@ __device__ bool last_split_block(int * done, int n_split) {
 // sum) at once (PER_LANE a lane), leaves split i's weight in w[i] and returns
 // the sum of the weighted sums. Maxima are in natural-log units, or log2
 // units with LOG2; a split that saw nothing has max -inf and weighs zero.
-// Other blocks wrote the partials during this launch, so they are read from L2.
-template <bool LOG2, int PER_LANE = 2>
+// Other blocks wrote the partials during this launch, so they are read from
+// L2, or with SHARED from shared memory, where the caller copied them.
+template <bool LOG2, int PER_LANE = 2, bool SHARED = false>
 __device__ float split_weights(const float * part, int S, int stride, float * w) {
     const int lane = threadIdx.x % warp_size;
+    auto load = [&](const float * x) { return SHARED ? *x : SMOL_LOAD_L2(x); };
     float mi[PER_LANE], li[PER_LANE];
 #pragma unroll
     for (int k = 0; k < PER_LANE; ++k) {
         const int i = lane + warp_size * k;
-        mi[k] = i < S ? SMOL_LOAD_L2(part + i * stride) : -INFINITY;
-        li[k] = i < S ? SMOL_LOAD_L2(part + i * stride + 1) : 0.0f;
+        mi[k] = i < S ? load(part + i * stride) : -INFINITY;
+        li[k] = i < S ? load(part + i * stride + 1) : 0.0f;
     }
     float mx = mi[0];
 #pragma unroll
@@ -2108,19 +2110,8 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         __shared__ float weight[GB][dec_max_splits];
         __shared__ float inv_sum[GB];
         for (int g = warp; g < n_here; g += dec_warps) {
-            // Each split's weight exp2(max - the largest max) and the sum they give.
-            const float * pg = pb + size_t(g) * p.S * (HD + 2);
-            float mx = -INFINITY;
-            for (int i = lane; i < n_split; i += warp_size) mx = fmaxf(mx, pg[i * (HD + 2)]);
-            mx = warp_max(mx);
-            float L = 0.0f;
-            for (int i = lane; i < n_split; i += warp_size) {
-                const float mi = pg[i * (HD + 2)];
-                const float f = mi == -INFINITY ? 0.0f : exp2f(mi - mx);
-                L += pg[i * (HD + 2) + 1] * f;
-                weight[g][i] = f;
-            }
-            L = warp_sum(L);
+            const float L = split_weights<true, dec_max_splits / warp_size, true>(
+                pb + size_t(g) * p.S * (HD + 2), n_split, HD + 2, weight[g]);
             if (lane == 0) inv_sum[g] = L > 0.0f ? 1.0f / L : 0.0f;
         }
         __syncthreads();
