@@ -12,6 +12,8 @@
 //   ./kv-stream-lab [heads cells]     (default 32 32768: SmolLM2-1.7B at 32K)
 //   ./kv-stream-lab heads cells spin [1]  (the timed kernel: when blocks end, and on which
 //                                         SM; 1: with the cells' positions and masks)
+#include "lab-async.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -191,31 +193,6 @@ template <int W, int U> __global__ void __launch_bounds__(W * 32) k_ldg(P p) {
 
 // Bulk copies: lane 0 copies a tile's K and V (4 KiB each) into buffer b and
 // the buffer's mbarrier counts the bytes; NS - 1 tiles ahead.
-__device__ __forceinline__ void mbar_init(uint64_t * m, int count) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(m));
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t * m, unsigned bytes) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(m));
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk(void * s, const void * g, unsigned bytes, uint64_t * m) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(s));
-    const unsigned ma = static_cast<unsigned>(__cvta_generic_to_shared(m));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];\n" ::"r"(a),
-        "l"(g), "r"(bytes), "r"(ma)
-        : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t * m, unsigned phase) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(m));
-    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 " @!p bra W;\n}\n" ::"r"(a),
-                 "r"(phase)
-                 : "memory");
-}
 template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_bulk(P p) {
     extern __shared__ __align__(16) uint16_t sm[];
     __shared__ __align__(8) uint64_t bar[W][NS];
@@ -233,8 +210,8 @@ template <int W, int NS> __global__ void __launch_bounds__(W * 32) k_bulk(P p) {
             const int b = i % NS;
             const size_t c = w.cell(i);
             mbar_expect(&bar[warp][b], 2 * TILE * 2);
-            bulk(ks + b * TILE, p.K + c * HD, TILE * 2, &bar[warp][b]);
-            bulk(vs + b * TILE, p.V + c * HD, TILE * 2, &bar[warp][b]);
+            bulk_copy(ks + b * TILE, p.K + c * HD, TILE * 2, &bar[warp][b]);
+            bulk_copy(vs + b * TILE, p.V + c * HD, TILE * 2, &bar[warp][b]);
         }
     };
     for (int s = 0; s < NS - 1; ++s) issue(s);

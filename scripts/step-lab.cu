@@ -23,7 +23,8 @@
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o step-lab scripts/step-lab.cu
 //   ./step-lab
-#include "gemv-lab.cuh" // CK, and the headers
+#include "gemv-lab.cuh"  // CK, and the headers
+#include "lab-async.cuh" // mbarriers and bulk copies
 
 struct Op {
     const __half * w;  // rows x K
@@ -37,34 +38,6 @@ struct Op {
 
 constexpr int max_k = 8192;
 
-__device__ __forceinline__ uint32_t smem_addr(const void * p) {
-    return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t * b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(b)), "r"(count));
-}
-__device__ __forceinline__ void mbar_wait(uint64_t * b, uint32_t parity) {
-    asm volatile("{\n .reg .pred p;\n W_%=:\n"
-                 " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 " @!p bra W_%=;\n}" ::"r"(smem_addr(b)),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t * b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect(uint64_t * b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(b)),
-                 "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_copy(void * dst, const void * src, uint32_t bytes,
-                                          uint64_t * bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
-}
 // Consumer warps only (the producer never joins).
 template <int NC> __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
