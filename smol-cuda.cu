@@ -1788,24 +1788,22 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         const int from = (lane / pieces) * HD + (lane % pieces) * 8;
         const uint16_t * kg = K + size_t(c) * HD + from;
         const uint16_t * vg = V + size_t(c) * HD + from;
-        if (c + dec_cells <= w1) {
-            // A whole tile, as all but a window's last are: no row to test,
-            // so the copies' addresses are two registers and offsets.
-#pragma unroll
-            for (int i = 0; i < dec_cells / rows_at_once; ++i) {
-                const int at = piece_at(b, i * rows_at_once + lane / pieces, lane % pieces);
-                cp_async16(ks + at, kg + i * rows_at_once * HD);
-                cp_async16(vs + at, vg + i * rows_at_once * HD);
-            }
-        } else {
+        // A whole tile (all but a window's last) tests no row, so its
+        // copies' addresses are two registers and offsets.
+        auto rows = [&](auto whole) {
 #pragma unroll
             for (int i = 0; i < dec_cells / rows_at_once; ++i) {
                 const int r = i * rows_at_once + lane / pieces;
-                const bool on = c + r < w1;
+                const bool on = decltype(whole)::value || c + r < w1;
                 const int at = piece_at(b, r, lane % pieces);
                 cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
                 cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
             }
+        };
+        if (c + dec_cells <= w1) {
+            rows(std::true_type{});
+        } else {
+            rows(std::false_type{});
         }
         // Lanes 0-7 copy four positions each, lanes 8-23 the words of two
         // cells that hold the token's sequence's bit.
