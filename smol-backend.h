@@ -85,10 +85,12 @@ class backend {
     virtual void download(void * dst, const void * src, size_t bytes) = 0;
     virtual void memset(void * dst, int value, size_t bytes) = 0;
 
-    // Host memory for offloaded KV, pinned where the device has such a
-    // thing so copies run at the link's speed; `pinned` says whether it is.
-    // Large blocks: callers take arenas, not one block per tensor.
-    virtual void * alloc_host(size_t bytes, bool & pinned) = 0;
+    // Host memory that copies to and from the device use (offloaded KV,
+    // the logits a step downloads), pinned where the device has such a
+    // thing so copies run at the link's speed; `pinned` says whether it is,
+    // `what` names the use in messages. Large blocks: callers take arenas,
+    // not one block per tensor.
+    virtual void * alloc_host(size_t bytes, bool & pinned, const char * what) = 0;
     virtual void release_host(void * p) = 0;
     // Caps device memory: an allocation past it throws with the numbers.
     virtual void set_memory_limit(size_t bytes) = 0;

@@ -2366,7 +2366,7 @@ class cuda_backend final : public backend {
     void upload(void * dst, const void * src, size_t bytes) override;
     void download(void * dst, const void * src, size_t bytes) override;
     void memset(void * dst, int value, size_t bytes) override;
-    void * alloc_host(size_t bytes, bool & pinned) override;
+    void * alloc_host(size_t bytes, bool & pinned, const char * what) override;
     void release_host(void * p) override;
     void set_memory_limit(size_t bytes) override { mem_.limit = bytes; }
     memory_stats memory() const override { return mem_; }
@@ -2661,6 +2661,12 @@ cuda_backend::~cuda_backend() {
          {&arena_, &work_, &dyn_, &cells_, &rope_, &done_, &tune_w_, &tune_x_, &tune_y_})
         (void)cudaFree(b->p);
     if (host_stage_) (void)cudaFreeHost(host_stage_);
+    for (const auto & [p, h] : host_) { // host blocks their callers did not release
+        if (h.second)
+            (void)cudaFreeHost(p);
+        else
+            std::free(p);
+    }
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
     for (cudaEvent_t e : {staged_, fork_, join_[0], join_[1]})
         if (e) (void)cudaEventDestroy(e);
@@ -2719,10 +2725,11 @@ void cuda_backend::release(void * p) {
     }
 }
 
-// Offloaded KV in page-locked memory, so copies run at the link's speed
-// and can be captured in CUDA graphs; where the system refuses to lock that
-// much, pageable memory, said aloud (its copies are several times slower).
-void * cuda_backend::alloc_host(size_t bytes, bool & pinned) {
+// Host memory that copies use (offloaded KV, a step's logits) in
+// page-locked memory, so copies run at the link's speed and can be captured
+// in CUDA graphs; where the system refuses to lock that much, pageable
+// memory, said aloud (its copies are several times slower).
+void * cuda_backend::alloc_host(size_t bytes, bool & pinned, const char * what) {
     activate();
     void * p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
@@ -2734,15 +2741,15 @@ void * cuda_backend::alloc_host(size_t bytes, bool & pinned) {
     }
     (void)cudaGetLastError();
     std::fprintf(stderr,
-                 "smol: %s: cannot pin %zu MiB of host memory for the KV cache (%s; %zu MiB pinned "
-                 "so far); using pageable memory, whose copies are several times slower (raise "
-                 "the locked-memory limit, ulimit -l, or lower the context)\n",
-                 name_.c_str(), bytes >> 20, cudaGetErrorString(e), mem_.host_pinned >> 20);
+                 "smol: %s: cannot pin %zu MiB of host memory for %s (%s; %zu MiB pinned so "
+                 "far); using pageable memory, whose copies are several times slower (raise the "
+                 "locked-memory limit, ulimit -l, or lower the context)\n",
+                 name_.c_str(), bytes >> 20, what, cudaGetErrorString(e), mem_.host_pinned >> 20);
     p = std::aligned_alloc(4096, align_up(std::max<size_t>(bytes, 1), 4096));
     if (!p) {
         throw error(SMOL_ERR_OUT_OF_MEMORY, name_ + ": cannot allocate " +
                                                 std::to_string(bytes >> 20) +
-                                                " MiB of host memory for the KV cache");
+                                                " MiB of host memory for " + what);
     }
     pinned = false;
     mem_.host_pageable += bytes;

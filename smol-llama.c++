@@ -362,7 +362,7 @@ void llama_context::alloc_kv() {
         if (arena_left == 0) {
             const uint64_t n = std::min<uint64_t>(per_arena, uint64_t(left));
             bool pinned = false;
-            arena = static_cast<uint8_t *>(be_->alloc_host(n * gb, pinned));
+            arena = static_cast<uint8_t *>(be_->alloc_host(n * gb, pinned, "the KV cache"));
             owned_host_.push_back(arena);
             (pinned ? host_pinned_ : host_pageable_) += n * gb;
             // Cells no step has written still meet the attention (times a

@@ -1100,6 +1100,36 @@ void * host_alloc(size_t bytes, const char * what) {
     return p;
 }
 
+// The host blocks a CPU-side backend hands out through alloc_host (its
+// "pinned" memory), counted in its stats; what a caller left is freed with
+// the backend.
+class host_blocks {
+  public:
+    host_blocks() = default;
+    host_blocks(const host_blocks &) = delete;
+    host_blocks & operator=(const host_blocks &) = delete;
+    ~host_blocks() {
+        for (auto & b : blocks_) std::free(b.first);
+    }
+    void * alloc(size_t bytes, const char * what, memory_stats & st) {
+        void * p = host_alloc(bytes, (std::string("host memory for ") + what).c_str());
+        blocks_[p] = bytes;
+        st.host_pinned += bytes;
+        return p;
+    }
+    void release(void * p, memory_stats & st) {
+        const auto it = blocks_.find(p);
+        if (it != blocks_.end()) {
+            st.host_pinned -= it->second;
+            blocks_.erase(it);
+        }
+        std::free(p);
+    }
+
+  private:
+    std::unordered_map<void *, size_t> blocks_;
+};
+
 // Allocations by address and the bytes they hold, against an optional limit.
 class memory_ledger {
   public:
@@ -1161,21 +1191,11 @@ class cpu_backend final : public backend {
     void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
     // The CPU's own memory is as fast to copy as any: nothing to pin.
-    void * alloc_host(size_t bytes, bool & pinned) override {
-        void * p = host_alloc(bytes, "host memory for the KV cache");
-        host_[p] = bytes;
-        mem_.stats_.host_pinned += bytes;
+    void * alloc_host(size_t bytes, bool & pinned, const char * what) override {
         pinned = true;
-        return p;
+        return host_.alloc(bytes, what, mem_.stats_);
     }
-    void release_host(void * p) override {
-        const auto it = host_.find(p);
-        if (it != host_.end()) {
-            mem_.stats_.host_pinned -= it->second;
-            host_.erase(it);
-        }
-        std::free(p);
-    }
+    void release_host(void * p) override { host_.release(p, mem_.stats_); }
     void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
     memory_stats memory() const override { return mem_.stats_; }
     size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
@@ -1193,7 +1213,7 @@ class cpu_backend final : public backend {
   private:
     executor exec_;
     memory_ledger mem_;
-    std::unordered_map<void *, size_t> host_;
+    host_blocks host_;
 };
 
 // A simulated device: its memory is host memory counted against a limit of
@@ -1229,21 +1249,11 @@ class sim_backend final : public backend, public copy_engine {
     void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
-    void * alloc_host(size_t bytes, bool & pinned) override {
-        void * p = host_alloc(bytes, "host memory for the KV cache");
-        host_[p] = bytes;
-        mem_.stats_.host_pinned += bytes;
+    void * alloc_host(size_t bytes, bool & pinned, const char * what) override {
         pinned = true;
-        return p;
+        return host_.alloc(bytes, what, mem_.stats_);
     }
-    void release_host(void * p) override {
-        const auto it = host_.find(p);
-        if (it != host_.end()) {
-            mem_.stats_.host_pinned -= it->second;
-            host_.erase(it);
-        }
-        std::free(p);
-    }
+    void release_host(void * p) override { host_.release(p, mem_.stats_); }
     void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
     memory_stats memory() const override { return mem_.stats_; }
     size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
@@ -1322,7 +1332,7 @@ class sim_backend final : public backend, public copy_engine {
 
     executor exec_;
     memory_ledger mem_;
-    std::unordered_map<void *, size_t> host_;
+    host_blocks host_;
     schedule sched_;
     last_run last_;
     std::thread workers_[2];
