@@ -243,7 +243,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
-    logits_.resize(size_t(hp.n_vocab));
+    reserve_logits(size_t(hp.n_vocab));
 
     // Plan before allocating anything: the weights' device bytes, and the
     // compute memory of a chunk as the backend measures it on the graph
@@ -326,6 +326,19 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
 llama_context::~llama_context() {
     for (void * p : owned_) be_->release(p);
     for (void * p : owned_host_) be_->release_host(p);
+    be_->release_host(logits_);
+}
+
+// Room for n logits; what the rows held before need not survive (a batch
+// writes its own). Grows by doubling: pinning is slow, batches vary.
+void llama_context::reserve_logits(size_t n) {
+    if (n <= logits_cap_) return;
+    const size_t cap = std::max(n, 2 * logits_cap_);
+    bool pinned = false;
+    void * p = be_->alloc_host(cap * sizeof(float), pinned, "the logits");
+    be_->release_host(logits_);
+    logits_ = static_cast<float *>(p);
+    logits_cap_ = cap;
 }
 
 // Resident groups in one device block, the two staging slots in another,
@@ -617,7 +630,7 @@ void llama_context::decode(const smol_batch & b) {
     last_out_ = -1;
     for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
         if (out_row_[size_t(i)] >= 0) last_out_ = i;
-    if (logits_.size() < size_t(n_out) * hp.n_vocab) logits_.resize(size_t(n_out) * hp.n_vocab);
+    reserve_logits(size_t(n_out) * hp.n_vocab);
 
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
@@ -694,7 +707,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         built_gen_ = graph_.generation();
     }
     graph_.rerun = again;
-    float * dst = logits_.data() + size_t(out_base) * size_t(hp.n_vocab);
+    float * dst = logits_ + size_t(out_base) * size_t(hp.n_vocab);
     if (logits_node_ && be_->where() == placement::host) logits_node_->data = dst;
     be_->run(graph_);
     if (logits_node_ && logits_node_->data != dst) {
@@ -783,7 +796,7 @@ void llama_context::list_seq_cells(int32_t n) {
 const float * llama_context::logits(int32_t i) const {
     if (i < 0) i = last_out_;
     if (i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return nullptr;
-    return logits_.data() + size_t(out_row_[size_t(i)]) * size_t(model.hp.n_vocab);
+    return logits_ + size_t(out_row_[size_t(i)]) * size_t(model.hp.n_vocab);
 }
 
 } // namespace smol

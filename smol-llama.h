@@ -141,7 +141,13 @@ class llama_context {
     std::vector<int32_t> fill_;
     int32_t last_out_ = -1;
     int32_t n_last_ = 0;
-    std::vector<float> logits_;
+    // The last batch's logits rows, in host memory from the backend: pinned
+    // for a GPU, so a step's download is one copy at the link's speed (into
+    // pageable memory the driver copies twice; 40 us a step of the H200's
+    // 135M decode, BENCHMARKS.md).
+    float * logits_ = nullptr;
+    size_t logits_cap_ = 0; // floats
+    void reserve_logits(size_t n);
     tensor * logits_node_ = nullptr;
     // The step's copy nodes and attentions per offloaded group (build_graph's).
     std::vector<tensor *> prefetch_, offload_, attend_;
