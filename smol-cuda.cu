@@ -535,7 +535,10 @@ __device__ __forceinline__ float dot8(const float (&v)[8], const float4 & a, con
 // the dot by 1 / rms at the end; the sum of squares is taken from the same
 // loads, so the weights' loads never wait for the norm (a first pass over
 // x made the 1.7B model's GEMVs 11-23% slower).
-template <int T, bool SWIGLU, int KS, int R>
+//
+// PAIR (float weights): each lane has two chunks of a row and reads both
+// at once (see gemv_pair).
+template <int T, bool SWIGLU, int KS, int R, bool PAIR = false>
 __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_params p) {
     static_assert(mm_warps % KS == 0, "the warps of a block split into whole groups");
     constexpr int groups_per_block = mm_warps / KS;
@@ -565,8 +568,10 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     // its blocks are read in 2 and 4-byte pieces, and one chunk at a time
     // kept too few bytes in flight. Float weights are read 16 bytes a chunk;
     // with more rows than one, the rows are in flight together and U = 1
-    // measured fastest for every type.
-    constexpr int U = R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
+    // measured fastest for every type, but where a lane's share of a row is
+    // two chunks (PAIR) it takes both at once.
+    static_assert(!PAIR || float_weights(T), "pairs of float chunks");
+    constexpr int U = PAIR ? 2 : R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
     const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
     // U chunks of each row at a time (past the row's end a lane reads its
     // last chunk again and drops it, so the loads stay unconditional and fly
@@ -4231,6 +4236,19 @@ rope_params cuda_backend::rope_for(const tensor * rope) const {
     return r;
 }
 
+// Whether a GEMV of float weights over K columns, KS warps a row group,
+// gives each lane exactly two chunks of a row, which it then reads at once:
+// one trip to memory where there were two, before the wait too. On the
+// H200 a chain of the 135M step's GEMVs alone (scripts/gemv-grid-lab.cu)
+// went from 300 to 277 us (its gate, up and down pair); the 1.7B's, whose
+// lanes have four chunks or more, stayed as they were, and reading all of
+// a lane's chunks at once made them 13% slower. Whole steps: 360M tg128
+// 1.03-1.04x, 135M and 1.7B level (BENCHMARKS.md).
+inline bool gemv_pair(int T, int K, int KS, int R) {
+    const int per_lane = (K / 8 + KS * warp_size - 1) / (KS * warp_size);
+    return float_weights(T) && R <= 2 && per_lane == 2;
+}
+
 // Calls f(std::integral_constant<int, N>) for N = 1, 2 or 4 (n above 4
 // as 4): a split of K over warps, a GEMV's rows a warp.
 template <typename F> void with_1_2_4(int n, F && f) {
@@ -4257,6 +4275,13 @@ void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, c
                 constexpr int rows_per_block = R * (mm_warps / KS);
                 const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
                                 unsigned(p.M));
+                if constexpr (float_weights(T) && R <= 2) {
+                    if (gemv_pair(T, p.K, KS, R)) {
+                        launch_kernel(gemv_kernel<T, SWIGLU, KS, R, true>, grid, dim3(threads),
+                                      stream, pdl, p);
+                        return;
+                    }
+                }
                 launch_kernel(gemv_kernel<T, SWIGLU, KS, R>, grid, dim3(threads), stream, pdl, p);
             });
         });
