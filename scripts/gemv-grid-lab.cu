@@ -1,0 +1,407 @@
+// The GEMVs of one decode step (SmolLM2-1.7B's or 135M's shapes, f16 random
+// weights), each launched early under programmatic dependent launch with its
+// first weights read before the wait, as smol's gemv_kernel does, with a
+// stand-in for each layer's attention between q/k/v and the output (a block
+// a kv head of 256 threads with 140 KiB of shared memory, copying q). The
+// question: scripts/chain-lab.cu found a link of such a chain costing 0.8 us
+// with 132 blocks of 128 threads and 2.2 us with 1,024. Does a GEMV whose
+// blocks are a few an SM, each warp taking row group after row group with
+// the next group's first loads in flight (grid-stride), stream its weights
+// as fast as one launch of a block a row group, and so save the difference
+// at every link? And where a lane has few chunks of a row, does reading
+// them at once save a trip to memory at every link?
+//
+// Variants: "one pass" is smol's loop (a row group a warp group, every
+// group its own; the first U chunks of each row read before the wait, then
+// U chunks after U chunks): U 1 as smol had it, 2 where a lane has two
+// batches of one chunk (smol's gemv_pair since), all of a lane's chunks of
+// a row at once, or 2 everywhere; KS forced to 1 or 2 where smol would take
+// another (its sums then differ, as they must); 8 warps a block in place of
+// 4. "Pipelined" loads the next U chunks before it uses the current ones,
+// across row groups too; with B blocks an SM the grid holds B x SMs blocks
+// and each warp takes row group after row group (grid-stride). KS warps
+// share a group of R = 2 rows (by smol's rule, rows an SM, unless forced).
+// Every variant but those that force KS sums in smol's order, so their
+// logits must agree to the bit with the first.
+//
+//   nvcc -O3 -std=c++20 -arch=sm_90 -o gemv-grid-lab scripts/gemv-grid-lab.cu
+//   ./gemv-grid-lab
+#include "../smol-cuda-rows.cuh"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cuda_fp16.h>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                      \
+            std::exit(1);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+using chunk = smol::raw_chunk<SMOL_TYPE_F16>;
+
+struct P {
+    const uint8_t * w;  // rows x K f16
+    const uint8_t * wu; // SwiGLU's up rows, or null
+    float * y;
+    int rows, K;
+    const float * x;
+    const float * nw;  // folded RMS norm weights, or null
+    const float * res; // residual, or null
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
+template <bool SW, int KS, int R, int U, bool PIPE, int NW>
+__global__ void __launch_bounds__(NW * 32) gemv(const P p) {
+    constexpr int GPB = NW / KS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = warp % KS;
+    const int n_groups = p.rows / R, gstep = int(gridDim.x) * GPB;
+    const int stride = KS * 32, n_ch = p.K / 8, c_first = ks * 32 + lane;
+    const size_t rb = size_t(p.K) * 2;
+    chunk cw[U][R], cu[U][SW ? R : 1];
+    auto fetch = [&](int g, int c0) {
+        const uint8_t * wr = p.w + size_t(g) * R * rb;
+        const uint8_t * wu = SW ? p.wu + size_t(g) * R * rb : nullptr;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int ch = min(c0 + u * stride, n_ch - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                cw[u][j].load(wr + j * rb, ch);
+                if constexpr (SW) cu[u][j].load(wu + j * rb, ch);
+            }
+        }
+    };
+    const int g0 = int(blockIdx.x) * GPB + warp / KS;
+    if (g0 < n_groups && c_first < n_ch) fetch(g0, c_first);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    __shared__ float part[NW][2 * R];
+    __shared__ float pss[NW];
+    for (int base = int(blockIdx.x) * GPB; base < n_groups; base += gstep) {
+        const int g = base + warp / KS;
+        const bool valid = g < n_groups;
+        float acc[R], accu[R], ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[j] = accu[j] = 0.0f;
+        for (int c0 = c_first; valid && c0 < n_ch; c0 += U * stride) {
+            chunk w[U][R], wu[U][SW ? R : 1];
+            if (PIPE) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+#pragma unroll
+                    for (int j = 0; j < R; ++j) {
+                        w[u][j] = cw[u][j];
+                        if constexpr (SW) wu[u][j] = cu[u][j];
+                    }
+                }
+                // The next chunks in flight before these are used: this
+                // group's, else the first of the warp's next group.
+                if (c0 + U * stride < n_ch)
+                    fetch(g, c0 + U * stride);
+                else if (g + gstep < n_groups)
+                    fetch(g + gstep, c_first);
+            } else {
+                if (c0 != c_first) fetch(g, c0);
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+#pragma unroll
+                    for (int j = 0; j < R; ++j) {
+                        w[u][j] = cw[u][j];
+                        if constexpr (SW) wu[u][j] = cu[u][j];
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int ch = c0 + u * stride;
+                if (ch >= n_ch) continue;
+                float4 a = *reinterpret_cast<const float4 *>(p.x + 8 * ch);
+                float4 b = *reinterpret_cast<const float4 *>(p.x + 8 * ch + 4);
+                if (p.nw) {
+                    const float4 na = *reinterpret_cast<const float4 *>(p.nw + 8 * ch);
+                    const float4 nb = *reinterpret_cast<const float4 *>(p.nw + 8 * ch + 4);
+                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
+                          b.z * b.z + b.w * b.w;
+                    a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
+                    b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
+                }
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    float v[8];
+                    w[u][j].decode(v);
+                    acc[j] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                              v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                    if constexpr (SW) {
+                        wu[u][j].decode(v);
+                        accu[j] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                                   v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            acc[j] = warp_sum(acc[j]);
+            if (SW) accu[j] = warp_sum(accu[j]);
+        }
+        ss = warp_sum(ss);
+        if constexpr (KS > 1) {
+            if (lane == 0) {
+                for (int j = 0; j < R; ++j) {
+                    part[warp][j] = acc[j];
+                    part[warp][R + j] = accu[j];
+                }
+                pss[warp] = ss;
+            }
+            __syncthreads();
+            for (int j = 0; j < R; ++j)
+                for (int i = 1; i < KS; ++i) {
+                    acc[j] += part[warp - ks + i][j];
+                    accu[j] += part[warp - ks + i][R + j];
+                }
+            for (int i = 1; i < KS; ++i) ss += pss[warp - ks + i];
+            __syncthreads(); // part is free for the next group
+        }
+        if (ks == 0 && valid && lane < R) {
+            float a = acc[0], au = accu[0];
+#pragma unroll
+            for (int j = 1; j < R; ++j)
+                if (lane == j) {
+                    a = acc[j];
+                    au = accu[j];
+                }
+            if (p.nw) {
+                const float s = rsqrtf(ss / p.K + 1e-5f);
+                a *= s;
+                au *= s;
+            }
+            if (SW) a = a / (1.0f + __expf(-a)) * au;
+            const int r = g * R + lane;
+            if (p.res) a += p.res[r];
+            p.y[r] = a;
+        }
+    }
+}
+
+// A short history's attention, standing in: a block a kv head, 256 threads,
+// 140 KiB of shared memory (another carveout than the GEMVs'), copying q.
+__global__ void attn(const float * q, float * o, int n) {
+    extern __shared__ float sm[];
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int per = (n + gridDim.x - 1) / gridDim.x;
+    for (int i = threadIdx.x; i < per; i += blockDim.x) {
+        const int k = blockIdx.x * per + i;
+        if (k < n) {
+            sm[i] = q[k];
+            o[k] = sm[i] * 0.5f;
+        }
+    }
+}
+
+template <typename K, typename... A>
+void launch(K k, int grid, int threads, size_t smem, cudaStream_t s, A... a) {
+    cudaLaunchAttribute at{};
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c{};
+    c.gridDim = dim3(grid);
+    c.blockDim = dim3(threads);
+    c.dynamicSmemBytes = smem;
+    c.stream = s;
+    c.attrs = &at;
+    c.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&c, k, a...));
+}
+
+struct Variant {
+    const char * name;
+    bool pipe;
+    int u;   // chunks a lane a batch; 0: all of a lane's chunks of a row at once (up to 8); -1: 2
+             // where a lane has two batches of one, else 1
+    int bps; // blocks an SM, 0: a block a row group's share
+    int ks;  // warps a row group; 0: smol's choice by rows an SM
+    int nw = 4; // warps a block
+};
+
+int sms = 0;
+
+template <bool SW, int KS, int U, bool PIPE>
+void go_t(const P & p, int bps, int nw, cudaStream_t s) {
+    constexpr int R = 2;
+    const int gpb = nw / KS, groups = p.rows / R, need = (groups + gpb - 1) / gpb;
+    const int grid = bps > 0 ? std::min(need, bps * sms) : need;
+    if (nw == 8)
+        launch(gemv<SW, KS, R, U, PIPE, 8>, grid, 256, 0, s, p);
+    else
+        launch(gemv<SW, KS, R, U, PIPE, 4>, grid, 128, 0, s, p);
+}
+template <bool SW, int KS, bool PIPE>
+void go_u(const P & p, int u, int bps, int nw, cudaStream_t s) {
+    if (u <= 1)
+        go_t<SW, KS, 1, PIPE>(p, bps, nw, s);
+    else if (u == 2)
+        go_t<SW, KS, 2, PIPE>(p, bps, nw, s);
+    else if (u == 3)
+        go_t<SW, KS, 3, PIPE>(p, bps, nw, s);
+    else if (u == 4)
+        go_t<SW, KS, 4, PIPE>(p, bps, nw, s);
+    else if (u <= 6)
+        go_t<SW, KS, 6, PIPE>(p, bps, nw, s);
+    else
+        go_t<SW, KS, 8, PIPE>(p, bps, nw, s);
+}
+template <bool SW> void go(const P & p, const Variant & v, cudaStream_t s) {
+    // smol's split of K: 4 warps a row group below 8 rows an SM, 2 below 24.
+    const int per_sm = p.rows / sms;
+    const int ks = v.ks ? v.ks : per_sm < 8 ? 4 : per_sm < 24 ? 2 : 1;
+    const int batches = (p.K / 8 + ks * 32 - 1) / (ks * 32);
+    const int u = v.u > 0 ? v.u : v.u == 0 ? std::min(8, batches) : batches == 2 ? 2 : 1;
+    auto by_ks = [&](auto ksc) {
+        constexpr int KS = decltype(ksc)::value;
+        if (v.pipe)
+            go_u<SW, KS, true>(p, u, v.bps, v.nw, s);
+        else
+            go_u<SW, KS, false>(p, u, v.bps, v.nw, s);
+    };
+    if (ks == 1)
+        by_ks(std::integral_constant<int, 1>{});
+    else if (ks == 2)
+        by_ks(std::integral_constant<int, 2>{});
+    else
+        by_ks(std::integral_constant<int, 4>{});
+}
+
+float replay_us(cudaStream_t s, cudaGraphExec_t ge, int reps) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float best = 1e30f;
+    for (int r = 0; r < 4; ++r) {
+        CK(cudaEventRecord(a, s));
+        for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(ge, s));
+        CK(cudaEventRecord(b, s));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (r > 0) best = std::min(best, ms * 1000 / reps);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return best;
+}
+
+void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
+    const int V = 49152;
+    const size_t qkv = size_t(QKV) * D * 2, o = size_t(D) * D * 2, gu = size_t(2 * F) * D * 2,
+                 dn = size_t(D) * F * 2, layer = qkv + o + gu + dn, head = size_t(V) * D * 2;
+    const size_t total = layer * L + head;
+    uint8_t * W;
+    CK(cudaMalloc(&W, total));
+    {
+        std::vector<__half> h(size_t(16) << 20);
+        std::mt19937 rng(5);
+        std::normal_distribution<float> d(0, 0.02f);
+        for (auto & v : h) v = __float2half(d(rng));
+        for (size_t at = 0; at < total; at += h.size() * 2)
+            CK(cudaMemcpy(W + at, h.data(), std::min(h.size() * 2, total - at),
+                          cudaMemcpyHostToDevice));
+    }
+    float *x, *x0, *nw, *q, *a, *g, *logits;
+    CK(cudaMalloc(&x, F * 4));
+    CK(cudaMalloc(&x0, F * 4));
+    CK(cudaMalloc(&nw, F * 4));
+    CK(cudaMalloc(&q, QKV * 4));
+    CK(cudaMalloc(&a, D * 4));
+    CK(cudaMalloc(&g, F * 4));
+    CK(cudaMalloc(&logits, V * 4));
+    {
+        std::vector<float> h(F);
+        std::mt19937 rng(1);
+        std::normal_distribution<float> d(0, 1);
+        for (auto & v : h) v = d(rng);
+        CK(cudaMemcpy(x0, h.data(), F * 4, cudaMemcpyHostToDevice));
+        for (auto & v : h) v = 1 + 0.1f * d(rng);
+        CK(cudaMemcpy(nw, h.data(), F * 4, cudaMemcpyHostToDevice));
+    }
+    CK(cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, 140 * 1024));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::printf("%s: %d GEMVs, weights %.1f MB, floor at 4.2 TB/s %.1f us\n", name, 4 * L + 1,
+                total / 1e6, total / 4.2e6);
+    const Variant vs[] = {
+        {"one pass, U 1 (smol before gemv_pair)", false, 1, 0, 0},
+        {"one pass, U 2 where a lane has 2 batches", false, -1, 0, 0},
+        {"one pass, U 2 where 2 batches, 8 warps", false, -1, 0, 0, 8},
+        {"one pass, 8 warps a block", false, 1, 0, 0, 8},
+        {"one pass, U 2", false, 2, 0, 0},
+        {"one pass, whole rows a lane at once", false, 0, 0, 0},
+        {"one pass, KS 1, whole rows at once", false, 0, 0, 1},
+        {"one pass, KS 2, whole rows at once", false, 0, 0, 2},
+        {"one pass, KS 1, U 2", false, 2, 0, 1},
+        {"pipelined U=1, a block a group share", true, 1, 0, 0},
+        {"pipelined U=2, a block a group share", true, 2, 0, 0},
+        {"pipelined U=1, 8 blocks an SM", true, 1, 8, 0},
+        {"pipelined U=2, 8 blocks an SM", true, 2, 8, 0},
+        {"pipelined U=2, 4 blocks an SM", true, 2, 4, 0},
+        {"pipelined U=2, 2 blocks an SM", true, 2, 2, 0},
+        {"pipelined U=4, 2 blocks an SM", true, 4, 2, 0},
+        {"pipelined U=4, 1 block an SM", true, 4, 1, 0},
+    };
+    std::vector<float> ref(V), out(V);
+    for (int round = 0; round < 2; ++round) {
+        for (const Variant & v : vs) {
+            auto step = [&] {
+                for (int l = 0; l < L; ++l) {
+                    const uint8_t * base = W + layer * l;
+                    go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr}, v, s);
+                    launch(attn, n_kv, 256, 140 * 1024, s, (const float *)q, a, D);
+                    go<false>(P{base + qkv, nullptr, x, D, D, a, nullptr, x}, v, s);
+                    go<true>(P{base + qkv + o, base + qkv + o + gu / 2, g, F, D, x, nw, nullptr}, v,
+                             s);
+                    go<false>(P{base + qkv + o + gu, nullptr, x, D, F, g, nullptr, x}, v, s);
+                }
+                go<false>(P{W + layer * L, nullptr, logits, V, D, x, nw, nullptr}, v, s);
+            };
+            cudaGraph_t gr;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            CK(cudaMemcpyAsync(x, x0, D * 4, cudaMemcpyDeviceToDevice, s));
+            step();
+            CK(cudaStreamEndCapture(s, &gr));
+            CK(cudaGraphInstantiate(&ge, gr, 0));
+            CK(cudaGraphLaunch(ge, s));
+            CK(cudaStreamSynchronize(s));
+            CK(cudaMemcpy(out.data(), logits, V * 4, cudaMemcpyDeviceToHost));
+            if (&v == vs && round == 0) ref = out;
+            const bool same = std::memcmp(ref.data(), out.data(), V * 4) == 0;
+            const float us = replay_us(s, ge, 30);
+            std::printf("  round %d  %-40s %8.1f us  %5.1f%% of floor  logits %s\n", round + 1,
+                        v.name, us, 100 * (total / 4.2e6) / us, same ? "identical" : "DIFFER");
+            std::fflush(stdout);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(gr));
+        }
+    }
+    CK(cudaFree(W));
+}
+
+int main() {
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    model("SmolLM2-135M shape", 30, 576, 1536, 960, 3);
+    model("SmolLM2-1.7B shape", 24, 2048, 8192, 6144, 32);
+    return 0;
+}
