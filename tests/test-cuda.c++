@@ -963,6 +963,9 @@ TEST_CASE("every matmul kernel the autotune may choose matches float64") {
     size_t n_run = 0;
     double worst = 0;
     for (smol_type t : all_types) {
+        // Over float weights, K = 576 with ks=2 and K = 1536 with ks=4 give
+        // each lane two chunks of a row, which the GEMV reads at once
+        // (gemv_pair); the other splits one chunk at a time.
         for (int64_t K : {576, 1536}) {
             for (int64_t M : {1, 3, 8, 17, 32, 40, 128}) {
                 const int64_t N = 200; // not a multiple of any rows-per-block
