@@ -10,19 +10,7 @@
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o chain-lab scripts/chain-lab.cu
 //   ./chain-lab
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                          \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "lab-common.cuh" // CK
 
 // Every block reads x[0] once the kernel before has ended; block 0 writes
 // y[0] = x[0] + 1. With load, each thread first reads 16 bytes of w
@@ -66,18 +54,8 @@ int main() {
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
         for (int i = 0; i < N; ++i) {
             const shape sh = i % 5 == 4 ? fifth : base;
-            cudaLaunchAttribute attr{};
-            attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            attr.val.programmaticStreamSerializationAllowed = 1;
-            cudaLaunchConfig_t cfg{};
-            cfg.gridDim = dim3(sh.grid);
-            cfg.blockDim = dim3(sh.threads);
-            cfg.dynamicSmemBytes = sh.smem;
-            cfg.stream = s;
-            cfg.attrs = pdl ? &attr : nullptr;
-            cfg.numAttrs = pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, link, (const int *)(buf + i), buf + i + 1, (const int4 *)w,
-                                  load));
+            launch(link, dim3(sh.grid), dim3(sh.threads), size_t(sh.smem), s, pdl,
+                   (const int *)(buf + i), buf + i + 1, (const int4 *)w, load);
         }
         CK(cudaStreamEndCapture(s, &g));
         cudaGraphExec_t ex;

@@ -27,6 +27,7 @@
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o gemv-grid-lab scripts/gemv-grid-lab.cu
 //   ./gemv-grid-lab
 #include "../smol-cuda-rows.cuh"
+#include "lab-common.cuh" // CK, fill_weights, fill_floats
 
 #include <algorithm>
 #include <cstdint>
@@ -36,15 +37,6 @@
 #include <cuda_fp16.h>
 #include <random>
 #include <vector>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                      \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 
 using chunk = smol::raw_chunk<SMOL_TYPE_F16>;
 
@@ -212,21 +204,6 @@ __global__ void attn(const float * q, float * o, int n) {
     }
 }
 
-template <typename K, typename... A>
-void launch(K k, int grid, int threads, size_t smem, cudaStream_t s, A... a) {
-    cudaLaunchAttribute at{};
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t c{};
-    c.gridDim = dim3(grid);
-    c.blockDim = dim3(threads);
-    c.dynamicSmemBytes = smem;
-    c.stream = s;
-    c.attrs = &at;
-    c.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&c, k, a...));
-}
-
 struct Variant {
     const char * name;
     bool pipe;
@@ -245,9 +222,9 @@ void go_t(const P & p, int bps, int nw, cudaStream_t s) {
     const int gpb = nw / KS, groups = p.rows / R, need = (groups + gpb - 1) / gpb;
     const int grid = bps > 0 ? std::min(need, bps * sms) : need;
     if (nw == 8)
-        launch(gemv<SW, KS, R, U, PIPE, 8>, grid, 256, 0, s, p);
+        launch(gemv<SW, KS, R, U, PIPE, 8>, dim3(grid), dim3(256), 0, s, true, p);
     else
-        launch(gemv<SW, KS, R, U, PIPE, 4>, grid, 128, 0, s, p);
+        launch(gemv<SW, KS, R, U, PIPE, 4>, dim3(grid), dim3(128), 0, s, true, p);
 }
 template <bool SW, int KS, bool PIPE>
 void go_u(const P & p, int u, int bps, int nw, cudaStream_t s) {
@@ -311,15 +288,7 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
     const size_t total = layer * L + head;
     uint8_t * W;
     CK(cudaMalloc(&W, total));
-    {
-        std::vector<__half> h(size_t(16) << 20);
-        std::mt19937 rng(5);
-        std::normal_distribution<float> d(0, 0.02f);
-        for (auto & v : h) v = __float2half(d(rng));
-        for (size_t at = 0; at < total; at += h.size() * 2)
-            CK(cudaMemcpy(W + at, h.data(), std::min(h.size() * 2, total - at),
-                          cudaMemcpyHostToDevice));
-    }
+    fill_weights(reinterpret_cast<__half *>(W), total / 2, 5);
     float *x, *x0, *nw, *q, *a, *g, *logits;
     CK(cudaMalloc(&x, F * 4));
     CK(cudaMalloc(&x0, F * 4));
@@ -329,13 +298,9 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
     CK(cudaMalloc(&g, F * 4));
     CK(cudaMalloc(&logits, V * 4));
     {
-        std::vector<float> h(F);
         std::mt19937 rng(1);
-        std::normal_distribution<float> d(0, 1);
-        for (auto & v : h) v = d(rng);
-        CK(cudaMemcpy(x0, h.data(), F * 4, cudaMemcpyHostToDevice));
-        for (auto & v : h) v = 1 + 0.1f * d(rng);
-        CK(cudaMemcpy(nw, h.data(), F * 4, cudaMemcpyHostToDevice));
+        fill_floats(x0, F, rng);
+        fill_floats(nw, F, rng, true);
     }
     CK(cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, 140 * 1024));
     cudaStream_t s;
@@ -368,7 +333,8 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
                 for (int l = 0; l < L; ++l) {
                     const uint8_t * base = W + layer * l;
                     go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr}, v, s);
-                    launch(attn, n_kv, 256, 140 * 1024, s, (const float *)q, a, D);
+                    launch(attn, dim3(n_kv), dim3(256), 140 * 1024, s, true, (const float *)q, a,
+                           D);
                     go<false>(P{base + qkv, nullptr, x, D, D, a, nullptr, x}, v, s);
                     go<true>(P{base + qkv + o, base + qkv + o + gu / 2, g, F, D, x, nw, nullptr}, v,
                              s);

@@ -8,6 +8,7 @@
 // bytes. Compile from the repository root (see the scripts that include it).
 #pragma once
 #include "../smol-cuda-rows.cuh"
+#include "lab-common.cuh" // CK, fill_weights, fill_floats
 
 #include <cmath>
 #include <cstdint>
@@ -16,14 +17,6 @@
 #include <random>
 #include <string>
 #include <vector>
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__);                           \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 enum { F16 = SMOL_TYPE_F16, Q8 = SMOL_TYPE_Q8_0, Q41 = SMOL_TYPE_Q4_1 };
 using smol::load_chunk; // the backend's own loads (smol-cuda-rows.cuh)
 struct P {

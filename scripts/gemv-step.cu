@@ -20,19 +20,6 @@ __global__ void tiny(float * y, int n, bool pdl) {
     }
     if (threadIdx.x < n) y[threadIdx.x] += 1.0f;
 }
-template <typename K, typename... A>
-void launch(K k, dim3 g, dim3 b, cudaStream_t s, bool pdl, A... a) {
-    cudaLaunchAttribute at{};
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t c{};
-    c.gridDim = g;
-    c.blockDim = b;
-    c.stream = s;
-    c.attrs = &at;
-    c.numAttrs = pdl ? 1 : 0;
-    CK(cudaLaunchKernelEx(&c, k, a...));
-}
 struct Cfg {
     int ks, r;
 };
@@ -40,7 +27,7 @@ template <bool SW, bool PDL, int PF = 1> void gemv_go(Cfg c, const P & p, cudaSt
     auto go = [&](auto ks, auto r) {
         constexpr int KS = decltype(ks)::value, R = decltype(r)::value;
         const int blocks = (p.rows / R + 4 / KS - 1) / (4 / KS);
-        launch(gemv<F16, SW, KS, R, 1, PDL, PF>, dim3(blocks), dim3(128), s, PDL, p);
+        launch(gemv<F16, SW, KS, R, 1, PDL, PF>, dim3(blocks), dim3(128), 0, s, PDL, p);
     };
     using I1 = std::integral_constant<int, 1>;
     using I2 = std::integral_constant<int, 2>;
@@ -67,15 +54,7 @@ int main() {
     const size_t total = layer * L + head;
     uint8_t * W;
     CK(cudaMalloc(&W, total));
-    {
-        std::vector<__half> h(size_t(64) << 20);
-        std::mt19937 rng(5);
-        std::normal_distribution<float> d(0, 0.02f);
-        for (auto & v : h) v = __float2half(d(rng));
-        for (size_t at = 0; at < total; at += h.size() * 2)
-            CK(cudaMemcpy(W + at, h.data(), std::min(h.size() * 2, total - at),
-                          cudaMemcpyHostToDevice));
-    }
+    fill_weights(reinterpret_cast<__half *>(W), total / 2, 5, size_t(64) << 20);
     float *x, *nw, *q, *y2, *g;
     CK(cudaMalloc(&x, F * 4));
     CK(cudaMalloc(&nw, F * 4));
@@ -118,7 +97,7 @@ int main() {
                          : mode == 2              ? gemv_go<false, true, 0>(pl.qkv, p, s)
                                                   : gemv_go<false, true, 2>(pl.qkv, p, s));
                         for (int t = 0; t < tinies; ++t)
-                            launch(tiny, dim3(1), dim3(128), s, pdl, q, 64, pdl);
+                            launch(tiny, dim3(1), dim3(128), 0, s, pdl, q, 64, pdl);
                         P po{base + qkv, nullptr, x, D, size_t(D) * 2, D, q, nullptr, x};
                         if (mode == 4) {
                             if (tinies)

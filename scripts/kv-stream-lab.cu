@@ -13,6 +13,7 @@
 //   ./kv-stream-lab heads cells spin [1]  (the timed kernel: when blocks end, and on which
 //                                         SM; 1: with the cells' positions and masks)
 #include "lab-async.cuh"
+#include "lab-common.cuh" // CK
 
 #include <algorithm>
 #include <cmath>
@@ -21,15 +22,6 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 #include <vector>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                          \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
 
 constexpr int HD = 64, CELLS = 32, TILE = CELLS * HD; // f16 elements a tile of K (or V)
 

@@ -443,15 +443,7 @@ int main(int argc, char ** argv) {
         const size_t layer = qkv + o + gu + dn, total = layer * md.L + size_t(md.V) * md.D;
         __half * W;
         CK(cudaMalloc(&W, total * 2));
-        {
-            std::vector<__half> h(size_t(32) << 20);
-            std::mt19937 rng(5);
-            std::normal_distribution<float> d(0, 0.02f);
-            for (auto & v : h) v = __float2half(d(rng));
-            for (size_t at = 0; at < total; at += h.size())
-                CK(cudaMemcpy(W + at, h.data(), std::min(h.size(), total - at) * 2,
-                              cudaMemcpyHostToDevice));
-        }
+        fill_weights(W, total, 5);
         // Buffers: x0 (the step's input), x (the residual stream), q, g,
         // logits, the norms' weights.
         float *x0, *x, *q, *g, *logits, *nw;
@@ -545,17 +537,8 @@ int main(int argc, char ** argv) {
                         CK(cudaMemcpyAsync(x, x0, md.D * 4, cudaMemcpyDeviceToDevice, s));
                         for (const Op & op : ops) {
                             const int rb = bulk_rows(op, n_sm, target, waves);
-                            cudaLaunchAttribute at{};
-                            at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                            at.val.programmaticStreamSerializationAllowed = 1;
-                            cudaLaunchConfig_t c{};
-                            c.gridDim = dim3((op.rows + rb - 1) / rb);
-                            c.blockDim = dim3(128);
-                            c.dynamicSmemBytes = size_t(rb) * op.K * 2 * (op.wu ? 2 : 1);
-                            c.stream = s;
-                            c.attrs = &at;
-                            c.numAttrs = pdl ? 1 : 0;
-                            CK(cudaLaunchKernelEx(&c, kernel, op, rb));
+                            launch(kernel, dim3((op.rows + rb - 1) / rb), dim3(128),
+                                   size_t(rb) * op.K * 2 * (op.wu ? 2 : 1), s, pdl != 0, op, rb);
                         }
                     };
                     char label[128];

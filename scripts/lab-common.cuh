@@ -1,0 +1,60 @@
+// What the GPU labs in scripts/ share: CK, which stops the program with the
+// call that failed and CUDA's error, and device buffers of random values
+// (f16 weights, f32 activations) from a seeded pattern.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);      \
+            std::exit(1);                                                                          \
+        }                                                                                          \
+    } while (0)
+
+// kernel<<<grid, block, smem, s>>>(args...), launched early (programmatic
+// dependent launch: it may start while the kernel before it ends, up to its
+// griddepcontrol.wait) when `early` is set.
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool early,
+            A... args) {
+    cudaLaunchAttribute at{};
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c{};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = s;
+    c.attrs = &at;
+    c.numAttrs = early ? 1 : 0;
+    CK(cudaLaunchKernelEx(&c, kernel, args...));
+}
+
+// n f16 weights at w, normal(0, 0.02): a pattern of `period` values from
+// `seed`, repeated (weights larger than the L2 need no more variety).
+inline void fill_weights(__half * w, size_t n, unsigned seed, size_t period = size_t(32) << 20) {
+    std::vector<__half> h(std::min(n, period));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0, 0.02f);
+    for (auto & v : h) v = __float2half(d(rng));
+    for (size_t at = 0; at < n; at += h.size())
+        CK(cudaMemcpy(w + at, h.data(), std::min(h.size(), n - at) * 2, cudaMemcpyHostToDevice));
+}
+
+// n floats at x: normal(0, 1), or with around_one 1 + 0.1 normal(0, 1) (a
+// norm's weights).
+inline void fill_floats(float * x, size_t n, std::mt19937 & rng, bool around_one = false) {
+    std::normal_distribution<float> d(0, 1);
+    std::vector<float> h(n);
+    for (auto & v : h) v = around_one ? 1 + 0.1f * d(rng) : d(rng);
+    CK(cudaMemcpy(x, h.data(), n * 4, cudaMemcpyHostToDevice));
+}
