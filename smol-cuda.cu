@@ -4236,17 +4236,17 @@ rope_params cuda_backend::rope_for(const tensor * rope) const {
     return r;
 }
 
-// Whether a GEMV of float weights over K columns, KS warps a row group,
-// gives each lane exactly two chunks of a row, which it then reads at once:
-// one trip to memory where there were two, before the wait too. On the
-// H200 a chain of the 135M step's GEMVs alone (scripts/gemv-grid-lab.cu)
-// went from 300 to 277 us (its gate, up and down pair); the 1.7B's, whose
-// lanes have four chunks or more, stayed as they were, and reading all of
-// a lane's chunks at once made them 13% slower. Whole steps: 360M tg128
-// 1.03-1.04x, 135M and 1.7B level (BENCHMARKS.md).
-inline bool gemv_pair(int T, int K, int KS, int R) {
-    const int per_lane = (K / 8 + KS * warp_size - 1) / (KS * warp_size);
-    return float_weights(T) && R <= 2 && per_lane == 2;
+// Whether a GEMV over K columns, KS warps a row group, gives each lane
+// exactly two chunks of a row. Over float weights, one or two rows a warp,
+// it then reads both at once: one trip to memory where there were two,
+// before the wait too. On the H200 a chain of the 135M step's GEMVs alone
+// (scripts/gemv-grid-lab.cu) went from 300 to 277 us (its gate, up and
+// down pair); the 1.7B's, whose lanes have four chunks or more, stayed as
+// they were, and reading all of a lane's chunks at once made them 13%
+// slower. Whole steps: 360M tg128 1.03-1.04x, 135M and 1.7B level
+// (BENCHMARKS.md).
+inline bool gemv_pair(int K, int KS) {
+    return (K / 8 + KS * warp_size - 1) / (KS * warp_size) == 2;
 }
 
 // Calls f(std::integral_constant<int, N>) for N = 1, 2 or 4 (n above 4
@@ -4276,7 +4276,7 @@ void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, c
                 const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
                                 unsigned(p.M));
                 if constexpr (float_weights(T) && R <= 2) {
-                    if (gemv_pair(T, p.K, KS, R)) {
+                    if (gemv_pair(p.K, KS)) {
                         launch_kernel(gemv_kernel<T, SWIGLU, KS, R, true>, grid, dim3(threads),
                                       stream, pdl, p);
                         return;

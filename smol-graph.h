@@ -124,8 +124,10 @@ struct seq_mask {
     SMOL_HOST_DEVICE static constexpr seq_mask of(int32_t s) {
         return s < 64 ? seq_mask{{uint64_t(1) << s, 0}} : seq_mask{{0, uint64_t(1) << (s - 64)}};
     }
-    SMOL_HOST_DEVICE constexpr bool has(int32_t s) const {
-        return ((w[s >> 6] >> (s & 63)) & 1u) != 0;
+    SMOL_HOST_DEVICE constexpr bool has(int32_t s) const { return word_has(w[s >> 6], s); }
+    // Whether s's bit is set in the word of a mask that holds it.
+    SMOL_HOST_DEVICE static constexpr bool word_has(uint64_t word, int32_t s) {
+        return ((word >> (s & 63)) & 1u) != 0;
     }
     SMOL_HOST_DEVICE constexpr explicit operator bool() const { return (w[0] | w[1]) != 0; }
     // Whether it holds more than one sequence.
@@ -182,7 +184,7 @@ SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, seq_mask cell_se
 // decode kernel keeps no other), read only for a cell at or before pos.
 SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, const uint64_t * seq_word,
                                              smol_seq_id seq, smol_pos pos) {
-    return cell_pos >= 0 && cell_pos <= pos && ((*seq_word >> (seq & 63)) & 1u) != 0;
+    return cell_pos >= 0 && cell_pos <= pos && seq_mask::word_has(*seq_word, seq);
 }
 
 // The cache is a set of cells shared by all sequences. Each (layer, kv-head)
