@@ -1,8 +1,9 @@
 // smol-cuda-rows.cuh - how the GPU kernels read weights: f16 and bf16
-// conversions, and load_chunk, which reads eight weights of a row in any of
-// GGUF's block layouts. smol-cuda.cu includes it (for CUDA, and for ROCm
-// through smol-hip.h), and so does scripts/gemv-lab.cuh, so that the GEMV
-// lab times the backend's own loads.
+// conversions, load_chunk, which reads eight weights of a row in any of
+// GGUF's block layouts, and a GEMV chunk's arithmetic (x_chunk, dot8).
+// smol-cuda.cu includes it (for CUDA, and for ROCm through smol-hip.h), and
+// so do scripts/gemv-lab.cuh and scripts/gemv-grid-lab.cu, so that the GEMV
+// labs time the backend's own loads and sums.
 #pragma once
 
 #if defined(SMOL_HIP)
@@ -153,6 +154,29 @@ template <> struct raw_chunk<SMOL_TYPE_Q4_1> {
         e1 = e0 + 16;
     }
 };
+
+// The eight activations a chunk's weights meet, x[e0..e0+3] in a and
+// x[e1..e1+3] in b; with a folded RMS norm (norm_w) their squares go into
+// ss first, then they are scaled by the norm's weights.
+__device__ __forceinline__ void x_chunk(const float * x, const float * norm_w, int e0, int e1,
+                                        float4 & a, float4 & b, float & ss) {
+    a = *reinterpret_cast<const float4 *>(x + e0);
+    b = *reinterpret_cast<const float4 *>(x + e1);
+    if (norm_w) {
+        const float4 na = *reinterpret_cast<const float4 *>(norm_w + e0);
+        const float4 nb = *reinterpret_cast<const float4 *>(norm_w + e1);
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z +
+              b.w * b.w;
+        a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
+        b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
+    }
+}
+
+// The dot of one chunk of 8 weights with x's elements e0..e0+3, e1..e1+3.
+__device__ __forceinline__ float dot8(const float (&v)[8], const float4 & a, const float4 & b) {
+    return v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
+           v[6] * b.z + v[7] * b.w;
+}
 
 // Eight weights of chunk ch of a row, read and decoded at once.
 template <int T>

@@ -517,12 +517,6 @@ __device__ __forceinline__ void mm_select(const mm_params & p, int & r, const ui
     }
 }
 
-// The dot of one chunk of 8 weights with x's elements e0..e0+3, e1..e1+3.
-__device__ __forceinline__ float dot8(const float (&v)[8], const float4 & a, const float4 & b) {
-    return v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
-           v[6] * b.z + v[7] * b.w;
-}
-
 // The GEMV of single-token decode: R weight rows a warp and KS warps a group
 // of R rows (mm_warps / KS groups a block); block y takes token y of a batch
 // (the autotune may choose the GEMV for a few tokens). The lanes of a
@@ -610,16 +604,8 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
             if (c0 + u * stride >= n_ch) continue;
             int e0, e1;
             raw_chunk<T>::where(c0 + u * stride, e0, e1);
-            float4 a = *reinterpret_cast<const float4 *>(x + e0);
-            float4 b = *reinterpret_cast<const float4 *>(x + e1);
-            if (p.norm_w) {
-                const float4 na = *reinterpret_cast<const float4 *>(p.norm_w + e0);
-                const float4 nb = *reinterpret_cast<const float4 *>(p.norm_w + e1);
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
-                      b.z * b.z + b.w * b.w;
-                a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
-                b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
-            }
+            float4 a, b;
+            x_chunk(x, p.norm_w, e0, e1, a, b, ss);
 #pragma unroll
             for (int j = 0; j < R; ++j) {
                 float v[8];
