@@ -27,7 +27,7 @@
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o gemv-grid-lab scripts/gemv-grid-lab.cu
 //   ./gemv-grid-lab
 #include "../smol-cuda-rows.cuh"
-#include "lab-common.cuh" // CK, fill_weights, fill_floats
+#include "lab-common.cuh" // CK, warp_sum, launch, fill_weights, fill_floats
 
 #include <algorithm>
 #include <cstdint>
@@ -49,11 +49,6 @@ struct P {
     const float * nw;  // folded RMS norm weights, or null
     const float * res; // residual, or null
 };
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
 
 template <bool SW, int KS, int R, int U, bool PIPE, int NW>
 __global__ void __launch_bounds__(NW * 32) gemv(const P p) {
@@ -89,57 +84,40 @@ __global__ void __launch_bounds__(NW * 32) gemv(const P p) {
 #pragma unroll
         for (int j = 0; j < R; ++j) acc[j] = accu[j] = 0.0f;
         for (int c0 = c_first; valid && c0 < n_ch; c0 += U * stride) {
+            // One pass: these chunks, read now (the first before the wait).
+            // Pipelined: they were read before; the next ones go in flight
+            // before these are used (this group's, else the first of the
+            // warp's next group).
+            if (!PIPE && c0 != c_first) fetch(g, c0);
             chunk w[U][R], wu[U][SW ? R : 1];
-            if (PIPE) {
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < U; ++u) {
 #pragma unroll
-                    for (int j = 0; j < R; ++j) {
-                        w[u][j] = cw[u][j];
-                        if constexpr (SW) wu[u][j] = cu[u][j];
-                    }
-                }
-                // The next chunks in flight before these are used: this
-                // group's, else the first of the warp's next group.
-                if (c0 + U * stride < n_ch)
-                    fetch(g, c0 + U * stride);
-                else if (g + gstep < n_groups)
-                    fetch(g + gstep, c_first);
-            } else {
-                if (c0 != c_first) fetch(g, c0);
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-#pragma unroll
-                    for (int j = 0; j < R; ++j) {
-                        w[u][j] = cw[u][j];
-                        if constexpr (SW) wu[u][j] = cu[u][j];
-                    }
+                for (int j = 0; j < R; ++j) {
+                    w[u][j] = cw[u][j];
+                    if constexpr (SW) wu[u][j] = cu[u][j];
                 }
             }
+            if (PIPE && c0 + U * stride < n_ch)
+                fetch(g, c0 + U * stride);
+            else if (PIPE && g + gstep < n_groups)
+                fetch(g + gstep, c_first);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int ch = c0 + u * stride;
                 if (ch >= n_ch) continue;
-                float4 a = *reinterpret_cast<const float4 *>(p.x + 8 * ch);
-                float4 b = *reinterpret_cast<const float4 *>(p.x + 8 * ch + 4);
-                if (p.nw) {
-                    const float4 na = *reinterpret_cast<const float4 *>(p.nw + 8 * ch);
-                    const float4 nb = *reinterpret_cast<const float4 *>(p.nw + 8 * ch + 4);
-                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
-                          b.z * b.z + b.w * b.w;
-                    a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
-                    b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
-                }
+                int e0, e1;
+                chunk::where(ch, e0, e1);
+                float4 a, b;
+                smol::x_chunk(p.x, p.nw, e0, e1, a, b, ss);
 #pragma unroll
                 for (int j = 0; j < R; ++j) {
                     float v[8];
                     w[u][j].decode(v);
-                    acc[j] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
-                              v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                    acc[j] += smol::dot8(v, a, b);
                     if constexpr (SW) {
                         wu[u][j].decode(v);
-                        accu[j] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
-                                   v[5] * b.y + v[6] * b.z + v[7] * b.w;
+                        accu[j] += smol::dot8(v, a, b);
                     }
                 }
             }

@@ -1,14 +1,15 @@
 // The GEMV kernel of scripts/gemv-variants.cu and scripts/gemv-step.cu: a
 // stand-alone copy of the loop of gemv_kernel in smol-cuda.cu (f16, q8_0
-// and q4_1 weights read by the backend's own load_chunk, f32 activations, a
-// folded RMS norm, SwiGLU and residual epilogues) with every variant as a
+// and q4_1 weights read by the backend's own load_chunk and met by its
+// x_chunk and dot8, f32 activations, a folded RMS norm, SwiGLU and residual
+// epilogues) with every variant as a
 // template parameter: KS warps a group of R rows, U chunks of 8 a lane
 // loaded before use; PDL: launched early (griddepcontrol), PF: before the
 // wait, prefetch 0 nothing, 1 the first 4 KiB of each row, 2 its first 512
 // bytes. Compile from the repository root (see the scripts that include it).
 #pragma once
 #include "../smol-cuda-rows.cuh"
-#include "lab-common.cuh" // CK, fill_weights, fill_floats
+#include "lab-common.cuh" // CK, warp_sum, launch, fill_weights, fill_floats
 
 #include <cmath>
 #include <cstdint>
@@ -30,10 +31,6 @@ struct P {
     const float * nw;
     const float * res;
 };
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffff, v, m);
-    return v;
-}
 template <int T, bool SW, int KS, int R, int U, bool PDL = false, int PF = 0>
 __global__ void __launch_bounds__(128) gemv(const P p) {
     constexpr int NW = 4, GPB = NW / KS;
@@ -73,26 +70,12 @@ __global__ void __launch_bounds__(128) gemv(const P p) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c0 + u * stride < n_ch) {
-                float4 a = *reinterpret_cast<const float4 *>(p.x + e0[u]);
-                float4 b = *reinterpret_cast<const float4 *>(p.x + e1[u]);
-                if (p.nw) {
-                    const float4 na = *reinterpret_cast<const float4 *>(p.nw + e0[u]);
-                    const float4 nb = *reinterpret_cast<const float4 *>(p.nw + e1[u]);
-                    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y +
-                          b.z * b.z + b.w * b.w;
-                    a = make_float4(a.x * na.x, a.y * na.y, a.z * na.z, a.w * na.w);
-                    b = make_float4(b.x * nb.x, b.y * nb.y, b.z * nb.z, b.w * nb.w);
-                }
+                float4 a, b;
+                smol::x_chunk(p.x, p.nw, e0[u], e1[u], a, b, ss);
 #pragma unroll
                 for (int j = 0; j < R; ++j) {
-                    const float * w = v[u][j];
-                    acc[j] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x +
-                              w[5] * b.y + w[6] * b.z + w[7] * b.w;
-                    if constexpr (SW) {
-                        const float * q = vu[u][j];
-                        accu[j] += q[0] * a.x + q[1] * a.y + q[2] * a.z + q[3] * a.w + q[4] * b.x +
-                                   q[5] * b.y + q[6] * b.z + q[7] * b.w;
-                    }
+                    acc[j] += smol::dot8(v[u][j], a, b);
+                    if constexpr (SW) accu[j] += smol::dot8(vu[u][j], a, b);
                 }
             }
         }

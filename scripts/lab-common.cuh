@@ -1,6 +1,7 @@
 // What the GPU labs in scripts/ share: CK, which stops the program with the
-// call that failed and CUDA's error, and device buffers of random values
-// (f16 weights, f32 activations) from a seeded pattern.
+// call that failed and CUDA's error, a warp's sum, a launch that may go
+// early, and device buffers of random values (f16 weights, f32
+// activations) from a seeded pattern.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -19,6 +20,12 @@
             std::exit(1);                                                                          \
         }                                                                                          \
     } while (0)
+
+// The sum of v over a warp's lanes.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
 
 // kernel<<<grid, block, smem, s>>>(args...), launched early (programmatic
 // dependent launch: it may start while the kernel before it ends, up to its

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
             }
             *reinterpret_cast<float4 *>(xs + i) = v;
         }
-        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        ss = warp_sum(ss);
         if (lane == 0) red[warp] = ss;
         consumers_sync<NC>();
         const bool in_regs = u.pieces == 1 && o.K <= 128 * x_regs;
@@ -243,10 +243,8 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
                         for (int k = 4 * lane; k < kn; k += 128)
                             step4(k, *reinterpret_cast<const float4 *>(xs + k0 + k));
                     }
-                    for (int m = 16; m > 0; m >>= 1) {
-                        a += __shfl_xor_sync(0xffffffffu, a, m);
-                        au += __shfl_xor_sync(0xffffffffu, au, m);
-                    }
+                    a = warp_sum(a);
+                    au = warp_sum(au);
                     if (lane == 0) {
                         const int at = u.pieces > 1 ? j : (r0 - lo + row);
                         parts[2 * at] = a;
@@ -340,7 +338,7 @@ template <bool PDL> __global__ void __launch_bounds__(128) bulk_gemv(const Op o,
         }
         xv[i] = v;
     }
-    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    ss = warp_sum(ss);
     if (lane == 0 && warp < segs) ssp[warp] = ss;
     mbar_wait(&bar, 0);
     const __half * wt = reinterpret_cast<const __half *>(wsm);
@@ -355,10 +353,8 @@ template <bool PDL> __global__ void __launch_bounds__(128) bulk_gemv(const Op o,
             const int k = 128 * i + 4 * lane;
             if (k < kn) dot4(wr, ur, k, xv[i], o.wu, a, au);
         }
-        for (int m = 16; m > 0; m >>= 1) {
-            a += __shfl_xor_sync(0xffffffffu, a, m);
-            au += __shfl_xor_sync(0xffffffffu, au, m);
-        }
+        a = warp_sum(a);
+        au = warp_sum(au);
         if (lane == 0) {
             part[0][item] = a;
             part[1][item] = au;
