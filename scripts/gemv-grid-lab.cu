@@ -24,8 +24,17 @@
 // Every variant but those that force KS sums in smol's order, so their
 // logits must agree to the bit with the first.
 //
+// "Co-resident" variants ask a second question: a launch's blocks take an
+// SM's warp slots and registers until they end, so the next GEMV's blocks
+// start (and read their first chunks) only as those end. With at most half
+// an SM's registers a launch (a cap through __launch_bounds__) and blocks
+// a few an SM, grid-stride, two launches' blocks fit at once: the next one
+// is resident and waiting when the one before ends. Does that save the
+// link? Each prints the most registers a thread its kernels took.
+//
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o gemv-grid-lab scripts/gemv-grid-lab.cu
-//   ./gemv-grid-lab
+//   ./gemv-grid-lab                       every variant
+//   ./gemv-grid-lab 'co-resident|U 2'     the first and those whose names hold one
 #include "../smol-cuda-rows.cuh"
 #include "lab-common.cuh" // CK, warp_sum, launch, fill_weights, fill_floats
 
@@ -50,8 +59,8 @@ struct P {
     const float * res; // residual, or null
 };
 
-template <bool SW, int KS, int R, int U, bool PIPE, int NW>
-__global__ void __launch_bounds__(NW * 32) gemv(const P p) {
+template <bool SW, int KS, int R, int U, bool PIPE, int NW, int MINB = 0>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv(const P p) {
     constexpr int GPB = NW / KS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = warp % KS;
     const int n_groups = p.rows / R, gstep = int(gridDim.x) * GPB;
@@ -88,7 +97,10 @@ __global__ void __launch_bounds__(NW * 32) gemv(const P p) {
             // Pipelined: they were read before; the next ones go in flight
             // before these are used (this group's, else the first of the
             // warp's next group).
-            if (!PIPE && c0 != c_first) fetch(g, c0);
+            // (With MINB, one pass goes over row groups grid-stride: a warp's
+            // later groups read their first chunks here too.)
+            if (!PIPE && (c0 != c_first || (MINB > 0 && base != int(blockIdx.x) * GPB)))
+                fetch(g, c0);
             chunk w[U][R], wu[U][SW ? R : 1];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -190,34 +202,78 @@ struct Variant {
     int bps; // blocks an SM, 0: a block a row group's share
     int ks;  // warps a row group; 0: smol's choice by rows an SM
     int nw = 4; // warps a block
+    // At least this many blocks an SM (registers capped to fit them; 1:
+    // one pass grid-stride, no cap; 0: none of it). With bps at most half
+    // of it, two launches' blocks fit on an SM at once: the next GEMV's
+    // blocks are resident and have read their first chunks when the one
+    // before ends.
+    int minb = 0;
 };
 
 int sms = 0;
+int regs_seen = 0;           // the most registers a thread of the variant's kernels took
+const char * only = nullptr; // variants to run, split by '|' (see chosen)
 
-template <bool SW, int KS, int U, bool PIPE>
-void go_t(const P & p, int bps, int nw, cudaStream_t s) {
+// Whether the variant of this name runs: the first always, the others when
+// no list was given or their name holds one of its parts.
+bool chosen(const char * name, bool first) {
+    if (!only || first) return true;
+    for (const char * a = only; *a;) {
+        const char * e = std::strchr(a, '|');
+        const size_t n = e ? size_t(e - a) : std::strlen(a);
+        if (n && std::search(name, name + std::strlen(name), a, a + n) != name + std::strlen(name))
+            return true;
+        a += n + (e ? 1 : 0);
+    }
+    return false;
+}
+
+template <typename K> void note_regs(K kernel) {
+    cudaFuncAttributes a{};
+    CK(cudaFuncGetAttributes(&a, kernel));
+    regs_seen = std::max(regs_seen, a.numRegs);
+}
+template <bool SW, int KS, int U, bool PIPE, int MINB>
+void go_m(const P & p, int bps, int nw, cudaStream_t s) {
     constexpr int R = 2;
     const int gpb = nw / KS, groups = p.rows / R, need = (groups + gpb - 1) / gpb;
     const int grid = bps > 0 ? std::min(need, bps * sms) : need;
-    if (nw == 8)
-        launch(gemv<SW, KS, R, U, PIPE, 8>, dim3(grid), dim3(256), 0, s, true, p);
-    else
-        launch(gemv<SW, KS, R, U, PIPE, 4>, dim3(grid), dim3(128), 0, s, true, p);
+    if (nw == 8) { // (no variant caps the registers of eight warps a block)
+        note_regs(gemv < SW, KS, R, U, PIPE, 8, MINB ? 1 : 0 >);
+        launch(gemv < SW, KS, R, U, PIPE, 8, MINB ? 1 : 0 >, dim3(grid), dim3(256), 0, s, true, p);
+    } else {
+        note_regs(gemv<SW, KS, R, U, PIPE, 4, MINB>);
+        launch(gemv<SW, KS, R, U, PIPE, 4, MINB>, dim3(grid), dim3(128), 0, s, true, p);
+    }
+}
+template <bool SW, int KS, int U, bool PIPE>
+void go_t(const P & p, int bps, int nw, int minb, cudaStream_t s) {
+    if constexpr (U <= 2) { // capped registers: the co-resident variants alone
+        if (minb >= 10)
+            return go_m<SW, KS, U, PIPE, 10>(p, bps, nw, s);
+        else if (minb >= 8)
+            return go_m<SW, KS, U, PIPE, 8>(p, bps, nw, s);
+        else if (minb >= 6)
+            return go_m<SW, KS, U, PIPE, 6>(p, bps, nw, s);
+        else if (minb >= 1 && !PIPE)
+            return go_m<SW, KS, U, PIPE, 1>(p, bps, nw, s);
+    }
+    go_m<SW, KS, U, PIPE, 0>(p, bps, nw, s);
 }
 template <bool SW, int KS, bool PIPE>
-void go_u(const P & p, int u, int bps, int nw, cudaStream_t s) {
+void go_u(const P & p, int u, int bps, int nw, int minb, cudaStream_t s) {
     if (u <= 1)
-        go_t<SW, KS, 1, PIPE>(p, bps, nw, s);
+        go_t<SW, KS, 1, PIPE>(p, bps, nw, minb, s);
     else if (u == 2)
-        go_t<SW, KS, 2, PIPE>(p, bps, nw, s);
+        go_t<SW, KS, 2, PIPE>(p, bps, nw, minb, s);
     else if (u == 3)
-        go_t<SW, KS, 3, PIPE>(p, bps, nw, s);
+        go_t<SW, KS, 3, PIPE>(p, bps, nw, minb, s);
     else if (u == 4)
-        go_t<SW, KS, 4, PIPE>(p, bps, nw, s);
+        go_t<SW, KS, 4, PIPE>(p, bps, nw, minb, s);
     else if (u <= 6)
-        go_t<SW, KS, 6, PIPE>(p, bps, nw, s);
+        go_t<SW, KS, 6, PIPE>(p, bps, nw, minb, s);
     else
-        go_t<SW, KS, 8, PIPE>(p, bps, nw, s);
+        go_t<SW, KS, 8, PIPE>(p, bps, nw, minb, s);
 }
 template <bool SW> void go(const P & p, const Variant & v, cudaStream_t s) {
     // smol's split of K: 4 warps a row group below 8 rows an SM, 2 below 24.
@@ -228,9 +284,9 @@ template <bool SW> void go(const P & p, const Variant & v, cudaStream_t s) {
     auto by_ks = [&](auto ksc) {
         constexpr int KS = decltype(ksc)::value;
         if (v.pipe)
-            go_u<SW, KS, true>(p, u, v.bps, v.nw, s);
+            go_u<SW, KS, true>(p, u, v.bps, v.nw, v.minb, s);
         else
-            go_u<SW, KS, false>(p, u, v.bps, v.nw, s);
+            go_u<SW, KS, false>(p, u, v.bps, v.nw, v.minb, s);
     };
     if (ks == 1)
         by_ks(std::integral_constant<int, 1>{});
@@ -303,10 +359,19 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
         {"pipelined U=2, 2 blocks an SM", true, 2, 2, 0},
         {"pipelined U=4, 2 blocks an SM", true, 4, 2, 0},
         {"pipelined U=4, 1 block an SM", true, 4, 1, 0},
+        {"co-resident: one pass, U 2 where 2 batches, 4 an SM <=64 regs", false, -1, 4, 0, 4, 8},
+        {"co-resident: one pass, U 1, 4 an SM <=64 regs", false, 1, 4, 0, 4, 8},
+        {"co-resident: pipelined U=1, 4 an SM <=64 regs", true, 1, 4, 0, 4, 8},
+        {"co-resident: pipelined U=2, 4 an SM <=64 regs", true, 2, 4, 0, 4, 8},
+        {"co-resident: pipelined U=2, 3 an SM <=80 regs", true, 2, 3, 0, 4, 6},
+        {"co-resident: one pass, U 2 where 2 batches, 5 an SM <=48 regs", false, -1, 5, 0, 4, 10},
+        {"co-resident?: one pass, U 2 where 2 batches, 4 an SM, no cap", false, -1, 4, 0, 4, 1},
     };
     std::vector<float> ref(V), out(V);
     for (int round = 0; round < 2; ++round) {
         for (const Variant & v : vs) {
+            if (!chosen(v.name, &v == vs)) continue;
+            regs_seen = 0;
             auto step = [&] {
                 for (int l = 0; l < L; ++l) {
                     const uint8_t * base = W + layer * l;
@@ -333,8 +398,9 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
             if (&v == vs && round == 0) ref = out;
             const bool same = std::memcmp(ref.data(), out.data(), V * 4) == 0;
             const float us = replay_us(s, ge, 30);
-            std::printf("  round %d  %-40s %8.1f us  %5.1f%% of floor  logits %s\n", round + 1,
-                        v.name, us, 100 * (total / 4.2e6) / us, same ? "identical" : "DIFFER");
+            std::printf("  round %d  %-40s %8.1f us  %5.1f%% of floor  logits %s  (%d regs)\n",
+                        round + 1, v.name, us, 100 * (total / 4.2e6) / us,
+                        same ? "identical" : "DIFFER", regs_seen);
             std::fflush(stdout);
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(gr));
@@ -343,7 +409,8 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
     CK(cudaFree(W));
 }
 
-int main() {
+int main(int argc, char ** argv) {
+    if (argc > 1) only = argv[1];
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     model("SmolLM2-135M shape", 30, 576, 1536, 960, 3);
     model("SmolLM2-1.7B shape", 24, 2048, 8192, 6144, 32);
