@@ -32,6 +32,10 @@
 // is resident and waiting when the one before ends. Does that save the
 // link? Each prints the most registers a thread its kernels took.
 //
+// "Attention in the q/k/v GEMV's last blocks" asks a third: does a launch
+// go for less if the stand-in attention moves into the GEMV before it, done
+// by the block that ends a kv head's rows (a counter a head)?
+//
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o gemv-grid-lab scripts/gemv-grid-lab.cu
 //   ./gemv-grid-lab                       every variant
 //   ./gemv-grid-lab 'co-resident|U 2'     the first and those whose names hold one
@@ -57,9 +61,16 @@ struct P {
     const float * x;
     const float * nw;  // folded RMS norm weights, or null
     const float * res; // residual, or null
+    // The q, k, v GEMV with the stand-in attention in its last blocks: a
+    // counter a kv head (D q rows in n_kv heads' groups, then n_kv k and
+    // n_kv v heads of 64 rows); the block that ends a kv head's rows copies
+    // its q heads into attn_out as the stand-in kernel does.
+    int * done = nullptr;
+    float * attn_out = nullptr;
+    int D = 0, n_kv = 0;
 };
 
-template <bool SW, int KS, int R, int U, bool PIPE, int NW, int MINB = 0>
+template <bool SW, int KS, int R, int U, bool PIPE, int NW, int MINB = 0, int FUSE = 0>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv(const P p) {
     constexpr int GPB = NW / KS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ks = warp % KS;
@@ -176,6 +187,39 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv(const P p) {
             p.y[r] = a;
         }
     }
+    if constexpr (FUSE) { // a block a row group's share: its rows lie in one head
+        __shared__ int head;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            constexpr int hd = 64;
+            const int r0 = int(blockIdx.x) * GPB * R, qh = p.D / p.n_kv;
+            const int h = r0 < p.D                 ? r0 / qh
+                          : r0 < p.D + p.n_kv * hd ? (r0 - p.D) / hd
+                                                   : (r0 - p.D - p.n_kv * hd) / hd;
+            // 1: fences around the count; 2: one acquire-release add, the
+            // block's writes ordered before it by the barrier above.
+            int old;
+            if constexpr (FUSE == 1) {
+                __threadfence();
+                old = atomicAdd(p.done + h, 1);
+            } else {
+                asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                             : "=r"(old)
+                             : "l"(p.done + h)
+                             : "memory");
+            }
+            const bool last = old == (qh + 2 * hd) / (GPB * R) - 1;
+            if (last) p.done[h] = 0; // for the next launch
+            if constexpr (FUSE == 1) __threadfence();
+            head = last ? h : -1;
+        }
+        __syncthreads();
+        if (head >= 0) {
+            const int qh = p.D / p.n_kv;
+            for (int i = threadIdx.x; i < qh; i += blockDim.x)
+                p.attn_out[head * qh + i] = __ldcg(p.y + head * qh + i) * 0.5f;
+        }
+    }
 }
 
 // A short history's attention, standing in: a block a kv head, 256 threads,
@@ -208,9 +252,11 @@ struct Variant {
     // blocks are resident and have read their first chunks when the one
     // before ends.
     int minb = 0;
+    int fuse = 0; // the stand-in attention in the q, k, v GEMV's last blocks (FUSE of gemv)
 };
 
 int sms = 0;
+int fuse_count = 0;          // the variant's FUSE
 int regs_seen = 0;           // the most registers a thread of the variant's kernels took
 const char * only = nullptr; // variants to run, split by '|' (see chosen)
 
@@ -238,13 +284,31 @@ void go_m(const P & p, int bps, int nw, cudaStream_t s) {
     constexpr int R = 2;
     const int gpb = nw / KS, groups = p.rows / R, need = (groups + gpb - 1) / gpb;
     const int grid = bps > 0 ? std::min(need, bps * sms) : need;
-    if (nw == 8) { // (no variant caps the registers of eight warps a block)
-        note_regs(gemv < SW, KS, R, U, PIPE, 8, MINB ? 1 : 0 >);
-        launch(gemv < SW, KS, R, U, PIPE, 8, MINB ? 1 : 0 >, dim3(grid), dim3(256), 0, s, true, p);
-    } else {
-        note_regs(gemv<SW, KS, R, U, PIPE, 4, MINB>);
-        launch(gemv<SW, KS, R, U, PIPE, 4, MINB>, dim3(grid), dim3(128), 0, s, true, p);
-    }
+    // Registers are capped for four warps a block alone (no variant asks
+    // for more warps with a cap).
+    auto with_nw = [&](auto nwc) {
+        constexpr int NW = decltype(nwc)::value, MB = NW == 4 ? MINB : MINB ? 1 : 0;
+        if constexpr (NW == 4 && MB == 0 && !PIPE) {
+            auto fused = [&](auto fc) {
+                constexpr int F = decltype(fc)::value;
+                note_regs(gemv<SW, KS, R, U, PIPE, NW, 0, F>);
+                launch(gemv<SW, KS, R, U, PIPE, NW, 0, F>, dim3(grid), dim3(NW * 32), 0, s, true,
+                       p);
+            };
+            if (p.done && fuse_count == 2) return fused(std::integral_constant<int, 2>{});
+            if (p.done) return fused(std::integral_constant<int, 1>{});
+        }
+        note_regs(gemv<SW, KS, R, U, PIPE, NW, MB>);
+        launch(gemv<SW, KS, R, U, PIPE, NW, MB>, dim3(grid), dim3(NW * 32), 0, s, true, p);
+    };
+    if (nw == 32)
+        with_nw(std::integral_constant<int, 32>{});
+    else if (nw == 16)
+        with_nw(std::integral_constant<int, 16>{});
+    else if (nw == 8)
+        with_nw(std::integral_constant<int, 8>{});
+    else
+        with_nw(std::integral_constant<int, 4>{});
 }
 template <bool SW, int KS, int U, bool PIPE>
 void go_t(const P & p, int bps, int nw, int minb, cudaStream_t s) {
@@ -331,6 +395,9 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
     CK(cudaMalloc(&a, D * 4));
     CK(cudaMalloc(&g, F * 4));
     CK(cudaMalloc(&logits, V * 4));
+    int * done;
+    CK(cudaMalloc(&done, n_kv * sizeof(int)));
+    CK(cudaMemset(done, 0, n_kv * sizeof(int)));
     {
         std::mt19937 rng(1);
         fill_floats(x0, F, rng);
@@ -346,6 +413,11 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
         {"one pass, U 2 where a lane has 2 batches", false, -1, 0, 0},
         {"one pass, U 2 where 2 batches, 8 warps", false, -1, 0, 0, 8},
         {"one pass, 8 warps a block", false, 1, 0, 0, 8},
+        {"one pass, U 2 where 2 batches, 16 warps", false, -1, 0, 0, 16},
+        {"one pass, U 2 where 2 batches, 32 warps", false, -1, 0, 0, 32},
+        {"attention in the q/k/v GEMV's last blocks, U 2 where 2 batches", false, -1, 0, 0, 4, 0,
+         1},
+        {"attention in the q/k/v GEMV's last blocks, acq_rel count", false, -1, 0, 0, 4, 0, 2},
         {"one pass, U 2", false, 2, 0, 0},
         {"one pass, whole rows a lane at once", false, 0, 0, 0},
         {"one pass, KS 1, whole rows at once", false, 0, 0, 1},
@@ -372,12 +444,18 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
         for (const Variant & v : vs) {
             if (!chosen(v.name, &v == vs)) continue;
             regs_seen = 0;
+            fuse_count = v.fuse;
             auto step = [&] {
                 for (int l = 0; l < L; ++l) {
                     const uint8_t * base = W + layer * l;
-                    go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr}, v, s);
-                    launch(attn, dim3(n_kv), dim3(256), 140 * 1024, s, true, (const float *)q, a,
-                           D);
+                    if (v.fuse) {
+                        go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr, done, a, D, n_kv}, v,
+                                  s);
+                    } else {
+                        go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr}, v, s);
+                        launch(attn, dim3(n_kv), dim3(256), 140 * 1024, s, true, (const float *)q,
+                               a, D);
+                    }
                     go<false>(P{base + qkv, nullptr, x, D, D, a, nullptr, x}, v, s);
                     go<true>(P{base + qkv + o, base + qkv + o + gu / 2, g, F, D, x, nw, nullptr}, v,
                              s);
