@@ -78,9 +78,22 @@ namespace {
 // and its writes are visible), so its launch, its block scheduling and
 // whatever it does before the wait (prefetching weights) overlap the
 // predecessor's tail. Each kernel launched that way calls griddep_wait()
-// before it reads or writes anything another kernel touches, then
+// before it reads or writes anything another kernel touches, and
 // griddep_launch() to let its own successor launch. Elsewhere both are
 // no-ops, as is the wait in a kernel launched the ordinary way.
+//
+// The GEMV and the decode attention kernel let their successor launch
+// before they wait, not after: then the kernel after next may start too
+// while the one before still runs, where the GPU has room for it (most
+// likely beside the 135M's short attention launches, which leave most of
+// it free). H200, tg128: 135M 1.06-1.10x, 360M 1.02-1.03x, 1.7B
+// 0.98-0.99x; the 135M at 32K 1.05-1.08x, long contexts otherwise level
+// (BENCHMARKS.md). No launch can wait on a later
+// one: a successor launches only once every block of its predecessor has
+// started, so each launch's blocks all hold their places before the next
+// launch's start. Before their wait both read only what no kernel of the
+// step writes (weights, the staged cell table, earlier steps' cells); the
+// decode kernel reads the step's own cells again after it.
 __device__ __forceinline__ void griddep_wait() {
 #if !defined(SMOL_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -586,8 +599,8 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     };
     const int c_first = ks * warp_size + lane;
     if (p.early && c_first < n_ch) fetch(c_first);
+    griddep_launch(); // before the wait (see griddep_wait)
     griddep_wait();
-    griddep_launch();
     if (KS == 1 && !valid) return;
     if (!p.early && c_first < n_ch) fetch(c_first);
 
@@ -1828,8 +1841,8 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     // The cells of the step's first warp_size tokens, staged before the step
     // began like the count: the refetch below needs them once the wait returns.
     const int first_cell = lane < p.n_tok ? p.cell[lane] : -1;
+    griddep_launch(); // before the wait (see griddep_wait)
     griddep_wait();
-    griddep_launch();
     // Rows of tile `base` in buffer b that this step's tokens wrote, read
     // again (a 16-byte piece a lane, K's then V's), in place of what the
     // copy issued before the wait may have found.
