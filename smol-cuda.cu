@@ -88,12 +88,14 @@ namespace {
 // likely beside the 135M's short attention launches, which leave most of
 // it free). H200, tg128: 135M 1.06-1.10x, 360M 1.02-1.03x, 1.7B
 // 0.98-0.99x; the 135M at 32K 1.05-1.08x, long contexts otherwise level
-// (BENCHMARKS.md). No launch can wait on a later
-// one: a successor launches only once every block of its predecessor has
-// started, so each launch's blocks all hold their places before the next
-// launch's start. Before their wait both read only what no kernel of the
-// step writes (weights, the staged cell table, earlier steps' cells); the
-// decode kernel reads the step's own cells again after it.
+// (BENCHMARKS.md).
+//
+// No launch can wait on a later one: a successor launches only once every
+// block of its predecessor has started, so each launch's blocks all hold
+// their places before the next launch's start. Before their wait both
+// kernels read only what no kernel of the step writes (weights, the staged
+// cell table, earlier steps' cells); the decode kernel reads the step's own
+// cells again after it.
 __device__ __forceinline__ void griddep_wait() {
 #if !defined(SMOL_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");

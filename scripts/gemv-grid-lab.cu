@@ -61,10 +61,12 @@ struct P {
     const float * x;
     const float * nw;  // folded RMS norm weights, or null
     const float * res; // residual, or null
-    // The q, k, v GEMV with the stand-in attention in its last blocks: a
-    // counter a kv head (D q rows in n_kv heads' groups, then n_kv k and
-    // n_kv v heads of 64 rows); the block that ends a kv head's rows copies
-    // its q heads into attn_out as the stand-in kernel does.
+    // The q, k, v GEMV with the stand-in attention in its last blocks
+    // (fuse: 1 with fences around the count, 2 with one acquire-release
+    // add): a counter a kv head (D q rows in n_kv heads' groups, then n_kv k
+    // and n_kv v heads of 64 rows); the block that ends a kv head's rows
+    // copies its q heads into attn_out as the stand-in kernel does.
+    int fuse = 0;
     int * done = nullptr;
     float * attn_out = nullptr;
     int D = 0, n_kv = 0;
@@ -240,23 +242,22 @@ __global__ void attn(const float * q, float * o, int n) {
 
 struct Variant {
     const char * name;
-    bool pipe;
-    int u;   // chunks a lane a batch; 0: all of a lane's chunks of a row at once (up to 8); -1: 2
-             // where a lane has two batches of one, else 1
-    int bps; // blocks an SM, 0: a block a row group's share
-    int ks;  // warps a row group; 0: smol's choice by rows an SM
-    int nw = 4; // warps a block
+    bool pipe = false; // pipelined, else one pass
+    int u = 1;   // chunks a lane a batch; 0: all of a lane's chunks of a row at once (up to 8); -1:
+                 // 2 where a lane has two batches of one, else 1
+    int bps = 0; // blocks an SM, 0: a block a row group's share
+    int ks = 0;  // warps a row group; 0: smol's choice by rows an SM
+    int nw = 4;  // warps a block
     // At least this many blocks an SM (registers capped to fit them; 1:
     // one pass grid-stride, no cap; 0: none of it). With bps at most half
     // of it, two launches' blocks fit on an SM at once: the next GEMV's
     // blocks are resident and have read their first chunks when the one
     // before ends.
     int minb = 0;
-    int fuse = 0; // the stand-in attention in the q, k, v GEMV's last blocks (FUSE of gemv)
+    int fuse = 0; // the stand-in attention in the q, k, v GEMV's last blocks (P::fuse)
 };
 
 int sms = 0;
-int fuse_count = 0;          // the variant's FUSE
 int regs_seen = 0;           // the most registers a thread of the variant's kernels took
 const char * only = nullptr; // variants to run, split by '|' (see chosen)
 
@@ -295,8 +296,8 @@ void go_m(const P & p, int bps, int nw, cudaStream_t s) {
                 launch(gemv<SW, KS, R, U, PIPE, NW, 0, F>, dim3(grid), dim3(NW * 32), 0, s, true,
                        p);
             };
-            if (p.done && fuse_count == 2) return fused(std::integral_constant<int, 2>{});
-            if (p.done) return fused(std::integral_constant<int, 1>{});
+            if (p.fuse == 2) return fused(std::integral_constant<int, 2>{});
+            if (p.fuse == 1) return fused(std::integral_constant<int, 1>{});
         }
         note_regs(gemv<SW, KS, R, U, PIPE, NW, MB>);
         launch(gemv<SW, KS, R, U, PIPE, NW, MB>, dim3(grid), dim3(NW * 32), 0, s, true, p);
@@ -411,13 +412,14 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
     const Variant vs[] = {
         {"one pass, U 1 (smol before gemv_pair)", false, 1, 0, 0},
         {"one pass, U 2 where a lane has 2 batches", false, -1, 0, 0},
-        {"one pass, U 2 where 2 batches, 8 warps", false, -1, 0, 0, 8},
-        {"one pass, 8 warps a block", false, 1, 0, 0, 8},
-        {"one pass, U 2 where 2 batches, 16 warps", false, -1, 0, 0, 16},
-        {"one pass, U 2 where 2 batches, 32 warps", false, -1, 0, 0, 32},
-        {"attention in the q/k/v GEMV's last blocks, U 2 where 2 batches", false, -1, 0, 0, 4, 0,
-         1},
-        {"attention in the q/k/v GEMV's last blocks, acq_rel count", false, -1, 0, 0, 4, 0, 2},
+        {.name = "one pass, U 2 where 2 batches, 8 warps", .u = -1, .nw = 8},
+        {.name = "one pass, 8 warps a block", .nw = 8},
+        {.name = "one pass, U 2 where 2 batches, 16 warps", .u = -1, .nw = 16},
+        {.name = "one pass, U 2 where 2 batches, 32 warps", .u = -1, .nw = 32},
+        {.name = "attention in the q/k/v GEMV's last blocks, U 2 where 2 batches",
+         .u = -1,
+         .fuse = 1},
+        {.name = "attention in the q/k/v GEMV's last blocks, acq_rel count", .u = -1, .fuse = 2},
         {"one pass, U 2", false, 2, 0, 0},
         {"one pass, whole rows a lane at once", false, 0, 0, 0},
         {"one pass, KS 1, whole rows at once", false, 0, 0, 1},
@@ -431,26 +433,46 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
         {"pipelined U=2, 2 blocks an SM", true, 2, 2, 0},
         {"pipelined U=4, 2 blocks an SM", true, 4, 2, 0},
         {"pipelined U=4, 1 block an SM", true, 4, 1, 0},
-        {"co-resident: one pass, U 2 where 2 batches, 4 an SM <=64 regs", false, -1, 4, 0, 4, 8},
-        {"co-resident: one pass, U 1, 4 an SM <=64 regs", false, 1, 4, 0, 4, 8},
-        {"co-resident: pipelined U=1, 4 an SM <=64 regs", true, 1, 4, 0, 4, 8},
-        {"co-resident: pipelined U=2, 4 an SM <=64 regs", true, 2, 4, 0, 4, 8},
-        {"co-resident: pipelined U=2, 3 an SM <=80 regs", true, 2, 3, 0, 4, 6},
-        {"co-resident: one pass, U 2 where 2 batches, 5 an SM <=48 regs", false, -1, 5, 0, 4, 10},
-        {"co-resident?: one pass, U 2 where 2 batches, 4 an SM, no cap", false, -1, 4, 0, 4, 1},
+        {.name = "co-resident: one pass, U 2 where 2 batches, 4 an SM <=64 regs",
+         .u = -1,
+         .bps = 4,
+         .minb = 8},
+        {.name = "co-resident: one pass, U 1, 4 an SM <=64 regs", .bps = 4, .minb = 8},
+        {.name = "co-resident: pipelined U=1, 4 an SM <=64 regs",
+         .pipe = true,
+         .bps = 4,
+         .minb = 8},
+        {.name = "co-resident: pipelined U=2, 4 an SM <=64 regs",
+         .pipe = true,
+         .u = 2,
+         .bps = 4,
+         .minb = 8},
+        {.name = "co-resident: pipelined U=2, 3 an SM <=80 regs",
+         .pipe = true,
+         .u = 2,
+         .bps = 3,
+         .minb = 6},
+        {.name = "co-resident: one pass, U 2 where 2 batches, 5 an SM <=48 regs",
+         .u = -1,
+         .bps = 5,
+         .minb = 10},
+        {.name = "co-resident?: one pass, U 2 where 2 batches, 4 an SM, no cap",
+         .u = -1,
+         .bps = 4,
+         .minb = 1},
     };
     std::vector<float> ref(V), out(V);
     for (int round = 0; round < 2; ++round) {
         for (const Variant & v : vs) {
             if (!chosen(v.name, &v == vs)) continue;
             regs_seen = 0;
-            fuse_count = v.fuse;
             auto step = [&] {
                 for (int l = 0; l < L; ++l) {
                     const uint8_t * base = W + layer * l;
                     if (v.fuse) {
-                        go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr, done, a, D, n_kv}, v,
-                                  s);
+                        go<false>(
+                            P{base, nullptr, q, QKV, D, x, nw, nullptr, v.fuse, done, a, D, n_kv},
+                            v, s);
                     } else {
                         go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr}, v, s);
                         launch(attn, dim3(n_kv), dim3(256), 140 * 1024, s, true, (const float *)q,
