@@ -1,7 +1,7 @@
 // What the GPU labs in scripts/ share: CK, which stops the program with the
 // call that failed and CUDA's error, a warp's sum, a launch that may go
-// early, and device buffers of random values (f16 weights, f32
-// activations) from a seeded pattern.
+// early, device buffers of random values (f16 weights, f32 activations)
+// from a seeded pattern, and one GEMV of a decode step's chain (Op).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -65,3 +65,15 @@ inline void fill_floats(float * x, size_t n, std::mt19937 & rng, bool around_one
     for (auto & v : h) v = around_one ? 1 + 0.1f * d(rng) : d(rng);
     CK(cudaMemcpy(x, h.data(), n * 4, cudaMemcpyHostToDevice));
 }
+
+// One GEMV of a decode step: y = W x, with an RMS norm folded in, SwiGLU's
+// up rows, a residual.
+struct Op {
+    const __half * w;  // rows x K
+    const __half * wu; // SwiGLU's up rows (y = silu(w.x) * (wu.x)), or null
+    const float * x;   // the input, K floats
+    const float * nw;  // RMS norm weights folded into the product, or null
+    const float * res; // residual added, or null
+    float * y;
+    int rows, K;
+};

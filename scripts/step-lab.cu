@@ -23,18 +23,8 @@
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o step-lab scripts/step-lab.cu
 //   ./step-lab
-#include "gemv-lab.cuh"  // CK, and the headers
+#include "gemv-lab.cuh"  // CK, Op, and the headers
 #include "lab-async.cuh" // mbarriers and bulk copies
-
-struct Op {
-    const __half * w;  // rows x K
-    const __half * wu; // SwiGLU's up rows (y = silu(w.x) * (wu.x)), or null
-    const float * x;   // the input, K floats
-    const float * nw;  // RMS norm weights folded into the product, or null
-    const float * res; // residual added, or null
-    float * y;
-    int rows, K;
-};
 
 constexpr int max_k = 8192;
 
