@@ -188,4 +188,85 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
     raw_chunk<T>::where(ch, e0, e1);
 }
 
+#if !defined(SMOL_HIP)
+// --- the ring GEMV's pieces (sm_90 and up; smol-cuda.cu's gemv_ring_kernel,
+// scripts/lab-async.cuh and scripts/ring-step.cu) ---------------------------
+
+// Where element (r, k) of a rows x K matrix goes in the ring GEMV's packed
+// copy: units of 16 rows x KU columns (unit (row tile rt, segment sg) at
+// rt * K / KU + sg), each a run of 16 x 16 tiles, each tile the 32 lanes' A
+// fragments of mma.sync m16n8k16 in lane order (16 bytes a lane: rows g and
+// g + 8, columns 2t, 2t + 1 and 2t + 8, 2t + 9 of the tile, for
+// g = lane / 4 and t = lane % 4).
+__host__ __device__ inline size_t ring_packed_at(int r, int k, int K, int KU) {
+    const int rr = r % 16, kin = k % KU, kk = kin % 16;
+    const int lane = (rr % 8) * 4 + (kk % 8) / 2, reg = rr / 8 + 2 * (kk / 8);
+    const size_t unit = size_t(r / 16) * size_t(K / KU) + size_t(k / KU);
+    return unit * 16 * size_t(KU) + size_t(kin / 16) * 256 + size_t(lane) * 8 + size_t(reg) * 2 +
+           size_t(kk % 2);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void * p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+
+// The instructions below exist from sm_90 on; elsewhere (and in the host
+// pass) the helpers are empty, and only kernels built for sm_90 call them.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SMOL_SM90 1
+#else
+#define SMOL_SM90 0
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t * b, int count) {
+#if SMOL_SM90
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count)
+                 : "memory");
+#endif
+}
+// Waits for the phase of parity `parity` to complete. A slot's waits are
+// one warp's, in order: a parity wait cannot tell a phase from the one two
+// rounds later.
+__device__ __forceinline__ void mbar_wait(uint64_t * b, uint32_t parity) {
+#if SMOL_SM90
+    asm volatile("{\n .reg .pred p;\n W_%=:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 " @!p bra W_%=;\n}" ::"r"(smem_u32(b)),
+                 "r"(parity)
+                 : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t * b) {
+#if SMOL_SM90
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+#endif
+}
+// Arrives and adds `bytes` to what the barrier's phase waits for.
+__device__ __forceinline__ void mbar_expect(uint64_t * b, uint32_t bytes) {
+#if SMOL_SM90
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+// `bytes` (a multiple of 16) from global src to shared dst, counted on bar.
+__device__ __forceinline__ void bulk_copy(void * dst, const void * src, uint32_t bytes,
+                                          uint64_t * bar) {
+#if SMOL_SM90
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+// d += A b: A 16 x 16 (the lane's fragment a), b 16 x 8 (b0, b1); f16 in, f32 sums.
+__device__ __forceinline__ void mma16816(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
+#if SMOL_SM90
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#endif
+}
+#endif // !SMOL_HIP
+
 } // namespace smol

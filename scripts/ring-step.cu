@@ -316,35 +316,18 @@ __device__ __forceinline__ uint4 ldmatrix4(uint32_t addr) {
 __device__ __forceinline__ void tensor_copy(void * dst, const CUtensorMap * tm, int c0, int c1,
                                             uint64_t * bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst)),
-                 "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+                 "[%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
+                 "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
                  : "memory");
 }
 
-// d += A b: mma.sync m16n8k16, f16 in, f32 sums; A 16 x 16 (the lane's
-// fragment a), b 16 x 8 (the lane's b0, b1).
-__device__ __forceinline__ void mma16816(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-
-// Weights for ring_mma: a matrix in units of 16 rows x KU columns (unit
-// (row tile rt, segment sg) at rt * K / KU + sg), each a run of 16 x 16
-// tiles, each tile the 32 lanes' A fragments of mma.sync m16n8k16 in lane
-// order (16 bytes a lane: rows g and g + 8, columns 2t, 2t + 1 and 2t + 8,
-// 2t + 9, for g = lane / 4, t = lane % 4).
+// Weights for ring_mma: smol's packed layout (ring_packed_at) in units of
+// 16 rows x KU columns.
 __global__ void pack_kernel(const __half * w, __half * out, int rows, int K, int KU) {
     const size_t n = size_t(rows) * K;
     for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < n;
-         e += size_t(gridDim.x) * blockDim.x) {
-        const int r = int(e / K), k = int(e % K);
-        const int rr = r % 16, kin = k % KU, kk = kin % 16;
-        const int lane = (rr % 8) * 4 + (kk % 8) / 2, reg = rr / 8 + 2 * (kk / 8);
-        const size_t unit = size_t(r / 16) * (K / KU) + k / KU;
-        out[unit * 16 * KU + (kin / 16) * 256 + lane * 8 + reg * 2 + kk % 2] = w[e];
-    }
+         e += size_t(gridDim.x) * blockDim.x)
+        out[ring_packed_at(int(e / K), int(e % K), K, KU)] = w[e];
 }
 
 constexpr int mma_max_part = 3072; // floats: a block's (unit, row) sums, gate's and up's
@@ -373,7 +356,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
     constexpr int UB = 16 * KU * 2, slot = SW ? 2 * UB : UB, NT = KU / 16;
     extern __shared__ __align__(1024) uint8_t sm0[];
     // the swizzle's pattern is that of 1024-byte aligned addresses
-    uint8_t * sm = sm0 + ((1024 - (smem_addr(sm0) & 1023)) & 1023);
+    uint8_t * sm = sm0 + ((1024 - (smem_u32(sm0) & 1023)) & 1023);
     const int K = o.K, NS = K / KU;
     uint8_t * ring = sm;
     __half2 * xh = reinterpret_cast<__half2 *>(sm + size_t(S) * slot);
@@ -462,7 +445,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
                     // of the kt / 4-th 64-column chunk (16 lines of 128 bytes)
                     const int r = lane % 8 + 8 * (lane / 8 % 2), u = 2 * (kt % 4) + lane / 16;
                     const uint32_t off = (kt / 4) * 2048 + r * 128 + ((u ^ (r % 8)) * 16);
-                    const uint32_t base = smem_addr(ring + size_t(s) * slot);
+                    const uint32_t base = smem_u32(ring + size_t(s) * slot);
                     av[kt] = ldmatrix4(base + off);
                     if (SW) auv[kt] = ldmatrix4(base + UB + off);
                 } else {

@@ -140,19 +140,19 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
                     const uint8_t * src = reinterpret_cast<const uint8_t *>(o.w + off);
                     for (uint32_t at = lane * 16; at < bytes; at += 512)
                         asm volatile(
-                            "cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst + at)),
+                            "cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst + at)),
                             "l"(src + at)
                             : "memory");
                     if (o.wu) {
                         const uint8_t * su = reinterpret_cast<const uint8_t *>(o.wu + off);
                         for (uint32_t at = lane * 16; at < bytes; at += 512)
                             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                             smem_addr(dst + bytes + at)),
+                                             smem_u32(dst + bytes + at)),
                                          "l"(su + at)
                                          : "memory");
                     }
                     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                                     smem_addr(full + s))
+                                     smem_u32(full + s))
                                  : "memory");
                 }
             }

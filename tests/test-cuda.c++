@@ -1160,17 +1160,20 @@ namespace {
 // One llama layer and the output head, built like smol-llama.c++ does, on
 // any backend; returns the logits.
 struct layer_setup {
-    int E = 576, n_head = 9, n_head_kv = 3, hd = 64, F = 1536, V = 1000;
+    // SmolLM2-135M's widths unless given (heads of 64).
+    int E, n_head, n_head_kv, hd = 64, F, V = 1000;
     smol_type wt;
     std::vector<uint8_t> wq, wk, wv, wo, wg, wu, wd, wout;
     std::vector<float> n1, n2, n3, x;
     attn_setup a;
 
-    layer_setup(std::mt19937 & rng, smol_type t, int n_tok) : wt(t), a(rng, 9, 3, 64, 400, n_tok) {
+    layer_setup(std::mt19937 & rng, smol_type t, int n_tok, int e = 576, int nh = 9, int nkv = 3,
+                int f = 1536)
+        : E(e), n_head(nh), n_head_kv(nkv), F(f), wt(t), a(rng, nh, nkv, 64, 400, n_tok) {
         const float s = 1.0f / std::sqrt(float(E));
         wq = to_type(t, random_floats(rng, size_t(E * E), s), E);
-        wk = to_type(t, random_floats(rng, size_t(E * 192), s), E);
-        wv = to_type(t, random_floats(rng, size_t(E * 192), s), E);
+        wk = to_type(t, random_floats(rng, size_t(E * n_head_kv * hd), s), E);
+        wv = to_type(t, random_floats(rng, size_t(E * n_head_kv * hd), s), E);
         wo = to_type(t, random_floats(rng, size_t(E * E), s), E);
         wg = to_type(t, random_floats(rng, size_t(E * F), s), E);
         wu = to_type(t, random_floats(rng, size_t(E * F), s), E);
@@ -1251,6 +1254,69 @@ TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CP
             CHECK((fused->mm_used().find(" +kv_store\n") != std::string::npos) == (n_tok == 1));
         }
     }
+}
+
+TEST_CASE("a token's f16 GEMVs through the ring (SMOL_CUDA_RING=1) match float64 and the loop, "
+          "and store k and v") {
+    setenv("SMOL_CUDA_RING", "1", 1);
+    auto ring = gpu();
+    unsetenv("SMOL_CUDA_RING");
+    if (!ring) return;
+    auto plain = gpu();
+    auto c_be = cpu();
+    // Set by scripts/test-gpu.sh where the GPU is Hopper or newer: there the
+    // ring must have run, not only given the right numbers.
+    const char * must = std::getenv("SMOL_TEST_RING");
+    const bool required = must && std::string(must) == "1";
+    bool ran = true;
+    for (int64_t K : {256, 2048, 8192}) {
+        for (int64_t N : {208, 1024}) {
+            const uint32_t seed = fresh_seed();
+            CAPTURE(seed);
+            CAPTURE(K);
+            CAPTURE(N);
+            std::mt19937 rng(seed);
+            const auto wq = to_type(SMOL_TYPE_F16, random_floats(rng, size_t(N * K)), K);
+            const auto w = from_type(SMOL_TYPE_F16, wq, K, N);
+            const auto x = random_floats(rng, size_t(K));
+            std::vector<double> want(static_cast<size_t>(N));
+            for (int64_t r = 0; r < N; ++r) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; ++k)
+                    acc += double(w[size_t(r * K + k)]) * double(x[size_t(k)]);
+                want[size_t(r)] = acc;
+            }
+            auto run = [&](backend & be) {
+                side s(be);
+                tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_F16, wq.data(), K, N),
+                                                s.leaf(SMOL_TYPE_F32, x.data(), K, 1));
+                s.poison(out);
+                be.run(s.g);
+                return s.read(out);
+            };
+            const auto got = run(*ring);
+            ran = ran && ring->mm_used().find(" +ring") != std::string::npos;
+            // x goes in as f16 hi and lo (about 22 bits), the sums in f32.
+            CHECK(rel_err(got, want) <= 2e-5);
+            CHECK(rel_err(got, run(*plain)) <= 2e-5);
+        }
+    }
+    // A token through a layer of widths the ring takes (K 512 and 1024, rows
+    // of 16; the output head's 1,000 rows keep the loop): q, k and v with the
+    // norm and k, v into the cache, the output and down with the residual,
+    // gate and up with SwiGLU.
+    const uint32_t seed = fresh_seed();
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    layer_setup L(rng, SMOL_TYPE_F16, 1, 512, 8, 2, 1024);
+    const auto a = L.run(*ring), b = L.run(*plain), c = L.run(*c_be);
+    const std::string used = ring->mm_used();
+    CAPTURE(used);
+    ran = ran && used.find(" +ring +kv_store") != std::string::npos;
+    CHECK(rel_err(a, b) <= 1e-4);
+    CHECK(rel_err(a, c) <= 5e-2);
+    if (required) CHECK(ran);
+    MESSAGE(std::string(ran ? "the ring ran" : "the ring did not run (it needs sm_90 and up)"));
 }
 
 TEST_CASE("split-K and several-row GEMVs in a fused llama layer give the logits of the plain "
