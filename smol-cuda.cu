@@ -717,8 +717,12 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
 // producer fills the ring before the block waits for the kernel before it,
 // so a GEMV's weights arrive while the one before it ends. The weights are
 // read from a copy in the order of mma's fragments (ring_pack_kernel), made
-// when a decode graph is prepared. In a lab of the 1.7B's GEMV chain
-// (scripts/ring-step.cu, H200) this form ran 0.86-0.94x the loop's time.
+// when a decode graph is prepared; the copy counts against the device
+// memory limit but not in the plan, and where it does not fit the GEMVs keep
+// the loop. In a lab of the 1.7B's GEMV chain (scripts/ring-step.cu, H200)
+// this form took 0.86-0.94x the loop's time; in smol the 1.7B's tg128 ran
+// 1.03x (BENCHMARKS.md). Only f16 weights with K a multiple of 256 and rows
+// in 16s take it (not the 135M's or 360M's).
 
 constexpr int ring_warps = 8;       // consumer warps; a producer warp besides
 constexpr int ring_slots = 16;      // slots of ring_slot bytes
