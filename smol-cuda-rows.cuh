@@ -267,6 +267,61 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint4 a, uint32_t b0, ui
                  : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
 #endif
 }
+// A ring's barriers, by thread 0 before the block's first sync: slot s is
+// full once its bytes land, empty once `readers` warps have read it.
+__device__ __forceinline__ void ring_init(uint64_t * full, uint64_t * empty, int S, int readers) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full + s, 1);
+            mbar_init(empty + s, readers);
+        }
+#if SMOL_SM90
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+}
+
+// One arrival for a warp once all its lanes are past what came before (their
+// reads of a ring slot): the warp syncs, its lane 0 arrives.
+__device__ __forceinline__ void mbar_arrive_warp(uint64_t * b) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(b);
+}
+
+// x[i..i+4) as the ring GEMV's two f16 columns of x, hi = f16(x) and
+// lo = f16(x - hi): pairs i / 2 and i / 2 + 1 of xh and xl.
+__device__ __forceinline__ void ring_split_x(float4 v, __half2 * xh, __half2 * xl, int i) {
+    const __half2 h0 = __floats2half2_rn(v.x, v.y), h1 = __floats2half2_rn(v.z, v.w);
+    const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
+    xh[i / 2] = h0;
+    xh[i / 2 + 1] = h1;
+    xl[i / 2] = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
+    xl[i / 2 + 1] = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
+}
+
+// mma's b for the tile of x's columns k..k+16, lane (g, t) = (lane / 4,
+// lane % 4): column 0 (g = 0) x's hi, column 1 (g = 1) its lo (xb is xh
+// for g = 0, else xl), the other columns 0.
+__device__ __forceinline__ void ring_b_frag(const __half2 * xb, int g, int t, int k, uint32_t & b0,
+                                            uint32_t & b1) {
+    b0 = b1 = 0;
+    if (g < 2) {
+        const __half2 p0 = xb[k / 2 + t], p1 = xb[k / 2 + t + 4];
+        b0 = *reinterpret_cast<const uint32_t *>(&p0);
+        b1 = *reinterpret_cast<const uint32_t *>(&p1);
+    }
+}
+
+// A unit's row sums from four chains of mma (d[c]), for the lanes of t = 0:
+// rows g and g + 8 of its 16, each the sum of columns 0 and 1 (x's hi and
+// lo), into row[g] and row[g + 8].
+__device__ __forceinline__ void ring_row_sums(const float (&d)[4][4], float * row, int g) {
+    float r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[e] = (d[0][e] + d[1][e]) + (d[2][e] + d[3][e]);
+    row[g] = r[0] + r[1];
+    row[g + 8] = r[2] + r[3];
+}
 #endif // !SMOL_HIP
 
 } // namespace smol

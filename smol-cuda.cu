@@ -781,13 +781,7 @@ __global__ void __launch_bounds__((ring_warps + 1) * warp_size)
     const int rt0 = int((long long)n_rt * blockIdx.x / gridDim.x);
     const int rt1 = int((long long)n_rt * (blockIdx.x + 1) / gridDim.x);
     const int u0 = rt0 * NS, u1 = rt1 * NS;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; ++s) {
-            mbar_init(full + s, 1);
-            mbar_init(empty + s, 1);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    ring_init(full, empty, S, 1);
     __syncthreads();
     griddep_launch();
     if (warp == NC) { // the producer: weights are no kernel's output, it never waits
@@ -824,12 +818,7 @@ __global__ void __launch_bounds__((ring_warps + 1) * warp_size)
             const float4 n = *reinterpret_cast<const float4 *>(p.norm_w + i);
             v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
         }
-        const __half2 h0 = __floats2half2_rn(v.x, v.y), h1 = __floats2half2_rn(v.z, v.w);
-        const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
-        xh[i / 2] = h0;
-        xh[i / 2 + 1] = h1;
-        xl[i / 2] = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
-        xl[i / 2 + 1] = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
+        ring_split_x(v, xh, xl, i);
     }
     const double ssd = warp_sum_f64(double(ss));
     if (lane == 0) red[warp] = ssd;
@@ -847,35 +836,19 @@ __global__ void __launch_bounds__((ring_warps + 1) * warp_size)
             av[kt] = A[kt * warp_size + lane];
             if constexpr (SWIGLU) au[kt] = A[(NT + kt) * warp_size + lane];
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + s); // read: the producer may fill it again
+        mbar_arrive_warp(empty + s); // read: the producer may fill it again
         const int k0 = ((u0 + i) % NS) * KU;
         float d[4][4] = {}, du[4][4] = {};
 #pragma unroll
         for (int kt = 0; kt < NT; ++kt) {
-            uint32_t b0 = 0, b1 = 0;
-            if (g < 2) {
-                const int kp = (k0 + kt * 16) / 2 + t;
-                const __half2 p0 = xb[kp], p1 = xb[kp + 4];
-                b0 = *reinterpret_cast<const uint32_t *>(&p0);
-                b1 = *reinterpret_cast<const uint32_t *>(&p1);
-            }
+            uint32_t b0, b1;
+            ring_b_frag(xb, g, t, k0 + kt * 16, b0, b1);
             mma16816(d[kt % 4], av[kt], b0, b1);
             if constexpr (SWIGLU) mma16816(du[kt % 4], au[kt], b0, b1);
         }
-        if (t == 0) { // columns 0 and 1 of rows g and g + 8
-            float r[4], ru[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                r[e] = (d[0][e] + d[1][e]) + (d[2][e] + d[3][e]);
-                ru[e] = (du[0][e] + du[1][e]) + (du[2][e] + du[3][e]);
-            }
-            part[i * 16 + g] = r[0] + r[1];
-            part[i * 16 + g + 8] = r[2] + r[3];
-            if constexpr (SWIGLU) {
-                part[ring_max_part / 2 + i * 16 + g] = ru[0] + ru[1];
-                part[ring_max_part / 2 + i * 16 + g + 8] = ru[2] + ru[3];
-            }
+        if (t == 0) {
+            ring_row_sums(d, part + i * 16, g);
+            if constexpr (SWIGLU) ring_row_sums(du, part + ring_max_part / 2 + i * 16, g);
         }
     }
     asm volatile("bar.sync 1, %0;" ::"n"(NC * warp_size) : "memory");
@@ -2703,6 +2676,7 @@ class cuda_backend final : public backend {
     std::map<std::pair<const void *, int>, void *> packed_;
     size_t smem_optin_ = 0; // shared memory a block may ask for
 #if !defined(SMOL_HIP)
+    int ring_tiles(const step & s) const;
     void ring_pack();
     bool ring_fits(const step & s, const mm_params & p, ring_params & q) const;
 #endif
@@ -4708,21 +4682,39 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
 #endif
 
 #if !defined(SMOL_HIP)
-// Packed copies (ring_pack_kernel) of the f16 weights that the steps' token
-// GEMVs take through the ring: device leaves of K a multiple of 256 and
-// rows of 16. Where the device memory limit leaves no room for them, the
-// ring is turned off, said once.
+// The row tiles of 16 that a step's token GEMV would take through the ring,
+// or 0 where it cannot: f16 weights that are device leaves, K a multiple of
+// 256, rows in 16s, and a block's (unit, row) sums within its shared memory.
+int cuda_backend::ring_tiles(const step & s) const {
+    if (s.skip || (s.kind != step_kind::mm && s.kind != step_kind::mm_swiglu)) return 0;
+    if (s.mm[0]->src[1]->ne[1] != 1) return 0;
+    const bool swiglu = s.kind == step_kind::mm_swiglu;
+    const int K = int(s.mm[0]->src[0]->ne[0]);
+    int n_rt = 0;
+    for (int i = 0; i < (swiglu ? 2 : s.n_mm); ++i) {
+        const tensor * w = s.mm[i]->src[0];
+        if (w->type != SMOL_TYPE_F16 || w->kind != OP_NONE || w->where != placement::device ||
+            w->ne[0] % 256 != 0 || w->ne[1] % 16 != 0)
+            return 0;
+        if (!swiglu || i == 0) n_rt += int(w->ne[1] / 16);
+    }
+    const int units = (n_rt + n_sm_ - 1) / n_sm_ * (K / ring_cols(swiglu));
+    const bool fits = units * 16 <= (swiglu ? ring_max_part / 2 : ring_max_part) &&
+                      ring_smem_bytes(K) <= smem_optin_;
+    return fits ? n_rt : 0;
+}
+
+// Packed copies (ring_pack_kernel) of the weights of the steps that can go
+// through the ring. Where the device memory limit leaves no room for them,
+// the ring is turned off, said once.
 void cuda_backend::ring_pack() {
     for (const step & s : steps_) {
-        if (s.skip || (s.kind != step_kind::mm && s.kind != step_kind::mm_swiglu)) continue;
-        if (s.mm[0]->src[1]->ne[1] != 1) continue;
+        if (!ring_tiles(s)) continue;
         const bool swiglu = s.kind == step_kind::mm_swiglu;
         for (int i = 0; i < (swiglu ? 2 : s.n_mm); ++i) {
             const tensor * w = s.mm[i]->src[0];
             const std::pair<const void *, int> key{w->data, ring_cols(swiglu)};
-            if (w->type != SMOL_TYPE_F16 || w->kind != OP_NONE || w->where != placement::device ||
-                w->ne[0] % 256 != 0 || w->ne[1] % 16 != 0 || packed_.count(key))
-                continue;
+            if (packed_.count(key)) continue;
             void * out = nullptr;
             try {
                 out = alloc(w->nbytes());
@@ -4741,26 +4733,19 @@ void cuda_backend::ring_pack() {
     }
 }
 
-// Whether a step's token GEMV can go through the ring, and its packed
-// weights and row tiles in q.
+// Whether a step's token GEMV goes through the ring (it can, and its
+// weights' packed copies exist), with their copies and row tiles in q.
 bool cuda_backend::ring_fits(const step & s, const mm_params & p, ring_params & q) const {
+    if (!ring_tiles(s)) return false;
     const bool swiglu = s.kind == step_kind::mm_swiglu;
-    if (s.mm[0]->src[0]->type != SMOL_TYPE_F16 || p.M != 1 || p.K % 256 != 0) return false;
     q = ring_params{};
-    int n_rt = 0;
     for (int i = 0; i < p.n_w; ++i) {
         const auto it = packed_.find({p.w[i], ring_cols(swiglu)});
-        if (it == packed_.end() || p.rows[i] % 16 != 0) return false;
+        if (it == packed_.end()) return false;
         q.pw[i] = static_cast<const uint8_t *>(it->second);
-        if (!swiglu || i == 0) {
-            q.tiles[i] = p.rows[i] / 16;
-            n_rt += q.tiles[i];
-        }
+        if (!swiglu || i == 0) q.tiles[i] = p.rows[i] / 16;
     }
-    // A block's (unit, row) sums must fit its part of shared memory.
-    const int units = (n_rt + n_sm_ - 1) / n_sm_ * (p.K / ring_cols(swiglu));
-    return units * 16 <= (swiglu ? ring_max_part / 2 : ring_max_part) &&
-           ring_smem_bytes(p.K) <= smem_optin_;
+    return true;
 }
 #endif
 

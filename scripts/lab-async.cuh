@@ -8,9 +8,14 @@
 
 using smol::bulk_copy;
 using smol::mbar_arrive;
+using smol::mbar_arrive_warp;
 using smol::mbar_expect;
 using smol::mbar_init;
 using smol::mbar_wait;
 using smol::mma16816;
+using smol::ring_b_frag;
+using smol::ring_init;
 using smol::ring_packed_at;
+using smol::ring_row_sums;
+using smol::ring_split_x;
 using smol::smem_u32;

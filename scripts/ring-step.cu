@@ -59,18 +59,6 @@ __device__ __forceinline__ float dot8h(uint4 raw, float4 a, float4 b) {
            (f2.x * b.x + f2.y * b.y + f3.x * b.z + f3.y * b.w);
 }
 
-// A ring's barriers, by thread 0 before the block's first sync: slot s is
-// full once its bytes land, empty once `readers` warps have read it.
-__device__ __forceinline__ void ring_init(uint64_t * full, uint64_t * empty, int S, int readers) {
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S; ++s) {
-            mbar_init(full + s, 1);
-            mbar_init(empty + s, readers);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-}
-
 // The NC consumer warps' start, after the wait: x read through L2 (the
 // kernel before wrote it) with the norm's weights applied, each float4 at
 // element i handed to put(i, v); the residual's n rows from row0 into rs;
@@ -165,8 +153,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
         const int s = i % S;
         mbar_wait(full + s, (i / S) & 1);
         if (o.skip == 1) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s);
+            mbar_arrive_warp(empty + s);
             continue;
         }
         const __half * wt = reinterpret_cast<const __half *>(ring + size_t(s) * slot);
@@ -181,8 +168,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
                     wv[c][j] = *reinterpret_cast<const uint4 *>(wt + at);
                     if (SW) uv[c][j] = *reinterpret_cast<const uint4 *>(ut + at);
                 }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s); // read: the producer may refill it
+            mbar_arrive_warp(empty + s); // read: the producer may refill it
             float a4[4][RW] = {}, u4[4][RW] = {};
 #pragma unroll
             for (int c = 0; c < KCH; ++c) {
@@ -242,8 +228,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
                 acc[0][j] = (acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j]);
                 accu[0][j] = (accu[0][j] + accu[1][j]) + (accu[2][j] + accu[3][j]);
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s); // this warp's rows are read
+            mbar_arrive_warp(empty + s); // this warp's rows are read
 #pragma unroll
             for (int j = 0; j < RW; ++j) {
                 acc[0][j] = warp_sum(acc[0][j]);
@@ -404,37 +389,21 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
     const int row0 = rt0 * 16, nrows = (rt1 - rt0) * 16;
     // x as f16 pairs hi = f16(x) and lo = f16(x - hi)
     const float scale = consumers_start<NC>(
-        o,
-        [&](int i, float4 v) {
-            const __half2 h0 = __floats2half2_rn(v.x, v.y), h1 = __floats2half2_rn(v.z, v.w);
-            const float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
-            xh[i / 2] = h0;
-            xh[i / 2 + 1] = h1;
-            xl[i / 2] = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
-            xl[i / 2 + 1] = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
-        },
-        red, rs, row0, nrows);
+        o, [&](int i, float4 v) { ring_split_x(v, xh, xl, i); }, red, rs, row0, nrows);
     const int g = lane >> 2, t = lane & 3;
     const __half2 * xb = g == 0 ? xh : xl; // lanes of columns 0 (hi) and 1 (lo)
     for (int i = warp; u0 + i < u1; i += NC) {
         const int s = i % S;
         mbar_wait(full + s, (i / S) & 1);
         if (o.skip == 1) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s);
+            mbar_arrive_warp(empty + s);
             continue;
         }
         const int k0 = ((u0 + i) % NS) * KU;
         const uint4 * A = reinterpret_cast<const uint4 *>(ring + size_t(s) * slot);
         const uint4 * Au = reinterpret_cast<const uint4 *>(ring + size_t(s) * slot + UB);
         auto bfrag = [&](int kt, uint32_t & b0, uint32_t & b1) {
-            b0 = b1 = 0;
-            if (g < 2) {
-                const int kp = (k0 + kt * 16) / 2 + t;
-                const __half2 p0 = xb[kp], p1 = xb[kp + 4];
-                b0 = *reinterpret_cast<const uint32_t *>(&p0);
-                b1 = *reinterpret_cast<const uint32_t *>(&p1);
-            }
+            ring_b_frag(xb, g, t, k0 + kt * 16, b0, b1);
         };
         if constexpr (STAGE) {
             uint4 av[NT], auv[SW ? NT : 1];
@@ -453,8 +422,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
                     if (SW) auv[kt] = Au[kt * 32 + lane];
                 }
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s); // read: the producer may refill it
+            mbar_arrive_warp(empty + s); // read: the producer may refill it
             float d[4][4] = {}, du[4][4] = {};
 #pragma unroll
             for (int kt = 0; kt < NT; ++kt) {
@@ -464,18 +432,8 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
                 if (SW) mma16816(du[kt % 4], auv[SW ? kt : 0], b0, b1);
             }
             if (t == 0) {
-                float r[4], ru[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    r[e] = (d[0][e] + d[1][e]) + (d[2][e] + d[3][e]);
-                    ru[e] = (du[0][e] + du[1][e]) + (du[2][e] + du[3][e]);
-                }
-                part[i * 16 + g] = r[0] + r[1];
-                part[i * 16 + g + 8] = r[2] + r[3];
-                if (SW) {
-                    part[mma_max_part / 2 + i * 16 + g] = ru[0] + ru[1];
-                    part[mma_max_part / 2 + i * 16 + g + 8] = ru[2] + ru[3];
-                }
+                ring_row_sums(d, part + i * 16, g);
+                if (SW) ring_row_sums(du, part + mma_max_part / 2 + i * 16, g);
             }
             continue;
         }
@@ -502,8 +460,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
                 }
         auto & d0 = d[0];
         auto & du0 = du[0];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + s);
+        mbar_arrive_warp(empty + s);
         if (t == 0) { // columns 0 and 1: rows g and g + 8
             part[i * 16 + g] = d0[0] + d0[1];
             part[i * 16 + g + 8] = d0[2] + d0[3];

@@ -173,8 +173,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
                 const int it = it0 + j, s = it % n_slots;
                 if (s % NC != warp) continue;
                 mbar_wait(full + s, (it / n_slots) & 1);
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty + s);
+                mbar_arrive_warp(empty + s);
             }
             it0 += n_sl;
             continue;
@@ -242,8 +241,7 @@ __global__ void __launch_bounds__((NC + 1) * 32, 1)
                     }
                 }
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s); // the slot is read
+            mbar_arrive_warp(empty + s); // the slot is read
         }
         it0 += n_sl;
         consumers_sync<NC>();
