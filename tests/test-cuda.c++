@@ -154,6 +154,33 @@ template <class B> double rel_err(const std::vector<float> & a, const std::vecto
     return den > 0 ? num / den : num;
 }
 
+// W x in float64 for the M columns of x (K each): W's N rows of K as
+// floats; token m's results at m * N.
+std::vector<double> mul_mat_f64(const std::vector<float> & w, const std::vector<float> & x,
+                                int64_t K, int64_t N, int64_t M) {
+    std::vector<double> y(size_t(M * N));
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < N; ++r) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; ++k)
+                acc += double(w[size_t(r * K + k)]) * double(x[size_t(m * K + k)]);
+            y[size_t(m * N + r)] = acc;
+        }
+    return y;
+}
+
+// One mul_mat on be: weights wq (type t, N rows of K) times x (M columns of
+// K), written over poison.
+std::vector<float> mul_mat_on(backend & be, smol_type t, const std::vector<uint8_t> & wq,
+                              const std::vector<float> & x, int64_t K, int64_t N, int64_t M) {
+    side s(be);
+    tensor * out =
+        smol::op_mul_mat(s.g, s.leaf(t, wq.data(), K, N), s.leaf(SMOL_TYPE_F32, x.data(), K, M));
+    s.poison(out);
+    be.run(s.g);
+    return s.read(out);
+}
+
 // The largest difference of two f16 arrays relative to the largest value.
 double f16_err(const std::vector<uint16_t> & a, const std::vector<uint16_t> & b) {
     std::vector<float> fa(a.size());
@@ -914,24 +941,8 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
                 const auto wq = to_type(t, random_floats(rng, size_t(N * K)), K);
                 const auto w = from_type(t, wq, K, N);
                 const auto x = random_floats(rng, size_t(M * K));
-                std::vector<double> want(size_t(M * N));
-                for (int64_t m = 0; m < M; ++m) {
-                    for (int64_t r = 0; r < N; ++r) {
-                        double acc = 0;
-                        for (int64_t k = 0; k < K; ++k) {
-                            acc += double(w[size_t(r * K + k)]) * double(x[size_t(m * K + k)]);
-                        }
-                        want[size_t(m * N + r)] = acc;
-                    }
-                }
-                auto run = [&](backend & be) {
-                    side s(be);
-                    tensor * out = smol::op_mul_mat(s.g, s.leaf(t, wq.data(), K, N),
-                                                    s.leaf(SMOL_TYPE_F32, x.data(), K, M));
-                    s.poison(out);
-                    be.run(s.g);
-                    return s.read(out);
-                };
+                const auto want = mul_mat_f64(w, x, K, N, M);
+                auto run = [&](backend & be) { return mul_mat_on(be, t, wq, x, K, N, M); };
                 const auto got = run(*g_be);
                 const double e = rel_err(got, want);
                 // The GPU's own kernels multiply f32 activations; where
@@ -977,12 +988,7 @@ TEST_CASE("every matmul kernel the autotune may choose matches float64") {
                 const auto wq = to_type(t, random_floats(rng, size_t(N * K)), K);
                 const auto w = from_type(t, wq, K, N);
                 const auto x = random_floats(rng, size_t(M * K));
-                std::vector<double> want(size_t(M * N));
-                for (int64_t m = 0; m < M; ++m)
-                    for (int64_t r = 0; r < N; ++r)
-                        for (int64_t k = 0; k < K; ++k)
-                            want[size_t(m * N + r)] +=
-                                double(w[size_t(r * K + k)]) * double(x[size_t(m * K + k)]);
+                const auto want = mul_mat_f64(w, x, K, N, M);
                 for (const std::string & c : cands) {
                     CAPTURE(seed);
                     const std::string type = smol_type_name(t);
@@ -991,14 +997,10 @@ TEST_CASE("every matmul kernel the autotune may choose matches float64") {
                     CAPTURE(M);
                     CAPTURE(c);
                     g_be->mm_choose(key, c, -1);
-                    side s(*g_be);
-                    tensor * out = smol::op_mul_mat(s.g, s.leaf(t, wq.data(), K, N),
-                                                    s.leaf(SMOL_TYPE_F32, x.data(), K, M));
-                    s.poison(out);
-                    g_be->run(s.g);
+                    const auto got = mul_mat_on(*g_be, t, wq, x, K, N, M);
                     // The backend says it launched the candidate it was given.
                     CHECK(g_be->mm_used().find(": " + c + "\n") != std::string::npos);
-                    const double e = rel_err(s.read(out), want);
+                    const double e = rel_err(got, want);
                     // cuBLAS takes f16 activations (f32 weights stay f32).
                     const bool f16_act = c == "cublas" && t != SMOL_TYPE_F32;
                     CHECK(e <= (f16_act ? 2e-3 : 2e-5));
@@ -1069,10 +1071,7 @@ TEST_CASE("a GEMV of more rows a warp than divide a weight's rows takes one row 
         const auto wq = to_type(SMOL_TYPE_F16, random_floats(rng, size_t(N * K)), K);
         const auto w = from_type(SMOL_TYPE_F16, wq, K, N);
         const auto x = random_floats(rng, size_t(K));
-        std::vector<double> want(static_cast<size_t>(N));
-        for (int64_t r = 0; r < N; ++r)
-            for (int64_t k = 0; k < K; ++k)
-                want[size_t(r)] += double(w[size_t(r * K + k)]) * double(x[size_t(k)]);
+        const auto want = mul_mat_f64(w, x, K, N, 1);
         be->mm_choose(key, c, -1);
         side s(*be);
         tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_F16, wq.data(), K, N),
@@ -1139,18 +1138,8 @@ TEST_CASE("mul_mat handles float weights whose width is not a multiple of 8") {
             const auto wq = to_type(t, random_floats(rng, size_t(N * K)), K);
             const auto w = from_type(t, wq, K, N);
             const auto x = random_floats(rng, size_t(M * K));
-            std::vector<double> want(size_t(M * N));
-            for (int64_t m = 0; m < M; ++m)
-                for (int64_t r = 0; r < N; ++r)
-                    for (int64_t k = 0; k < K; ++k)
-                        want[size_t(m * N + r)] +=
-                            double(w[size_t(r * K + k)]) * x[size_t(m * K + k)];
-            side s(*g_be);
-            tensor * out = smol::op_mul_mat(s.g, s.leaf(t, wq.data(), K, N),
-                                            s.leaf(SMOL_TYPE_F32, x.data(), K, M));
-            s.poison(out);
-            g_be->run(s.g);
-            CHECK(rel_err(s.read(out), want) <= 2e-5);
+            CHECK(rel_err(mul_mat_on(*g_be, t, wq, x, K, N, M), mul_mat_f64(w, x, K, N, M)) <=
+                  2e-5);
         }
     }
 }
@@ -1279,26 +1268,11 @@ TEST_CASE("a token's f16 GEMVs through the ring (SMOL_CUDA_RING=1) match float64
             const auto wq = to_type(SMOL_TYPE_F16, random_floats(rng, size_t(N * K)), K);
             const auto w = from_type(SMOL_TYPE_F16, wq, K, N);
             const auto x = random_floats(rng, size_t(K));
-            std::vector<double> want(static_cast<size_t>(N));
-            for (int64_t r = 0; r < N; ++r) {
-                double acc = 0;
-                for (int64_t k = 0; k < K; ++k)
-                    acc += double(w[size_t(r * K + k)]) * double(x[size_t(k)]);
-                want[size_t(r)] = acc;
-            }
-            auto run = [&](backend & be) {
-                side s(be);
-                tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_F16, wq.data(), K, N),
-                                                s.leaf(SMOL_TYPE_F32, x.data(), K, 1));
-                s.poison(out);
-                be.run(s.g);
-                return s.read(out);
-            };
-            const auto got = run(*ring);
+            const auto got = mul_mat_on(*ring, SMOL_TYPE_F16, wq, x, K, N, 1);
             ran = ran && ring->mm_used().find(" +ring") != std::string::npos;
             // x goes in as f16 hi and lo (about 22 bits), the sums in f32.
-            CHECK(rel_err(got, want) <= 2e-5);
-            CHECK(rel_err(got, run(*plain)) <= 2e-5);
+            CHECK(rel_err(got, mul_mat_f64(w, x, K, N, 1)) <= 2e-5);
+            CHECK(rel_err(got, mul_mat_on(*plain, SMOL_TYPE_F16, wq, x, K, N, 1)) <= 2e-5);
         }
     }
     // A token through a layer of widths the ring takes (K 512 and 1024, rows
