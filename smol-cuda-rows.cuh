@@ -28,6 +28,12 @@ __device__ __forceinline__ float bf16_to_f32(uint16_t h) {
 __device__ __forceinline__ uint16_t f32_to_f16(float f) {
     return __half_as_ushort(__float2half_rn(f)); // round to nearest even, like the CPU
 }
+// Round to nearest even on the bits, as the CPU's f32_to_bf16_row; a NaN stays one.
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+    const uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 __device__ __forceinline__ float ld_f16(const uint8_t * p) {
     return f16_to_f32(*reinterpret_cast<const uint16_t *>(p));
 }

@@ -297,6 +297,46 @@ __device__ __forceinline__ void store4(uint16_t * d, float a, float b, float c, 
     *reinterpret_cast<uint2 *>(d) = make_uint2(pack_f16x2(a, b), pack_f16x2(c, e));
 }
 
+// A cuBLAS input over bf16 weights (see blas_gemm): each row of x as two
+// rows of bf16, hi = bf16(x) then lo = bf16(x - hi), so that hi + lo holds
+// x to about 16 bits where f16 holds 11 and bf16 alone 8.
+struct bf16_hl {
+    uint16_t bits;
+};
+
+// Element e of a row of n as Out (bf16_hl: hi at d[e], lo at d[n + e]).
+template <typename Out> __device__ __forceinline__ void store_at(Out * d, int e, int n, float v) {
+    if constexpr (std::is_same_v<Out, bf16_hl>) {
+        const uint16_t hi = f32_to_bf16(v);
+        d[e].bits = hi;
+        d[n + e].bits = f32_to_bf16(v - bf16_to_f32(hi));
+    } else {
+        (void)n;
+        d[e] = store_as<Out>(v);
+    }
+}
+// Elements e..e+3 of a row of n (d + e aligned as store4 needs).
+template <typename Out>
+__device__ __forceinline__ void store4_at(Out * d, int e, int n, float a, float b, float c,
+                                          float x) {
+    if constexpr (std::is_same_v<Out, bf16_hl>) {
+        const float v[4] = {a, b, c, x};
+        uint16_t hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            hi[i] = f32_to_bf16(v[i]);
+            lo[i] = f32_to_bf16(v[i] - bf16_to_f32(hi[i]));
+        }
+        *reinterpret_cast<uint2 *>(d + e) =
+            make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
+        *reinterpret_cast<uint2 *>(d + n + e) =
+            make_uint2(lo[0] | uint32_t(lo[1]) << 16, lo[2] | uint32_t(lo[3]) << 16);
+    } else {
+        (void)n;
+        store4(d + e, a, b, c, x);
+    }
+}
+
 // A block a row; four elements at a time where the row's length and the
 // pointers' alignment allow. With b, the row normed is x + b, which is also
 // stored in h (the residual add before a norm, in one pass).
@@ -345,12 +385,11 @@ __global__ void rms_norm_kernel(const float * x, const float * b, float * h, siz
         for (int e = 4 * threadIdx.x; e < n; e += 4 * blockDim.x) {
             const float4 v = *reinterpret_cast<const float4 *>(y + e);
             const float4 g = *reinterpret_cast<const float4 *>(w + e);
-            store4(d + e, (v.x * scale) * g.x, (v.y * scale) * g.y, (v.z * scale) * g.z,
-                   (v.w * scale) * g.w);
+            store4_at(d, e, n, (v.x * scale) * g.x, (v.y * scale) * g.y, (v.z * scale) * g.z,
+                      (v.w * scale) * g.w);
         }
     } else {
-        for (int e = threadIdx.x; e < n; e += blockDim.x)
-            d[e] = store_as<Out>((y[e] * scale) * w[e]);
+        for (int e = threadIdx.x; e < n; e += blockDim.x) store_at(d, e, n, (y[e] * scale) * w[e]);
     }
 }
 
@@ -365,24 +404,36 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-// silu(g) * u of n elements, four at a time where n and the pointers'
-// alignment allow.
+// silu(g) * u of n elements (rows of K), four at a time where K and the
+// pointers' alignment allow.
 template <typename Out>
-__global__ void swiglu_kernel(const float * g, const float * u, Out * dst, size_t n) {
+__global__ void swiglu_kernel(const float * g, const float * u, Out * dst, size_t n, int K) {
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     const size_t i0 = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
     const uintptr_t at = reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(u) |
                          reinterpret_cast<uintptr_t>(dst);
-    if (n % 4 == 0 && at % 16 == 0) {
+    constexpr bool hl = std::is_same_v<Out, bf16_hl>;
+    // Where element i goes: dst + i, or with bf16_hl at e of its row's pair
+    // (rows 2 K apart).
+    auto place = [&](size_t i, int & e) {
+        e = hl ? int(i % size_t(K)) : 0;
+        return hl ? dst + i / size_t(K) * 2 * size_t(K) : dst + i;
+    };
+    int e = 0;
+    if ((hl ? K % 4 : int(n % 4)) == 0 && at % 16 == 0) {
         for (size_t i = i0; i < n / 4; i += stride) {
             const float4 a = reinterpret_cast<const float4 *>(g)[i];
             const float4 b = reinterpret_cast<const float4 *>(u)[i];
-            store4(dst + 4 * i, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
-                   silu_mul(a.w, b.w));
+            Out * d = place(4 * i, e);
+            store4_at(d, e, K, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
+                      silu_mul(a.w, b.w));
         }
         return;
     }
-    for (size_t i = i0; i < n; i += stride) dst[i] = store_as<Out>(silu_mul(g[i], u[i]));
+    for (size_t i = i0; i < n; i += stride) {
+        Out * d = place(i, e);
+        store_at(d, e, K, silu_mul(g[i], u[i]));
+    }
 }
 
 // One block per token; pairs (2j, 2j+1) of every head.
@@ -1055,16 +1106,39 @@ __global__ void dequant_f16_kernel(const uint8_t * w, size_t w_row_bytes, int K,
     }
 }
 
-// Rows of x (K a multiple of 4, rows 16-byte aligned) as f16, four at a time.
-__global__ void f32_to_f16_kernel(const float * x, size_t ldx, int K, int M, uint16_t * dst) {
+// Rows of x (K a multiple of 4, rows 16-byte aligned) as f16 or bf16_hl
+// pairs, four at a time.
+template <typename Out>
+__global__ void blas_input_kernel(const float * x, size_t ldx, int K, int M, Out * dst) {
     const int k4 = K / 4;
-    const size_t total = size_t(M) * k4;
+    const size_t total = size_t(M) * k4, ld = std::is_same_v<Out, bf16_hl> ? 2 * size_t(K) : K;
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
          i += size_t(gridDim.x) * blockDim.x) {
         const size_t r = i / k4;
         const int c = int(i % k4);
         const float4 v = *reinterpret_cast<const float4 *>(x + r * ldx + 4 * c);
-        store4(dst + r * K + 4 * c, v.x, v.y, v.z, v.w);
+        store4_at(dst + r * ld, 4 * c, K, v.x, v.y, v.z, v.w);
+    }
+}
+
+// The results of up to three bf16_hl GEMMs of a step: y[m] (ldy apart) =
+// W hi + W lo, columns 2m and 2m + 1 of y2 (N apart); block row j sums the
+// j-th GEMM's.
+struct pair_sums {
+    const float * y2[3];
+    float * y[3];
+    int N[3];
+    size_t ldy[3];
+    int M;
+};
+__global__ void blas_pair_sum_kernel(const pair_sums p) {
+    const int j = blockIdx.y, N = p.N[j];
+    const float * y2 = p.y2[j];
+    const size_t total = size_t(p.M) * size_t(N);
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
+         i += size_t(gridDim.x) * blockDim.x) {
+        const size_t m = i / size_t(N), n = i % size_t(N);
+        p.y[j][m * p.ldy[j] + n] = y2[2 * m * size_t(N) + n] + y2[(2 * m + 1) * size_t(N) + n];
     }
 }
 #endif
@@ -2487,16 +2561,43 @@ cell_tile tile_of(const kv_cache & kv, int64_t c0) {
     return t;
 }
 
-// The work space of cuBLAS matmuls: their f16 input, then room for one
-// dequantized weight.
-size_t blas_input_bytes(int64_t K, int64_t M) {
-    return align_up(size_t(K) * size_t(M) * 2, 256);
+// Batches of up to this many tokens over bf16 weights take cuBLAS in bf16,
+// x as hi and lo columns (bf16_hl): the weights are read once, where the
+// dequantized path below writes and reads them again. Larger ones
+// dequantize the weights to f16 first, as other types do: on the H200, 8
+// and 32 sequences of the 1.7B decoded 1.52x and 1.23x faster with pairs,
+// the 135M's 32 level; at 64 the 1.7B gained 4% and the 135M lost 5%, at
+// 128 both lost (the doubled products); BENCHMARKS.md.
+constexpr int64_t blas_pair_max_m = 32;
+
+// Whether a cuBLAS matmul of M tokens over weights of this type takes
+// bf16_hl pairs; a step's matmuls take them when all of them do.
+bool blas_pairs(int type, int64_t M) {
+    return type == SMOL_TYPE_BF16 && M <= blas_pair_max_m;
 }
-size_t blas_work_bytes(int type, int64_t N, int64_t K, int64_t M) {
-    const size_t wb = type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16
-                          ? 0
-                          : align_up(size_t(N) * size_t(K) * 2, 256);
-    return blas_input_bytes(K, M) + wb;
+bool step_pairs(const step & s) {
+    for (int i = 0; i < s.n_mm; ++i) {
+        const tensor * m = s.mm[i];
+        if (!blas_pairs(m->src[0]->type, m->src[1]->ne[1])) return false;
+    }
+    return true;
+}
+
+// The work space of cuBLAS matmuls: their input (f16, or bf16_hl pairs),
+// then room for one dequantized weight, or for each of the step's pairs'
+// two columns of results a token.
+size_t blas_input_bytes(bool pairs, int64_t K, int64_t M) {
+    return align_up(size_t(K) * size_t(M) * 2 * (pairs ? 2 : 1), 256);
+}
+size_t blas_pair_bytes(int64_t N, int64_t M) {
+    return align_up(size_t(N) * size_t(M) * 2 * sizeof(float), 256);
+}
+size_t blas_work_bytes(int type, bool pairs, int64_t N, int64_t K, int64_t M) {
+    const size_t scratch = pairs ? blas_pair_bytes(N, M)
+                           : type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16
+                               ? 0
+                               : align_up(size_t(N) * size_t(K) * 2, 256);
+    return blas_input_bytes(pairs, K, M) + scratch;
 }
 
 template <bool SWIGLU>
@@ -2616,19 +2717,20 @@ class cuda_backend final : public backend {
     void run_mm(const step & s, const batch_info & b);
     template <class F> cudaGraphExec_t capture_graph(bool pdl, F && launches);
 #if defined(SMOL_HAVE_BLAS)
-    void blas_gemm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
-                   const uint16_t * xh, int M, float * y, size_t ldy, uint8_t * dq);
+    void blas_gemm(int type, bool pairs, const uint8_t * w, size_t w_row_bytes, int N, int K,
+                   const void * xin, int M, float * y, size_t ldy, uint8_t * scratch);
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
-    // A cuBLAS step's f16 input at the start of the work space, then room
-    // for a dequantized weight.
-    uint16_t * blas_input() const {
-        return static_cast<uint16_t *>(work_.p);
+    // A cuBLAS step's input at the start of the work space, then its
+    // scratch (see blas_work_bytes).
+    void * blas_input() const {
+        return work_.p;
     }
-    uint8_t * blas_dequant(int K, int M) const {
-        return static_cast<uint8_t *>(work_.p) + blas_input_bytes(K, M);
+    uint8_t * blas_scratch(bool pairs, int K, int M) const {
+        return static_cast<uint8_t *>(work_.p) + blas_input_bytes(pairs, K, M);
     }
-    uint16_t * f16_input(const float * x, size_t ldx, int K, int M);
+    void * blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M);
+    void blas_pair_sums(const pair_sums & p, int n);
     void run_blas(const step & s, const tensor * x, int K, int M);
 #endif
     rope_params rope_for(const tensor * rope) const;
@@ -3358,7 +3460,8 @@ double cuda_backend::mm_time(const mm_key & key, const std::string & candidate) 
                                        cudaMemcpyHostToDevice, stream_));
         SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
     }
-    if (c.blas) grow(work_, blas_work_bytes(key.type, N, K, M), "work space");
+    if (c.blas)
+        grow(work_, blas_work_bytes(key.type, blas_pairs(key.type, M), N, K, M), "work space");
 
     mm_params p{};
     p.n_w = 1;
@@ -3744,11 +3847,18 @@ size_t cuda_backend::step_work() const {
         }
 #if defined(SMOL_HAVE_BLAS)
         if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
+            const bool pairs = step_pairs(s);
+            size_t all_pairs = 0; // every GEMM's two columns, summed once all ran
             for (int i = 0; i < s.n_mm; ++i) {
                 const tensor * w = s.mm[i]->src[0];
-                work = std::max(
-                    work, blas_work_bytes(w->type, w->ne[1], w->ne[0], s.mm[i]->src[1]->ne[1]));
+                const int64_t M = s.mm[i]->src[1]->ne[1];
+                work = std::max(work, blas_work_bytes(w->type, pairs, w->ne[1], w->ne[0], M));
+                all_pairs += pairs ? blas_pair_bytes(w->ne[1], M) : 0;
             }
+            if (pairs)
+                work = std::max(
+                    work, blas_input_bytes(true, s.mm[0]->src[0]->ne[0], s.mm[0]->src[1]->ne[1]) +
+                              all_pairs);
         }
 #endif
     }
@@ -4316,7 +4426,8 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     case OP_SWIGLU: {
         const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
         swiglu_kernel<float><<<grid_for(n, 256), 256, 0, stream_>>>(
-            data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n);
+            data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n,
+            int(t->ne[0]));
         check_launch("swiglu");
         return;
     }
@@ -4594,17 +4705,27 @@ void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c
 }
 
 #if defined(SMOL_HAVE_BLAS)
-// y[M][N] = x[M][K] . W[N][K]^T on tensor cores: f16 operands (weights
-// other than f16 dequantized into dq in the work space), f32 accumulation
-// and result. A bf16 weight beyond f16's range would overflow; trained
-// llama weights stay far below it.
-void cuda_backend::blas_gemm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K,
-                             const uint16_t * xh, int M, float * y, size_t ldy, uint8_t * dq) {
+// y[M][N] = x[M][K] . W[N][K]^T on tensor cores, f32 accumulation and
+// result. With pairs (bf16 weights, M <= blas_pair_max_m) the weights are
+// read as they are and x comes as bf16_hl pairs: y gets 2 M columns of
+// results, for blas_pair_sums to add. Otherwise the operands are
+// f16 (weights other than f16 dequantized into the scratch first; a bf16
+// weight beyond f16's range would overflow, and trained llama weights stay
+// far below it).
+void cuda_backend::blas_gemm(int type, bool pairs, const uint8_t * w, size_t w_row_bytes, int N,
+                             int K, const void * xin, int M, float * y, size_t ldy,
+                             uint8_t * scratch) {
     const float one = 1.0f, zero = 0.0f;
     const void * wh = w;
     int ldw = int(w_row_bytes / 2);
+    if (pairs) {
+        SMOL_BLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, 2 * M, K, &one, w,
+                                     CUDA_R_16BF, ldw, xin, CUDA_R_16BF, K, &zero, y, CUDA_R_32F,
+                                     int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
     if (type != SMOL_TYPE_F16) {
-        __half * d = reinterpret_cast<__half *>(dq);
+        __half * d = reinterpret_cast<__half *>(scratch);
         const size_t chunks = size_t(N) * size_t(K / 8);
         const unsigned grid = unsigned(grid_for(chunks, 256));
         with_weight_type(type, [&](auto t) {
@@ -4617,7 +4738,7 @@ void cuda_backend::blas_gemm(int type, const uint8_t * w, size_t w_row_bytes, in
         ldw = K;
     }
     SMOL_BLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, wh, CUDA_R_16F,
-                                 ldw, xh, CUDA_R_16F, K, &zero, y, CUDA_R_32F, int(ldy),
+                                 ldw, xin, CUDA_R_16F, K, &zero, y, CUDA_R_32F, int(ldy),
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
@@ -4632,19 +4753,43 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
                                     int(ldx), &zero, y, int(ldy)));
         return;
     }
-    blas_gemm(type, w, w_row_bytes, N, K, f16_input(x, ldx, K, M), M, y, ldy, blas_dequant(K, M));
+    const bool pairs = blas_pairs(type, M);
+    const void * xin = blas_input_of(pairs, x, ldx, K, M);
+    uint8_t * scratch = blas_scratch(pairs, K, M);
+    if (!pairs) {
+        blas_gemm(type, false, w, w_row_bytes, N, K, xin, M, y, ldy, scratch);
+        return;
+    }
+    float * y2 = reinterpret_cast<float *>(scratch);
+    blas_gemm(type, true, w, w_row_bytes, N, K, xin, M, y2, size_t(N), nullptr);
+    blas_pair_sums(pair_sums{{y2}, {y}, {N}, {ldy}, M}, 1);
 }
 
-// x[M][K] as f16 at the start of the work space.
-uint16_t * cuda_backend::f16_input(const float * x, size_t ldx, int K, int M) {
-    uint16_t * xh = blas_input();
-    f32_to_f16_kernel<<<grid_for(size_t(M) * K / 4, 256), 256, 0, stream_>>>(x, ldx, K, M, xh);
-    check_launch("f32_to_f16");
-    return xh;
+// Each token's hi and lo results of n GEMMs added (blas_pair_sum_kernel).
+void cuda_backend::blas_pair_sums(const pair_sums & p, int n) {
+    int most = 0;
+    for (int j = 0; j < n; ++j) most = std::max(most, p.N[j]);
+    const dim3 grid(unsigned(grid_for(size_t(p.M) * size_t(most), 256)), unsigned(n));
+    blas_pair_sum_kernel<<<grid, 256, 0, stream_>>>(p);
+    check_launch("blas_pair_sum");
 }
 
-// A step's cuBLAS matmuls: their one f16 input made once (converted, or
-// from the folded RMS norm or SwiGLU), then a GEMM each.
+// x[M][K] as f16, or as bf16_hl pairs, at the start of the work space.
+void * cuda_backend::blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M) {
+    const unsigned grid = unsigned(grid_for(size_t(M) * K / 4, 256));
+    if (pairs) {
+        blas_input_kernel<<<grid, 256, 0, stream_>>>(x, ldx, K, M,
+                                                     static_cast<bf16_hl *>(blas_input()));
+    } else {
+        blas_input_kernel<<<grid, 256, 0, stream_>>>(x, ldx, K, M,
+                                                     static_cast<uint16_t *>(blas_input()));
+    }
+    check_launch("blas_input");
+    return blas_input();
+}
+
+// A step's cuBLAS matmuls: their one input made once (converted, or from
+// the folded RMS norm or SwiGLU), then a GEMM each.
 void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
     for (int i = 0; i < s.n_mm; ++i) note_used(key_of(s.mm[i]), mm_choice{true, 1, 1, -1});
     const tensor * w0 = s.mm[0]->src[0];
@@ -4654,30 +4799,58 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
                 s.mm[0]->nb[1] / 4);
         return;
     }
-    uint16_t * xh = blas_input();
-    if (s.norm) {
-        // With a folded add, x is the add's result, made here from its sources.
-        const tensor * a = s.add ? s.add->src[0] : x;
-        rms_norm_kernel<uint16_t><<<unsigned(M), 256, 0, stream_>>>(
-            data_of<const float>(a), s.add ? data_of<const float>(s.add->src[1]) : nullptr,
-            s.add ? data_of<float>(s.add) : nullptr, a->nb[1] / 4,
-            data_of<const float>(s.norm->src[1]), xh, size_t(K), K, s.norm->fparams[0]);
-        check_launch("rms_norm (f16)");
-    } else if (s.glu) {
-        const size_t n = size_t(K) * size_t(M);
-        swiglu_kernel<uint16_t><<<grid_for(n / 4, 256), 256, 0, stream_>>>(
-            data_of<const float>(s.glu->src[0]), data_of<const float>(s.glu->src[1]), xh, n);
-        check_launch("swiglu (f16)");
+    const bool pairs = step_pairs(s);
+    // The input's producer, for f16 or for bf16_hl pairs.
+    auto make = [&](auto * xin) {
+        using Out = std::remove_pointer_t<decltype(xin)>;
+        const size_t ld = size_t(K) * (pairs ? 2 : 1);
+        if (s.norm) {
+            // With a folded add, x is the add's result, made here from its sources.
+            const tensor * a = s.add ? s.add->src[0] : x;
+            rms_norm_kernel<Out><<<unsigned(M), 256, 0, stream_>>>(
+                data_of<const float>(a), s.add ? data_of<const float>(s.add->src[1]) : nullptr,
+                s.add ? data_of<float>(s.add) : nullptr, a->nb[1] / 4,
+                data_of<const float>(s.norm->src[1]), xin, ld, K, s.norm->fparams[0]);
+            check_launch("rms_norm (cuBLAS input)");
+        } else if (s.glu) {
+            const size_t n = size_t(K) * size_t(M);
+            swiglu_kernel<Out><<<grid_for(n / 4, 256), 256, 0, stream_>>>(
+                data_of<const float>(s.glu->src[0]), data_of<const float>(s.glu->src[1]), xin, n,
+                K);
+            check_launch("swiglu (cuBLAS input)");
+        } else {
+            blas_input_of(pairs, data_of<const float>(x), x->nb[1] / 4, K, M);
+        }
+    };
+    if (pairs) {
+        make(static_cast<bf16_hl *>(blas_input()));
     } else {
-        f16_input(data_of<const float>(x), x->nb[1] / 4, K, M);
+        make(static_cast<uint16_t *>(blas_input()));
     }
-    uint8_t * dq = blas_dequant(K, M);
+    uint8_t * scratch = blas_scratch(pairs, K, M);
+    pair_sums ps{};
+    ps.M = M;
     for (int i = 0; i < s.n_mm; ++i) {
         const tensor * m = s.mm[i];
         const tensor * w = m->src[0];
-        blas_gemm(int(w->type), data_of<const uint8_t>(w), w->nb[1], int(w->ne[1]), K, xh, M,
-                  data_of<float>(m), m->nb[1] / 4, dq);
+        const int N = int(w->ne[1]);
+        float * y = data_of<float>(m);
+        size_t ldy = m->nb[1] / 4;
+        if (pairs) {
+            // Each GEMM's two columns a token in a scratch of its own, all
+            // added in one launch after the last.
+            ps.y2[i] = reinterpret_cast<const float *>(scratch);
+            ps.y[i] = y;
+            ps.N[i] = N;
+            ps.ldy[i] = ldy;
+            y = reinterpret_cast<float *>(scratch);
+            ldy = size_t(N);
+            scratch += blas_pair_bytes(N, M);
+        }
+        blas_gemm(int(w->type), pairs, data_of<const uint8_t>(w), w->nb[1], N, K, blas_input(), M,
+                  y, ldy, scratch);
     }
+    if (pairs) blas_pair_sums(ps, s.n_mm);
 }
 #endif
 
