@@ -1134,11 +1134,26 @@ struct pair_sums {
 __global__ void blas_pair_sum_kernel(const pair_sums p) {
     const int j = blockIdx.y, N = p.N[j];
     const float * y2 = p.y2[j];
-    const size_t total = size_t(p.M) * size_t(N);
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-         i += size_t(gridDim.x) * blockDim.x) {
-        const size_t m = i / size_t(N), n = i % size_t(N);
-        p.y[j][m * p.ldy[j] + n] = y2[2 * m * size_t(N) + n] + y2[(2 * m + 1) * size_t(N) + n];
+    float * y = p.y[j];
+    const size_t ldy = p.ldy[j];
+    // Block z takes tokens [8 z, 8 z + 8); a thread four columns (or one
+    // where rows are not 16-byte aligned) of each.
+    const int m0 = int(blockIdx.z) * 8, m1 = min(p.M, m0 + 8);
+    const bool vec = N % 4 == 0 && ldy % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    const int items = vec ? N / 4 : N;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
+        for (int m = m0; m < m1; ++m) {
+            const float * hi = y2 + 2 * size_t(m) * size_t(N);
+            const float * lo = hi + N;
+            if (vec) {
+                const float4 a = reinterpret_cast<const float4 *>(hi)[i];
+                const float4 b = reinterpret_cast<const float4 *>(lo)[i];
+                reinterpret_cast<float4 *>(y + size_t(m) * ldy)[i] =
+                    make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            } else {
+                y[size_t(m) * ldy + i] = hi[i] + lo[i];
+            }
+        }
     }
 }
 #endif
@@ -4769,7 +4784,8 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
 void cuda_backend::blas_pair_sums(const pair_sums & p, int n) {
     int most = 0;
     for (int j = 0; j < n; ++j) most = std::max(most, p.N[j]);
-    const dim3 grid(unsigned(grid_for(size_t(p.M) * size_t(most), 256)), unsigned(n));
+    const dim3 grid(unsigned(grid_for(size_t(most + 3) / 4, 256)), unsigned(n),
+                    unsigned((p.M + 7) / 8));
     blas_pair_sum_kernel<<<grid, 256, 0, stream_>>>(p);
     check_launch("blas_pair_sum");
 }
