@@ -304,12 +304,16 @@ struct bf16_hl {
     uint16_t bits;
 };
 
+// v as bf16_hl's hi and lo.
+__device__ __forceinline__ void split_bf16(float v, uint16_t & hi, uint16_t & lo) {
+    hi = f32_to_bf16(v);
+    lo = f32_to_bf16(v - bf16_to_f32(hi));
+}
+
 // Element e of a row of n as Out (bf16_hl: hi at d[e], lo at d[n + e]).
 template <typename Out> __device__ __forceinline__ void store_at(Out * d, int e, int n, float v) {
     if constexpr (std::is_same_v<Out, bf16_hl>) {
-        const uint16_t hi = f32_to_bf16(v);
-        d[e].bits = hi;
-        d[n + e].bits = f32_to_bf16(v - bf16_to_f32(hi));
+        split_bf16(v, d[e].bits, d[n + e].bits);
     } else {
         (void)n;
         d[e] = store_as<Out>(v);
@@ -323,10 +327,7 @@ __device__ __forceinline__ void store4_at(Out * d, int e, int n, float a, float 
         const float v[4] = {a, b, c, x};
         uint16_t hi[4], lo[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            hi[i] = f32_to_bf16(v[i]);
-            lo[i] = f32_to_bf16(v[i] - bf16_to_f32(hi[i]));
-        }
+        for (int i = 0; i < 4; ++i) split_bf16(v[i], hi[i], lo[i]);
         *reinterpret_cast<uint2 *>(d + e) =
             make_uint2(hi[0] | uint32_t(hi[1]) << 16, hi[2] | uint32_t(hi[3]) << 16);
         *reinterpret_cast<uint2 *>(d + n + e) =
@@ -2607,12 +2608,14 @@ size_t blas_input_bytes(bool pairs, int64_t K, int64_t M) {
 size_t blas_pair_bytes(int64_t N, int64_t M) {
     return align_up(size_t(N) * size_t(M) * 2 * sizeof(float), 256);
 }
+size_t blas_scratch_bytes(int type, bool pairs, int64_t N, int64_t K, int64_t M) {
+    return pairs ? blas_pair_bytes(N, M)
+           : type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16
+               ? 0
+               : align_up(size_t(N) * size_t(K) * 2, 256);
+}
 size_t blas_work_bytes(int type, bool pairs, int64_t N, int64_t K, int64_t M) {
-    const size_t scratch = pairs ? blas_pair_bytes(N, M)
-                           : type == SMOL_TYPE_F32 || type == SMOL_TYPE_F16
-                               ? 0
-                               : align_up(size_t(N) * size_t(K) * 2, 256);
-    return blas_input_bytes(pairs, K, M) + scratch;
+    return blas_input_bytes(pairs, K, M) + blas_scratch_bytes(type, pairs, N, K, M);
 }
 
 template <bool SWIGLU>
@@ -2732,8 +2735,8 @@ class cuda_backend final : public backend {
     void run_mm(const step & s, const batch_info & b);
     template <class F> cudaGraphExec_t capture_graph(bool pdl, F && launches);
 #if defined(SMOL_HAVE_BLAS)
-    void blas_gemm(int type, bool pairs, const uint8_t * w, size_t w_row_bytes, int N, int K,
-                   const void * xin, int M, float * y, size_t ldy, uint8_t * scratch);
+    void blas_gemm(int type, bool pairs, const uint8_t * w, size_t w_row_bytes, int N, int K, int M,
+                   float * y, size_t ldy, uint8_t * scratch);
     void blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int N, int K, const float * x,
                  size_t ldx, int M, float * y, size_t ldy);
     // A cuBLAS step's input at the start of the work space, then its
@@ -2744,8 +2747,17 @@ class cuda_backend final : public backend {
     uint8_t * blas_scratch(bool pairs, int K, int M) const {
         return static_cast<uint8_t *>(work_.p) + blas_input_bytes(pairs, K, M);
     }
-    void * blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M);
-    void blas_pair_sums(const pair_sums & p, int n);
+    void blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M);
+    // A GEMM of blas_gemms: its weights and its output.
+    struct blas_out {
+        int type;
+        const uint8_t * w;
+        size_t w_row_bytes;
+        int N;
+        float * y;
+        size_t ldy;
+    };
+    void blas_gemms(bool pairs, int K, int M, const blas_out * o, int n);
     void run_blas(const step & s, const tensor * x, int K, int M);
 #endif
     rope_params rope_for(const tensor * rope) const;
@@ -3862,18 +3874,17 @@ size_t cuda_backend::step_work() const {
         }
 #if defined(SMOL_HAVE_BLAS)
         if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
+            // One input; one dequantized weight at a time, or every GEMM's
+            // two columns until the one launch that adds them (blas_gemms).
             const bool pairs = step_pairs(s);
-            size_t all_pairs = 0; // every GEMM's two columns, summed once all ran
+            const int64_t K = s.mm[0]->src[0]->ne[0], M = s.mm[0]->src[1]->ne[1];
+            size_t scratch = 0;
             for (int i = 0; i < s.n_mm; ++i) {
                 const tensor * w = s.mm[i]->src[0];
-                const int64_t M = s.mm[i]->src[1]->ne[1];
-                work = std::max(work, blas_work_bytes(w->type, pairs, w->ne[1], w->ne[0], M));
-                all_pairs += pairs ? blas_pair_bytes(w->ne[1], M) : 0;
+                const size_t b = blas_scratch_bytes(w->type, pairs, w->ne[1], K, M);
+                scratch = pairs ? scratch + b : std::max(scratch, b);
             }
-            if (pairs)
-                work = std::max(
-                    work, blas_input_bytes(true, s.mm[0]->src[0]->ne[0], s.mm[0]->src[1]->ne[1]) +
-                              all_pairs);
+            work = std::max(work, blas_input_bytes(pairs, K, M) + scratch);
         }
 #endif
     }
@@ -4720,17 +4731,17 @@ void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c
 }
 
 #if defined(SMOL_HAVE_BLAS)
-// y[M][N] = x[M][K] . W[N][K]^T on tensor cores, f32 accumulation and
-// result. With pairs (bf16 weights, M <= blas_pair_max_m) the weights are
+// y[M][N] = x[M][K] . W[N][K]^T on tensor cores, x from blas_input(), f32
+// accumulation and result. With pairs (bf16 weights, M <= blas_pair_max_m) the weights are
 // read as they are and x comes as bf16_hl pairs: y gets 2 M columns of
-// results, for blas_pair_sums to add. Otherwise the operands are
+// results, for blas_gemms to add. Otherwise the operands are
 // f16 (weights other than f16 dequantized into the scratch first; a bf16
 // weight beyond f16's range would overflow, and trained llama weights stay
 // far below it).
 void cuda_backend::blas_gemm(int type, bool pairs, const uint8_t * w, size_t w_row_bytes, int N,
-                             int K, const void * xin, int M, float * y, size_t ldy,
-                             uint8_t * scratch) {
+                             int K, int M, float * y, size_t ldy, uint8_t * scratch) {
     const float one = 1.0f, zero = 0.0f;
+    const void * xin = blas_input();
     const void * wh = w;
     int ldw = int(w_row_bytes / 2);
     if (pairs) {
@@ -4769,29 +4780,43 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
         return;
     }
     const bool pairs = blas_pairs(type, M);
-    const void * xin = blas_input_of(pairs, x, ldx, K, M);
-    uint8_t * scratch = blas_scratch(pairs, K, M);
-    if (!pairs) {
-        blas_gemm(type, false, w, w_row_bytes, N, K, xin, M, y, ldy, scratch);
-        return;
-    }
-    float * y2 = reinterpret_cast<float *>(scratch);
-    blas_gemm(type, true, w, w_row_bytes, N, K, xin, M, y2, size_t(N), nullptr);
-    blas_pair_sums(pair_sums{{y2}, {y}, {N}, {ldy}, M}, 1);
+    blas_input_of(pairs, x, ldx, K, M);
+    const blas_out o{type, w, w_row_bytes, N, y, ldy};
+    blas_gemms(pairs, K, M, &o, 1);
 }
 
-// Each token's hi and lo results of n GEMMs added (blas_pair_sum_kernel).
-void cuda_backend::blas_pair_sums(const pair_sums & p, int n) {
+// n GEMMs over the input at blas_input(), each into its output; with pairs
+// each into two columns a token of its own in the scratch, all added into
+// the outputs in one launch (blas_pair_sum_kernel) after the last.
+void cuda_backend::blas_gemms(bool pairs, int K, int M, const blas_out * o, int n) {
+    uint8_t * scratch = blas_scratch(pairs, K, M);
+    pair_sums ps{};
+    ps.M = M;
     int most = 0;
-    for (int j = 0; j < n; ++j) most = std::max(most, p.N[j]);
+    for (int i = 0; i < n; ++i) {
+        float * y = o[i].y;
+        size_t ldy = o[i].ldy;
+        if (pairs) {
+            ps.y2[i] = reinterpret_cast<const float *>(scratch);
+            ps.y[i] = y;
+            ps.N[i] = o[i].N;
+            ps.ldy[i] = ldy;
+            most = std::max(most, o[i].N);
+            y = reinterpret_cast<float *>(scratch);
+            ldy = size_t(o[i].N);
+            scratch += blas_pair_bytes(o[i].N, M);
+        }
+        blas_gemm(o[i].type, pairs, o[i].w, o[i].w_row_bytes, o[i].N, K, M, y, ldy, scratch);
+    }
+    if (!pairs) return;
     const dim3 grid(unsigned(grid_for(size_t(most + 3) / 4, 256)), unsigned(n),
-                    unsigned((p.M + 7) / 8));
-    blas_pair_sum_kernel<<<grid, 256, 0, stream_>>>(p);
+                    unsigned((M + 7) / 8));
+    blas_pair_sum_kernel<<<grid, 256, 0, stream_>>>(ps);
     check_launch("blas_pair_sum");
 }
 
 // x[M][K] as f16, or as bf16_hl pairs, at the start of the work space.
-void * cuda_backend::blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M) {
+void cuda_backend::blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M) {
     const unsigned grid = unsigned(grid_for(size_t(M) * K / 4, 256));
     if (pairs) {
         blas_input_kernel<<<grid, 256, 0, stream_>>>(x, ldx, K, M,
@@ -4801,7 +4826,6 @@ void * cuda_backend::blas_input_of(bool pairs, const float * x, size_t ldx, int 
                                                      static_cast<uint16_t *>(blas_input()));
     }
     check_launch("blas_input");
-    return blas_input();
 }
 
 // A step's cuBLAS matmuls: their one input made once (converted, or from
@@ -4843,30 +4867,14 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
     } else {
         make(static_cast<uint16_t *>(blas_input()));
     }
-    uint8_t * scratch = blas_scratch(pairs, K, M);
-    pair_sums ps{};
-    ps.M = M;
+    blas_out o[3];
     for (int i = 0; i < s.n_mm; ++i) {
         const tensor * m = s.mm[i];
         const tensor * w = m->src[0];
-        const int N = int(w->ne[1]);
-        float * y = data_of<float>(m);
-        size_t ldy = m->nb[1] / 4;
-        if (pairs) {
-            // Each GEMM's two columns a token in a scratch of its own, all
-            // added in one launch after the last.
-            ps.y2[i] = reinterpret_cast<const float *>(scratch);
-            ps.y[i] = y;
-            ps.N[i] = N;
-            ps.ldy[i] = ldy;
-            y = reinterpret_cast<float *>(scratch);
-            ldy = size_t(N);
-            scratch += blas_pair_bytes(N, M);
-        }
-        blas_gemm(int(w->type), pairs, data_of<const uint8_t>(w), w->nb[1], N, K, blas_input(), M,
-                  y, ldy, scratch);
+        o[i] = {int(w->type),  data_of<const uint8_t>(w), w->nb[1],
+                int(w->ne[1]), data_of<float>(m),         m->nb[1] / 4};
     }
-    if (pairs) blas_pair_sums(ps, s.n_mm);
+    blas_gemms(pairs, K, M, o, s.n_mm);
 }
 #endif
 
