@@ -926,6 +926,19 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
 // hi and lo columns (smol-cuda.cu's blas_pair_max_m); larger ones as f16.
 constexpr int64_t bf16_pair_max_m = 32;
 
+// The activations a matmul of M tokens over weights of type t multiplies:
+// the GPU's own kernels take them as f32; cuBLAS as f16 (f32 weights stay
+// f32), or over bf16 weights up to bf16_pair_max_m tokens as two bf16
+// columns, hi and lo (about 16 bits of each). Its bound against float64.
+enum class acts { f32, f16, bf16_pairs };
+acts acts_of(smol_type t, int64_t M, bool blas) {
+    if (!blas || t == SMOL_TYPE_F32) return acts::f32;
+    return t == SMOL_TYPE_BF16 && M <= bf16_pair_max_m ? acts::bf16_pairs : acts::f16;
+}
+double bound_of(acts a) {
+    return a == acts::f16 ? 2e-3 : a == acts::bf16_pairs ? 5e-5 : 2e-5;
+}
+
 TEST_CASE("mul_mat matches float64 for every weight type, batch size and width") {
     auto g_be = gpu();
     if (!g_be) return;
@@ -949,16 +962,13 @@ TEST_CASE("mul_mat matches float64 for every weight type, batch size and width")
                 auto run = [&](backend & be) { return mul_mat_on(be, t, wq, x, K, N, M); };
                 const auto got = run(*g_be);
                 const double e = rel_err(got, want);
-                // The GPU's own kernels multiply f32 activations; where
-                // cuBLAS runs (float weights from 4 tokens, any weights
-                // above 32), tensor cores take them as f16 (f32 weights
-                // stay f32), or over bf16 weights up to 32 tokens as two
-                // bf16 columns, hi and lo (about 16 bits of each).
-                const bool blas = g_be->mm_used().find("cublas") != std::string::npos;
-                const bool pairs = blas && t == SMOL_TYPE_BF16 && M <= bf16_pair_max_m;
-                const bool f16_act = blas && t != SMOL_TYPE_F32 && !pairs;
-                CHECK(e <= (f16_act ? 2e-3 : pairs ? 5e-5 : 2e-5));
-                double & worst = f16_act ? worst_f16_act : pairs ? worst_pairs : worst_f32_act;
+                // cuBLAS runs float weights from 4 tokens, any weights above 32.
+                const acts a = acts_of(t, M, g_be->mm_used().find("cublas") != std::string::npos);
+                const bool f16_act = a == acts::f16;
+                CHECK(e <= bound_of(a));
+                double & worst = f16_act                 ? worst_f16_act
+                                 : a == acts::bf16_pairs ? worst_pairs
+                                                         : worst_f32_act;
                 worst = std::max(worst, e);
                 // The CPU rounds activations to f16 (f16 weights) or 8 bits
                 // (quantized weights); against it the bound is its own error.
@@ -1009,12 +1019,9 @@ TEST_CASE("every matmul kernel the autotune may choose matches float64") {
                     // The backend says it launched the candidate it was given.
                     CHECK(g_be->mm_used().find(": " + c + "\n") != std::string::npos);
                     const double e = rel_err(got, want);
-                    // cuBLAS takes f16 activations (f32 weights stay f32;
-                    // bf16 weights up to 32 tokens take bf16 hi and lo).
-                    const bool pairs = c == "cublas" && t == SMOL_TYPE_BF16 && M <= bf16_pair_max_m;
-                    const bool f16_act = c == "cublas" && t != SMOL_TYPE_F32 && !pairs;
-                    CHECK(e <= (f16_act ? 2e-3 : pairs ? 5e-5 : 2e-5));
-                    worst = std::max(worst, f16_act || pairs ? 0.0 : e);
+                    const acts a = acts_of(t, M, c == "cublas");
+                    CHECK(e <= bound_of(a));
+                    worst = std::max(worst, a == acts::f32 ? e : 0.0);
                     ++n_run;
                 }
             }
