@@ -338,19 +338,29 @@ __device__ __forceinline__ void store4_at(Out * d, int e, int n, float a, float 
     }
 }
 
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
 // A block a row; four elements at a time where the row's length and the
-// pointers' alignment allow. With b, the row normed is x + b, which is also
-// stored in h (the residual add before a norm, in one pass).
+// pointers' alignment allow. With b (rows ldb apart), the row normed is
+// x + b, which is also stored in h (the residual add before a norm, in one
+// pass); with b_lo, b's element e is b[e] + b[b_lo + e] (a cuBLAS step's
+// results over bf16_hl pairs, added here in place of blas_pair_sum_kernel).
 template <typename Out>
-__global__ void rms_norm_kernel(const float * x, const float * b, float * h, size_t ldx,
-                                const float * w, Out * dst, size_t ld_dst, int n, float eps) {
+__global__ void rms_norm_kernel(const float * x, const float * b, size_t ldb, size_t b_lo,
+                                float * h, size_t ldx, const float * w, Out * dst, size_t ld_dst,
+                                int n, float eps) {
     __shared__ double red[32];
     const size_t row = blockIdx.x * ldx;
     const float * xr = x + row;
+    const float * br = b ? b + blockIdx.x * ldb : nullptr;
     Out * d = dst + blockIdx.x * ld_dst;
     const uintptr_t at =
         reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(w) |
-        (b ? reinterpret_cast<uintptr_t>(b + row) | reinterpret_cast<uintptr_t>(h + row) : 0);
+        (b ? reinterpret_cast<uintptr_t>(br) | reinterpret_cast<uintptr_t>(h + row) |
+                 reinterpret_cast<uintptr_t>(br + b_lo)
+           : 0);
     const bool vec =
         n % 4 == 0 && at % 16 == 0 && reinterpret_cast<uintptr_t>(d) % (4 * sizeof(Out)) == 0;
     double ss = 0.0;
@@ -358,8 +368,9 @@ __global__ void rms_norm_kernel(const float * x, const float * b, float * h, siz
         for (int e = 4 * threadIdx.x; e < n; e += 4 * blockDim.x) {
             float4 v = *reinterpret_cast<const float4 *>(xr + e);
             if (b) {
-                const float4 u = *reinterpret_cast<const float4 *>(b + row + e);
-                v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+                float4 u = *reinterpret_cast<const float4 *>(br + e);
+                if (b_lo) u = add4(u, *reinterpret_cast<const float4 *>(br + b_lo + e));
+                v = add4(v, u);
                 *reinterpret_cast<float4 *>(h + row + e) = v;
             }
             ss += double(v.x) * double(v.x);
@@ -370,7 +381,7 @@ __global__ void rms_norm_kernel(const float * x, const float * b, float * h, siz
     } else {
         for (int e = threadIdx.x; e < n; e += blockDim.x) {
             float v = xr[e];
-            if (b) h[row + e] = v = v + b[row + e];
+            if (b) h[row + e] = v = v + (b_lo ? br[e] + br[b_lo + e] : br[e]);
             ss += double(v) * double(v);
         }
     }
@@ -405,36 +416,46 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
-// silu(g) * u of n elements (rows of K), four at a time where K and the
-// pointers' alignment allow.
+// silu(g) * u of M rows of K (g's and u's rows ld apart; with lo, each of
+// their elements is the sum of it and the one lo further: a cuBLAS step's
+// results over bf16_hl pairs, added here in place of blas_pair_sum_kernel),
+// four at a time where K and the pointers' alignment allow. Block row y
+// takes rows y, y + gridDim.y, ...
 template <typename Out>
-__global__ void swiglu_kernel(const float * g, const float * u, Out * dst, size_t n, int K) {
-    const size_t stride = size_t(gridDim.x) * blockDim.x;
-    const size_t i0 = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+__global__ void swiglu_kernel(const float * g, const float * u, size_t ld, size_t lo, Out * dst,
+                              int K, int M) {
+    constexpr bool hl = std::is_same_v<Out, bf16_hl>;
+    const size_t ld_dst = hl ? 2 * size_t(K) : size_t(K);
+    const int e0 = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
     const uintptr_t at = reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(u) |
                          reinterpret_cast<uintptr_t>(dst);
-    constexpr bool hl = std::is_same_v<Out, bf16_hl>;
-    // Where element i goes: dst + i, or with bf16_hl at e of its row's pair
-    // (rows 2 K apart).
-    auto place = [&](size_t i, int & e) {
-        e = hl ? int(i % size_t(K)) : 0;
-        return hl ? dst + i / size_t(K) * 2 * size_t(K) : dst + i;
-    };
-    int e = 0;
-    if ((hl ? K % 4 : int(n % 4)) == 0 && at % 16 == 0) {
-        for (size_t i = i0; i < n / 4; i += stride) {
-            const float4 a = reinterpret_cast<const float4 *>(g)[i];
-            const float4 b = reinterpret_cast<const float4 *>(u)[i];
-            Out * d = place(4 * i, e);
-            store4_at(d, e, K, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
-                      silu_mul(a.w, b.w));
+    const bool vec = K % 4 == 0 && ld % 4 == 0 && lo % 4 == 0 && at % 16 == 0;
+    for (int r = blockIdx.y; r < M; r += gridDim.y) {
+        const float * gr = g + size_t(r) * ld;
+        const float * ur = u + size_t(r) * ld;
+        Out * d = dst + size_t(r) * ld_dst;
+        if (vec) {
+            for (int e = 4 * e0; e < K; e += 4 * stride) {
+                float4 a = *reinterpret_cast<const float4 *>(gr + e);
+                float4 b = *reinterpret_cast<const float4 *>(ur + e);
+                if (lo) {
+                    a = add4(a, *reinterpret_cast<const float4 *>(gr + lo + e));
+                    b = add4(b, *reinterpret_cast<const float4 *>(ur + lo + e));
+                }
+                store4_at(d, e, K, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
+                          silu_mul(a.w, b.w));
+            }
+        } else {
+            for (int e = e0; e < K; e += stride) {
+                const float a = lo ? gr[e] + gr[lo + e] : gr[e];
+                const float b = lo ? ur[e] + ur[lo + e] : ur[e];
+                store_at(d, e, K, silu_mul(a, b));
+            }
         }
-        return;
     }
-    for (size_t i = i0; i < n; i += stride) {
-        Out * d = place(i, e);
-        store_at(d, e, K, silu_mul(g[i], u[i]));
-    }
+}
+dim3 swiglu_grid(int K, int M) {
+    return dim3(unsigned((K + 1023) / 1024), unsigned(std::min(M, 65535)));
 }
 
 // One block per token; pairs (2j, 2j+1) of every head.
@@ -2471,6 +2492,7 @@ struct mm_choice {
     int r = 1;         // GEMV rows a warp
     bool kv = false;   // (used, not a table's) the GEMV stored k and v in the cache too
     bool ring = false; // (used) the token's GEMV ran through the ring (gemv_ring_kernel)
+    bool kept = false; // (used) cuBLAS over bf16 pairs whose sums the next input kernel made
 };
 
 constexpr int mm_tiles[] = {1, 2, 4, 8, 16, 32};
@@ -2535,6 +2557,9 @@ struct step {
     tensor * extra = nullptr; // a result t reads beyond its own sources
     tensor * store = nullptr; // mm of q, k, v: the KV_STORE of k and v its GEMV may do
     bool skip = false;        // computed inside another step
+    // cuBLAS over bf16_hl pairs: the results stay hi and lo in the scratch,
+    // and the next step's input kernel (its folded add, or SwiGLU) adds them.
+    bool keep_pairs = false;
 };
 
 size_t align_up(size_t n, size_t a) {
@@ -2605,6 +2630,12 @@ bool step_pairs(const step & s) {
 size_t blas_input_bytes(bool pairs, int64_t K, int64_t M) {
     return align_up(size_t(K) * size_t(M) * 2 * (pairs ? 2 : 1), 256);
 }
+// Where the scratch starts (N: the step's widest output): past the input,
+// and with pairs past any input of N columns too, which the next step's
+// input kernel writes while it reads this step's kept results.
+size_t blas_scratch_offset(bool pairs, int64_t K, int64_t N, int64_t M) {
+    return blas_input_bytes(pairs, pairs ? std::max(K, N) : K, M);
+}
 size_t blas_pair_bytes(int64_t N, int64_t M) {
     return align_up(size_t(N) * size_t(M) * 2 * sizeof(float), 256);
 }
@@ -2615,7 +2646,7 @@ size_t blas_scratch_bytes(int type, bool pairs, int64_t N, int64_t K, int64_t M)
                : align_up(size_t(N) * size_t(K) * 2, 256);
 }
 size_t blas_work_bytes(int type, bool pairs, int64_t N, int64_t K, int64_t M) {
-    return blas_input_bytes(pairs, K, M) + blas_scratch_bytes(type, pairs, N, K, M);
+    return blas_scratch_offset(pairs, K, N, M) + blas_scratch_bytes(type, pairs, N, K, M);
 }
 
 template <bool SWIGLU>
@@ -2744,11 +2775,12 @@ class cuda_backend final : public backend {
     void * blas_input() const {
         return work_.p;
     }
-    uint8_t * blas_scratch(bool pairs, int K, int M) const {
-        return static_cast<uint8_t *>(work_.p) + blas_input_bytes(pairs, K, M);
+    uint8_t * blas_scratch(bool pairs, int K, int N, int M) const {
+        return static_cast<uint8_t *>(work_.p) + blas_scratch_offset(pairs, K, N, M);
     }
     void blas_input_of(bool pairs, const float * x, size_t ldx, int K, int M);
-    // A GEMM of blas_gemms: its weights and its output.
+    // A GEMM of blas_gemms: its weights and its output; with pairs left
+    // unsummed, where its hi and lo results went (hl).
     struct blas_out {
         int type;
         const uint8_t * w;
@@ -2756,9 +2788,19 @@ class cuda_backend final : public backend {
         int N;
         float * y;
         size_t ldy;
+        const float * hl = nullptr;
     };
-    void blas_gemms(bool pairs, int K, int M, const blas_out * o, int n);
+    void blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n);
     void run_blas(const step & s, const tensor * x, int K, int M);
+    // The results a step kept as hi and lo (step::keep_pairs) for the next
+    // step's input kernel: mm t's token m at p + 2 m N, its lo N further.
+    struct kept_pair {
+        const tensor * t;
+        const float * p;
+        int N;
+    };
+    kept_pair kept_[3];
+    int n_kept_ = 0;
 #endif
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
@@ -3292,7 +3334,7 @@ void cuda_backend::note_used(const mm_key & key, const mm_choice & c) {
     for (const auto & u : used_) {
         const mm_choice & d = u.second;
         if (u.first == key && d.blas == c.blas && d.mt == c.mt && d.ks == c.ks && d.r == c.r &&
-            d.kv == c.kv)
+            d.kv == c.kv && d.kept == c.kept)
             return;
     }
     used_.push_back({key, c});
@@ -3307,7 +3349,7 @@ std::string cuda_backend::mm_used() const {
         out += std::string(type_key_name(key.type)) + " " + std::to_string(key.n) + "x" +
                std::to_string(key.k) + " M=" + std::to_string(key.m) + ": " +
                (c.mt == 0 ? std::string("scalar") : choice_name(c)) + (c.ring ? " +ring" : "") +
-               (c.kv ? " +kv_store" : "") + "\n";
+               (c.kv ? " +kv_store" : "") + (c.kept ? " +sums in the next input" : "") + "\n";
     }
     return out;
 }
@@ -3822,6 +3864,29 @@ void cuda_backend::make_steps(graph & g) {
             s.glu = glu;
         i = j - 1;
     }
+#if defined(SMOL_HAVE_BLAS)
+    // A cuBLAS step over bf16 pairs whose results only the next step's input
+    // kernel reads (the output projection's or down's through the residual
+    // add before the norm, gate's and up's through the SwiGLU) keeps them as
+    // hi and lo: that kernel adds them as it reads, in place of a launch.
+    for (size_t i = 0; i < n; ++i) {
+        step & s = steps_[i];
+        if (s.skip || s.kind != step_kind::mm || !blas_f16(s.mm[0]) || !step_pairs(s)) continue;
+        size_t j = i + 1;
+        while (j < n && steps_[j].skip) ++j;
+        if (j == n || steps_[j].kind != step_kind::mm) continue;
+        const step & u = steps_[j];
+        auto only = [&](const tensor * m) { return uses[size_t(m->node_index)] == 1; };
+        const tensor * m = s.mm[0];
+        if (s.n_mm == 1 && u.add && only(m)) {
+            s.keep_pairs = (u.add->src[0] == m) != (u.add->src[1] == m);
+        } else if (s.n_mm == 2 && u.glu && only(m) && only(s.mm[1])) {
+            const tensor * g = u.glu->src[0];
+            const tensor * up = u.glu->src[1];
+            s.keep_pairs = (g == m && up == s.mm[1]) || (g == s.mm[1] && up == m);
+        }
+    }
+#endif
     // The GEMV of q, k and v may store k and v in the cache itself: the
     // KV_STORE whose k (through its rope) and v are the launch's second and
     // third results, when nothing else reads them.
@@ -3879,12 +3944,14 @@ size_t cuda_backend::step_work() const {
             const bool pairs = step_pairs(s);
             const int64_t K = s.mm[0]->src[0]->ne[0], M = s.mm[0]->src[1]->ne[1];
             size_t scratch = 0;
+            int64_t widest = 0;
             for (int i = 0; i < s.n_mm; ++i) {
                 const tensor * w = s.mm[i]->src[0];
                 const size_t b = blas_scratch_bytes(w->type, pairs, w->ne[1], K, M);
                 scratch = pairs ? scratch + b : std::max(scratch, b);
+                widest = std::max(widest, w->ne[1]);
             }
-            work = std::max(work, blas_input_bytes(pairs, K, M) + scratch);
+            work = std::max(work, blas_scratch_offset(pairs, K, widest, M) + scratch);
         }
 #endif
     }
@@ -4328,6 +4395,9 @@ void cuda_backend::launch_all(graph & g) {
     used_.clear();
     replayed_ = -1;
     stored_ = nullptr;
+#if defined(SMOL_HAVE_BLAS)
+    n_kept_ = 0;
+#endif
     if (sched_.has_copies()) {
         launch_program(g);
         return;
@@ -4437,7 +4507,7 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     }
     case OP_RMS_NORM:
         rms_norm_kernel<float><<<unsigned(t->nrows()), 256, 0, stream_>>>(
-            data_of<const float>(a), nullptr, nullptr, a->nb[1] / 4,
+            data_of<const float>(a), nullptr, 0, 0, nullptr, a->nb[1] / 4,
             data_of<const float>(t->src[1]), data_of<float>(t), t->nb[1] / 4, int(a->ne[0]),
             t->fparams[0]);
         check_launch("rms_norm");
@@ -4450,10 +4520,10 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         return;
     }
     case OP_SWIGLU: {
-        const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
-        swiglu_kernel<float><<<grid_for(n, 256), 256, 0, stream_>>>(
-            data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n,
-            int(t->ne[0]));
+        const int K = int(t->ne[0]), M = int(t->nrows());
+        swiglu_kernel<float><<<swiglu_grid(K, M), 256, 0, stream_>>>(
+            data_of<const float>(a), data_of<const float>(t->src[1]), size_t(K), 0,
+            data_of<float>(t), K, M);
         check_launch("swiglu");
         return;
     }
@@ -4781,15 +4851,18 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
     }
     const bool pairs = blas_pairs(type, M);
     blas_input_of(pairs, x, ldx, K, M);
-    const blas_out o{type, w, w_row_bytes, N, y, ldy};
-    blas_gemms(pairs, K, M, &o, 1);
+    blas_out o{type, w, w_row_bytes, N, y, ldy};
+    blas_gemms(pairs, true, K, M, &o, 1);
 }
 
 // n GEMMs over the input at blas_input(), each into its output; with pairs
-// each into two columns a token of its own in the scratch, all added into
-// the outputs in one launch (blas_pair_sum_kernel) after the last.
-void cuda_backend::blas_gemms(bool pairs, int K, int M, const blas_out * o, int n) {
-    uint8_t * scratch = blas_scratch(pairs, K, M);
+// each into two columns a token of its own in the scratch, then (with sum)
+// all added into the outputs in one launch (blas_pair_sum_kernel) after the
+// last, or else left there for the next step's input kernel to add.
+void cuda_backend::blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n) {
+    int widest = 0;
+    for (int i = 0; i < n; ++i) widest = std::max(widest, o[i].N);
+    uint8_t * scratch = blas_scratch(pairs, K, widest, M);
     pair_sums ps{};
     ps.M = M;
     int most = 0;
@@ -4804,11 +4877,12 @@ void cuda_backend::blas_gemms(bool pairs, int K, int M, const blas_out * o, int 
             most = std::max(most, o[i].N);
             y = reinterpret_cast<float *>(scratch);
             ldy = size_t(o[i].N);
+            o[i].hl = y;
             scratch += blas_pair_bytes(o[i].N, M);
         }
         blas_gemm(o[i].type, pairs, o[i].w, o[i].w_row_bytes, o[i].N, K, M, y, ldy, scratch);
     }
-    if (!pairs) return;
+    if (!pairs || !sum) return;
     const dim3 grid(unsigned(grid_for(size_t(most + 3) / 4, 256)), unsigned(n),
                     unsigned((M + 7) / 8));
     blas_pair_sum_kernel<<<grid, 256, 0, stream_>>>(ps);
@@ -4831,7 +4905,11 @@ void cuda_backend::blas_input_of(bool pairs, const float * x, size_t ldx, int K,
 // A step's cuBLAS matmuls: their one input made once (converted, or from
 // the folded RMS norm or SwiGLU), then a GEMM each.
 void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
-    for (int i = 0; i < s.n_mm; ++i) note_used(key_of(s.mm[i]), mm_choice{true, 1, 1, -1});
+    for (int i = 0; i < s.n_mm; ++i) {
+        mm_choice c{true, 1, 1, -1};
+        c.kept = s.keep_pairs;
+        note_used(key_of(s.mm[i]), c);
+    }
     const tensor * w0 = s.mm[0]->src[0];
     if (w0->type == SMOL_TYPE_F32) {
         blas_mm(int(w0->type), data_of<const uint8_t>(w0), w0->nb[1], int(w0->ne[1]), K,
@@ -4840,23 +4918,40 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
         return;
     }
     const bool pairs = step_pairs(s);
+    // A source of the input kernel: a tensor's rows, or the hi and lo
+    // results the step before kept for it (kept_).
+    struct source {
+        const float * p;
+        size_t ld, lo;
+    };
+    auto source_of = [&](const tensor * t) {
+        for (int i = 0; i < n_kept_; ++i) {
+            const kept_pair & k = kept_[i];
+            if (k.t == t) return source{k.p, 2 * size_t(k.N), size_t(k.N)};
+        }
+        return source{data_of<const float>(t), t->nb[1] / 4, 0};
+    };
     // The input's producer, for f16 or for bf16_hl pairs.
     auto make = [&](auto * xin) {
         using Out = std::remove_pointer_t<decltype(xin)>;
         const size_t ld = size_t(K) * (pairs ? 2 : 1);
         if (s.norm) {
-            // With a folded add, x is the add's result, made here from its sources.
+            // With a folded add, x is the add's result, made here from its
+            // sources (kept results as b: x + b = b + x).
             const tensor * a = s.add ? s.add->src[0] : x;
+            const tensor * b = s.add ? s.add->src[1] : nullptr;
+            if (b && source_of(a).lo) std::swap(a, b);
+            const source bs = b ? source_of(b) : source{nullptr, 0, 0};
             rms_norm_kernel<Out><<<unsigned(M), 256, 0, stream_>>>(
-                data_of<const float>(a), s.add ? data_of<const float>(s.add->src[1]) : nullptr,
+                data_of<const float>(a), bs.p, bs.ld, bs.lo,
                 s.add ? data_of<float>(s.add) : nullptr, a->nb[1] / 4,
                 data_of<const float>(s.norm->src[1]), xin, ld, K, s.norm->fparams[0]);
             check_launch("rms_norm (cuBLAS input)");
         } else if (s.glu) {
-            const size_t n = size_t(K) * size_t(M);
-            swiglu_kernel<Out><<<grid_for(n / 4, 256), 256, 0, stream_>>>(
-                data_of<const float>(s.glu->src[0]), data_of<const float>(s.glu->src[1]), xin, n,
-                K);
+            // Gate and up are both kept or both tensors (make_steps).
+            const source g = source_of(s.glu->src[0]), u = source_of(s.glu->src[1]);
+            swiglu_kernel<Out>
+                <<<swiglu_grid(K, M), 256, 0, stream_>>>(g.p, u.p, g.ld, g.lo, xin, K, M);
             check_launch("swiglu (cuBLAS input)");
         } else {
             blas_input_of(pairs, data_of<const float>(x), x->nb[1] / 4, K, M);
@@ -4867,6 +4962,7 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
     } else {
         make(static_cast<uint16_t *>(blas_input()));
     }
+    n_kept_ = 0;
     blas_out o[3];
     for (int i = 0; i < s.n_mm; ++i) {
         const tensor * m = s.mm[i];
@@ -4874,7 +4970,10 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
         o[i] = {int(w->type),  data_of<const uint8_t>(w), w->nb[1],
                 int(w->ne[1]), data_of<float>(m),         m->nb[1] / 4};
     }
-    blas_gemms(pairs, K, M, o, s.n_mm);
+    blas_gemms(pairs, !s.keep_pairs, K, M, o, s.n_mm);
+    if (!s.keep_pairs) return;
+    for (int i = 0; i < s.n_mm; ++i) kept_[i] = {s.mm[i], o[i].hl, o[i].N};
+    n_kept_ = s.n_mm;
 }
 #endif
 
