@@ -2605,11 +2605,13 @@ cell_tile tile_of(const kv_cache & kv, int64_t c0) {
 // Batches of up to this many tokens over bf16 weights take cuBLAS in bf16,
 // x as hi and lo columns (bf16_hl): the weights are read once, where the
 // dequantized path below writes and reads them again. Larger ones
-// dequantize the weights to f16 first, as other types do: on the H200, 8
-// and 32 sequences of the 1.7B decoded 1.52x and 1.23x faster with pairs,
-// the 135M's 32 level; at 64 the 1.7B gained 4% and the 135M lost 5%, at
-// 128 both lost (the doubled products); BENCHMARKS.md.
-constexpr int64_t blas_pair_max_m = 32;
+// dequantize the weights to f16 first, as other types do, where the pairs'
+// doubled products cost more than that pass. On the H200, with the pairs'
+// sums made by the next input kernel: 64 and 128 sequences of the 135M,
+// 360M and 1.7B decoded 1.07-1.42x faster with pairs, 128- and 256-token
+// prompts of the 1.7B 1.37x and 1.13x; its 512-token prompts 0.88x
+// (BENCHMARKS.md).
+constexpr int64_t blas_pair_max_m = 256;
 
 // Whether a cuBLAS matmul of M tokens over weights of this type takes
 // bf16_hl pairs; a step's matmuls take them when all of them do.
