@@ -2609,8 +2609,8 @@ cell_tile tile_of(const kv_cache & kv, int64_t c0) {
 // doubled products cost more than that pass. On the H200, with the pairs'
 // sums made by the next input kernel: 64 and 128 sequences of the 135M,
 // 360M and 1.7B decoded 1.07-1.42x faster with pairs, 128- and 256-token
-// prompts of the 1.7B 1.37x and 1.13x; its 512-token prompts 0.88x
-// (BENCHMARKS.md).
+// prompts of the 1.7B 1.36-1.40x and 1.10-1.15x; its 512-token prompts
+// 0.87-0.90x (BENCHMARKS.md).
 constexpr int64_t blas_pair_max_m = 256;
 
 // Whether a cuBLAS matmul of M tokens over weights of this type takes
