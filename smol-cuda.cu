@@ -488,6 +488,24 @@ struct kv_store_params {
     bool vec;              // two pairs a thread: 16-byte rows in, 8-byte pieces out
 };
 
+// Rows r and r + 1 (r even) of token tok's k (or v) into the token's cache
+// cell as f16, where row r's head is one of the view's; k's pair turned by
+// the rope first. kv_store_kernel, and the GEMVs that store k and v
+// themselves, all store through it.
+__device__ __forceinline__ void store_kv_pair(const kv_store_params & p, int tok, size_t cell,
+                                              int r, float x0, float x1, bool k) {
+    const int e = r % p.hd, h = r / p.hd - p.h0;
+    if (h < 0 || h >= p.n_head_kv) return;
+    if (k && p.rope.pos) {
+        float c, s;
+        rope_get(p.rope, tok, e / 2, c, s);
+        rope_pair(x0, x1, c, s);
+    }
+    uint16_t * d = (k ? p.K : p.V) + h * p.head_stride + cell * p.hd + e;
+    d[0] = f32_to_f16(x0);
+    d[1] = f32_to_f16(x1);
+}
+
 // A block a token, a thread a pair of elements of one of its kv heads, or
 // two pairs where the rows allow (all of them at once, up to 1024 threads):
 // converts k and v to f16 in the token's cache cell. Looping a block's 128
@@ -521,18 +539,9 @@ __global__ void kv_store_kernel(const kv_store_params p) {
         return;
     }
     for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
-        const int h = e / half, j = e % half, hr = p.h0 + h;
-        float k0 = k[hr * p.hd + 2 * j], k1 = k[hr * p.hd + 2 * j + 1];
-        if (p.rope.pos) {
-            float c, s;
-            rope_get(p.rope, i, j, c, s);
-            rope_pair(k0, k1, c, s);
-        }
-        const size_t at = h * p.head_stride + cell * p.hd + 2 * j;
-        p.K[at] = f32_to_f16(k0);
-        p.K[at + 1] = f32_to_f16(k1);
-        p.V[at] = f32_to_f16(v[hr * p.hd + 2 * j]);
-        p.V[at + 1] = f32_to_f16(v[hr * p.hd + 2 * j + 1]);
+        const int r = (p.h0 + e / half) * p.hd + 2 * (e % half);
+        store_kv_pair(p, i, cell, r, k[r], k[r + 1], true);
+        store_kv_pair(p, i, cell, r, v[r], v[r + 1], false);
     }
 }
 
@@ -753,28 +762,12 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
     if (lane < R) y[size_t(m) * rows + r + lane] = val;
     if constexpr (!SWIGLU && R % 2 == 0) {
-        // k and v into the token's cache cell, as f16; k's pairs (rows 2j,
-        // 2j + 1 of a head, lanes 2i and 2i + 1) turned by the rope first,
-        // with the rounding of kv_store_kernel.
+        // k and v into the token's cache cell, a pair of rows (lanes 2i
+        // and 2i + 1) by the even lane, as kv_store_kernel stores them.
         const float other = SMOL_SHFL_XOR(val, 1);
         const kv_store_params & kv = p.kv;
-        if (kv.K && which > 0 && lane < R) {
-            const int e = (r + lane) % kv.hd, h = (r + lane) / kv.hd - kv.h0;
-            if (h >= 0 && h < kv.n_head_kv) {
-                const size_t at = h * kv.head_stride + size_t(kv.cell[m]) * kv.hd + e;
-                if (which == 2) {
-                    kv.V[at] = f32_to_f16(val);
-                } else {
-                    float x0 = lane % 2 ? other : val, x1 = lane % 2 ? val : other;
-                    if (kv.rope.pos) {
-                        float c, s;
-                        rope_get(kv.rope, m, e / 2, c, s);
-                        rope_pair(x0, x1, c, s);
-                    }
-                    kv.K[at] = f32_to_f16(lane % 2 ? x1 : x0);
-                }
-            }
-        }
+        if (kv.K && which > 0 && lane < R && lane % 2 == 0)
+            store_kv_pair(kv, m, size_t(kv.cell[m]), r + lane, val, other, which == 1);
     }
 }
 
@@ -952,27 +945,10 @@ __global__ void __launch_bounds__((ring_warps + 1) * warp_size)
             if (p.res) val[e] = p.res[r + e] + val[e];
             y[r + e] = val[e];
         }
-        // k and v into the token's cache cell as gemv_kernel stores them.
+        // k and v into the token's cache cell, as kv_store_kernel stores them.
         const kv_store_params & kv = p.kv;
-        if (!SWIGLU && kv.K && which > 0) {
-            const int e = r % kv.hd, h = r / kv.hd - kv.h0;
-            if (h >= 0 && h < kv.n_head_kv) {
-                const size_t at = h * kv.head_stride + size_t(kv.cell[0]) * kv.hd + e;
-                float x0 = val[0], x1 = val[1];
-                if (which == 2) {
-                    kv.V[at] = f32_to_f16(x0);
-                    kv.V[at + 1] = f32_to_f16(x1);
-                } else {
-                    if (kv.rope.pos) {
-                        float c, sn;
-                        rope_get(kv.rope, 0, e / 2, c, sn);
-                        rope_pair(x0, x1, c, sn);
-                    }
-                    kv.K[at] = f32_to_f16(x0);
-                    kv.K[at + 1] = f32_to_f16(x1);
-                }
-            }
-        }
+        if (!SWIGLU && kv.K && which > 0)
+            store_kv_pair(kv, 0, size_t(kv.cell[0]), r, val[0], val[1], which == 1);
     }
 #else
     (void)p;
