@@ -479,7 +479,8 @@ struct kv_store_params {
     const float * k;
     const float * v;
     size_t ldk, ldv;
-    uint16_t * K; // the view's first head
+    size_t k_lo = 0, v_lo = 0; // nonzero: k's (v's) element e is k[e] + k[k_lo + e] (kept_)
+    uint16_t * K;              // the view's first head
     uint16_t * V;
     size_t head_stride;    // elements between heads: n_cells * hd
     int hd, h0, n_head_kv; // the view's heads [h0, h0 + n_head_kv) of the k, v rows
@@ -524,7 +525,11 @@ __global__ void kv_store_kernel(const kv_store_params p) {
         for (int e = threadIdx.x; e < p.n_head_kv * quads; e += blockDim.x) {
             const int h = e / quads, j = 2 * (e % quads), hr = p.h0 + h;
             float4 kq = *reinterpret_cast<const float4 *>(k + hr * p.hd + 2 * j);
-            const float4 vq = *reinterpret_cast<const float4 *>(v + hr * p.hd + 2 * j);
+            float4 vq = *reinterpret_cast<const float4 *>(v + hr * p.hd + 2 * j);
+            if (p.k_lo)
+                kq = add4(kq, *reinterpret_cast<const float4 *>(k + p.k_lo + hr * p.hd + 2 * j));
+            if (p.v_lo)
+                vq = add4(vq, *reinterpret_cast<const float4 *>(v + p.v_lo + hr * p.hd + 2 * j));
             if (p.rope.pos) {
                 float c, s;
                 rope_get(p.rope, i, j, c, s);
@@ -540,8 +545,11 @@ __global__ void kv_store_kernel(const kv_store_params p) {
     }
     for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
         const int r = (p.h0 + e / half) * p.hd + 2 * (e % half);
-        store_kv_pair(p, i, cell, r, k[r], k[r + 1], true);
-        store_kv_pair(p, i, cell, r, v[r], v[r + 1], false);
+        float k0 = k[r], k1 = k[r + 1], v0 = v[r], v1 = v[r + 1];
+        if (p.k_lo) k0 += k[p.k_lo + r], k1 += k[p.k_lo + r + 1];
+        if (p.v_lo) v0 += v[p.v_lo + r], v1 += v[p.v_lo + r + 1];
+        store_kv_pair(p, i, cell, r, k0, k1, true);
+        store_kv_pair(p, i, cell, r, v0, v1, false);
     }
 }
 
@@ -1177,6 +1185,7 @@ __device__ __forceinline__ bool tile_unseen(const cell_tile & t, seq_mask seqs, 
 struct attn_params {
     const float * q;
     size_t ldq;
+    size_t q_lo = 0; // nonzero: q's element e is q[e] + q[q_lo + e] (kept_)
     float * out;
     size_t ldo;
     const uint16_t * K; // the view's first kv head
@@ -1219,6 +1228,7 @@ __device__ __forceinline__ void load_query_pair(const attn_params & p, int tok, 
     const float * src = p.q + tok * p.ldq + h * hd;
     x0 = src[2 * j];
     x1 = src[2 * j + 1];
+    if (p.q_lo) x0 += src[p.q_lo + 2 * j], x1 += src[p.q_lo + 2 * j + 1];
     if (p.rope.pos) {
         float c, sn;
         rope_get(p.rope, tok, j, c, sn);
@@ -2468,7 +2478,7 @@ struct mm_choice {
     int r = 1;         // GEMV rows a warp
     bool kv = false;   // (used, not a table's) the GEMV stored k and v in the cache too
     bool ring = false; // (used) the token's GEMV ran through the ring (gemv_ring_kernel)
-    bool kept = false; // (used) cuBLAS over bf16 pairs whose sums the next input kernel made
+    bool kept = false; // (used) cuBLAS over bf16 pairs whose sums their readers made
 };
 
 constexpr int mm_tiles[] = {1, 2, 4, 8, 16, 32};
@@ -2534,7 +2544,8 @@ struct step {
     tensor * store = nullptr; // mm of q, k, v: the KV_STORE of k and v its GEMV may do
     bool skip = false;        // computed inside another step
     // cuBLAS over bf16_hl pairs: the results stay hi and lo in the scratch,
-    // and the next step's input kernel (its folded add, or SwiGLU) adds them.
+    // and the kernels that read them add them (the next step's input kernel,
+    // or for q, k and v the cache store and the attention; make_steps).
     bool keep_pairs = false;
 };
 
@@ -2779,6 +2790,20 @@ class cuda_backend final : public backend {
     };
     kept_pair kept_[3];
     int n_kept_ = 0;
+    size_t kept_end_ = 0; // bytes of the work space the kept results reach
+    // A tensor's rows, or where the step before kept them as hi and lo
+    // (rows ld apart, lo further).
+    struct source {
+        const float * p;
+        size_t ld, lo;
+    };
+    source source_of(const tensor * t) const {
+        for (int i = 0; i < n_kept_; ++i) {
+            const kept_pair & k = kept_[i];
+            if (k.t == t) return source{k.p, 2 * size_t(k.N), size_t(k.N)};
+        }
+        return source{static_cast<const float *>(t->data), t->nb[1] / 4, 0};
+    }
 #endif
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
@@ -3327,7 +3352,7 @@ std::string cuda_backend::mm_used() const {
         out += std::string(type_key_name(key.type)) + " " + std::to_string(key.n) + "x" +
                std::to_string(key.k) + " M=" + std::to_string(key.m) + ": " +
                (c.mt == 0 ? std::string("scalar") : choice_name(c)) + (c.ring ? " +ring" : "") +
-               (c.kv ? " +kv_store" : "") + (c.kept ? " +sums in the next input" : "") + "\n";
+               (c.kv ? " +kv_store" : "") + (c.kept ? " +sums where read" : "") + "\n";
     }
     return out;
 }
@@ -3864,6 +3889,31 @@ void cuda_backend::make_steps(graph & g) {
             s.keep_pairs = (g == m && up == s.mm[1]) || (g == s.mm[1] && up == m);
         }
     }
+    // So do q, k and v when the cache store right after them (rotating k)
+    // and the attention right after it (rotating q) are all that read them:
+    // those add hi and lo as they load, and the attention's partials go
+    // past them in the work space.
+    for (size_t i = 0; i < n; ++i) {
+        step & s = steps_[i];
+        if (s.skip || s.kind != step_kind::mm || s.n_mm != 3 || !blas_f16(s.mm[0]) ||
+            !step_pairs(s))
+            continue;
+        size_t j = i + 1;
+        while (j < n && steps_[j].skip) ++j;
+        size_t k = j + 1;
+        while (k < n && steps_[k].skip) ++k;
+        if (k >= n || steps_[j].kind != step_kind::kv_store ||
+            steps_[k].kind != step_kind::attention)
+            continue;
+        const tensor * read[3] = {steps_[j].rope->src[0], steps_[j].t->src[1],
+                                  steps_[k].rope->src[0]};
+        bool all = true;
+        for (const tensor * m : s.mm) {
+            all = all && uses[size_t(m->node_index)] == 1 &&
+                  std::count(std::begin(read), std::end(read), m) == 1;
+        }
+        s.keep_pairs = all;
+    }
 #endif
     // The GEMV of q, k and v may store k and v in the cache itself: the
     // KV_STORE whose k (through its rope) and v are the launch's second and
@@ -3888,6 +3938,7 @@ void cuda_backend::make_steps(graph & g) {
 // dequantized weights and f16 inputs.
 size_t cuda_backend::step_work() const {
     size_t work = 0;
+    size_t kept = 0; // where the results a step kept end (attention's partials go past them)
     for (const step & s : steps_) {
         if (s.skip) continue;
         const tensor * t = s.t;
@@ -3896,24 +3947,26 @@ size_t cuda_backend::step_work() const {
             const attn_choice a = choose_attention(t);
             const size_t n_tok = size_t(t->ne[1]), n_head = size_t(t->iparams[1]);
             const size_t partial = size_t(t->iparams[3] + 2) * sizeof(float);
+            size_t part = 0;
             if (a.kind == attn_kernel::decode && a.S > 1) {
                 // Blocks x splits stay within the GPU's block slots (or the
                 // blocks alone, unsplit), whatever head group a node serves.
                 const int group = t->iparams[1] / t->iparams[2];
                 const size_t blocks = n_tok * size_t(t->iparams[2]) * size_t(decode_subs(group));
                 // (The merge copies whole 16-byte pieces: up to 12 bytes past the end.)
-                work = std::max(work, std::max(size_t(dec_slots_), blocks) *
-                                              size_t(decode_heads(group)) * partial +
-                                          16);
+                part =
+                    std::max(size_t(dec_slots_), blocks) * size_t(decode_heads(group)) * partial +
+                    16;
             } else if (a.kind == attn_kernel::flash && (a.S > 1 || n_tok >= size_t(fa_rows))) {
                 // (query heads x splits) stays within the layer's heads for
                 // prompts (see flash_splits), so one bound serves any head
                 // grouping the planner may choose later.
                 const size_t heads = n_tok >= size_t(fa_rows) ? n_head : n_head * size_t(a.S);
-                work = std::max(work, n_tok * heads * partial);
+                part = n_tok * heads * partial;
             } else if (a.kind == attn_kernel::classic && a.S > 1) {
-                work = std::max(work, n_tok * n_head * size_t(a.S) * partial);
+                part = n_tok * n_head * size_t(a.S) * partial;
             }
+            work = std::max(work, kept + part);
         }
 #if defined(SMOL_HAVE_BLAS)
         if (s.kind == step_kind::mm && !small_mm(s.mm[0])) {
@@ -3929,7 +3982,9 @@ size_t cuda_backend::step_work() const {
                 scratch = pairs ? scratch + b : std::max(scratch, b);
                 widest = std::max(widest, w->ne[1]);
             }
-            work = std::max(work, blas_scratch_offset(pairs, K, widest, M) + scratch);
+            const size_t end = blas_scratch_offset(pairs, K, widest, M) + scratch;
+            work = std::max(work, end);
+            kept = s.keep_pairs ? end : 0;
         }
 #endif
     }
@@ -4375,6 +4430,7 @@ void cuda_backend::launch_all(graph & g) {
     stored_ = nullptr;
 #if defined(SMOL_HAVE_BLAS)
     n_kept_ = 0;
+    kept_end_ = 0;
 #endif
     if (sched_.has_copies()) {
         launch_program(g);
@@ -4535,10 +4591,20 @@ kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) c
     const tensor * k = s.rope ? s.rope->src[0] : t.src[0];
     const tensor * v = t.src[1];
     kv_store_params p;
-    p.k = data_of<const float>(k);
-    p.v = data_of<const float>(v);
-    p.ldk = k->nb[1] / 4;
-    p.ldv = v->nb[1] / 4;
+#if defined(SMOL_HAVE_BLAS)
+    const source ks = source_of(k), vs = source_of(v);
+    p.k_lo = ks.lo;
+    p.v_lo = vs.lo;
+#else
+    const struct {
+        const float * p;
+        size_t ld;
+    } ks{data_of<const float>(k), k->nb[1] / 4}, vs{data_of<const float>(v), v->nb[1] / 4};
+#endif
+    p.k = ks.p;
+    p.v = vs.p;
+    p.ldk = ks.ld;
+    p.ldv = vs.ld;
     const kv_view view = node_kv_view(&t, kv);
     p.K = view.k;
     p.V = view.v;
@@ -4549,8 +4615,9 @@ kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) c
     p.cell = d_cell_;
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const auto at = [](const void * q) { return reinterpret_cast<uintptr_t>(q); };
-    p.vec = p.hd % 4 == 0 && p.ldk % 4 == 0 && p.ldv % 4 == 0 && p.head_stride % 4 == 0 &&
-            (at(p.k) | at(p.v)) % 16 == 0 && (at(p.K) | at(p.V)) % 8 == 0;
+    p.vec = p.hd % 4 == 0 && p.ldk % 4 == 0 && p.ldv % 4 == 0 && p.k_lo % 4 == 0 &&
+            p.v_lo % 4 == 0 && p.head_stride % 4 == 0 && (at(p.k) | at(p.v)) % 16 == 0 &&
+            (at(p.K) | at(p.V)) % 8 == 0;
     return p;
 }
 
@@ -4575,6 +4642,14 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     attn_params p;
     p.q = data_of<const float>(q);
     p.ldq = q->nb[1] / 4;
+    size_t part_at = 0; // where the partials go in the work space
+#if defined(SMOL_HAVE_BLAS)
+    const source qs = source_of(q);
+    p.q = qs.p;
+    p.ldq = qs.ld;
+    p.q_lo = qs.lo;
+    part_at = kept_end_; // past the kept q, k, v
+#endif
     p.out = data_of<float>(t);
     p.ldo = t->nb[1] / 4;
     // The node covers the query heads of its view's kv heads, with K and V
@@ -4602,7 +4677,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.S = a.S;
     p.Q = a.Q;
     p.W = a.W;
-    p.part = static_cast<float *>(work_.p);
+    p.part = reinterpret_cast<float *>(static_cast<uint8_t *>(work_.p) + part_at);
     p.done = static_cast<int *>(done_.p);
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const int n_q = (view.h1 - view.h0) * p.group;
@@ -4836,7 +4911,7 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
 // n GEMMs over the input at blas_input(), each into its output; with pairs
 // each into two columns a token of its own in the scratch, then (with sum)
 // all added into the outputs in one launch (blas_pair_sum_kernel) after the
-// last, or else left there for the next step's input kernel to add.
+// last, or else left there for the kernels that read them to add.
 void cuda_backend::blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n) {
     int widest = 0;
     for (int i = 0; i < n; ++i) widest = std::max(widest, o[i].N);
@@ -4896,19 +4971,6 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
         return;
     }
     const bool pairs = step_pairs(s);
-    // A source of the input kernel: a tensor's rows, or the hi and lo
-    // results the step before kept for it (kept_).
-    struct source {
-        const float * p;
-        size_t ld, lo;
-    };
-    auto source_of = [&](const tensor * t) {
-        for (int i = 0; i < n_kept_; ++i) {
-            const kept_pair & k = kept_[i];
-            if (k.t == t) return source{k.p, 2 * size_t(k.N), size_t(k.N)};
-        }
-        return source{data_of<const float>(t), t->nb[1] / 4, 0};
-    };
     // The input's producer, for f16 or for bf16_hl pairs.
     auto make = [&](auto * xin) {
         using Out = std::remove_pointer_t<decltype(xin)>;
@@ -4941,6 +5003,7 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
         make(static_cast<uint16_t *>(blas_input()));
     }
     n_kept_ = 0;
+    kept_end_ = 0;
     blas_out o[3];
     for (int i = 0; i < s.n_mm; ++i) {
         const tensor * m = s.mm[i];
@@ -4950,7 +5013,12 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
     }
     blas_gemms(pairs, !s.keep_pairs, K, M, o, s.n_mm);
     if (!s.keep_pairs) return;
-    for (int i = 0; i < s.n_mm; ++i) kept_[i] = {s.mm[i], o[i].hl, o[i].N};
+    for (int i = 0; i < s.n_mm; ++i) {
+        kept_[i] = {s.mm[i], o[i].hl, o[i].N};
+        kept_end_ = std::max(kept_end_, size_t(reinterpret_cast<const uint8_t *>(o[i].hl) -
+                                               static_cast<const uint8_t *>(work_.p)) +
+                                            blas_pair_bytes(o[i].N, M));
+    }
     n_kept_ = s.n_mm;
 }
 #endif
