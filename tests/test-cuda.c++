@@ -1456,7 +1456,8 @@ TEST_CASE("random llamas of every weight type decode on the GPU to the float64 l
         smol_batch_free(&b);
         REQUIRE(got.size() == ids.size());
         // f16 K/V bound everything near 1e-3 of the logits' scale; prompts of
-        // more than 32 tokens take f16 activations into the tensor cores.
+        // more than 32 tokens take f16 activations into the tensor cores
+        // (over bf16 weights, bf16 hi and lo up to bf16_pair_max_m tokens).
         for (size_t i = 0; i < ids.size(); ++i) {
             CAPTURE(i);
             CHECK(rel_err(got[i], want[i]) < 5e-3);
