@@ -1154,8 +1154,7 @@ __global__ void blas_pair_sum_kernel(const pair_sums p) {
             if (vec) {
                 const float4 a = reinterpret_cast<const float4 *>(hi)[i];
                 const float4 b = reinterpret_cast<const float4 *>(lo)[i];
-                reinterpret_cast<float4 *>(y + size_t(m) * ldy)[i] =
-                    make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+                reinterpret_cast<float4 *>(y + size_t(m) * ldy)[i] = add4(a, b);
             } else {
                 y[size_t(m) * ldy + i] = hi[i] + lo[i];
             }
@@ -2779,10 +2778,12 @@ class cuda_backend final : public backend {
         size_t ldy;
         const float * hl = nullptr;
     };
-    void blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n);
+    uint8_t * blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n);
     void run_blas(const step & s, const tensor * x, int K, int M);
-    // The results a step kept as hi and lo (step::keep_pairs) for the next
-    // step's input kernel: mm t's token m at p + 2 m N, its lo N further.
+#endif
+    // The results a cuBLAS step kept as hi and lo (step::keep_pairs) for the
+    // kernels that read them: mm t's token m at p + 2 m N, its lo N further.
+    // None without cuBLAS.
     struct kept_pair {
         const tensor * t;
         const float * p;
@@ -2804,7 +2805,6 @@ class cuda_backend final : public backend {
         }
         return source{static_cast<const float *>(t->data), t->nb[1] / 4, 0};
     }
-#endif
     rope_params rope_for(const tensor * rope) const;
     void run_attention(const step & s, const batch_info & b);
     void run_kv_store(const step & s, const batch_info & b);
@@ -3868,51 +3868,42 @@ void cuda_backend::make_steps(graph & g) {
         i = j - 1;
     }
 #if defined(SMOL_HAVE_BLAS)
-    // A cuBLAS step over bf16 pairs whose results only the next step's input
-    // kernel reads (the output projection's or down's through the residual
-    // add before the norm, gate's and up's through the SwiGLU) keeps them as
-    // hi and lo: that kernel adds them as it reads, in place of a launch.
+    // A cuBLAS step over bf16 pairs keeps its results as hi and lo, for the
+    // kernels that read them to add as they load them (in place of a sum
+    // launch), when those are all that read them and run right after it:
+    // the next step's input kernel (the output projection's and down's
+    // results through the residual add before its norm, gate's and up's
+    // through its SwiGLU), or for q, k and v the cache store (rotating k)
+    // and the attention after it (rotating q), whose partials then go past
+    // them in the work space.
+    auto next = [&](size_t i) {
+        while (++i < n && steps_[i].skip) {
+        }
+        return i;
+    };
+    auto only = [&](const tensor * m) { return uses[size_t(m->node_index)] == 1; };
     for (size_t i = 0; i < n; ++i) {
         step & s = steps_[i];
         if (s.skip || s.kind != step_kind::mm || !blas_f16(s.mm[0]) || !step_pairs(s)) continue;
-        size_t j = i + 1;
-        while (j < n && steps_[j].skip) ++j;
-        if (j == n || steps_[j].kind != step_kind::mm) continue;
+        const size_t j = next(i);
+        if (j == n) continue;
+        const size_t k = next(j);
         const step & u = steps_[j];
-        auto only = [&](const tensor * m) { return uses[size_t(m->node_index)] == 1; };
         const tensor * m = s.mm[0];
-        if (s.n_mm == 1 && u.add && only(m)) {
+        if (s.n_mm == 1 && u.kind == step_kind::mm && u.add && only(m)) {
             s.keep_pairs = (u.add->src[0] == m) != (u.add->src[1] == m);
-        } else if (s.n_mm == 2 && u.glu && only(m) && only(s.mm[1])) {
+        } else if (s.n_mm == 2 && u.kind == step_kind::mm && u.glu && only(m) && only(s.mm[1])) {
             const tensor * g = u.glu->src[0];
             const tensor * up = u.glu->src[1];
             s.keep_pairs = (g == m && up == s.mm[1]) || (g == s.mm[1] && up == m);
+        } else if (s.n_mm == 3 && k < n && u.kind == step_kind::kv_store &&
+                   steps_[k].kind == step_kind::attention) {
+            const tensor * read[3] = {u.rope->src[0], u.t->src[1], steps_[k].rope->src[0]};
+            s.keep_pairs = true;
+            for (const tensor * x : s.mm)
+                s.keep_pairs =
+                    s.keep_pairs && only(x) && std::count(std::begin(read), std::end(read), x) == 1;
         }
-    }
-    // So do q, k and v when the cache store right after them (rotating k)
-    // and the attention right after it (rotating q) are all that read them:
-    // those add hi and lo as they load, and the attention's partials go
-    // past them in the work space.
-    for (size_t i = 0; i < n; ++i) {
-        step & s = steps_[i];
-        if (s.skip || s.kind != step_kind::mm || s.n_mm != 3 || !blas_f16(s.mm[0]) ||
-            !step_pairs(s))
-            continue;
-        size_t j = i + 1;
-        while (j < n && steps_[j].skip) ++j;
-        size_t k = j + 1;
-        while (k < n && steps_[k].skip) ++k;
-        if (k >= n || steps_[j].kind != step_kind::kv_store ||
-            steps_[k].kind != step_kind::attention)
-            continue;
-        const tensor * read[3] = {steps_[j].rope->src[0], steps_[j].t->src[1],
-                                  steps_[k].rope->src[0]};
-        bool all = true;
-        for (const tensor * m : s.mm) {
-            all = all && uses[size_t(m->node_index)] == 1 &&
-                  std::count(std::begin(read), std::end(read), m) == 1;
-        }
-        s.keep_pairs = all;
     }
 #endif
     // The GEMV of q, k and v may store k and v in the cache itself: the
@@ -4428,10 +4419,8 @@ void cuda_backend::launch_all(graph & g) {
     used_.clear();
     replayed_ = -1;
     stored_ = nullptr;
-#if defined(SMOL_HAVE_BLAS)
     n_kept_ = 0;
     kept_end_ = 0;
-#endif
     if (sched_.has_copies()) {
         launch_program(g);
         return;
@@ -4591,20 +4580,13 @@ kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) c
     const tensor * k = s.rope ? s.rope->src[0] : t.src[0];
     const tensor * v = t.src[1];
     kv_store_params p;
-#if defined(SMOL_HAVE_BLAS)
     const source ks = source_of(k), vs = source_of(v);
-    p.k_lo = ks.lo;
-    p.v_lo = vs.lo;
-#else
-    const struct {
-        const float * p;
-        size_t ld;
-    } ks{data_of<const float>(k), k->nb[1] / 4}, vs{data_of<const float>(v), v->nb[1] / 4};
-#endif
     p.k = ks.p;
     p.v = vs.p;
     p.ldk = ks.ld;
     p.ldv = vs.ld;
+    p.k_lo = ks.lo;
+    p.v_lo = vs.lo;
     const kv_view view = node_kv_view(&t, kv);
     p.K = view.k;
     p.V = view.v;
@@ -4640,16 +4622,10 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     const kv_cache & kv = *b.kv;
     const tensor * q = s.rope ? s.rope->src[0] : t->src[0];
     attn_params p;
-    p.q = data_of<const float>(q);
-    p.ldq = q->nb[1] / 4;
-    size_t part_at = 0; // where the partials go in the work space
-#if defined(SMOL_HAVE_BLAS)
     const source qs = source_of(q);
     p.q = qs.p;
     p.ldq = qs.ld;
     p.q_lo = qs.lo;
-    part_at = kept_end_; // past the kept q, k, v
-#endif
     p.out = data_of<float>(t);
     p.ldo = t->nb[1] / 4;
     // The node covers the query heads of its view's kv heads, with K and V
@@ -4677,7 +4653,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.S = a.S;
     p.Q = a.Q;
     p.W = a.W;
-    p.part = reinterpret_cast<float *>(static_cast<uint8_t *>(work_.p) + part_at);
+    // The partials go past any kept q, k and v in the work space.
+    p.part = reinterpret_cast<float *>(static_cast<uint8_t *>(work_.p) + kept_end_);
     p.done = static_cast<int *>(done_.p);
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const int n_q = (view.h1 - view.h0) * p.group;
@@ -4911,14 +4888,14 @@ void cuda_backend::blas_mm(int type, const uint8_t * w, size_t w_row_bytes, int 
 // n GEMMs over the input at blas_input(), each into its output; with pairs
 // each into two columns a token of its own in the scratch, then (with sum)
 // all added into the outputs in one launch (blas_pair_sum_kernel) after the
-// last, or else left there for the kernels that read them to add.
-void cuda_backend::blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n) {
+// last, or else left there for the kernels that read them to add. Returns
+// the end of the scratch the pairs' results took.
+uint8_t * cuda_backend::blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, int n) {
     int widest = 0;
     for (int i = 0; i < n; ++i) widest = std::max(widest, o[i].N);
     uint8_t * scratch = blas_scratch(pairs, K, widest, M);
     pair_sums ps{};
     ps.M = M;
-    int most = 0;
     for (int i = 0; i < n; ++i) {
         float * y = o[i].y;
         size_t ldy = o[i].ldy;
@@ -4927,7 +4904,6 @@ void cuda_backend::blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, 
             ps.y[i] = y;
             ps.N[i] = o[i].N;
             ps.ldy[i] = ldy;
-            most = std::max(most, o[i].N);
             y = reinterpret_cast<float *>(scratch);
             ldy = size_t(o[i].N);
             o[i].hl = y;
@@ -4935,11 +4911,12 @@ void cuda_backend::blas_gemms(bool pairs, bool sum, int K, int M, blas_out * o, 
         }
         blas_gemm(o[i].type, pairs, o[i].w, o[i].w_row_bytes, o[i].N, K, M, y, ldy, scratch);
     }
-    if (!pairs || !sum) return;
-    const dim3 grid(unsigned(grid_for(size_t(most + 3) / 4, 256)), unsigned(n),
+    if (!pairs || !sum) return scratch;
+    const dim3 grid(unsigned(grid_for(size_t(widest + 3) / 4, 256)), unsigned(n),
                     unsigned((M + 7) / 8));
     blas_pair_sum_kernel<<<grid, 256, 0, stream_>>>(ps);
     check_launch("blas_pair_sum");
+    return scratch;
 }
 
 // x[M][K] as f16, or as bf16_hl pairs, at the start of the work space.
@@ -5011,15 +4988,11 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
         o[i] = {int(w->type),  data_of<const uint8_t>(w), w->nb[1],
                 int(w->ne[1]), data_of<float>(m),         m->nb[1] / 4};
     }
-    blas_gemms(pairs, !s.keep_pairs, K, M, o, s.n_mm);
+    const uint8_t * end = blas_gemms(pairs, !s.keep_pairs, K, M, o, s.n_mm);
     if (!s.keep_pairs) return;
-    for (int i = 0; i < s.n_mm; ++i) {
-        kept_[i] = {s.mm[i], o[i].hl, o[i].N};
-        kept_end_ = std::max(kept_end_, size_t(reinterpret_cast<const uint8_t *>(o[i].hl) -
-                                               static_cast<const uint8_t *>(work_.p)) +
-                                            blas_pair_bytes(o[i].N, M));
-    }
+    for (int i = 0; i < s.n_mm; ++i) kept_[i] = {s.mm[i], o[i].hl, o[i].N};
     n_kept_ = s.n_mm;
+    kept_end_ = size_t(end - static_cast<const uint8_t *>(work_.p));
 }
 #endif
 

@@ -1046,11 +1046,7 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     const auto wq = to_type(SMOL_TYPE_Q8_0, random_floats(rng, 200 * 576), 576);
     const auto x = random_floats(rng, 576);
     auto kernel_of = [&](backend & b) {
-        side s(b);
-        tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_Q8_0, wq.data(), 576, 200),
-                                        s.leaf(SMOL_TYPE_F32, x.data(), 576, 1));
-        s.poison(out);
-        b.run(s.g);
+        mul_mat_on(b, SMOL_TYPE_Q8_0, wq, x, 576, 200, 1);
         return b.mm_used();
     };
     setenv("SMOL_AUTOTUNE_FILE", path.c_str(), 1);
@@ -1090,15 +1086,11 @@ TEST_CASE("a GEMV of more rows a warp than divide a weight's rows takes one row 
         const auto x = random_floats(rng, size_t(K));
         const auto want = mul_mat_f64(w, x, K, N, 1);
         be->mm_choose(key, c, -1);
-        side s(*be);
-        tensor * out = smol::op_mul_mat(s.g, s.leaf(SMOL_TYPE_F16, wq.data(), K, N),
-                                        s.leaf(SMOL_TYPE_F32, x.data(), K, 1));
-        s.poison(out);
-        be->run(s.g);
+        const auto got = mul_mat_on(*be, SMOL_TYPE_F16, wq, x, K, N, 1);
         const bool divides = c.find("r=2") != std::string::npos;
         CHECK(be->mm_used() ==
               "f16 202x576 M=1: " + std::string(divides ? c : "gemv mt=1 ks=2") + "\n");
-        CHECK(rel_err(s.read(out), want) <= 2e-5);
+        CHECK(rel_err(got, want) <= 2e-5);
     }
     // The autotune offers only the row counts that divide.
     const auto cands = be->mm_candidates(key);
@@ -1131,11 +1123,7 @@ TEST_CASE("the autotune times every candidate of a shape, and the one it keeps r
         std::mt19937 rng(fresh_seed());
         const auto wq = to_type(key.type, random_floats(rng, 200 * 576), 576);
         const auto x = random_floats(rng, size_t(576 * key.m));
-        side s(*be);
-        tensor * out = smol::op_mul_mat(s.g, s.leaf(key.type, wq.data(), 576, 200),
-                                        s.leaf(SMOL_TYPE_F32, x.data(), 576, key.m));
-        s.poison(out);
-        be->run(s.g);
+        mul_mat_on(*be, key.type, wq, x, 576, 200, key.m);
         CHECK(be->mm_used().find(best) != std::string::npos);
     }
 }
