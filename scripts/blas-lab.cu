@@ -13,14 +13,11 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
-#define CB(x)                                                                                      \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            std::fprintf(stderr, "%s: cuBLAS status %d (line %d)\n", #x, int(s_), __LINE__);       \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
+inline void lab_check(cublasStatus_t s, const char * call, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    std::fprintf(stderr, "%s: cuBLAS status %d (line %d)\n", call, int(s), line);
+    std::exit(1);
+}
 
 // bf16 rows to f16, eight elements a thread.
 __global__ void bf16_to_f16(const __nv_bfloat16 * w, __half * d, size_t n) {
@@ -37,10 +34,10 @@ __global__ void bf16_to_f16(const __nv_bfloat16 * w, __half * d, size_t n) {
 
 int main() {
     cublasHandle_t blas;
-    CB(cublasCreate(&blas));
+    CK(cublasCreate(&blas));
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    CB(cublasSetStream(blas, st));
+    CK(cublasSetStream(blas, st));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -73,7 +70,7 @@ int main() {
             const float one = 1.0f, zero = 0.0f;
             int it = 0;
             auto gemm = [&](cudaDataType t, const void * wp, int cols) {
-                CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.N, cols, s.K, &one, wp, t, s.K, x,
+                CK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.N, cols, s.K, &one, wp, t, s.K, x,
                                 t, s.K, &zero, y, CUDA_R_32F, s.N, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
             };

@@ -12,14 +12,14 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);      \
-            std::exit(1);                                                                          \
-        }                                                                                          \
-    } while (0)
+// CK(call): a lab whose calls return another status type (cuBLAS's) adds
+// a lab_check overload for it.
+inline void lab_check(cudaError_t e, const char * call, int line) {
+    if (e == cudaSuccess) return;
+    std::fprintf(stderr, "%s: %s (line %d)\n", call, cudaGetErrorString(e), line);
+    std::exit(1);
+}
+#define CK(x) lab_check((x), #x, __LINE__)
 
 // The sum of v over a warp's lanes.
 __device__ __forceinline__ float warp_sum(float v) {
