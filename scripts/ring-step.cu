@@ -254,18 +254,23 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
 
 struct RingCfg {
     int nc, wps, s, r, kch;
+    bool glu = false; // in ring_cfgs: compiled for gate/up with SwiGLU too
 };
 // The configurations compiled (consumer warps, warps a slot, slots, rows a
-// slot, chunks a lane a row staged in registers or 0).
+// slot, chunks a lane a row staged in registers or 0); with SwiGLU only
+// those the plans below give gate/up (the others would spill).
 constexpr RingCfg ring_cfgs[] = {
-    {12, 1, 12, 4, 0}, {12, 1, 12, 2, 0}, {12, 1, 12, 1, 0}, {8, 1, 8, 4, 8},
-    {8, 1, 8, 2, 8},   {8, 1, 8, 1, 32},  {8, 1, 16, 2, 8},  {8, 1, 16, 1, 8},
-    {12, 1, 24, 2, 8}, {12, 1, 24, 1, 8}, {8, 1, 24, 2, 8},  {8, 1, 24, 1, 8},
+    {12, 1, 12, 4, 0},     {12, 1, 12, 2, 0, true}, {12, 1, 12, 1, 0}, {8, 1, 8, 4, 8},
+    {8, 1, 8, 2, 8, true}, {8, 1, 8, 1, 32},        {8, 1, 16, 2, 8},  {8, 1, 16, 1, 8, true},
+    {12, 1, 24, 2, 8},     {12, 1, 24, 1, 8, true}, {8, 1, 24, 2, 8},  {8, 1, 24, 1, 8},
 };
 template <bool SW, int I = 0> void ring_go(RingCfg c, const RingOp & o, cudaStream_t s, int n_sm) {
     if constexpr (I == sizeof(ring_cfgs) / sizeof(ring_cfgs[0])) {
-        std::fprintf(stderr, "ring config %d %d %d %d not compiled\n", c.nc, c.wps, c.s, c.r);
+        std::fprintf(stderr, "ring config %d %d %d %d%s not compiled\n", c.nc, c.wps, c.s, c.r,
+                     SW ? " with SwiGLU" : "");
         std::exit(1);
+    } else if constexpr (SW && !ring_cfgs[I].glu) {
+        return ring_go<SW, I + 1>(c, o, s, n_sm);
     } else {
         constexpr RingCfg k = ring_cfgs[I];
         if (c.nc != k.nc || c.wps != k.wps || c.s != k.s || c.r != k.r || c.kch != k.kch)
