@@ -4941,12 +4941,8 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
         note_used(key_of(s.mm[i]), c);
     }
     const tensor * w0 = s.mm[0]->src[0];
-    if (w0->type == SMOL_TYPE_F32) {
-        blas_mm(int(w0->type), data_of<const uint8_t>(w0), w0->nb[1], int(w0->ne[1]), K,
-                data_of<const float>(x), x->nb[1] / 4, M, data_of<float>(s.mm[0]),
-                s.mm[0]->nb[1] / 4);
-        return;
-    }
+    // f32 weights take x as it is, through cublasSgemm (blas_mm).
+    const bool f32 = w0->type == SMOL_TYPE_F32;
     const bool pairs = step_pairs(s);
     // The input's producer, for f16 or for bf16_hl pairs.
     auto make = [&](auto * xin) {
@@ -4974,13 +4970,18 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
             blas_input_of(pairs, data_of<const float>(x), x->nb[1] / 4, K, M);
         }
     };
-    if (pairs) {
-        make(static_cast<bf16_hl *>(blas_input()));
-    } else {
-        make(static_cast<uint16_t *>(blas_input()));
-    }
+    if (!f32 && pairs) make(static_cast<bf16_hl *>(blas_input()));
+    if (!f32 && !pairs) make(static_cast<uint16_t *>(blas_input()));
+    // What the step before kept, only the input's kernel read: from here
+    // on the work space is this step's (as step_work counts it).
     n_kept_ = 0;
     kept_end_ = 0;
+    if (f32) {
+        blas_mm(int(w0->type), data_of<const uint8_t>(w0), w0->nb[1], int(w0->ne[1]), K,
+                data_of<const float>(x), x->nb[1] / 4, M, data_of<float>(s.mm[0]),
+                s.mm[0]->nb[1] / 4);
+        return;
+    }
     blas_out o[3];
     for (int i = 0; i < s.n_mm; ++i) {
         const tensor * m = s.mm[i];
