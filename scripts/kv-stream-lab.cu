@@ -12,7 +12,7 @@
 //   ./kv-stream-lab [heads cells]     (default 32 32768: SmolLM2-1.7B at 32K)
 //   ./kv-stream-lab heads cells spin [1]  (the timed kernel: when blocks end, and on which
 //                                         SM; 1: with the cells' positions and masks)
-#include "lab-async.cuh"
+#include "lab-async.cuh"  // cp16, commit, wait_groups
 #include "lab-common.cuh" // CK
 
 #include <algorithm>
@@ -30,17 +30,6 @@ struct P {
     int cells, chunk; // cells a head, cells a split
     float * sink;
 };
-
-__device__ __forceinline__ void cp16(void * s, const void * g) {
-    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(s));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g) : "memory");
-}
-__device__ __forceinline__ void commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wait_groups() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // A warp's tiles of a block's split (block x: the split, y: the kv head):
 // the split's tiles warp, warp + W, ...; its i-th starts at cell(i) of K
