@@ -382,12 +382,8 @@ float replay_us(cudaStream_t s, cudaGraphExec_t ge, int reps) {
 
 void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
     const int V = 49152;
-    const size_t qkv = size_t(QKV) * D * 2, o = size_t(D) * D * 2, gu = size_t(2 * F) * D * 2,
-                 dn = size_t(D) * F * 2, layer = qkv + o + gu + dn, head = size_t(V) * D * 2;
-    const size_t total = layer * L + head;
-    uint8_t * W;
-    CK(cudaMalloc(&W, total));
-    fill_weights(reinterpret_cast<__half *>(W), total / 2, 5);
+    const step_weights W(L, D, F, QKV, V);
+    const size_t total = W.bytes;
     float *x, *x0, *nw, *q, *a, *g, *logits;
     CK(cudaMalloc(&x, F * 4));
     CK(cudaMalloc(&x0, F * 4));
@@ -468,22 +464,20 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
             regs_seen = 0;
             auto step = [&] {
                 for (int l = 0; l < L; ++l) {
-                    const uint8_t * base = W + layer * l;
                     if (v.fuse) {
-                        go<false>(
-                            P{base, nullptr, q, QKV, D, x, nw, nullptr, v.fuse, done, a, D, n_kv},
-                            v, s);
+                        go<false>(P{W.qkv(l), nullptr, q, QKV, D, x, nw, nullptr, v.fuse, done, a,
+                                    D, n_kv},
+                                  v, s);
                     } else {
-                        go<false>(P{base, nullptr, q, QKV, D, x, nw, nullptr}, v, s);
+                        go<false>(P{W.qkv(l), nullptr, q, QKV, D, x, nw, nullptr}, v, s);
                         launch(attn, dim3(n_kv), dim3(256), 140 * 1024, s, true, (const float *)q,
                                a, D);
                     }
-                    go<false>(P{base + qkv, nullptr, x, D, D, a, nullptr, x}, v, s);
-                    go<true>(P{base + qkv + o, base + qkv + o + gu / 2, g, F, D, x, nw, nullptr}, v,
-                             s);
-                    go<false>(P{base + qkv + o + gu, nullptr, x, D, F, g, nullptr, x}, v, s);
+                    go<false>(P{W.out(l), nullptr, x, D, D, a, nullptr, x}, v, s);
+                    go<true>(P{W.gate(l), W.up(l), g, F, D, x, nw, nullptr}, v, s);
+                    go<false>(P{W.down(l), nullptr, x, D, F, g, nullptr, x}, v, s);
                 }
-                go<false>(P{W + layer * L, nullptr, logits, V, D, x, nw, nullptr}, v, s);
+                go<false>(P{W.head(), nullptr, logits, V, D, x, nw, nullptr}, v, s);
             };
             cudaGraph_t gr;
             cudaGraphExec_t ge;
@@ -506,7 +500,6 @@ void model(const char * name, int L, int D, int F, int QKV, int n_kv) {
             CK(cudaGraphDestroy(gr));
         }
     }
-    CK(cudaFree(W));
 }
 
 int main(int argc, char ** argv) {

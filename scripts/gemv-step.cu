@@ -49,12 +49,8 @@ template <bool SW, bool PDL, int PF = 1> void gemv_go(Cfg c, const P & p, cudaSt
 }
 int main() {
     const int L = 24, D = 2048, F = 8192, V = 49152;
-    const size_t qkv = size_t(3 * D) * D * 2, o = size_t(D) * D * 2, gu = size_t(2 * F) * D * 2,
-                 dn = size_t(D) * F * 2, layer = qkv + o + gu + dn, head = size_t(V) * D * 2;
-    const size_t total = layer * L + head;
-    uint8_t * W;
-    CK(cudaMalloc(&W, total));
-    fill_weights(reinterpret_cast<__half *>(W), total / 2, 5, size_t(64) << 20);
+    const step_weights W(L, D, F, 3 * D, V, size_t(64) << 20);
+    const size_t total = W.bytes;
     float *x, *nw, *q, *y2, *g;
     CK(cudaMalloc(&x, F * 4));
     CK(cudaMalloc(&nw, F * 4));
@@ -90,15 +86,14 @@ int main() {
                 const bool pdl = mode != 0;
                 auto step = [&] {
                     for (int l = 0; l < L; ++l) {
-                        const uint8_t * base = W + layer * l;
-                        P p{base, nullptr, q, 3 * D, size_t(D) * 2, D, x, nw, nullptr};
+                        P p{W.qkv(l), nullptr, q, 3 * D, size_t(D) * 2, D, x, nw, nullptr};
                         ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.qkv, p, s)
                          : mode == 1              ? gemv_go<false, true, 1>(pl.qkv, p, s)
                          : mode == 2              ? gemv_go<false, true, 0>(pl.qkv, p, s)
                                                   : gemv_go<false, true, 2>(pl.qkv, p, s));
                         for (int t = 0; t < tinies; ++t)
                             launch(tiny, dim3(1), dim3(128), 0, s, pdl, q, 64, pdl);
-                        P po{base + qkv, nullptr, x, D, size_t(D) * 2, D, q, nullptr, x};
+                        P po{W.out(l), nullptr, x, D, size_t(D) * 2, D, q, nullptr, x};
                         if (mode == 4) {
                             if (tinies)
                                 gemv_go<false, true, 0>(pl.o, po, s);
@@ -109,19 +104,18 @@ int main() {
                              : mode == 1              ? gemv_go<false, true, 1>(pl.o, po, s)
                              : mode == 2              ? gemv_go<false, true, 0>(pl.o, po, s)
                                                       : gemv_go<false, true, 2>(pl.o, po, s));
-                        P pg{base + qkv + o, base + qkv + o + gu / 2, g, F, size_t(D) * 2, D, x, nw,
-                             nullptr};
+                        P pg{W.gate(l), W.up(l), g, F, size_t(D) * 2, D, x, nw, nullptr};
                         ((mode == 0 || mode == 4) ? gemv_go<true, false>(pl.gu, pg, s)
                          : mode == 1              ? gemv_go<true, true, 1>(pl.gu, pg, s)
                          : mode == 2              ? gemv_go<true, true, 0>(pl.gu, pg, s)
                                                   : gemv_go<true, true, 2>(pl.gu, pg, s));
-                        P pd{base + qkv + o + gu, nullptr, x, D, size_t(F) * 2, F, g, nullptr, x};
+                        P pd{W.down(l), nullptr, x, D, size_t(F) * 2, F, g, nullptr, x};
                         ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.dn, pd, s)
                          : mode == 1              ? gemv_go<false, true, 1>(pl.dn, pd, s)
                          : mode == 2              ? gemv_go<false, true, 0>(pl.dn, pd, s)
                                                   : gemv_go<false, true, 2>(pl.dn, pd, s));
                     }
-                    P ph{W + layer * L, nullptr, y2, V, size_t(D) * 2, D, x, nw, nullptr};
+                    P ph{W.head(), nullptr, y2, V, size_t(D) * 2, D, x, nw, nullptr};
                     ((mode == 0 || mode == 4) ? gemv_go<false, false>(pl.hd, ph, s)
                      : mode == 1              ? gemv_go<false, true, 1>(pl.hd, ph, s)
                      : mode == 2              ? gemv_go<false, true, 0>(pl.hd, ph, s)

@@ -1,7 +1,8 @@
 // What the GPU labs in scripts/ share: CK, which stops the program with the
 // call that failed and CUDA's error, a warp's sum, a launch that may go
 // early, device buffers of random values (f16 weights, f32 activations)
-// from a seeded pattern, and one GEMV of a decode step's chain (Op).
+// from a seeded pattern, a decode step's GEMV weights (step_weights), and
+// one GEMV of a decode step's chain (Op).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -56,6 +57,30 @@ inline void fill_weights(__half * w, size_t n, unsigned seed, size_t period = si
     for (size_t at = 0; at < n; at += h.size())
         CK(cudaMemcpy(w + at, h.data(), std::min(h.size(), n - at) * 2, cudaMemcpyHostToDevice));
 }
+
+// The f16 weights of a decode step's GEMVs in one allocation, random (see
+// fill_weights): each layer's q/k/v (QKV rows), output (D), gate then up (F
+// each) and down (D rows of F) matrices, then the output head (V rows);
+// every matrix but down has rows of D.
+struct step_weights {
+    int L, D, F, QKV;
+    size_t layer_bytes, bytes;
+    uint8_t * base = nullptr;
+    step_weights(int L, int D, int F, int QKV, int V, size_t period = size_t(32) << 20)
+        : L(L), D(D), F(F), QKV(QKV),
+          layer_bytes((size_t(QKV) + D + 2 * size_t(F)) * D * 2 + size_t(D) * F * 2),
+          bytes(layer_bytes * L + size_t(V) * D * 2) {
+        CK(cudaMalloc(&base, bytes));
+        fill_weights(reinterpret_cast<__half *>(base), bytes / 2, 5, period);
+    }
+    ~step_weights() { (void)cudaFree(base); }
+    const uint8_t * qkv(int l) const { return base + layer_bytes * l; }
+    const uint8_t * out(int l) const { return qkv(l) + size_t(QKV) * D * 2; }
+    const uint8_t * gate(int l) const { return out(l) + size_t(D) * D * 2; }
+    const uint8_t * up(int l) const { return gate(l) + size_t(F) * D * 2; }
+    const uint8_t * down(int l) const { return up(l) + size_t(F) * D * 2; }
+    const uint8_t * head() const { return base + layer_bytes * L; }
+};
 
 // n floats at x: normal(0, 1), or with around_one 1 + 0.1 normal(0, 1) (a
 // norm's weights).
