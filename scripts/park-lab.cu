@@ -195,7 +195,8 @@ int main(int argc, char ** argv) {
     if (cells_list.empty()) cells_list = {32768, 131072};
     const int L = 30, D = 576, F = 1536, V = 49152, NKV = 3, QKV = D + 2 * NKV * HD;
     const step_weights W(L, D, F, QKV, V);
-    const size_t wbytes = W.bytes;
+    int sms;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     float *x, *nw, *q, *g, *y;
     CK(cudaMalloc(&x, F * 4));
     CK(cudaMalloc(&nw, F * 4));
@@ -209,27 +210,23 @@ int main(int argc, char ** argv) {
     fill_floats(nw, F, rng, true);
     int *flags, *gave_up, *done;
     float * sink;
+    unsigned long long *stamps, *t_set;
     CK(cudaMalloc(&flags, L * 4));
     CK(cudaMalloc(&gave_up, 4));
     CK(cudaMalloc(&done, L * 4));
-    CK(cudaMemset(done, 0, L * 4));
-    unsigned long long *stamps, *t_set;
-    int sms_max;
-    CK(cudaDeviceGetAttribute(&sms_max, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaMalloc(&stamps, size_t(L) * sms_max * 3 * 8));
-    CK(cudaMalloc(&t_set, L * 8));
-    bool stamping = false;
     CK(cudaMalloc(&sink, 4));
+    CK(cudaMalloc(&stamps, size_t(L) * sms * 3 * 8));
+    CK(cudaMalloc(&t_set, L * 8));
     CK(cudaMemset(flags, 0, L * 4));
     CK(cudaMemset(gave_up, 0, 4));
+    CK(cudaMemset(done, 0, L * 4));
+    bool stamping = false;
     CK(cudaFuncSetAttribute(att<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM));
     CK(cudaFuncSetAttribute(att<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SMEM));
-    int sms;
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaStream_t s, s2;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    std::vector<cudaEvent_t> ev(L + 2);
+    std::vector<cudaEvent_t> ev(L + 1); // a layer's parked blocks ended; the fork
     for (auto & e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 
     for (const int cells : cells_list) {
@@ -238,9 +235,9 @@ int main(int argc, char ** argv) {
         CK(cudaMalloc(&KV, kv_elems * 2 * 2 * L));
         fill_weights(reinterpret_cast<__half *>(KV), kv_elems * 2 * L, 7);
         const double kv_bytes = double(kv_elems) * 2 * 2 * L;
-        const double floor_us = (wbytes + kv_bytes) / 4.2e6;
+        const double floor_us = (W.bytes + kv_bytes) / 4.2e6;
         printf("%d cells: weights %.1f MB, cache %.1f MB, floor at 4.2 TB/s %.1f us (85%%: %.1f)\n",
-               cells, wbytes / 1e6, kv_bytes / 1e6, floor_us, floor_us / 0.85);
+               cells, W.bytes / 1e6, kv_bytes / 1e6, floor_us, floor_us / 0.85);
         auto ap = [&](int l) {
             const uint16_t * K = KV + size_t(l) * 2 * kv_elems;
             return AP{K, K + kv_elems, NKV * cells / CELLS, q, flags + l, gave_up, sink, done + l};
