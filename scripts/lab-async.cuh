@@ -1,9 +1,9 @@
 // Asynchronous copies into shared memory for the labs (scripts/*-lab.cu,
 // scripts/ring-step.cu): 16-byte cp.async copies in commit groups, and the
 // mbarriers, bulk copies (cp.async.bulk) and mma.sync of smol's ring GEMV,
-// from smol-cuda-rows.cuh. A warp that waits
-// on a barrier's phase must be the only one taking its rounds: a parity
-// wait cannot tell a phase from the one two rounds later.
+// from smol-cuda-rows.cuh. A warp that waits on a barrier's phase must be
+// the only one taking its rounds: a parity wait cannot tell a phase from
+// the one two rounds later.
 #pragma once
 #include "../smol-cuda-rows.cuh"
 

@@ -73,6 +73,8 @@ struct step_weights {
         CK(cudaMalloc(&base, bytes));
         fill_weights(reinterpret_cast<__half *>(base), bytes / 2, 5, period);
     }
+    step_weights(const step_weights &) = delete; // one owner of the allocation
+    step_weights & operator=(const step_weights &) = delete;
     ~step_weights() { (void)cudaFree(base); }
     const uint8_t * qkv(int l) const { return base + layer_bytes * l; }
     const uint8_t * out(int l) const { return qkv(l) + size_t(QKV) * D * 2; }
