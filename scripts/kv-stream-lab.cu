@@ -13,7 +13,7 @@
 //   ./kv-stream-lab heads cells spin [1]  (the timed kernel: when blocks end, and on which
 //                                         SM; 1: with the cells' positions and masks)
 #include "lab-async.cuh"  // cp16, commit, wait_groups
-#include "lab-common.cuh" // CK
+#include "lab-common.cuh" // CK, now_ns
 
 #include <algorithm>
 #include <cmath>
@@ -89,11 +89,6 @@ struct stamp {
     unsigned long long t0, t1;
     int sm;
 };
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
 // With `cells` set, each tile's copies also bring its cells' positions and
 // mask words (4 and 8 bytes a cell, from two arrays), as smol's do.
 template <int W>

@@ -1,8 +1,8 @@
 // What the GPU labs in scripts/ share: CK, which stops the program with the
-// call that failed and CUDA's error, a warp's sum, a launch that may go
-// early, device buffers of random values (f16 weights, f32 activations)
-// from a seeded pattern, a decode step's GEMV weights (step_weights), and
-// one GEMV of a decode step's chain (Op).
+// call that failed and CUDA's error, a warp's sum, the global timer, a
+// launch that may go early, device buffers of random values (f16 weights,
+// f32 activations) from a seeded pattern, a decode step's GEMV weights
+// (step_weights), and one GEMV of a decode step's chain (Op).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -26,6 +26,13 @@ inline void lab_check(cudaError_t e, const char * call, int line) {
 __device__ __forceinline__ float warp_sum(float v) {
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
     return v;
+}
+
+// The GPU's global timer, in ns (comparable across SMs).
+__device__ __forceinline__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), launched early (programmatic

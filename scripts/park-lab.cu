@@ -35,7 +35,7 @@
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o park-lab scripts/park-lab.cu
 //   ./park-lab [cells ...]      (default 32768 131072)
-#include "gemv-lab.cuh"  // P, gemv, replay_us (lab-common.cuh: CK, launch, fill_*)
+#include "gemv-lab.cuh"  // P, gemv, replay_us (lab-common.cuh: CK, launch, now_ns, step_weights)
 #include "lab-async.cuh" // cp16, commit, wait_groups
 
 #include <cstdint>
@@ -58,12 +58,6 @@ struct AP {
     unsigned long long * stamps; // or null: a block's entry, wait's end and end (ns)
     int pace;                    // parked: ns between the block's first tiles' copies
 };
-
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
 
 __device__ __forceinline__ int ld_acquire(const int * p) {
     int v;
