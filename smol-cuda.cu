@@ -2548,6 +2548,12 @@ struct step {
     bool keep_pairs = false;
 };
 
+// The rows a cache store (k) or an attention (q) step reads: its first
+// source's, or the source of the ROPE folded into it.
+const tensor * unrotated(const step & s) {
+    return s.rope ? s.rope->src[0] : s.t->src[0];
+}
+
 size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
@@ -3898,7 +3904,7 @@ void cuda_backend::make_steps(graph & g) {
             s.keep_pairs = (g == m && up == s.mm[1]) || (g == s.mm[1] && up == m);
         } else if (s.n_mm == 3 && k < n && u.kind == step_kind::kv_store &&
                    steps_[k].kind == step_kind::attention) {
-            const tensor * read[3] = {u.rope->src[0], u.t->src[1], steps_[k].rope->src[0]};
+            const tensor * read[3] = {unrotated(u), u.t->src[1], unrotated(steps_[k])};
             s.keep_pairs = true;
             for (const tensor * x : s.mm)
                 s.keep_pairs =
@@ -4577,7 +4583,7 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
 // into it, if any).
 kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) const {
     const tensor & t = *s.t;
-    const tensor * k = s.rope ? s.rope->src[0] : t.src[0];
+    const tensor * k = unrotated(s);
     const tensor * v = t.src[1];
     kv_store_params p;
     const source ks = source_of(k), vs = source_of(v);
@@ -4620,7 +4626,7 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
 void cuda_backend::run_attention(const step & s, const batch_info & b) {
     const tensor * t = s.t;
     const kv_cache & kv = *b.kv;
-    const tensor * q = s.rope ? s.rope->src[0] : t->src[0];
+    const tensor * q = unrotated(s);
     attn_params p;
     const source qs = source_of(q);
     p.q = qs.p;
