@@ -118,10 +118,9 @@ struct kernels {
 size_t act_bytes(smol_type t, int64_t K);
 
 // Whether decode's matmuls ask for the weight rows ahead of them (software
-// prefetch): on AMD CPUs, where it was tuned (Zen 3: Q8_0 decode's matmuls
-// 15-18 GB/s with lines asked for in address order, 11-12 with one line
-// from each row in turn), not on Intel's (a Sapphire Rapids-class Xeon
-// under KVM: F16 decode's matmuls 12 GB/s with, 17 without).
+// prefetch): on AMD CPUs, where it was tuned and the hardware prefetcher
+// alone left bandwidth unused, not on Intel's, where it slowed F16 decode
+// (BENCHMARKS.md, CPU).
 // SMOL_CPU_PREFETCH=0|1 overrides. Chosen once.
 bool decode_prefetch();
 

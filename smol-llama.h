@@ -143,8 +143,7 @@ class llama_context {
     int32_t n_last_ = 0;
     // The last batch's logits rows, in host memory from the backend: pinned
     // for a GPU, so a step's download is one copy at the link's speed (into
-    // pageable memory the driver copies twice; 40 us a step of the H200's
-    // 135M decode, BENCHMARKS.md).
+    // pageable memory the driver stages it and copies twice).
     float * logits_ = nullptr;
     size_t logits_cap_ = 0; // floats
     void reserve_logits(size_t n);

@@ -50,12 +50,11 @@ const char * mode_name(smol_kv_offload m) {
 constexpr uint64_t unbudgeted_slot_cap = 256ull << 20;
 
 // A group's history of at least this size is copied at the link's full
-// speed (the H200's pinned copies level off from 4 MiB), and its prefill
-// attention is a launch of several waves (a launch of a few heads fits its
-// causal query tiles in one wave, most likely as long as its longest).
-// On the H200, the 1.7B's 32K prompt with every head streamed in chunks of
-// 16,384 ran at 0.87 of all-resident with groups of 2 heads (16 MiB),
-// 0.97 with 8 (64 MiB) and 0.99 with 32.
+// speed (pinned copies level off at a few MiB), and its prefill attention
+// is a launch of several waves (a launch of a few heads fits its causal
+// query tiles in one wave, most likely as long as its longest). Streamed
+// prompts with groups of this size ran close to all-resident ones, small
+// groups well below (BENCHMARKS.md, long contexts).
 constexpr uint64_t copy_target = 64ull << 20;
 
 // The smallest prefill chunk the planner takes to keep every head resident.
