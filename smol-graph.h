@@ -296,6 +296,9 @@ class graph {
     std::vector<tensor *> nodes_;
 };
 
+// A number never handed out before: graph generations, cache versions.
+uint64_t fresh_number();
+
 // Op builders: they only record op, sources and parameters.
 tensor * op_get_rows(graph & g, tensor * table, tensor * ids);
 tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps);
