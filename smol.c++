@@ -11,6 +11,7 @@
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-graph.h"
+#include "smol-host-memory.h"
 #include "smol-llama.h"
 #include "smol-plan.h"
 
@@ -124,10 +125,6 @@ executor::aligned_buffer::~aligned_buffer() {
 }
 
 executor::executor(int n_threads) : pool_(n_threads) {}
-
-static size_t align64(size_t n) {
-    return (n + 63) & ~size_t(63);
-}
 
 void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
     const auto & nodes = g.nodes();
@@ -626,87 +623,6 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
 // --- the CPU backend ------------------------------------------------------------
 
 namespace {
-
-void * host_alloc(size_t bytes, const char * what) {
-    void * p = std::aligned_alloc(64, align64(std::max<size_t>(bytes, 1)));
-    if (!p) {
-        throw error(SMOL_ERR_OUT_OF_MEMORY,
-                    "cannot allocate " + format_bytes(bytes) + " of " + what);
-    }
-    return p;
-}
-
-// The host blocks a CPU-side backend hands out through alloc_host (its
-// "pinned" memory), counted in its stats; what a caller left is freed with
-// the backend.
-class host_blocks {
-  public:
-    host_blocks() = default;
-    host_blocks(const host_blocks &) = delete;
-    host_blocks & operator=(const host_blocks &) = delete;
-    ~host_blocks() {
-        for (auto & b : blocks_) std::free(b.first);
-    }
-    void * alloc(size_t bytes, const char * what, memory_stats & st) {
-        void * p = host_alloc(bytes, (std::string("host memory for ") + what).c_str());
-        blocks_[p] = bytes;
-        st.host_pinned += bytes;
-        return p;
-    }
-    void release(void * p, memory_stats & st) {
-        const auto it = blocks_.find(p);
-        if (it != blocks_.end()) {
-            st.host_pinned -= it->second;
-            blocks_.erase(it);
-        }
-        std::free(p);
-    }
-
-  private:
-    std::unordered_map<void *, size_t> blocks_;
-};
-
-// Allocations by address and the bytes they hold, against an optional limit.
-class memory_ledger {
-  public:
-    void add(void * p, size_t n) {
-        sizes_[p] = n;
-        stats_.in_use += n;
-        stats_.peak = std::max(stats_.peak, stats_.in_use);
-    }
-    size_t remove(void * p) {
-        const auto it = sizes_.find(p);
-        if (it == sizes_.end()) return 0;
-        const size_t n = it->second;
-        stats_.in_use -= n;
-        sizes_.erase(it);
-        return n;
-    }
-    // Throws, with the numbers, when n more bytes would pass the limit.
-    void check(const char * space, size_t n, const char * what) const {
-        if (stats_.limit && stats_.in_use + n > stats_.limit) {
-            throw error(SMOL_ERR_OUT_OF_MEMORY, std::string(space) + ": cannot allocate " +
-                                                    format_bytes(n) + " of " + what + ": " +
-                                                    format_bytes(stats_.in_use) + " of its " +
-                                                    format_bytes(stats_.limit) + " are in use");
-        }
-    }
-    // The executor's buffers, which grow in place of one another.
-    void set_compute(const char * space, size_t n) {
-        if (n > compute_) {
-            stats_.in_use -= compute_;
-            check(space, n, "compute memory");
-            stats_.in_use += n;
-            compute_ = n;
-            stats_.peak = std::max(stats_.peak, stats_.in_use);
-        }
-    }
-    memory_stats stats_;
-
-  private:
-    std::unordered_map<void *, size_t> sizes_;
-    size_t compute_ = 0;
-};
 
 class cpu_backend final : public backend {
   public:
