@@ -132,6 +132,8 @@ class backend {
 std::unique_ptr<backend> make_backend(const std::string & device, int n_threads);
 // Defined by smol-cuda.cu in a CUDA build, else refuses with the reason.
 std::unique_ptr<backend> make_cuda_backend(int device);
+// The simulated device (smol-sim.c++), for make_backend's "sim".
+std::unique_ptr<backend> make_sim_backend(int n_threads);
 
 } // namespace smol
 

@@ -668,136 +668,6 @@ class cpu_backend final : public backend {
     host_blocks host_;
 };
 
-// A simulated device: its memory is host memory counted against a limit of
-// its own (peak tracked), its kernels are the CPU's, and its two copy
-// streams run on threads of their own, so the schedule's copies overlap its
-// compute as they would on a GPU. Offloaded KV lives in a separate set of
-// host allocations ("pinned").
-class sim_backend final : public backend, public copy_engine {
-  public:
-    explicit sim_backend(int n_threads) : exec_(n_threads) {
-        for (int i = 0; i < 2; ++i) workers_[i] = std::thread([this, i] { copy_worker(i + 1); });
-    }
-    ~sim_backend() override {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        for (auto & w : workers_) w.join();
-    }
-    const char * name() const override { return "sim"; }
-    placement where() const override { return placement::device; }
-    void * alloc(size_t bytes) override {
-        mem_.check("sim device", bytes, "device memory");
-        void * p = host_alloc(bytes, "simulated device memory");
-        mem_.add(p, bytes);
-        return p;
-    }
-    void release(void * p) override {
-        mem_.remove(p);
-        std::free(p);
-    }
-    void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
-    void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
-    void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
-    void * alloc_host(size_t bytes, bool & pinned, const char * what) override {
-        pinned = true;
-        return host_.alloc(bytes, what, mem_.stats_);
-    }
-    void release_host(void * p) override { host_.release(p, mem_.stats_); }
-    void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
-    memory_stats memory() const override { return mem_.stats_; }
-    size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
-    // As the CUDA backend does: a graph its builder hands over again keeps
-    // the plan and schedule of its last run.
-    bool reruns_graphs() const override { return true; }
-    void run(graph & g) override {
-        const bool again = last_.again(g);
-        last_.forget();
-        if (!again) {
-            exec_.plan(g);
-            mem_.set_compute("sim device", exec_.held_bytes());
-            make_schedule(g, sched_);
-        }
-        exec_.run(g, &sched_, this);
-        last_.ended(g);
-    }
-    void reserve(graph & g) override {
-        exec_.plan(g);
-        mem_.set_compute("sim device", exec_.held_bytes());
-    }
-
-    void start(const graph & g, const schedule & s, event_set & ev) override {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            job_g_ = &g;
-            job_s_ = &s;
-            job_ev_ = &ev;
-            pending_ = 2;
-            ++gen_;
-        }
-        cv_.notify_all();
-    }
-    void finish() override {
-        std::unique_lock<std::mutex> lock(mu_);
-        done_cv_.wait(lock, [&] { return pending_ == 0; });
-    }
-
-  private:
-    // Stream st's instructions of each run, in order.
-    void copy_worker(int st) {
-        uint64_t seen = 0;
-        for (;;) {
-            const graph * g;
-            const schedule * s;
-            event_set * ev;
-            {
-                std::unique_lock<std::mutex> lock(mu_);
-                cv_.wait(lock, [&] { return stop_ || gen_ != seen; });
-                if (stop_) return;
-                seen = gen_;
-                g = job_g_;
-                s = job_s_;
-                ev = job_ev_;
-            }
-            for (const schedule::instr & in : s->prog[st]) {
-                switch (in.what) {
-                case schedule::kind::wait:
-                    ev->wait(in.event);
-                    break;
-                case schedule::kind::run:
-                    run_copy_node(g->nodes()[size_t(in.node)]);
-                    break;
-                case schedule::kind::record:
-                    ev->record(in.event);
-                    break;
-                }
-            }
-            {
-                std::lock_guard<std::mutex> lock(mu_);
-                --pending_;
-            }
-            done_cv_.notify_all();
-        }
-    }
-
-    executor exec_;
-    memory_ledger mem_;
-    host_blocks host_;
-    schedule sched_;
-    last_run last_;
-    std::thread workers_[2];
-    std::mutex mu_;
-    std::condition_variable cv_, done_cv_;
-    const graph * job_g_ = nullptr;
-    const schedule * job_s_ = nullptr;
-    event_set * job_ev_ = nullptr;
-    int pending_ = 0;
-    uint64_t gen_ = 0;
-    bool stop_ = false;
-};
-
 } // namespace
 
 #if !defined(SMOL_CUDA)
@@ -809,7 +679,7 @@ std::unique_ptr<backend> make_cuda_backend(int) {
 
 std::unique_ptr<backend> make_backend(const std::string & device, int n_threads) {
     if (device.empty() || device == "cpu") return std::make_unique<cpu_backend>(n_threads);
-    if (device == "sim") return std::make_unique<sim_backend>(n_threads);
+    if (device == "sim") return make_sim_backend(n_threads);
     if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
         int index = 0;
         if (device.size() > 5) {
