@@ -2,8 +2,9 @@
 // space (allocation under an optional byte limit, copies in and out of it),
 // host memory it copies from fast (pinned), and a way to run a graph whose
 // tensors live in that space, its copy nodes on their own streams. The CPU
-// backend and the simulated device are smol.c++'s executor; the CUDA backend
-// (smol-cuda.cu) and its HIP build implement the same table.
+// backend (smol-cpu.c++) and the simulated device (smol-sim.c++) run graphs
+// on the CPU's executor; the CUDA backend (smol-cuda.cu) and its HIP build
+// implement the same table.
 
 #ifndef SMOL_BACKEND_H
 #define SMOL_BACKEND_H

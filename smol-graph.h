@@ -4,6 +4,9 @@
 // graph over a compute stream and two copy streams, and the executor that
 // runs a graph on the CPU backend's thread pool. Model code builds graphs
 // through the op builders here and never touches memory placement itself.
+// Defined in smol-graph.c++ (tensors, graph, builders), smol-schedule.c++
+// and smol-cpu.c++ (thread pool, arena, executor); the KV cache's cells are
+// smol-kv-cache.h's.
 
 #ifndef SMOL_GRAPH_H
 #define SMOL_GRAPH_H
