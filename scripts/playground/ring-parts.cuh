@@ -5,7 +5,7 @@
 // the only one taking its rounds: a parity wait cannot tell a phase from
 // the one two rounds later.
 #pragma once
-#include "../smol-cuda-rows.cuh"
+#include "../../smol-cuda-rows.cuh"
 
 using smol::bulk_copy;
 using smol::mbar_arrive;

@@ -8,7 +8,7 @@
 // wait, prefetch 0 nothing, 1 the first 4 KiB of each row, 2 its first 512
 // bytes. Compile from the repository root (see the scripts that include it).
 #pragma once
-#include "../smol-cuda-rows.cuh"
+#include "../../smol-cuda-rows.cuh"
 #include "lab-common.cuh" // CK, warp_sum, launch, fill_weights, fill_floats
 
 #include <cmath>

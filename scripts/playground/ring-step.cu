@@ -25,10 +25,10 @@
 // or, -2, before their wait). BENCHMARKS.md ("a GEMV fed by a ring of bulk
 // copies") has the answers.
 //
-//   nvcc -O3 -std=c++20 -arch=sm_90 -o ring-step scripts/ring-step.cu
+//   nvcc -O3 -std=c++20 -arch=sm_90 -o ring-step scripts/playground/ring-step.cu
 //   ./ring-step [check | a form's name, or part of it]
 #include "gemv-lab.cuh"  // CK, warp_sum, launch, replay_us, the loop's kernel
-#include "lab-async.cuh" // mbarriers and bulk copies
+#include "ring-parts.cuh" // mbarriers, bulk copies, mma
 
 #include <array>
 #include <cstring>
