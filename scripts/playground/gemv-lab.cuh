@@ -1,12 +1,12 @@
-// The GEMV kernel of scripts/gemv-variants.cu and scripts/gemv-step.cu: a
-// stand-alone copy of the loop of gemv_kernel in smol-cuda.cu (f16, q8_0
+// gemv-lab.cuh - the GEMV kernel ring-step.cu runs as "smol's loop", and a
+// graph-replay timer (replay_us). The kernel is a stand-alone copy of the
+// loop of gemv_kernel in smol-cuda.cu (which no header shares): f16, q8_0
 // and q4_1 weights read by the backend's own load_chunk and met by its
 // x_chunk and dot8, f32 activations, a folded RMS norm, SwiGLU and residual
-// epilogues) with every variant as a
-// template parameter: KS warps a group of R rows, U chunks of 8 a lane
-// loaded before use; PDL: launched early (griddepcontrol), PF: before the
-// wait, prefetch 0 nothing, 1 the first 4 KiB of each row, 2 its first 512
-// bytes. Compile from the repository root (see the scripts that include it).
+// epilogues, with every variant as a template parameter: KS warps a group
+// of R rows, U chunks of 8 a lane loaded before use; PDL: launched early
+// (griddepcontrol), PF: before the wait, prefetch 0 nothing, 1 the first 4
+// KiB of each row, 2 its first 512 bytes.
 #pragma once
 #include "../../smol-cuda-rows.cuh"
 #include "lab-common.cuh" // CK, warp_sum, launch, fill_weights, fill_floats

@@ -1,10 +1,12 @@
-// What the GPU labs in scripts/ share: CK, which stops the program with the
-// call that failed and CUDA's error, a warp's sum, the global timer, a
+// lab-common.cuh - what the playground's labs share: CK, which stops the
+// program with the call that failed and CUDA's error, a warp's sum, a
 // launch that may go early, device buffers of random values (f16 weights,
-// f32 activations) from a seeded pattern, a decode step's GEMV weights
-// (step_weights), and one GEMV of a decode step's chain (Op).
+// f32 activations) that also come back as host copies for a CPU reference,
+// poisoned outputs, the check of a result against its reference, and one
+// GEMV of a decode step's chain (Op).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -13,8 +15,8 @@
 #include <random>
 #include <vector>
 
-// CK(call): a lab whose calls return another status type (cuBLAS's) adds
-// a lab_check overload for it.
+// CK(call): a lab whose calls return another status type (cuBLAS's, say)
+// adds a lab_check overload for it.
 inline void lab_check(cudaError_t e, const char * call, int line) {
     if (e == cudaSuccess) return;
     std::fprintf(stderr, "%s: %s (line %d)\n", call, cudaGetErrorString(e), line);
@@ -26,13 +28,6 @@ inline void lab_check(cudaError_t e, const char * call, int line) {
 __device__ __forceinline__ float warp_sum(float v) {
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
     return v;
-}
-
-// The GPU's global timer, in ns (comparable across SMs).
-__device__ __forceinline__ unsigned long long now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), launched early (programmatic
@@ -55,49 +50,52 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
 }
 
 // n f16 weights at w, normal(0, 0.02): a pattern of `period` values from
-// `seed`, repeated (weights larger than the L2 need no more variety).
-inline void fill_weights(__half * w, size_t n, unsigned seed, size_t period = size_t(32) << 20) {
+// `seed`, repeated (weights larger than the L2 need no more variety). The
+// pattern comes back: weight e is its value e % period.
+inline std::vector<__half> fill_weights(__half * w, size_t n, unsigned seed,
+                                        size_t period = size_t(32) << 20) {
     std::vector<__half> h(std::min(n, period));
     std::mt19937 rng(seed);
     std::normal_distribution<float> d(0, 0.02f);
     for (auto & v : h) v = __float2half(d(rng));
     for (size_t at = 0; at < n; at += h.size())
         CK(cudaMemcpy(w + at, h.data(), std::min(h.size(), n - at) * 2, cudaMemcpyHostToDevice));
+    return h;
 }
 
-// The f16 weights of a decode step's GEMVs in one allocation, random (see
-// fill_weights): each layer's q/k/v (QKV rows), output (D), gate then up (F
-// each) and down (D rows of F) matrices, then the output head (V rows);
-// every matrix but down has rows of D.
-struct step_weights {
-    int L, D, F, QKV;
-    size_t layer_bytes, bytes;
-    uint8_t * base = nullptr;
-    step_weights(int L, int D, int F, int QKV, int V, size_t period = size_t(32) << 20)
-        : L(L), D(D), F(F), QKV(QKV),
-          layer_bytes((size_t(QKV) + D + 2 * size_t(F)) * D * 2 + size_t(D) * F * 2),
-          bytes(layer_bytes * L + size_t(V) * D * 2) {
-        CK(cudaMalloc(&base, bytes));
-        fill_weights(reinterpret_cast<__half *>(base), bytes / 2, 5, period);
-    }
-    step_weights(const step_weights &) = delete; // one owner of the allocation
-    step_weights & operator=(const step_weights &) = delete;
-    ~step_weights() { (void)cudaFree(base); }
-    const uint8_t * qkv(int l) const { return base + layer_bytes * l; }
-    const uint8_t * out(int l) const { return qkv(l) + size_t(QKV) * D * 2; }
-    const uint8_t * gate(int l) const { return out(l) + size_t(D) * D * 2; }
-    const uint8_t * up(int l) const { return gate(l) + size_t(F) * D * 2; }
-    const uint8_t * down(int l) const { return up(l) + size_t(F) * D * 2; }
-    const uint8_t * head() const { return base + layer_bytes * L; }
-};
-
 // n floats at x: normal(0, 1), or with around_one 1 + 0.1 normal(0, 1) (a
-// norm's weights).
-inline void fill_floats(float * x, size_t n, std::mt19937 & rng, bool around_one = false) {
+// norm's weights); the host's copy comes back.
+inline std::vector<float> fill_floats(float * x, size_t n, std::mt19937 & rng,
+                                      bool around_one = false) {
     std::normal_distribution<float> d(0, 1);
     std::vector<float> h(n);
     for (auto & v : h) v = around_one ? 1 + 0.1f * d(rng) : d(rng);
     CK(cudaMemcpy(x, h.data(), n * 4, cudaMemcpyHostToDevice));
+    return h;
+}
+
+// n floats at y set to NaN, so that an output a kernel leaves unwritten
+// fails its check.
+inline void poison(float * y, size_t n) {
+    CK(cudaMemset(y, 0xff, n * 4));
+}
+
+// Whether got matches ref within tol times ref's largest magnitude (a NaN
+// never does); prints the largest error either way.
+inline bool close_to(const char * what, const std::vector<float> & got,
+                     const std::vector<double> & ref, double tol) {
+    double err = 0, top = 0;
+    bool ok = got.size() == ref.size();
+    for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+        top = std::max(top, std::fabs(ref[i]));
+        const double e = std::fabs(double(got[i]) - ref[i]);
+        if (!(e == e)) ok = false;
+        err = std::max(err, e == e ? e : HUGE_VAL);
+    }
+    ok = ok && err <= tol * top;
+    std::printf("  %s max err %.2e (max %.2f, allowed %.2e)%s", what, err, top, tol * top,
+                ok ? "" : " FAIL");
+    return ok;
 }
 
 // One GEMV of a decode step: y = W x, with an RMS norm folded in, SwiGLU's

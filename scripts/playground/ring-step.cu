@@ -16,23 +16,29 @@
 //   fragment order (pack_kernel) and copied in 1D, or left row-major and
 //   copied as 2D tensor boxes with the 128-byte swizzle and read with
 //   ldmatrix.
-// Timing-only forms leave work out: the consumers release each slot unread
-// (skip) or read half of each row (half K); their results are wrong by
-// design. Each form is checked against the loop (max error of the logits and
-// of the residual stream after one step), then timed replayed from a CUDA
-// graph, best of three runs of 50, with 0 or 2 one-block kernels a layer
-// where kv_store and attention stand (letting their successor launch after
-// or, -2, before their wait). BENCHMARKS.md ("a GEMV fed by a ring of bulk
-// copies") has the answers.
+// The forms are numbered: 0 the loop, then the ring's. Timing-only forms
+// leave work out: the consumers release each slot unread (skip) or read
+// half of each row (half K); their results are wrong by design and go
+// unchecked. Every other form runs one step from fresh random weights and
+// inputs (a new seed each run, printed) into poisoned (NaN) outputs, and its
+// logits and residual stream must match a CPU reference (cpu_step, in
+// double) within 1e-4 of each vector's largest magnitude, or the lab stops
+// with exit status 1 before timing anything. Then each form is timed
+// replayed from a CUDA graph, best of three runs of 50, with 0 or 2
+// one-block kernels a layer where kv_store and attention stand (letting
+// their successor launch after or, -2, before their wait). BENCHMARKS.md
+// ("a GEMV fed by a ring of bulk copies") has the answers.
 //
 //   nvcc -O3 -std=c++20 -arch=sm_90 -o ring-step scripts/playground/ring-step.cu
-//   ./ring-step [check | a form's name, or part of it]
-#include "gemv-lab.cuh"  // CK, warp_sum, launch, replay_us, the loop's kernel
+//   ./ring-step [--seed N] [check | a form's number, name, or part of it]
+#include "gemv-lab.cuh"   // CK, warp_sum, launch, replay_us, the loop's kernel
 #include "ring-parts.cuh" // mbarriers, bulk copies, mma
 
 #include <array>
 #include <cstring>
 #include <cuda.h> // CUtensorMap (the encoder is reached through the runtime)
+#include <map>
+#include <thread>
 
 // A GEMV of the chain (lab-common.cuh's Op) with the lab's switches.
 struct RingOp : Op {
@@ -552,14 +558,65 @@ template <bool early> __global__ void tiny(float * y, int n) {
     if (int(threadIdx.x) < n) y[threadIdx.x] += 0.0f;
 }
 
+// One decode step of ops on the CPU, in double: weight e of the allocation
+// at W is pw[e % pw.size()] (fill_weights' pattern), and each op's x, norm
+// weights, residual and y are the host buffers that host maps its device
+// pointers to; the same norm (of x before its weights), SwiGLU and
+// residuals as the kernels.
+void cpu_step(const std::vector<RingOp> & ops, const __half * W, const std::vector<float> & pw,
+              std::map<const float *, std::vector<double>> & host) {
+    const size_t P = pw.size();
+    const unsigned n_thr = std::max(1u, std::thread::hardware_concurrency());
+    for (const RingOp & op : ops) {
+        const std::vector<double> & in = host.at(op.x);
+        const std::vector<double> * nw = op.nw ? &host.at(op.nw) : nullptr;
+        const std::vector<double> * res = op.res ? &host.at(op.res) : nullptr;
+        double ss = 0;
+        for (int k = 0; k < op.K; ++k) ss += in[k] * in[k];
+        const double scale = nw ? 1 / std::sqrt(ss / op.K + 1e-5) : 1;
+        std::vector<double> xin(op.K), out(op.rows);
+        for (int k = 0; k < op.K; ++k) xin[k] = in[k] * (nw ? (*nw)[k] : 1);
+        auto dot = [&](const __half * m, int r) {
+            size_t j = (size_t(m - W) + size_t(r) * op.K) % P;
+            double a = 0;
+            for (int k = 0; k < op.K; ++k) {
+                a += pw[j] * xin[k];
+                if (++j == P) j = 0;
+            }
+            return a * scale;
+        };
+        std::vector<std::thread> thr;
+        for (unsigned t = 0; t < n_thr; ++t)
+            thr.emplace_back([&, t] {
+                for (int r = int(t); r < op.rows; r += int(n_thr)) {
+                    double a = dot(op.w, r);
+                    if (op.wu) a = a / (1 + std::exp(-a)) * dot(op.wu, r);
+                    out[r] = a + (res ? (*res)[r] : 0);
+                }
+            });
+        for (std::thread & t : thr) t.join();
+        std::vector<double> & y = host.at(op.y);
+        std::copy(out.begin(), out.end(), y.begin());
+    }
+}
+
 int main(int argc, char ** argv) {
+    unsigned seed = std::random_device{}();
+    const char * only = nullptr; // a form's number or (part of its) name, or "check"
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = unsigned(std::strtoul(argv[++i], nullptr, 10));
+        else
+            only = argv[i];
+    }
+    std::printf("seed %u (./ring-step --seed %u repeats these weights and inputs)\n", seed, seed);
     const int L = 24, D = 2048, F = 8192, V = 49152;
     const size_t qkv = size_t(3 * D) * D, o = size_t(D) * D, gu = size_t(2 * F) * D,
                  dn = size_t(D) * F, layer = qkv + o + gu + dn, head = size_t(V) * D;
     const size_t total = layer * L + head; // halves
     __half * W;
     CK(cudaMalloc(&W, total * 2));
-    fill_weights(W, total, 5, size_t(64) << 20);
+    const std::vector<__half> pattern = fill_weights(W, total, seed, size_t(64) << 20);
     __half *Wp, *Wp2; // the same weights packed for ring_mma (16 KB and 8 KB units)
     CK(cudaMalloc(&Wp, total * 2));
     CK(cudaMalloc(&Wp2, total * 2));
@@ -570,9 +627,9 @@ int main(int argc, char ** argv) {
     CK(cudaMalloc(&q, 3 * D * 4));
     CK(cudaMalloc(&y2, V * 4));
     CK(cudaMalloc(&g, F * 4));
-    std::mt19937 rng(1);
-    fill_floats(x0, F, rng);
-    fill_floats(nw, F, rng, true);
+    std::mt19937 rng(seed + 1);
+    const std::vector<float> hx0 = fill_floats(x0, F, rng);
+    const std::vector<float> hnw = fill_floats(nw, F, rng, true);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     int n_sm = 0;
@@ -723,42 +780,60 @@ int main(int argc, char ** argv) {
                            64);
         }
     };
-    // One step of each form from the same x: logits and stream against the loop's.
-    std::vector<float> ref_y(V), ref_x(D), got_y(V), got_x(D);
+    // The CPU's step from the same x, then one step of each checked form
+    // into poisoned outputs: logits and stream against the CPU's.
+    std::vector<float> pw(pattern.size());
+    for (size_t i = 0; i < pw.size(); ++i) pw[i] = __half2float(pattern[i]);
+    std::map<const float *, std::vector<double>> host;
+    host[x] = std::vector<double>(hx0.begin(), hx0.begin() + D);
+    host[nw] = std::vector<double>(hnw.begin(), hnw.end());
+    host[q] = std::vector<double>(3 * D);
+    host[g] = std::vector<double>(F);
+    host[y2] = std::vector<double>(V);
+    cpu_step(ops, W, pw, host);
+    const double tol = 1e-4;
+    std::vector<float> got_y(V), got_x(D);
+    bool all_ok = true;
     for (int form = -1; form < n_plans; ++form) {
+        const char * name = form < 0 ? "smol's loop" : plans[form].name;
+        if (form >= 0 && plans[form].skip) {
+            std::printf("%2d %-24s timing only, not checked\n", form + 1, name);
+            continue;
+        }
         CK(cudaMemcpy(x, x0, F * 4, cudaMemcpyDeviceToDevice));
+        poison(q, 3 * D);
+        poison(g, F);
+        poison(y2, V);
         record(form, 0);
         CK(cudaStreamSynchronize(s));
         CK(cudaGetLastError());
-        auto & yy = form < 0 ? ref_y : got_y;
-        auto & xx = form < 0 ? ref_x : got_x;
-        CK(cudaMemcpy(yy.data(), y2, V * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(xx.data(), x, D * 4, cudaMemcpyDeviceToHost));
-        if (form < 0) continue;
-        float ey = 0, my = 0, ex = 0, mx = 0;
-        for (int i = 0; i < V; ++i) {
-            ey = std::max(ey, std::fabs(got_y[i] - ref_y[i]));
-            my = std::max(my, std::fabs(ref_y[i]));
-        }
-        for (int i = 0; i < D; ++i) {
-            ex = std::max(ex, std::fabs(got_x[i] - ref_x[i]));
-            mx = std::max(mx, std::fabs(ref_x[i]));
-        }
-        std::printf("%-30s logits max err %.2e (max %.2f), stream max err %.2e (max %.2f)\n",
-                    plans[form].name, ey, my, ex, mx);
+        CK(cudaMemcpy(got_y.data(), y2, V * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(got_x.data(), x, D * 4, cudaMemcpyDeviceToHost));
+        std::printf("%2d %-24s", form + 1, name);
+        bool ok = close_to("logits", got_y, host[y2], tol);
+        ok = close_to(", stream", got_x, host[x], tol) && ok;
+        std::printf("\n");
+        all_ok = all_ok && ok;
     }
-    if (argc > 1 && !std::strcmp(argv[1], "check")) return 0; // the checks alone (for a profiler)
-    const char * only = argc > 1 ? argv[1] : nullptr;
+    if (!all_ok) {
+        std::printf("FAIL: a form's step differs from the CPU's (seed %u)\n", seed);
+        return 1;
+    }
+    if (only && !std::strcmp(only, "check")) return 0; // the checks alone (for a profiler)
+    const int only_n =
+        only && std::strspn(only, "0123456789") == std::strlen(only) ? std::atoi(only) : -1;
     for (int round = 0; round < 2; ++round)
         for (int tinies : {0, 2, -2})
             for (int form = -1; form < n_plans; ++form) {
-                if (only && form >= 0 && !std::strstr(plans[form].name, only)) continue;
+                if (only_n >= 0 ? form >= 0 && form + 1 != only_n
+                                : only && form >= 0 && !std::strstr(plans[form].name, only))
+                    continue;
                 CK(cudaMemcpy(x, x0, F * 4, cudaMemcpyDeviceToDevice));
                 const float us = replay_us(
                     s, [&] { record(form, tinies); }, 50, 3, 3);
-                std::printf("round %d tiny/layer %2d  %-30s step %7.1f us (%.0f%% of floor)\n",
-                            round, tinies, form < 0 ? "smol's loop" : plans[form].name, us,
-                            100 * (total * 2 / 4.2e6) / us);
+                std::printf("round %d tiny/layer %2d  %2d %-24s step %7.1f us (%.0f%% of floor)\n",
+                            round, tinies, form + 1, form < 0 ? "smol's loop" : plans[form].name,
+                            us, 100 * (total * 2 / 4.2e6) / us);
                 std::fflush(stdout);
             }
 }
