@@ -7,7 +7,8 @@
 #   scripts/test-gpu.sh                  build in build-gpu, test, time
 #   scripts/test-gpu.sh --pack-deps DIR  (on a machine with the packages) put
 #                                        doctest, nlohmann_json, CLI11,
-#                                        cpp-httplib (a single header) and the
+#                                        cpp-httplib (Debian's header and
+#                                        library, by package name) and the
 #                                        python gguf wheel in DIR, for a GPU
 #                                        machine that cannot download them
 #
@@ -32,35 +33,56 @@ if(NOT TARGET ${name}::${pkg##*:})
 endif()
 EOF
     done
-    # cpp-httplib for smol-server: upstream's single header (Debian's package
-    # is a split header and a shared library, useless elsewhere), the same
-    # version as Debian's, from Debian's source of it, checked by sha256.
-    httplib=${HTTPLIB_SRC:-/tmp/httplib-src}
-    hdr=$httplib/yhirose-cpp-httplib-7992b14/httplib.h
-    if [ ! -s "$hdr" ]; then
-        mkdir -p "$httplib"
-        orig=$httplib/cpp-httplib_0.11.4+ds.orig.tar.xz
-        curl -fsSL -o "$orig" \
-            http://deb.debian.org/debian/pool/main/c/cpp-httplib/cpp-httplib_0.11.4+ds.orig.tar.xz &&
-            echo "8b1a5df569003b6a4f24c68489bbda5c64aec94697bdc9ebba5d79408b2ae7eb  $orig" |
-            sha256sum -c --quiet &&
-            tar -xJf "$orig" -C "$httplib" || { echo "test-gpu: cannot fetch cpp-httplib" >&2; exit 1; }
-        [ -s "$hdr" ] || { echo "test-gpu: no httplib.h in $orig" >&2; exit 1; }
-    fi
-    cp "$hdr" "$dir/include/httplib.h"
-    mkdir -p "$dir/lib/cmake/httplib"
-    cat >"$dir/lib/cmake/httplib/httplibConfig.cmake" <<'EOF'
-# cpp-httplib 0.11.4 header-only, as upstream's package names it.
+    # cpp-httplib for smol-server, by package name only (nothing fetched by
+    # URL): Debian's libcpp-httplib-dev (the split header) and
+    # libcpp-httplib0.11 (its shared library), unpacked with dpkg -x, with
+    # the brotli headers the header includes (libbrotli-dev; OpenSSL's and
+    # zlib's headers and the runtime libraries it links are expected on the
+    # GPU machine). A pkg-config file and a CMake package config point at
+    # DIR; the library is found at run time through the executable's rpath.
+    tmp=$(mktemp -d)
+    (cd "$tmp" && apt-get download libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev \
+        >/dev/null 2>&1) || { echo "test-gpu: apt-get download of cpp-httplib failed" >&2; exit 1; }
+    for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/x"; done
+    multi=$(cd "$tmp/x/usr/lib" && ls -d ./*/libcpp-httplib.so.0.11.* | cut -d/ -f2)
+    [ -s "$tmp/x/usr/include/httplib.h" ] && [ -n "$multi" ] ||
+        { echo "test-gpu: no httplib.h or libcpp-httplib in the packages" >&2; exit 1; }
+    cp "$tmp/x/usr/include/httplib.h" "$dir/include/"
+    cp -r "$tmp/x/usr/include/brotli" "$dir/include/"
+    cp -P "$tmp/x/usr/lib/$multi"/libcpp-httplib.so* "$dir/lib/"
+    cflags=$(sed -n 's/^Cflags: -I${includedir} //p' "$tmp/x/usr/lib/$multi/pkgconfig/cpp-httplib.pc")
+    version=$(sed -n 's/^Version: //p' "$tmp/x/usr/lib/$multi/pkgconfig/cpp-httplib.pc")
+    rm -rf "$tmp"
+    mkdir -p "$dir/lib/pkgconfig" "$dir/lib/cmake/httplib"
+    cat >"$dir/lib/pkgconfig/cpp-httplib.pc" <<EOF
+# Debian's cpp-httplib $version, relocated into this folder.
+prefix=\${pcfiledir}/../..
+includedir=\${prefix}/include
+libdir=\${prefix}/lib
+
+Name: cpp-httplib
+Description: A C++ HTTP/HTTPS server and client library
+Version: $version
+Libs: -L\${libdir} -lcpp-httplib -Wl,-rpath,\${libdir}
+Libs.private: -pthread
+Cflags: -I\${includedir} $cflags
+EOF
+    defs=$(echo "$cflags" | sed 's/-D//g; s/ /;/g')
+    cat >"$dir/lib/cmake/httplib/httplibConfig.cmake" <<EOF
+# Debian's cpp-httplib $version (a header and a shared library), relocated
+# into this folder, for machines without pkg-config.
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)
 if(NOT TARGET httplib::httplib)
-  add_library(httplib::httplib INTERFACE IMPORTED)
+  add_library(httplib::httplib SHARED IMPORTED)
   set_target_properties(
     httplib::httplib
-    PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}/../../../include"
+    PROPERTIES IMPORTED_LOCATION "\${CMAKE_CURRENT_LIST_DIR}/../../libcpp-httplib.so"
+               INTERFACE_INCLUDE_DIRECTORIES "\${CMAKE_CURRENT_LIST_DIR}/../../../include"
+               INTERFACE_COMPILE_DEFINITIONS "$defs"
                INTERFACE_LINK_LIBRARIES Threads::Threads)
 endif()
-set(httplib_VERSION 0.11.4)
+set(httplib_VERSION $version)
 EOF
     python3 -m pip download --no-deps --only-binary=:all: -d "$dir/whl" gguf >/dev/null
     du -sh "$dir"
