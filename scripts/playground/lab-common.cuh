@@ -93,7 +93,7 @@ inline bool close_to(const char * what, const std::vector<float> & got,
         err = std::max(err, e == e ? e : HUGE_VAL);
     }
     ok = ok && err <= tol * top;
-    std::printf("  %s max err %.2e (max %.2f, allowed %.2e)%s", what, err, top, tol * top,
+    std::printf("%s max err %.2e (max %.2f, allowed %.2e)%s", what, err, top, tol * top,
                 ok ? "" : " FAIL");
     return ok;
 }

@@ -810,7 +810,7 @@ int main(int argc, char ** argv) {
         CK(cudaMemcpy(got_y.data(), y2, V * 4, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(got_x.data(), x, D * 4, cudaMemcpyDeviceToHost));
         std::printf("%2d %-24s", form + 1, name);
-        bool ok = close_to("logits", got_y, host[y2], tol);
+        bool ok = close_to(" logits", got_y, host[y2], tol);
         ok = close_to(", stream", got_x, host[x], tol) && ok;
         std::printf("\n");
         all_ok = all_ok && ok;
