@@ -195,8 +195,8 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
 }
 
 #if !defined(SMOL_HIP)
-// --- the ring GEMV's pieces (sm_90 and up; smol-cuda.cu's gemv_ring_kernel,
-// scripts/lab-async.cuh and scripts/ring-step.cu) ---------------------------
+// --- the ring GEMV's pieces (sm_90 and up; the labs scripts/lab-async.cuh and
+// scripts/ring-step.cu) -------------------------------------------------------
 
 // Where element (r, k) of a rows x K matrix goes in the ring GEMV's packed
 // copy: units of 16 rows x KU columns (unit (row tile rt, segment sg) at

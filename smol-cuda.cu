@@ -779,192 +779,6 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     }
 }
 
-#if !defined(SMOL_HIP)
-// --- matmul: a token's GEMV fed by a ring of bulk copies (sm_90 and up) --------
-//
-// SMOL_CUDA_RING=1 (off by default; Hopper and newer): the GEMV of a single
-// token over f16 weights runs on a block an SM, each with a producer lane
-// that streams the block's weights into a ring of shared-memory slots with
-// bulk copies (cp.async.bulk), and consumer warps that copy each slot to
-// registers, give it back, and sum on tensor cores (mma.sync m16n8k16, x as
-// two f16 columns hi = f16(x) and lo = f16(x - hi)). Launched early, the
-// producer fills the ring before the block waits for the kernel before it,
-// so a GEMV's weights arrive while the one before it ends. The weights are
-// read from a copy in the order of mma's fragments (ring_pack_kernel), made
-// when a decode graph is prepared; the copy counts against the device
-// memory limit but not in the plan, and where it does not fit the GEMVs keep
-// the loop. In a lab of the 1.7B's GEMV chain (scripts/ring-step.cu, H200)
-// this form took 0.86-0.94x the loop's time; in smol the 1.7B's tg128 ran
-// 1.03x (BENCHMARKS.md). Only f16 weights with K a multiple of 256 and rows
-// in 16s take it (not the 135M's or 360M's).
-
-constexpr int ring_warps = 8;       // consumer warps; a producer warp besides
-constexpr int ring_slots = 16;      // slots of ring_slot bytes
-constexpr int ring_slot = 8192;     // a unit, or gate's and up's
-constexpr int ring_max_part = 3072; // floats: a block's (unit, row) sums, gate's then up's
-
-// A unit is 16 rows x ring_cols columns of one weight (gate's and up's each
-// for SwiGLU, which share a slot).
-__host__ __device__ constexpr int ring_cols(bool swiglu) {
-    return swiglu ? 128 : 256;
-}
-
-struct ring_params {
-    const uint8_t * pw[3]; // the packed copies of mm_params::w
-    int tiles[3];          // the weights' row tiles of 16 the launch takes (SwiGLU: gate's)
-};
-
-size_t ring_smem_bytes(int K) {
-    return size_t(ring_slots) * ring_slot + size_t(K) * 4 + ring_max_part * 4 + 2 * ring_slots * 8 +
-           ring_warps * 8;
-}
-
-// A matrix for gemv_ring_kernel, packed (ring_packed_at).
-__global__ void ring_pack_kernel(const uint16_t * w, uint16_t * out, int rows, int K, int KU) {
-    const size_t n = size_t(rows) * size_t(K);
-    for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < n;
-         e += size_t(gridDim.x) * blockDim.x)
-        out[ring_packed_at(int(e / size_t(K)), int(e % size_t(K)), K, KU)] = w[e];
-}
-
-// One token's GEMV (p.M == 1) of up to three weights (q, k, v, with the
-// k and v store of gemv_kernel) or SwiGLU's gate and up, with the folded
-// norm and the residual of gemv_kernel. Block b takes the row tiles
-// [n * b / nb, n * (b + 1) / nb) of the launch's n and all their units;
-// consumer warp w takes the block's units w, w + ring_warps, ... (ring
-// slots s = i % ring_slots, with s % ring_warps = w, each slot's rounds in
-// order). A unit's row sums wait in shared memory; at the end the block
-// adds each row's segments in order, a thread a pair of rows.
-template <bool SWIGLU>
-__global__ void __launch_bounds__((ring_warps + 1) * warp_size)
-    gemv_ring_kernel(const mm_params p, const ring_params q) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int KU = ring_cols(SWIGLU), UB = 16 * KU * 2, NT = KU / 16;
-    constexpr int S = ring_slots, NC = ring_warps;
-    static_assert((SWIGLU ? 2 * UB : UB) == ring_slot && S % NC == 0);
-    extern __shared__ __align__(128) uint8_t ring[];
-    const int K = p.K, NS = K / KU;
-    __half2 * xh = reinterpret_cast<__half2 *>(ring + size_t(S) * ring_slot);
-    __half2 * xl = xh + K / 2;
-    float * part = reinterpret_cast<float *>(xl + K / 2);
-    uint64_t * full = reinterpret_cast<uint64_t *>(part + ring_max_part);
-    uint64_t * empty = full + S;
-    double * red = reinterpret_cast<double *>(empty + S);
-    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
-    const int n_rt = q.tiles[0] + q.tiles[1] + q.tiles[2];
-    const int rt0 = int((long long)n_rt * blockIdx.x / gridDim.x);
-    const int rt1 = int((long long)n_rt * (blockIdx.x + 1) / gridDim.x);
-    const int u0 = rt0 * NS, u1 = rt1 * NS;
-    ring_init(full, empty, S, 1);
-    __syncthreads();
-    griddep_launch();
-    if (warp == NC) { // the producer: weights are no kernel's output, it never waits
-        if (lane == 0) {
-            for (int i = 0; u0 + i < u1; ++i) {
-                const int s = i % S, round = i / S;
-                if (round > 0) mbar_wait(empty + s, (round - 1) & 1);
-                int rt = (u0 + i) / NS;
-                const uint8_t * src = q.pw[0];
-                if (rt >= q.tiles[0]) {
-                    rt -= q.tiles[0];
-                    src = q.pw[1];
-                    if (rt >= q.tiles[1]) {
-                        rt -= q.tiles[1];
-                        src = q.pw[2];
-                    }
-                }
-                const size_t off = (size_t(rt) * NS + (u0 + i) % NS) * UB;
-                mbar_expect(full + s, ring_slot);
-                bulk_copy(ring + size_t(s) * ring_slot, src + off, UB, full + s);
-                if (SWIGLU)
-                    bulk_copy(ring + size_t(s) * ring_slot + UB, q.pw[1] + off, UB, full + s);
-            }
-        }
-        return;
-    }
-    griddep_wait();
-    // x with the norm's weights as f16 pairs hi and lo, and x's sum of squares.
-    float ss = 0.0f;
-    for (int i = threadIdx.x * 4; i < K; i += NC * warp_size * 4) {
-        float4 v = *reinterpret_cast<const float4 *>(p.x + i);
-        if (p.norm_w) {
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            const float4 n = *reinterpret_cast<const float4 *>(p.norm_w + i);
-            v = make_float4(v.x * n.x, v.y * n.y, v.z * n.z, v.w * n.w);
-        }
-        ring_split_x(v, xh, xl, i);
-    }
-    const double ssd = warp_sum_f64(double(ss));
-    if (lane == 0) red[warp] = ssd;
-    asm volatile("bar.sync 1, %0;" ::"n"(NC * warp_size) : "memory"); // consumers only
-    // mma's b: column 0 (lanes 0-3) x's hi, column 1 (lanes 4-7) its lo, the rest 0.
-    const int g = lane / 4, t = lane % 4;
-    const __half2 * xb = g == 0 ? xh : xl;
-    for (int i = warp; u0 + i < u1; i += NC) {
-        const int s = i % S;
-        mbar_wait(full + s, (i / S) & 1);
-        const uint4 * A = reinterpret_cast<const uint4 *>(ring + size_t(s) * ring_slot);
-        uint4 av[NT], au[SWIGLU ? NT : 1];
-#pragma unroll
-        for (int kt = 0; kt < NT; ++kt) {
-            av[kt] = A[kt * warp_size + lane];
-            if constexpr (SWIGLU) au[kt] = A[(NT + kt) * warp_size + lane];
-        }
-        mbar_arrive_warp(empty + s); // read: the producer may fill it again
-        const int k0 = ((u0 + i) % NS) * KU;
-        float d[4][4] = {}, du[4][4] = {};
-#pragma unroll
-        for (int kt = 0; kt < NT; ++kt) {
-            uint32_t b0, b1;
-            ring_b_frag(xb, g, t, k0 + kt * 16, b0, b1);
-            mma16816(d[kt % 4], av[kt], b0, b1);
-            if constexpr (SWIGLU) mma16816(du[kt % 4], au[kt], b0, b1);
-        }
-        if (t == 0) {
-            ring_row_sums(d, part + i * 16, g);
-            if constexpr (SWIGLU) ring_row_sums(du, part + ring_max_part / 2 + i * 16, g);
-        }
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(NC * warp_size) : "memory");
-    double tot = 0.0;
-    for (int w = 0; w < NC; ++w) tot += red[w];
-    const float scale = p.norm_w ? rms_scale(tot, K, p.eps) : 1.0f;
-    const int n_rows = (rt1 - rt0) * 16;
-    for (int pr = threadIdx.x; pr < n_rows / 2; pr += NC * warp_size) {
-        const int lr = 2 * pr, lrt = lr / 16, rr = lr % 16;
-        float val[2], val_u[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float a = 0.0f, au = 0.0f;
-            for (int sg = 0; sg < NS; ++sg) {
-                a += part[(lrt * NS + sg) * 16 + rr + e];
-                if constexpr (SWIGLU) au += part[ring_max_part / 2 + (lrt * NS + sg) * 16 + rr + e];
-            }
-            val[e] = a * scale;
-            val_u[e] = au * scale;
-        }
-        int r = rt0 * 16 + lr, rows, which;
-        const uint8_t * w;
-        float * y;
-        mm_select<SWIGLU>(p, r, w, y, rows, which);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            if constexpr (SWIGLU) val[e] = silu_mul(val[e], val_u[e]);
-            if (p.res) val[e] = p.res[r + e] + val[e];
-            y[r + e] = val[e];
-        }
-        // k and v into the token's cache cell, as kv_store_kernel stores them.
-        const kv_store_params & kv = p.kv;
-        if (!SWIGLU && kv.K && which > 0)
-            store_kv_pair(kv, 0, size_t(kv.cell[0]), r, val[0], val[1], which == 1);
-    }
-#else
-    (void)p;
-    (void)q;
-#endif
-}
-#endif // !SMOL_HIP
-
 // The small-batch GEMM: KS warps per weight row (mm_warps / KS rows per
 // block); the lanes of the row's warps split K in chunks of 8, dequantize
 // each chunk once and use it for all MT tokens of this block's column of
@@ -2476,7 +2290,6 @@ struct mm_choice {
     double us = -1;    // the time the autotune measured, if it did
     int r = 1;         // GEMV rows a warp
     bool kv = false;   // (used, not a table's) the GEMV stored k and v in the cache too
-    bool ring = false; // (used) the token's GEMV ran through the ring (gemv_ring_kernel)
     bool kept = false; // (used) cuBLAS over bf16 pairs whose sums their readers made
 };
 
@@ -2848,18 +2661,7 @@ class cuda_backend final : public backend {
     size_t l2_bytes_ = 0;
     bool fuse_ = true;
     bool graphs_ = true;
-    bool pdl_ = false; // kernels may launch while the one before ends (see griddep_wait)
-    // A token's f16 GEMVs through the ring (SMOL_CUDA_RING=1, see
-    // gemv_ring_kernel), and their weights' packed copies by weight address.
-    // Keys: the weight's address and the packing's unit columns (ring_cols).
-    bool ring_ = false;
-    std::map<std::pair<const void *, int>, void *> packed_;
-    size_t smem_optin_ = 0; // shared memory a block may ask for
-#if !defined(SMOL_HIP)
-    int ring_tiles(const step & s) const;
-    void ring_pack();
-    bool ring_fits(const step & s, const mm_params & p, ring_params & q) const;
-#endif
+    bool pdl_ = false;     // kernels may launch while the one before ends (see griddep_wait)
     bool pdl_now_ = false; // ... in the launches being issued now (a decode step's capture)
 
     attn_kernel attn_ = attn_kernel::automatic;
@@ -3003,14 +2805,6 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     cudaFuncAttributes fa{};
     SMOL_GPU_CHECK(cudaFuncGetAttributes(&fa, gemv_kernel<SMOL_TYPE_F16, false, 1, 1>));
     pdl_ = prop.major >= 9 && fa.ptxVersion >= 90 && env_flag("SMOL_CUDA_PDL", 1) != 0;
-    smem_optin_ = prop.sharedMemPerBlockOptin;
-    ring_ = prop.major >= 9 && fa.ptxVersion >= 90 && env_flag("SMOL_CUDA_RING", 0) != 0;
-    if (ring_) {
-        for (const auto kernel : {gemv_ring_kernel<false>, gemv_ring_kernel<true>}) {
-            SMOL_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                int(prop.sharedMemPerBlockOptin)));
-        }
-    }
 #endif
 #if defined(SMOL_FLASH_ATTENTION)
     // The decode kernel's block slots: the fewest any of its dense forms
@@ -3069,7 +2863,6 @@ cuda_backend::~cuda_backend() {
     for (buffer * b :
          {&arena_, &work_, &dyn_, &cells_, &rope_, &done_, &tune_w_, &tune_x_, &tune_y_})
         (void)cudaFree(b->p);
-    for (const auto & [key, packed] : packed_) (void)cudaFree(packed);
     if (host_stage_) (void)cudaFreeHost(host_stage_);
     for (const auto & [p, h] : host_) { // host blocks their callers did not release
         if (h.second)
@@ -3129,29 +2922,10 @@ void cuda_backend::release(void * p) {
     activate();
     SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
     SMOL_GPU_CHECK(cudaFree(p));
-    size_t size = 0;
     if (const auto it = sizes_.find(p); it != sizes_.end()) {
-        size = it->second;
         mem_.in_use -= it->second;
         sizes_.erase(it);
     }
-    // Packed copies of weights that lived in the block go too, and so do the
-    // captured graphs, which may hold their addresses: the block's address
-    // may come back with other weights.
-    bool dropped = false;
-    for (auto it = packed_.begin(); it != packed_.end();) {
-        const auto * w = static_cast<const uint8_t *>(it->first.first);
-        const auto * b = static_cast<const uint8_t *>(p);
-        if (w >= b && w < b + std::max<size_t>(size, 1)) {
-            void * packed = it->second;
-            it = packed_.erase(it);
-            release(packed);
-            dropped = true;
-        } else {
-            ++it;
-        }
-    }
-    if (dropped) drop_graphs();
 }
 
 // Host memory that copies use (offloaded KV, a step's logits) in
@@ -3357,8 +3131,8 @@ std::string cuda_backend::mm_used() const {
     for (const auto & [key, c] : list) {
         out += std::string(type_key_name(key.type)) + " " + std::to_string(key.n) + "x" +
                std::to_string(key.k) + " M=" + std::to_string(key.m) + ": " +
-               (c.mt == 0 ? std::string("scalar") : choice_name(c)) + (c.ring ? " +ring" : "") +
-               (c.kv ? " +kv_store" : "") + (c.kept ? " +sums where read" : "") + "\n";
+               (c.mt == 0 ? std::string("scalar") : choice_name(c)) + (c.kv ? " +kv_store" : "") +
+               (c.kept ? " +sums where read" : "") + "\n";
     }
     return out;
 }
@@ -4028,9 +3802,6 @@ size_t cuda_backend::compute_bytes(graph & g) {
 // extra source while plan_arena runs, so their memory lives long enough.
 void cuda_backend::prepare(graph & g) {
     make_steps(g);
-#if !defined(SMOL_HIP)
-    if (ring_) ring_pack();
-#endif
     const auto & nodes = g.nodes();
     for (step & s : steps_) {
         if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
@@ -5003,74 +4774,6 @@ void cuda_backend::run_blas(const step & s, const tensor * x, int K, int M) {
 }
 #endif
 
-#if !defined(SMOL_HIP)
-// The row tiles of 16 that a step's token GEMV would take through the ring,
-// or 0 where it cannot: f16 weights that are device leaves, K a multiple of
-// 256, rows in 16s, and a block's (unit, row) sums within its shared memory.
-int cuda_backend::ring_tiles(const step & s) const {
-    if (s.skip || (s.kind != step_kind::mm && s.kind != step_kind::mm_swiglu)) return 0;
-    if (s.mm[0]->src[1]->ne[1] != 1) return 0;
-    const bool swiglu = s.kind == step_kind::mm_swiglu;
-    const int K = int(s.mm[0]->src[0]->ne[0]);
-    int n_rt = 0;
-    for (int i = 0; i < (swiglu ? 2 : s.n_mm); ++i) {
-        const tensor * w = s.mm[i]->src[0];
-        if (w->type != SMOL_TYPE_F16 || w->kind != OP_NONE || w->where != placement::device ||
-            w->ne[0] % 256 != 0 || w->ne[1] % 16 != 0)
-            return 0;
-        if (!swiglu || i == 0) n_rt += int(w->ne[1] / 16);
-    }
-    const int units = (n_rt + n_sm_ - 1) / n_sm_ * (K / ring_cols(swiglu));
-    const bool fits = units * 16 <= (swiglu ? ring_max_part / 2 : ring_max_part) &&
-                      ring_smem_bytes(K) <= smem_optin_;
-    return fits ? n_rt : 0;
-}
-
-// Packed copies (ring_pack_kernel) of the weights of the steps that can go
-// through the ring. Where the device memory limit leaves no room for them,
-// the ring is turned off, said once.
-void cuda_backend::ring_pack() {
-    for (const step & s : steps_) {
-        if (!ring_tiles(s)) continue;
-        const bool swiglu = s.kind == step_kind::mm_swiglu;
-        for (int i = 0; i < (swiglu ? 2 : s.n_mm); ++i) {
-            const tensor * w = s.mm[i]->src[0];
-            const std::pair<const void *, int> key{w->data, ring_cols(swiglu)};
-            if (packed_.count(key)) continue;
-            void * out = nullptr;
-            try {
-                out = alloc(w->nbytes());
-            } catch (const error & e) {
-                say_once(std::string("no room for the ring's packed weights (") + e.what() +
-                         "): a token's GEMVs keep the loop");
-                ring_ = false;
-                return;
-            }
-            ring_pack_kernel<<<unsigned(n_sm_ * 8), 256, 0, stream_>>>(
-                static_cast<const uint16_t *>(w->data), static_cast<uint16_t *>(out), int(w->ne[1]),
-                int(w->ne[0]), ring_cols(swiglu));
-            check_launch("ring_pack");
-            packed_[key] = out;
-        }
-    }
-}
-
-// Whether a step's token GEMV goes through the ring (it can, and its
-// weights' packed copies exist), with their copies and row tiles in q.
-bool cuda_backend::ring_fits(const step & s, const mm_params & p, ring_params & q) const {
-    if (!ring_tiles(s)) return false;
-    const bool swiglu = s.kind == step_kind::mm_swiglu;
-    q = ring_params{};
-    for (int i = 0; i < p.n_w; ++i) {
-        const auto it = packed_.find({p.w[i], ring_cols(swiglu)});
-        if (it == packed_.end()) return false;
-        q.pw[i] = static_cast<const uint8_t *>(it->second);
-        if (!swiglu || i == 0) q.tiles[i] = p.rows[i] / 16;
-    }
-    return true;
-}
-#endif
-
 void cuda_backend::run_mm(const step & s, const batch_info & b) {
     const tensor * m0 = s.mm[0];
     const tensor * w = m0->src[0];
@@ -5139,32 +4842,14 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     for (int i = 0; i < p.n_w; ++i) {
         if (p.rows[i] % c.r != 0) c.r = 1;
     }
-#if !defined(SMOL_HIP)
-    ring_params rq{};
-    c.ring = ring_ && c.mt == 1 && !c.blas && ring_fits(s, p, rq);
-#endif
     // With rows in pairs (k's rope pairs) and no copy program to order the
     // cache's copies after kv_store, the GEMV stores k and v itself.
-    if (s.store && c.mt == 1 && (c.r % 2 == 0 || c.ring) && !sched_.has_copies()) {
+    if (s.store && c.mt == 1 && c.r % 2 == 0 && !sched_.has_copies()) {
         p.kv = kv_store_of(steps_[size_t(s.store->node_index)], *b.kv);
         stored_ = s.store;
         c.kv = true;
     }
     note_used(mm_key{w->type, total_rows, K, mm_bucket(M)}, c);
-#if !defined(SMOL_HIP)
-    if (c.ring) {
-        const dim3 grid{unsigned(n_sm_)}, block{unsigned((ring_warps + 1) * warp_size)};
-        if (s.kind == step_kind::mm_swiglu) {
-            launch_kernel_smem(gemv_ring_kernel<true>, grid, block, ring_smem_bytes(K), stream_,
-                               pdl_now_, p, rq);
-        } else {
-            launch_kernel_smem(gemv_ring_kernel<false>, grid, block, ring_smem_bytes(K), stream_,
-                               pdl_now_, p, rq);
-        }
-        check_launch("mul_mat (ring)");
-        return;
-    }
-#endif
     if (s.kind == step_kind::mm_swiglu) {
         launch_mm_type<true>(int(w->type), p, p.rows[0], c, stream_, pdl_now_);
     } else {

@@ -126,9 +126,6 @@ log "built in $(($(date +%s) - start)) s"
 # everything. The format check needs clang-format and cmake-format, which
 # GPU machines usually lack; CI runs it.
 log "test-cuda"
-# Where the GPU is Hopper or newer the ring's test requires the ring to run.
-cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
-export SMOL_TEST_RING=$(awk -v c="${cap:-0}" 'BEGIN { print (c >= 9.0) ? 1 : 0 }')
 (cd "$build/tests" && ./test-cuda --duration=true) 2>&1 | tee "$out/test-cuda.txt" | tail -40
 # Kernel times of two decode steps of the 135M-shaped model (launches from
 # 6000 on fall in its timed decode loop, where the captured graph replays).
