@@ -1,6 +1,6 @@
-// smol-hip.h - the vendor header that lets smol-cuda.cu compile for ROCm:
+// smol-hip.h - the vendor header that lets smol-cuda*.cu compile for ROCm:
 // it includes the HIP runtime and maps every cuda* name the backend uses to
-// its hip* twin. Only the names smol-cuda.cu uses are here; add one when the
+// its hip* twin. Only the names smol-cuda*.cu use are here; add one when the
 // backend starts using it. There is no BLAS on this path (no hipBLAS), so
 // the backend's own matmul kernels serve every batch size.
 

@@ -1,0 +1,509 @@
+// smol-cuda-gemv.cu - the GPU backend's matmuls of up to 32 tokens: the
+// GEMV of decode (rows a warp, split K, a folded RMS norm, SwiGLU, the
+// residual, and k and v into the cache), the small-batch kernel, the scalar
+// kernel for odd shapes, their launches by weight type and choice, and the
+// backend's run of a matmul step (cuda_backend::run_mm), which hands larger
+// batches to cuBLAS (smol-cuda-blas.cu).
+
+#include "smol-cuda.cuh"
+
+namespace smol::gpu {
+
+namespace {
+
+// --- matmul: small batches ----------------------------------------------------
+
+// Row r of a launch's weights (q, k and v one after another; with SWIGLU,
+// gate's rows, up's read alongside) and where its result goes: r becomes
+// the row within weight number `which`. Selected with branches: a run-time
+// index into the parameter arrays would copy them to local memory.
+template <bool SWIGLU>
+__device__ __forceinline__ void mm_select(const mm_params & p, int & r, const uint8_t *& w,
+                                          float *& y, int & rows, int & which) {
+    w = p.w[0];
+    y = p.y[0];
+    rows = p.rows[0];
+    which = 0;
+    if (!SWIGLU && r >= rows && p.n_w > 1) {
+        r -= rows;
+        w = p.w[1];
+        y = p.y[1];
+        rows = p.rows[1];
+        which = 1;
+        if (r >= rows && p.n_w > 2) {
+            r -= rows;
+            w = p.w[2];
+            y = p.y[2];
+            rows = p.rows[2];
+            which = 2;
+        }
+    }
+}
+
+// The GEMV of single-token decode: R weight rows a warp and KS warps a group
+// of R rows (mm_warps / KS groups a block); block y takes token y of a batch
+// (the autotune may choose the GEMV for a few tokens). The lanes of a
+// group's warps split K in chunks of 8; each lane loads its chunk of x once
+// for the R rows, so the group keeps R chunks of weights in flight for each
+// of x's (one row a warp read the 1.7B model's q, k, v at 2.0 TB/s, two
+// rows at 3.0). The fused weights' row counts are multiples of R.
+//
+// A folded RMS norm scales x by its weights on the way in and multiplies
+// the dot by 1 / rms at the end; the sum of squares is taken from the same
+// loads, so the weights' loads never wait for the norm (a first pass over
+// x made the 1.7B model's GEMVs 11-23% slower).
+//
+// PAIR (float weights): each lane has two chunks of a row and reads both
+// at once (see gemv_pair).
+template <int T, bool SWIGLU, int KS, int R, bool PAIR = false>
+__global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_params p) {
+    static_assert(mm_warps % KS == 0, "the warps of a block split into whole groups");
+    constexpr int groups_per_block = mm_warps / KS;
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int ks = warp % KS, m = blockIdx.y;
+    int r = (blockIdx.x * groups_per_block + warp / KS) * R;
+    const uint8_t * w;
+    float * y;
+    int rows, which;
+    mm_select<SWIGLU>(p, r, w, y, rows, which);
+    // Past the last row: with KS > 1 the warp still takes part in the
+    // block's reduction, with nothing to add.
+    const bool valid = r < rows;
+    const size_t rb = p.w_row_bytes;
+    const uint8_t * wr = w + size_t(r) * rb;
+    const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * rb : nullptr;
+    // A GEMV launched early sends its weights to L2 while the kernel before
+    // it still runs (see run_mm).
+    if (p.prefetch && valid && ks == 0 && size_t(lane) * 128 < rb) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            prefetch_l2(wr + j * rb + size_t(lane) * 128);
+            if constexpr (SWIGLU) prefetch_l2(wu + j * rb + size_t(lane) * 128);
+        }
+    }
+    // With one row a warp, a quantized GEMV reads U chunks a lane at once:
+    // its blocks are read in 2 and 4-byte pieces, and one chunk at a time
+    // kept too few bytes in flight. Float weights are read 16 bytes a chunk;
+    // with more rows than one, the rows are in flight together and U = 1
+    // measured fastest for every type, but where a lane's share of a row is
+    // two chunks (PAIR) it takes both at once.
+    static_assert(!PAIR || float_weights(T), "pairs of float chunks");
+    constexpr int U = PAIR ? 2 : R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
+    // U chunks of each row at a time (past the row's end a lane reads its
+    // last chunk again and drops it, so the loads stay unconditional and fly
+    // together). The first are read before the wait: weights are no
+    // kernel's output (p.early), so they stream while the kernel before
+    // this one ends.
+    raw_chunk<T> w_raw[U][R], u_raw[U][SWIGLU ? R : 1];
+    auto fetch = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int ch = min(c0 + u * stride, n_ch - 1);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                w_raw[u][j].load(wr + j * rb, ch);
+                if constexpr (SWIGLU) u_raw[u][j].load(wu + j * rb, ch);
+            }
+        }
+    };
+    const int c_first = ks * warp_size + lane;
+    if (p.early && c_first < n_ch) fetch(c_first);
+    griddep_launch(); // before the wait (see griddep_wait)
+    griddep_wait();
+    if (KS == 1 && !valid) return;
+    if (!p.early && c_first < n_ch) fetch(c_first);
+
+    float acc[R], acc_u[SWIGLU ? R : 1], ss = 0.0f; // ss: x's sum of squares
+#pragma unroll
+    for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < (SWIGLU ? R : 1); ++j) acc_u[j] = 0.0f;
+    const float * x = p.x + size_t(m) * p.ldx;
+    for (int c0 = c_first; c0 < n_ch; c0 += U * stride) {
+        if (c0 != c_first) fetch(c0);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u * stride >= n_ch) continue;
+            int e0, e1;
+            raw_chunk<T>::where(c0 + u * stride, e0, e1);
+            float4 a, b;
+            x_chunk(x, p.norm_w, e0, e1, a, b, ss);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                float v[8];
+                w_raw[u][j].decode(v);
+                acc[j] += dot8(v, a, b);
+                if constexpr (SWIGLU) {
+                    u_raw[u][j].decode(v);
+                    acc_u[j] += dot8(v, a, b);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        acc[j] = warp_sum(acc[j]);
+        if constexpr (SWIGLU) acc_u[j] = warp_sum(acc_u[j]);
+    }
+    double ssd = p.norm_w ? warp_sum_f64(double(ss)) : 0.0;
+    if constexpr (KS > 1) {
+        // The group's first warp adds the others' sums, always in one order.
+        __shared__ float part[mm_warps][SWIGLU ? 2 * R : R];
+        __shared__ double part_ss[mm_warps];
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                part[warp][j] = acc[j];
+                if constexpr (SWIGLU) part[warp][R + j] = acc_u[j];
+            }
+            part_ss[warp] = ssd;
+        }
+        __syncthreads();
+        if (ks != 0 || !valid) return;
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            for (int i = 1; i < KS; ++i) {
+                acc[j] += part[warp + i][j];
+                if constexpr (SWIGLU) acc_u[j] += part[warp + i][R + j];
+            }
+        }
+        for (int i = 1; i < KS; ++i) ssd += part_ss[warp + i];
+    }
+    // Lane j writes row r + j.
+    float val = acc[0], val_u = SWIGLU ? acc_u[0] : 0.0f;
+#pragma unroll
+    for (int j = 1; j < R; ++j) {
+        if (lane == j) {
+            val = acc[j];
+            if constexpr (SWIGLU) val_u = acc_u[j];
+        }
+    }
+    if (p.norm_w) {
+        const float s = rms_scale(ssd, p.K, p.eps);
+        val *= s;
+        val_u *= s;
+    }
+    if constexpr (SWIGLU) val = silu_mul(val, val_u);
+    if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
+    if (lane < R) y[size_t(m) * rows + r + lane] = val;
+    if constexpr (!SWIGLU && R % 2 == 0) {
+        // k and v into the token's cache cell, a pair of rows (lanes 2i
+        // and 2i + 1) by the even lane, as kv_store_kernel stores them.
+        const float other = SMOL_SHFL_XOR(val, 1);
+        const kv_store_params & kv = p.kv;
+        if (kv.K && which > 0 && lane < R && lane % 2 == 0)
+            store_kv_pair(kv, m, size_t(kv.cell[m]), r + lane, val, other, which == 1);
+    }
+}
+
+// The small-batch GEMM: KS warps per weight row (mm_warps / KS rows per
+// block); the lanes of the row's warps split K in chunks of 8, dequantize
+// each chunk once and use it for all MT tokens of this block's column of
+// the batch, then reduce across the warp and (KS > 1, split-K) across the
+// row's warps. A folded RMS norm: the block's warps take each token's
+// 1 / rms first (sums in the loop would cost registers the tile needs).
+template <int T, int MT, bool SWIGLU, int KS>
+__global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm_params p) {
+    static_assert(mm_warps % KS == 0, "the warps of a block split into whole rows");
+    constexpr int rows_per_block = mm_warps / KS;
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int ks = warp % KS;
+    const int m0 = blockIdx.y * MT;
+    int r = blockIdx.x * rows_per_block + warp / KS;
+    const uint8_t * w;
+    float * y;
+    int rows, which;
+    mm_select<SWIGLU>(p, r, w, y, rows, which);
+    const bool valid = r < rows;
+    const uint8_t * wr = w + size_t(r) * p.w_row_bytes;
+    const uint8_t * wu = SWIGLU ? p.w[1] + size_t(r) * p.w_row_bytes : nullptr;
+
+    __shared__ float inv_rms[MT];
+    if (p.norm_w) {
+        for (int m = warp; m < MT; m += mm_warps) {
+            double sq = 0.0;
+            if (m0 + m < p.M) {
+                const float * xr = p.x + size_t(m0 + m) * p.ldx;
+                for (int k = lane; k < p.K; k += warp_size) sq += double(xr[k]) * double(xr[k]);
+            }
+            sq = warp_sum_f64(sq);
+            if (lane == 0) inv_rms[m] = rms_scale(sq, p.K, p.eps);
+        }
+        __syncthreads();
+    }
+    if (KS == 1 && !valid) return;
+
+    float acc[MT], acc_u[SWIGLU ? MT : 1];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < (SWIGLU ? MT : 1); ++m) acc_u[m] = 0.0f;
+    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
+    for (int ch = ks * warp_size + lane; ch < n_ch; ch += stride) {
+        float v[8], vu[8];
+        int e0, e1;
+        load_chunk<T>(wr, ch, v, e0, e1);
+        if constexpr (SWIGLU) load_chunk<T>(wu, ch, vu, e0, e1);
+        float4 na = make_float4(1, 1, 1, 1), nb = na;
+        if (p.norm_w) {
+            na = *reinterpret_cast<const float4 *>(p.norm_w + e0);
+            nb = *reinterpret_cast<const float4 *>(p.norm_w + e1);
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (m0 + m < p.M) {
+                const float * xr = p.x + size_t(m0 + m) * p.ldx;
+                float4 a = *reinterpret_cast<const float4 *>(xr + e0);
+                float4 b = *reinterpret_cast<const float4 *>(xr + e1);
+                if (p.norm_w) {
+                    const float sc = inv_rms[m];
+                    a = make_float4((a.x * sc) * na.x, (a.y * sc) * na.y, (a.z * sc) * na.z,
+                                    (a.w * sc) * na.w);
+                    b = make_float4((b.x * sc) * nb.x, (b.y * sc) * nb.y, (b.z * sc) * nb.z,
+                                    (b.w * sc) * nb.w);
+                }
+                acc[m] += dot8(v, a, b);
+                if constexpr (SWIGLU) acc_u[m] += dot8(vu, a, b);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        acc[m] = warp_sum(acc[m]);
+        if constexpr (SWIGLU) acc_u[m] = warp_sum(acc_u[m]);
+    }
+    if constexpr (KS > 1) {
+        // The row's first warp adds the others' sums, always in one order.
+        __shared__ float part[mm_warps][SWIGLU ? 2 * MT : MT];
+        if (lane == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                part[warp][m] = acc[m];
+                if constexpr (SWIGLU) part[warp][MT + m] = acc_u[m];
+            }
+        }
+        __syncthreads();
+        if (ks != 0 || !valid) return;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            for (int j = 1; j < KS; ++j) {
+                acc[m] += part[warp + j][m];
+                if constexpr (SWIGLU) acc_u[m] += part[warp + j][MT + m];
+            }
+        }
+    }
+    if (lane == 0) {
+        const size_t ldy = size_t(rows);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if (m0 + m < p.M) {
+                float val = acc[m];
+                if constexpr (SWIGLU) val = silu_mul(val, acc_u[m]);
+                if (p.res) val = p.res[size_t(m0 + m) * p.ldr + r] + val;
+                y[size_t(m0 + m) * ldy + r] = val;
+            }
+        }
+    }
+}
+
+// Any K and alignment: one warp per (row, token), element by element. Only
+// float weights whose K is not a multiple of 8 come here.
+__global__ void mm_scalar_kernel(int type, const uint8_t * w, size_t w_row_bytes, int K, int N,
+                                 const float * x, size_t ldx, float * y, int M) {
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    const int r = blockIdx.x * mm_warps + warp, m = blockIdx.y;
+    if (r >= N || m >= M) return;
+    const uint8_t * wr = w + size_t(r) * w_row_bytes;
+    const float * xr = x + size_t(m) * ldx;
+    float acc = 0.0f;
+    for (int k = lane; k < K; k += warp_size) acc += row_elem(type, wr, k) * xr[k];
+    acc = warp_sum(acc);
+    if (lane == 0) y[size_t(m) * N + r] = acc;
+}
+
+// Whether a GEMV over K columns, KS warps a row group, gives each lane
+// exactly two chunks of a row. Over float weights, one or two rows a warp,
+// it then reads both at once: one trip to memory where there were two,
+// before the wait too. On the H200 a chain of the 135M step's GEMVs alone
+// (scripts/gemv-grid-lab.cu) went from 300 to 277 us (its gate, up and
+// down pair); the 1.7B's, whose lanes have four chunks or more, stayed as
+// they were, and reading all of a lane's chunks at once made them 13%
+// slower. Whole steps: 360M tg128 1.03-1.04x, 135M and 1.7B level
+// (BENCHMARKS.md).
+inline bool gemv_pair(int K, int KS) {
+    return (K / 8 + KS * warp_size - 1) / (KS * warp_size) == 2;
+}
+
+// Calls f(std::integral_constant<int, N>) for N = 1, 2 or 4 (n above 4
+// as 4): a split of K over warps, a GEMV's rows a warp.
+template <typename F> void with_1_2_4(int n, F && f) {
+    if (n >= 4) {
+        f(std::integral_constant<int, 4>{});
+    } else if (n == 2) {
+        f(std::integral_constant<int, 2>{});
+    } else {
+        f(std::integral_constant<int, 1>{});
+    }
+}
+
+// Launches the GEMV (c.mt = 1) or mm_small_kernel for weight type T with
+// the rows a warp, token tile and split of a choice. Every weight's row
+// count is a multiple of the GEMV's c.r (run_mm sees to it).
+template <int T, bool SWIGLU>
+void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, cudaStream_t stream,
+                     bool pdl) {
+    const int threads = mm_warps * warp_size;
+    if (c.mt <= 1) {
+        with_1_2_4(c.r, [&](auto r) {
+            with_1_2_4(c.ks, [&](auto ks) {
+                constexpr int R = decltype(r)::value, KS = decltype(ks)::value;
+                constexpr int rows_per_block = R * (mm_warps / KS);
+                const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
+                                unsigned(p.M));
+                if constexpr (float_weights(T) && R <= 2) {
+                    if (gemv_pair(p.K, KS)) {
+                        launch_kernel(gemv_kernel<T, SWIGLU, KS, R, true>, grid, dim3(threads),
+                                      stream, pdl, p);
+                        return;
+                    }
+                }
+                launch_kernel(gemv_kernel<T, SWIGLU, KS, R>, grid, dim3(threads), stream, pdl, p);
+            });
+        });
+        return;
+    }
+    auto split = [&](auto mt) {
+        with_1_2_4(c.ks, [&](auto ks) {
+            constexpr int MT = decltype(mt)::value, KS = decltype(ks)::value;
+            constexpr int rows_per_block = mm_warps / KS;
+            const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
+                            unsigned((p.M + MT - 1) / MT));
+            // Batch tiles launched early measured slower (the 1.7B q8_0 at
+            // 32 sequences: 883 against 1,067 tokens/s): only the GEMV is.
+            launch_kernel(mm_small_kernel<T, MT, SWIGLU, KS>, grid, dim3(threads), stream, false,
+                          p);
+        });
+    };
+    if (c.mt <= 2) {
+        split(std::integral_constant<int, 2>{});
+    } else if (c.mt <= 4) {
+        split(std::integral_constant<int, 4>{});
+    } else if (c.mt <= 8) {
+        split(std::integral_constant<int, 8>{});
+    } else if (c.mt <= 16) {
+        split(std::integral_constant<int, 16>{});
+    } else {
+        split(std::integral_constant<int, 32>{});
+    }
+}
+
+} // namespace
+
+template <bool SWIGLU>
+void launch_mm_type(int type, const mm_params & p, int rows, const mm_choice & c, cudaStream_t st,
+                    bool pdl) {
+    with_weight_type(
+        type, [&](auto t) { launch_mm_small<decltype(t)::value, SWIGLU>(p, rows, c, st, pdl); });
+}
+
+template void launch_mm_type<false>(int type, const mm_params & p, int rows, const mm_choice & c,
+                                    cudaStream_t st, bool pdl);
+template void launch_mm_type<true>(int type, const mm_params & p, int rows, const mm_choice & c,
+                                   cudaStream_t st, bool pdl);
+
+#if !defined(SMOL_HIP)
+// Only kernels compiled with the waits (sm_90 and up) may launch early: code
+// JIT-compiled from older PTX has none (see griddep_wait).
+int gemv_ptx_version() {
+    cudaFuncAttributes fa{};
+    SMOL_GPU_CHECK(cudaFuncGetAttributes(&fa, gemv_kernel<SMOL_TYPE_F16, false, 1, 1>));
+    return fa.ptxVersion;
+}
+#endif
+
+void cuda_backend::run_mm(const step & s, const batch_info & b) {
+    const tensor * m0 = s.mm[0];
+    const tensor * w = m0->src[0];
+    const tensor * x = s.norm ? s.norm->src[0] : m0->src[1];
+    const int K = int(w->ne[0]), M = int(m0->src[1]->ne[1]);
+    if (!small_mm(m0)) {
+        const mm_key key = key_of(m0);
+#if defined(SMOL_HAVE_BLAS)
+        if (blas_fits(m0)) {
+            run_blas(s, x, K, M);
+            return;
+        }
+#endif
+        // Odd shapes: the scalar kernel, one launch per matmul.
+        note_used(key, mm_choice{false, 0, 0, -1});
+        for (int i = 0; i < s.n_mm; ++i) {
+            const tensor * mi = s.mm[i];
+            const tensor * wi = mi->src[0];
+            const dim3 grid(unsigned((wi->ne[1] + mm_warps - 1) / mm_warps), unsigned(M));
+            mm_scalar_kernel<<<grid, mm_warps * warp_size, 0, stream_>>>(
+                int(wi->type), data_of<const uint8_t>(wi), wi->nb[1], K, int(wi->ne[1]),
+                data_of<const float>(mi->src[1]), mi->src[1]->nb[1] / 4, data_of<float>(mi), M);
+            check_launch("mm_scalar");
+        }
+        return;
+    }
+    mm_params p{};
+    p.n_w = s.kind == step_kind::mm_swiglu ? 2 : s.n_mm;
+    int total_rows = 0;
+    for (int i = 0; i < p.n_w; ++i) {
+        p.w[i] = data_of<const uint8_t>(s.mm[i]->src[0]);
+        p.rows[i] = int(s.mm[i]->src[0]->ne[1]);
+        p.y[i] = data_of<float>(s.mm[i]);
+        total_rows += p.rows[i];
+    }
+    if (s.kind == step_kind::mm_swiglu || s.res) p.y[0] = data_of<float>(s.t);
+    p.w_row_bytes = w->nb[1];
+    p.K = K;
+    p.M = M;
+    p.x = data_of<const float>(x);
+    p.ldx = x->nb[1] / 4;
+    p.res = s.res ? data_of<const float>(s.res) : nullptr;
+    p.ldr = s.res ? s.res->nb[1] / 4 : 0;
+    p.norm_w = s.norm ? data_of<const float>(s.norm->src[1]) : nullptr;
+    p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
+    // Weights are leaves of the graph, copied in before any step.
+    p.early = true;
+    for (int i = 0; i < p.n_w; ++i) p.early = p.early && s.mm[i]->src[0]->kind == OP_NONE;
+    // A GEMV's prefetch pays where its weights take a small part of L2:
+    // then the whole matrix is on its way while the kernel before ends
+    // (the 135M model's GEMVs, up to 3.5 MB). With the 1.7B model's (8 to
+    // 67 MB) its decode ran 611-632 tokens/s, 711-724 without, and its
+    // GEMVs alone took 1,315 against 1,101 us (BENCHMARKS.md): matrices
+    // that large push each other out of L2.
+    p.prefetch = p.early && gemv_prefetch(size_t(total_rows) * w->nb[1]);
+    // The launch's own key (all its rows), else the first matmul's, else
+    // the default tile: a fused launch cannot go to cuBLAS.
+    mm_key key{w->type, total_rows, K, mm_bucket(M)};
+    mm_choice c = choose(key);
+    if (c.blas) {
+        key = key_of(m0);
+        c = choose(key);
+        if (c.blas) c = default_small(key);
+    }
+    // The GEMV's rows a warp must divide every weight's rows.
+    for (int i = 0; i < p.n_w; ++i) {
+        if (p.rows[i] % c.r != 0) c.r = 1;
+    }
+    // With rows in pairs (k's rope pairs) and no copy program to order the
+    // cache's copies after kv_store, the GEMV stores k and v itself.
+    if (s.store && c.mt == 1 && c.r % 2 == 0 && !sched_.has_copies()) {
+        p.kv = kv_store_of(steps_[size_t(s.store->node_index)], *b.kv);
+        stored_ = s.store;
+        c.kv = true;
+    }
+    note_used(mm_key{w->type, total_rows, K, mm_bucket(M)}, c);
+    if (s.kind == step_kind::mm_swiglu) {
+        launch_mm_type<true>(int(w->type), p, p.rows[0], c, stream_, pdl_now_);
+    } else {
+        launch_mm_type<false>(int(w->type), p, total_rows, c, stream_, pdl_now_);
+    }
+    check_launch("mul_mat");
+}
+
+} // namespace smol::gpu

@@ -1,0 +1,374 @@
+// smol-cuda-ops.cu - the GPU backend's small ops: get_rows, the RMS norm
+// (with a residual add folded in), add, SwiGLU, rope (and the run's table of
+// rope angles) and the KV store into the cache's cells, their kernels and
+// launches, and the backend's launch of a step that is none of the fused
+// ones (cuda_backend::launch).
+
+#include "smol-cuda.cuh"
+
+namespace smol::gpu {
+
+namespace {
+
+float rope_theta_scale(float base, int hd) {
+    return std::pow(base, -2.0f / float(hd));
+}
+
+__global__ void rope_table_kernel(const rope_params r, float2 * table) {
+    for (int j = threadIdx.x; j < r.half; j += blockDim.x) {
+        float c, s;
+        rope_cs(r.pos[blockIdx.x], j, r.theta_scale, c, s);
+        table[size_t(blockIdx.x) * r.half + j] = make_float2(c, s);
+    }
+}
+
+// --- small ops ----------------------------------------------------------------
+
+__global__ void get_rows_kernel(int type, const uint8_t * table, size_t row_bytes,
+                                const int32_t * ids, float * dst, size_t ld_dst, int n) {
+    const size_t r = size_t(ids[blockIdx.x]);
+    const uint8_t * row = table + r * row_bytes;
+    float * d = dst + blockIdx.x * ld_dst;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = row_elem(type, row, e);
+}
+
+// A block a row; four elements at a time where the row's length and the
+// pointers' alignment allow. With b (rows ldb apart), the row normed is
+// x + b, which is also stored in h (the residual add before a norm, in one
+// pass); with b_lo, b's element e is b[e] + b[b_lo + e] (a cuBLAS step's
+// results over bf16_hl pairs, added here in place of blas_pair_sum_kernel).
+template <typename Out>
+__global__ void rms_norm_kernel(const float * x, const float * b, size_t ldb, size_t b_lo,
+                                float * h, size_t ldx, const float * w, Out * dst, size_t ld_dst,
+                                int n, float eps) {
+    __shared__ double red[32];
+    const size_t row = blockIdx.x * ldx;
+    const float * xr = x + row;
+    const float * br = b ? b + blockIdx.x * ldb : nullptr;
+    Out * d = dst + blockIdx.x * ld_dst;
+    const uintptr_t at =
+        reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(w) |
+        (b ? reinterpret_cast<uintptr_t>(br) | reinterpret_cast<uintptr_t>(h + row) |
+                 reinterpret_cast<uintptr_t>(br + b_lo)
+           : 0);
+    const bool vec =
+        n % 4 == 0 && at % 16 == 0 && reinterpret_cast<uintptr_t>(d) % (4 * sizeof(Out)) == 0;
+    double ss = 0.0;
+    if (vec) {
+        for (int e = 4 * threadIdx.x; e < n; e += 4 * blockDim.x) {
+            float4 v = *reinterpret_cast<const float4 *>(xr + e);
+            if (b) {
+                float4 u = *reinterpret_cast<const float4 *>(br + e);
+                if (b_lo) u = add4(u, *reinterpret_cast<const float4 *>(br + b_lo + e));
+                v = add4(v, u);
+                *reinterpret_cast<float4 *>(h + row + e) = v;
+            }
+            ss += double(v.x) * double(v.x);
+            ss += double(v.y) * double(v.y);
+            ss += double(v.z) * double(v.z);
+            ss += double(v.w) * double(v.w);
+        }
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            float v = xr[e];
+            if (b) h[row + e] = v = v + (b_lo ? br[e] + br[b_lo + e] : br[e]);
+            ss += double(v) * double(v);
+        }
+    }
+    ss = warp_sum_f64(ss);
+    if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = ss;
+    __syncthreads();
+    double sum = 0.0;
+    for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
+    const float scale = rms_scale(sum, n, eps);
+    // Each thread reads back the sums it stored itself.
+    const float * y = b ? h + row : xr;
+    if (vec) {
+        for (int e = 4 * threadIdx.x; e < n; e += 4 * blockDim.x) {
+            const float4 v = *reinterpret_cast<const float4 *>(y + e);
+            const float4 g = *reinterpret_cast<const float4 *>(w + e);
+            store4_at(d, e, n, (v.x * scale) * g.x, (v.y * scale) * g.y, (v.z * scale) * g.z,
+                      (v.w * scale) * g.w);
+        }
+    } else {
+        for (int e = threadIdx.x; e < n; e += blockDim.x) store_at(d, e, n, (y[e] * scale) * w[e]);
+    }
+}
+
+__global__ void add_kernel(const float * a, const float * b, float * dst, size_t n) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        dst[i] = a[i] + b[i];
+    }
+}
+
+// silu(g) * u of M rows of K (g's and u's rows ld apart; with lo, each of
+// their elements is the sum of it and the one lo further: a cuBLAS step's
+// results over bf16_hl pairs, added here in place of blas_pair_sum_kernel),
+// four at a time where K and the pointers' alignment allow. Block row y
+// takes rows y, y + gridDim.y, ...
+template <typename Out>
+__global__ void swiglu_kernel(const float * g, const float * u, size_t ld, size_t lo, Out * dst,
+                              int K, int M) {
+    constexpr bool hl = std::is_same_v<Out, bf16_hl>;
+    const size_t ld_dst = hl ? 2 * size_t(K) : size_t(K);
+    const int e0 = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(u) |
+                         reinterpret_cast<uintptr_t>(dst);
+    const bool vec = K % 4 == 0 && ld % 4 == 0 && lo % 4 == 0 && at % 16 == 0;
+    for (int r = blockIdx.y; r < M; r += gridDim.y) {
+        const float * gr = g + size_t(r) * ld;
+        const float * ur = u + size_t(r) * ld;
+        Out * d = dst + size_t(r) * ld_dst;
+        if (vec) {
+            for (int e = 4 * e0; e < K; e += 4 * stride) {
+                float4 a = *reinterpret_cast<const float4 *>(gr + e);
+                float4 b = *reinterpret_cast<const float4 *>(ur + e);
+                if (lo) {
+                    a = add4(a, *reinterpret_cast<const float4 *>(gr + lo + e));
+                    b = add4(b, *reinterpret_cast<const float4 *>(ur + lo + e));
+                }
+                store4_at(d, e, K, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
+                          silu_mul(a.w, b.w));
+            }
+        } else {
+            for (int e = e0; e < K; e += stride) {
+                const float a = lo ? gr[e] + gr[lo + e] : gr[e];
+                const float b = lo ? ur[e] + ur[lo + e] : ur[e];
+                store_at(d, e, K, silu_mul(a, b));
+            }
+        }
+    }
+}
+dim3 swiglu_grid(int K, int M) {
+    return dim3(unsigned((K + 1023) / 1024), unsigned(std::min(M, 65535)));
+}
+
+// One block per token; pairs (2j, 2j+1) of every head.
+__global__ void rope_kernel(const float * x, size_t ldx, const rope_params r, float * dst,
+                            size_t ld_dst, int n_head, int hd) {
+    const int half = hd / 2;
+    const float * src = x + blockIdx.x * ldx;
+    float * d = dst + blockIdx.x * ld_dst;
+    for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
+        const int h = e / half, j = e % half;
+        float c, s;
+        rope_get(r, int(blockIdx.x), j, c, s);
+        float x0 = src[h * hd + 2 * j], x1 = src[h * hd + 2 * j + 1];
+        rope_pair(x0, x1, c, s);
+        d[h * hd + 2 * j] = x0;
+        d[h * hd + 2 * j + 1] = x1;
+    }
+}
+
+// A block a token, a thread a pair of elements of one of its kv heads, or
+// two pairs where the rows allow (all of them at once, up to 1024 threads):
+// converts k and v to f16 in the token's cache cell. Looping a block's 128
+// threads over the heads took 9 us for one token of 32 heads; a block a
+// (token, head) pair made a 4096-token prompt's launch 131,072 blocks of one
+// warp, and the 1.7B model's prefill about 3% slower.
+__global__ void kv_store_kernel(const kv_store_params p) {
+    griddep_wait();
+    griddep_launch();
+    const int i = blockIdx.x, half = p.hd / 2;
+    const size_t cell = size_t(p.cell[i]);
+    const float * k = p.k + i * p.ldk;
+    const float * v = p.v + i * p.ldv;
+    if (p.vec) {
+        const int quads = p.hd / 4;
+        for (int e = threadIdx.x; e < p.n_head_kv * quads; e += blockDim.x) {
+            const int h = e / quads, j = 2 * (e % quads), hr = p.h0 + h;
+            float4 kq = *reinterpret_cast<const float4 *>(k + hr * p.hd + 2 * j);
+            float4 vq = *reinterpret_cast<const float4 *>(v + hr * p.hd + 2 * j);
+            if (p.k_lo)
+                kq = add4(kq, *reinterpret_cast<const float4 *>(k + p.k_lo + hr * p.hd + 2 * j));
+            if (p.v_lo)
+                vq = add4(vq, *reinterpret_cast<const float4 *>(v + p.v_lo + hr * p.hd + 2 * j));
+            if (p.rope.pos) {
+                float c, s;
+                rope_get(p.rope, i, j, c, s);
+                rope_pair(kq.x, kq.y, c, s);
+                rope_get(p.rope, i, j + 1, c, s);
+                rope_pair(kq.z, kq.w, c, s);
+            }
+            const size_t at = h * p.head_stride + cell * p.hd + 2 * j;
+            store4(p.K + at, kq.x, kq.y, kq.z, kq.w);
+            store4(p.V + at, vq.x, vq.y, vq.z, vq.w);
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < p.n_head_kv * half; e += blockDim.x) {
+        const int r = (p.h0 + e / half) * p.hd + 2 * (e % half);
+        float k0 = k[r], k1 = k[r + 1], v0 = v[r], v1 = v[r + 1];
+        if (p.k_lo) k0 += k[p.k_lo + r], k1 += k[p.k_lo + r + 1];
+        if (p.v_lo) v0 += v[p.v_lo + r], v1 += v[p.v_lo + r + 1];
+        store_kv_pair(p, i, cell, r, k0, k1, true);
+        store_kv_pair(p, i, cell, r, v0, v1, false);
+    }
+}
+
+} // namespace
+
+void launch_rope_table(const rope_params & r, unsigned n_tok, float2 * table, cudaStream_t st) {
+    rope_table_kernel<<<n_tok, 64, 0, st>>>(r, table);
+}
+
+template <typename Out>
+void launch_rms_norm(unsigned rows, cudaStream_t st, const float * x, const float * b, size_t ldb,
+                     size_t b_lo, float * h, size_t ldx, const float * w, Out * dst, size_t ld_dst,
+                     int n, float eps) {
+    rms_norm_kernel<Out><<<rows, 256, 0, st>>>(x, b, ldb, b_lo, h, ldx, w, dst, ld_dst, n, eps);
+}
+
+template <typename Out>
+void launch_swiglu(cudaStream_t st, const float * g, const float * u, size_t ld, size_t lo,
+                   Out * dst, int K, int M) {
+    swiglu_kernel<Out><<<swiglu_grid(K, M), 256, 0, st>>>(g, u, ld, lo, dst, K, M);
+}
+
+#if defined(SMOL_HAVE_BLAS)
+template void launch_rms_norm<uint16_t>(unsigned, cudaStream_t, const float *, const float *,
+                                        size_t, size_t, float *, size_t, const float *, uint16_t *,
+                                        size_t, int, float);
+template void launch_rms_norm<bf16_hl>(unsigned, cudaStream_t, const float *, const float *, size_t,
+                                       size_t, float *, size_t, const float *, bf16_hl *, size_t,
+                                       int, float);
+template void launch_swiglu<uint16_t>(cudaStream_t, const float *, const float *, size_t, size_t,
+                                      uint16_t *, int, int);
+template void launch_swiglu<bf16_hl>(cudaStream_t, const float *, const float *, size_t, size_t,
+                                     bf16_hl *, int, int);
+#endif
+
+void cuda_backend::launch(const step & s, const batch_info & b) {
+    tensor * t = s.t;
+    switch (s.kind) {
+    case step_kind::mm:
+    case step_kind::mm_swiglu:
+        run_mm(s, b);
+        return;
+    case step_kind::kv_store:
+        run_kv_store(s, b);
+        return;
+    case step_kind::attention:
+        run_attention(s, b);
+        return;
+    case step_kind::plain:
+        break;
+    }
+    const tensor * a = t->src[0];
+    if (t->kind != OP_KV_STORE && t->kind != OP_COPY && t->nbytes() == 0) return; // no work
+    switch (t->kind) {
+    case OP_NONE:
+        return;
+    case OP_GET_ROWS: {
+        const int n = int(a->ne[0]);
+        get_rows_kernel<<<unsigned(t->ne[1]), 256, 0, stream_>>>(
+            int(a->type), data_of<const uint8_t>(a), a->nb[1], data_of<const int32_t>(t->src[1]),
+            data_of<float>(t), t->nb[1] / 4, n);
+        check_launch("get_rows");
+        return;
+    }
+    case OP_RMS_NORM:
+        rms_norm_kernel<float><<<unsigned(t->nrows()), 256, 0, stream_>>>(
+            data_of<const float>(a), nullptr, 0, 0, nullptr, a->nb[1] / 4,
+            data_of<const float>(t->src[1]), data_of<float>(t), t->nb[1] / 4, int(a->ne[0]),
+            t->fparams[0]);
+        check_launch("rms_norm");
+        return;
+    case OP_ADD: {
+        const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
+        add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
+            data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n);
+        check_launch("add");
+        return;
+    }
+    case OP_SWIGLU: {
+        const int K = int(t->ne[0]), M = int(t->nrows());
+        swiglu_kernel<float><<<swiglu_grid(K, M), 256, 0, stream_>>>(
+            data_of<const float>(a), data_of<const float>(t->src[1]), size_t(K), 0,
+            data_of<float>(t), K, M);
+        check_launch("swiglu");
+        return;
+    }
+    case OP_ROPE:
+        rope_kernel<<<unsigned(t->ne[1]), 128, 0, stream_>>>(
+            data_of<const float>(a), a->nb[1] / 4, rope_for(t), data_of<float>(t), t->nb[1] / 4,
+            t->iparams[0], t->iparams[1]);
+        check_launch("rope");
+        return;
+    case OP_KV_STORE:
+        run_kv_store(s, b);
+        return;
+    case OP_ATTENTION:
+        run_attention(s, b);
+        return;
+    case OP_COPY:
+        copy_on(t, stream_);
+        return;
+    case OP_MUL_MAT:
+    case OP_COUNT:
+        break;
+    }
+    throw error(SMOL_ERR_UNSUPPORTED,
+                std::string(name_) + ": no kernel for op " + op_names[t->kind]);
+}
+
+// The parameters of the KV_STORE step s (with the rope make_steps folded
+// into it, if any).
+kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) const {
+    const tensor & t = *s.t;
+    const tensor * k = unrotated(s);
+    const tensor * v = t.src[1];
+    kv_store_params p;
+    const source ks = source_of(k), vs = source_of(v);
+    p.k = ks.p;
+    p.v = vs.p;
+    p.ldk = ks.ld;
+    p.ldv = vs.ld;
+    p.k_lo = ks.lo;
+    p.v_lo = vs.lo;
+    const kv_view view = node_kv_view(&t, kv);
+    p.K = view.k;
+    p.V = view.v;
+    p.head_stride = view.head_stride;
+    p.hd = kv.head_dim;
+    p.h0 = view.h0;
+    p.n_head_kv = view.h1 - view.h0;
+    p.cell = d_cell_;
+    p.rope = s.rope ? rope_for(s.rope) : rope_params{};
+    const auto at = [](const void * q) { return reinterpret_cast<uintptr_t>(q); };
+    p.vec = p.hd % 4 == 0 && p.ldk % 4 == 0 && p.ldv % 4 == 0 && p.k_lo % 4 == 0 &&
+            p.v_lo % 4 == 0 && p.head_stride % 4 == 0 && (at(p.k) | at(p.v)) % 16 == 0 &&
+            (at(p.K) | at(p.V)) % 8 == 0;
+    return p;
+}
+
+void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
+    if (stored_ == s.t) { // the GEMV of q, k and v did it
+        stored_ = nullptr;
+        return;
+    }
+    const kv_store_params p = kv_store_of(s, *b.kv);
+    const int n_tok = int(s.t->src[1]->ne[1]);
+    const int pairs = p.n_head_kv * (p.hd / 2) / (p.vec ? 2 : 1);
+    const unsigned threads =
+        unsigned(std::min(1024, (pairs + warp_size - 1) / warp_size * warp_size));
+    launch_kernel(kv_store_kernel, dim3(unsigned(n_tok)), dim3(threads), stream_, pdl_now_, p);
+    check_launch("kv_store");
+}
+
+// The angles of a ROPE node: from the run's table when the node's positions,
+// head size and base are the table's.
+rope_params cuda_backend::rope_for(const tensor * rope) const {
+    rope_params r;
+    r.pos = data_of<const int32_t>(rope->src[1]);
+    r.half = rope->iparams[1] / 2;
+    r.theta_scale = rope_theta_scale(rope->fparams[0], rope->iparams[1]);
+    if (rope_key_ && rope->src[1] == rope_key_->src[1] &&
+        rope->iparams[1] == rope_key_->iparams[1] && rope->fparams[0] == rope_key_->fparams[0]) {
+        r.table = static_cast<const float2 *>(rope_.p);
+    }
+    return r;
+}
+
+} // namespace smol::gpu
