@@ -14,6 +14,7 @@
 // and an output it must not write stays NaN.
 
 #include "smol-cpu-kernels.h"
+#include "test-seed.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,10 +54,6 @@ std::string type_name(smol_type t) {
 
 bool is_quantized(smol_type t) {
     return block_elems(t) == QK;
-}
-
-uint32_t fresh_seed() {
-    return std::random_device{}();
 }
 
 uint32_t bits_of(float f) {
@@ -351,8 +348,7 @@ TEST_CASE("row and activation sizes follow the GGUF block layouts") {
 }
 
 TEST_CASE("activations for f16 weights are the inputs rounded to f16, as f32") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const int64_t K = 600; // more than one of the conversion's chunks, and a tail
     const std::vector<float> x = gaussian(rng, size_t(K));
@@ -392,8 +388,7 @@ TEST_CASE("bf16_to_fp32 is exact on all 65536 inputs") {
 }
 
 TEST_CASE("fp32_to_fp16 rounds to nearest even and keeps inf and nan") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     std::vector<float> in;
     // Every f16 value, the midpoints between neighbours (ties) and the
@@ -444,8 +439,7 @@ TEST_CASE("fp32_to_fp16 rounds to nearest even and keeps inf and nan") {
 }
 
 TEST_CASE("fp32_to_bf16 rounds to nearest even and keeps inf and nan") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     std::vector<float> in;
     for (uint32_t h = 0; h < 0x7f80; h++) {
@@ -570,8 +564,7 @@ TEST_CASE("quantization follows ggml's reference rule on hand-made blocks") {
 }
 
 TEST_CASE("every variant quantizes weights identically") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const int64_t n = 4096;
     const std::vector<float> x = gaussian(rng, n, 0.1f, 2.0f);
@@ -591,8 +584,7 @@ TEST_CASE("every variant quantizes weights identically") {
 }
 
 TEST_CASE("row_from_f32 then row_to_f32 loses no more than each type's rounding") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const int64_t n = 8192;
     // Gaussian data, unit variance. Expected NMSE: f16 ~(2^-11)^2/3,
@@ -652,8 +644,7 @@ TEST_CASE("row_from_f32 then row_to_f32 loses no more than each type's rounding"
 }
 
 TEST_CASE("every variant converts activations to identical bytes") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const int64_t K = 1536;
     std::vector<float> x = gaussian(rng, K);
@@ -696,8 +687,7 @@ TEST_CASE("every variant converts activations to identical bytes") {
 }
 
 TEST_CASE("matmul matches a float64 reference for every variant, type and shape") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (smol_type t : all_types) {
         const std::string type = type_name(t);
@@ -726,8 +716,7 @@ TEST_CASE("matmul matches a float64 reference for every variant, type and shape"
 }
 
 TEST_CASE("matmul on float weights handles K that is not a multiple of 8") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16}) {
         const std::string type = type_name(t);
@@ -757,8 +746,7 @@ TEST_CASE("every variant's matmul agrees closely with generic") {
     // Same activations (checked bit-identical above) and same integer dot
     // products; only the order of f32 additions differs, so the outputs
     // differ by a few f32 roundings: an error far below 1e-10.
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (smol_type t : all_types) {
         const std::string type = type_name(t);
@@ -790,8 +778,7 @@ TEST_CASE("a token's matmul outputs are the same bits whatever the batch around 
     // blocks of packed rows) computes an output with the same operations in
     // the same order. The last shape crosses a token chunk and a block of
     // packed rows of the 512-bit float kernel.
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (smol_type t : all_types) {
         const std::string type = type_name(t);
@@ -825,8 +812,7 @@ TEST_CASE("a token's matmul outputs are the same bits whatever the batch around 
 }
 
 TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const kernels & k = kernels_best();
     for (smol_type t : all_types) {
@@ -854,8 +840,7 @@ TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
 }
 
 TEST_CASE("f32_to_f16 rounds every variant's rows as the scalar conversion does") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (const kernels * k : kernels_available()) {
         const std::string variant = k->name;
@@ -872,8 +857,7 @@ TEST_CASE("f32_to_f16 rounds every variant's rows as the scalar conversion does"
 
 TEST_CASE(
     "attention over scattered cells matches float64, a query's result alone or among others") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (const kernels * k : kernels_available()) {
         const std::string variant = k->name;
@@ -963,8 +947,7 @@ TEST_CASE(
 }
 
 TEST_CASE("the f32 vector primitives match float64") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (const kernels * k : kernels_available()) {
         const std::string variant = k->name;
@@ -1003,8 +986,7 @@ TEST_CASE("the f32 vector primitives match float64") {
 }
 
 TEST_CASE("swiglu and softmax_exp are accurate to about 1e-6 relative") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (const kernels * k : kernels_available()) {
         const std::string variant = k->name;

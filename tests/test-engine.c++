@@ -7,6 +7,7 @@
 
 #include "smol-engine.h"
 #include "smol.h"
+#include "test-seed.h"
 #include "tiny-model.h"
 
 #include <algorithm>
@@ -229,10 +230,11 @@ TEST_CASE("more than 128 sequences are refused with a message") {
 // --- batch invariance -----------------------------------------------------------
 
 TEST_CASE("a sequence's logits are the same bits alone, batched, chunked and fragmented") {
+    SMOL_TEST_DRAW_SEED(case_seed);
+    uint32_t draws = 0; // the seeds of its runs, derived from case_seed
     for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0,
                         SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
-        const uint32_t seed = std::random_device{}();
-        CAPTURE(seed);
+        const uint32_t seed = test::derived_seed(case_seed, draws++);
         CAPTURE(std::string(smol_type_name(t)));
         tiny_file f(t, seed, "inv.gguf");
         std::mt19937 rng(seed);
@@ -379,8 +381,7 @@ void check_same(const result & a, const result & b) {
 } // namespace
 
 TEST_CASE("concurrent requests give exactly the tokens and logits each gives alone") {
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     tiny_file f(SMOL_TYPE_Q4_1, seed, "batch.gguf");
     std::mt19937 rng(seed);
     std::vector<std::vector<int>> prompts;
@@ -412,8 +413,7 @@ TEST_CASE("concurrent requests give exactly the tokens and logits each gives alo
 
 TEST_CASE("with every KV head offloaded on the simulated device, the engine gives the CPU's "
           "tokens and logits") {
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     tiny_file f(SMOL_TYPE_Q8_0, seed, "offload.gguf");
     std::mt19937 rng(seed);
     // A shared system prompt (two prefix blocks) and distinct questions, so
@@ -496,8 +496,7 @@ TEST_CASE("a request the prefix cache leaves one token to compute decodes beside
     // younger request: the batch must follow the slices, not the requests'
     // order, or its logits are another token's (none: a token -1 failed the
     // next step for every request in it).
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     tiny_file f(SMOL_TYPE_Q8_0, seed, "hit-order.gguf");
     std::mt19937 rng(seed);
     const std::vector<int> shared = random_ids(rng, 17, 0, f.n_vocab); // two blocks of 8, and one
@@ -527,8 +526,7 @@ TEST_CASE("a request the prefix cache leaves one token to compute decodes beside
 }
 
 TEST_CASE("when cells run out, requests are preempted, recomputed and give the same tokens") {
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     tiny_file f(SMOL_TYPE_Q8_0, seed, "preempt.gguf");
     std::mt19937 rng(seed);
     std::vector<std::vector<int>> prompts;

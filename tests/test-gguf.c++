@@ -5,6 +5,7 @@
 // package's reading of the same files (the gguf-python-* ctest tests).
 
 #include "gguf-io/gguf.h"
+#include "test-seed.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,20 +29,14 @@ namespace {
 
 // --- test scaffolding ----------------------------------------------------------
 
-// Fresh randomness every run; SMOL_TEST_SEED replays a failing run.
-uint64_t test_seed() {
-    if (const char * s = std::getenv("SMOL_TEST_SEED")) return std::strtoull(s, nullptr, 0);
-    std::random_device rd;
-    return (uint64_t(rd()) << 32) ^ rd();
-}
-
-// A private directory for the files a test writes, removed afterwards.
+// A private directory for the files a test writes, removed afterwards: the
+// process id and a count name it apart from other runs' and its siblings.
 struct scratch_dir {
     fs::path dir;
     scratch_dir() {
-        std::random_device rd;
+        static int made = 0;
         dir = fs::temp_directory_path() /
-              ("smol-test-gguf-" + std::to_string(getpid()) + "-" + std::to_string(rd()));
+              ("smol-test-gguf-" + std::to_string(getpid()) + "-" + std::to_string(++made));
         fs::create_directories(dir);
     }
     ~scratch_dir() {
@@ -635,8 +630,7 @@ std::string sidecar(const std::vector<gguf::kv> & kvs, const std::vector<gguf::t
 // --- round trips ------------------------------------------------------------------------
 
 TEST_CASE("every metadata value type and tensor type reads back exactly as written") {
-    const uint64_t seed = test_seed();
-    INFO("seed ", seed, " (set SMOL_TEST_SEED to replay)");
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937_64 rng(seed);
     scratch_dir tmp;
 
@@ -963,8 +957,7 @@ TEST_CASE("a missing file fails with its path and the reason") {
 }
 
 TEST_CASE("a file truncated at any byte fails with an error, never a crash") {
-    const uint64_t seed = test_seed();
-    INFO("seed ", seed, " (set SMOL_TEST_SEED to replay)");
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937_64 rng(seed);
     scratch_dir tmp;
 
@@ -1000,8 +993,7 @@ TEST_CASE("a file truncated at any byte fails with an error, never a crash") {
 }
 
 TEST_CASE("a file with random bytes changed either opens or fails with gguf::error") {
-    const uint64_t seed = test_seed();
-    INFO("seed ", seed, " (set SMOL_TEST_SEED to replay)");
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937_64 rng(seed);
     scratch_dir tmp;
 
@@ -1076,8 +1068,7 @@ TEST_CASE("the real SmolLM2-135M file reads with its known metadata and tensors"
 // --- sidecars for scripts/check-gguf.py ------------------------------------------------------
 
 TEST_CASE("a file with every value and tensor type is written for the python gguf reader") {
-    const uint64_t seed = test_seed();
-    INFO("seed ", seed, " (set SMOL_TEST_SEED to replay)");
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937_64 rng(seed);
 
     std::vector<gguf::kv> kvs = random_metadata(rng);

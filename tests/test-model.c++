@@ -5,6 +5,7 @@
 
 #include "decode-all.h"
 #include "smol.h"
+#include "test-seed.h"
 #include "tiny-model.h"
 
 #include <algorithm>
@@ -71,15 +72,10 @@ double rel_err(const std::vector<float> & a, const std::vector<double> & b) {
     return num / den;
 }
 
-uint32_t fresh_seed() {
-    return std::random_device{}();
-}
-
 } // namespace
 
 TEST_CASE("logits of a random f32 llama match a float64 reference") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("f32.gguf");
     tiny::shape s;
     const tiny::model ref = tiny::write(path, s, seed);
@@ -99,10 +95,11 @@ TEST_CASE("logits of a random f32 llama match a float64 reference") {
 }
 
 TEST_CASE("logits of random quantized llamas match a float64 reference of their weights") {
+    SMOL_TEST_DRAW_SEED(case_seed);
+    uint32_t draws = 0; // the seeds of its runs, derived from case_seed
     for (smol_type t :
          {SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
-        const uint32_t seed = fresh_seed();
-        CAPTURE(seed);
+        const uint32_t seed = test::derived_seed(case_seed, draws++);
         CAPTURE(std::string(smol_type_name(t)));
         const std::string path = temp_path("q.gguf");
         tiny::shape s;
@@ -127,8 +124,7 @@ TEST_CASE("logits of random quantized llamas match a float64 reference of their 
 }
 
 TEST_CASE("a prompt decoded in one batch or token by token gives the same logits") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("chunks.gguf");
     tiny::shape s;
     tiny::write(path, s, seed);
@@ -153,12 +149,13 @@ TEST_CASE("a prompt decoded in one batch or token by token gives the same logits
 
 TEST_CASE("a prompt over several of the matmuls' token chunks gives the logits of one token "
           "at a time") {
+    SMOL_TEST_DRAW_SEED(case_seed);
+    uint32_t draws = 0; // the seeds of its runs, derived from case_seed
     // At SmolLM2's width a float matmul hands its threads chunks of about 54
     // tokens (activations in L2): a 150-token prompt spans three, in one
     // batch and in batches that cut them elsewhere.
     for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_F32}) {
-        const uint32_t seed = fresh_seed();
-        CAPTURE(seed);
+        const uint32_t seed = test::derived_seed(case_seed, draws++);
         CAPTURE(std::string(smol_type_name(t)));
         const std::string path = temp_path("wide.gguf");
         tiny::shape s;
@@ -186,8 +183,7 @@ TEST_CASE("a prompt over several of the matmuls' token chunks gives the logits o
 }
 
 TEST_CASE("sequences batched together give the logits each gives alone") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("seqs.gguf");
     tiny::shape s;
     s.wtype = SMOL_TYPE_Q8_0;
@@ -235,8 +231,7 @@ TEST_CASE("sequences batched together give the logits each gives alone") {
 }
 
 TEST_CASE("sequences 64 to 127 share a prompt's cells and decode as sequence 0 does") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("seqs128.gguf");
     tiny::shape s;
     s.wtype = SMOL_TYPE_F16;
@@ -281,8 +276,7 @@ TEST_CASE("sequences 64 to 127 share a prompt's cells and decode as sequence 0 d
 }
 
 TEST_CASE("removing the tail of a sequence and decoding it again reproduces the logits") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("rm.gguf");
     tiny::shape s;
     tiny::write(path, s, seed);
@@ -308,8 +302,7 @@ TEST_CASE("removing the tail of a sequence and decoding it again reproduces the 
 }
 
 TEST_CASE("a batch refused part way leaves each sequence's positions as they were") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("refused.gguf");
     tiny::shape s;
     tiny::write(path, s, seed);
@@ -340,7 +333,8 @@ TEST_CASE("a batch refused part way leaves each sequence's positions as they wer
 TEST_CASE("bad input to decode is refused with a clear message and the cache is untouched") {
     const std::string path = temp_path("bad.gguf");
     tiny::shape s;
-    tiny::write(path, s, fresh_seed());
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::write(path, s, seed);
     model_ptr m = load(path);
     context_ptr c = make_context(m.get(), 16, 8);
     smol_batch b = smol_batch_init(32);

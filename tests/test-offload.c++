@@ -10,6 +10,7 @@
 #include "smol-llama.h"
 #include "smol-plan.h"
 #include "smol.h"
+#include "test-seed.h"
 #include "tiny-model.h"
 
 #include <algorithm>
@@ -39,10 +40,6 @@ std::string temp_path(const std::string & name) {
     return (std::filesystem::temp_directory_path() /
             ("smol-offload-" + std::to_string(::getpid()) + "-" + name))
         .string();
-}
-
-uint32_t fresh_seed() {
-    return std::random_device{}();
 }
 
 model_ptr load(const std::string & path) {
@@ -216,8 +213,7 @@ void check_placements_agree(const std::string & path, uint32_t n_ctx, uint32_t n
 } // namespace
 
 TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or mixed") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("place.gguf");
     const tiny::shape s = placed_shape();
     tiny::write(path, s, seed);
@@ -234,8 +230,7 @@ TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or 
 // The simulated device, like the GPU, runs such a graph again as it was;
 // across the boundary the graph must be built anew.
 TEST_CASE("one-token steps across a 256-cell granule give the logits of a resident cache") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("granule.gguf");
     const tiny::shape s = placed_shape();
     tiny::write(path, s, seed);
@@ -266,8 +261,7 @@ TEST_CASE("one-token steps across a 256-cell granule give the logits of a reside
 }
 
 TEST_CASE("sequences decoded together take cache pages of their own; one alone stays dense") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     using smol::kv_page;
     // Tokens of k sequences in a random order, each sequence taking m pages'
@@ -325,8 +319,7 @@ TEST_CASE("the cache says whether n cells are free as counting them would") {
     // those are too few: sequences fill a cache, some are dropped (holes
     // below n_used, n_used shrinking when the last cells go), and after each
     // change every n agrees with the count.
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     smol::kv_cache kv;
     const int32_t n_cells = 3 * smol::kv_page + 17;
@@ -400,8 +393,7 @@ TEST_CASE("every change to the cache moves its version, and no two caches share 
 }
 
 TEST_CASE("the simulated device's measured memory stays within the budget and near the plan") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("budget.gguf");
     tiny::shape s;
     s.n_embd = 128;
@@ -439,8 +431,7 @@ TEST_CASE("the simulated device's measured memory stays within the budget and ne
 }
 
 TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller had split it") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("chunk.gguf");
     tiny::shape s;
     s.n_embd = 128;
@@ -473,8 +464,7 @@ TEST_CASE("a batch longer than the plan's chunk runs in chunks, as if the caller
 }
 
 TEST_CASE("a batch asking for more logits than a chunk keeps runs in more chunks, every row kept") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("outputs.gguf");
     tiny::shape s;
     s.n_vocab = 8192; // a chunk's logits would outweigh the rest of its compute
@@ -511,7 +501,8 @@ TEST_CASE("a batch asking for more logits than a chunk keeps runs in more chunks
 TEST_CASE("a budget too small for the smallest plan fails at context creation with the numbers") {
     const std::string path = temp_path("small.gguf");
     tiny::shape s;
-    tiny::write(path, s, fresh_seed());
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::write(path, s, seed);
     model_ptr m = load(path);
     smol_context * c = nullptr;
     smol_context_params p = sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_AUTO, 0, 4096});
@@ -751,8 +742,7 @@ void check_schedule(const smol::graph & g, const smol::schedule & s, const smol:
 
 TEST_CASE("the schedule waits for each prefetch, issues it a group early and never overwrites a "
           "slot in use") {
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("sched.gguf");
     tiny::shape sh;
     sh.n_embd = 128;
@@ -809,8 +799,7 @@ TEST_CASE("the schedule waits for each prefetch, issues it a group early and nev
 TEST_CASE("SmolLM2-135M gives bit-identical logits with its KV resident, offloaded or mixed") {
     INFO("the real model is missing: run scripts/fetch-model.sh (looked for " << SMOL_MODEL << ")");
     REQUIRE(std::filesystem::exists(SMOL_MODEL));
-    const uint32_t seed = fresh_seed();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const int n_vocab = 49152;
     const std::vector<std::vector<int>> prompts = {random_ids(rng, 40, n_vocab),

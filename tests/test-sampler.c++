@@ -3,6 +3,7 @@
 // draw frequencies follow the softmax at the given temperature.
 
 #include "smol.h"
+#include "test-seed.h"
 
 #include <algorithm>
 #include <cmath>
@@ -45,8 +46,7 @@ std::vector<float> random_logits(std::mt19937 & rng, int n) {
 } // namespace
 
 TEST_CASE("greedy sampling picks the largest logit") {
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     auto s = make(plain(0.0f));
     for (int trial = 0; trial < 20; ++trial) {
@@ -57,8 +57,7 @@ TEST_CASE("greedy sampling picks the largest logit") {
 }
 
 TEST_CASE("the same seed gives the same tokens and another seed other tokens") {
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const auto l = random_logits(rng, 500);
     auto run = [&](uint64_t sd) {
@@ -78,7 +77,8 @@ TEST_CASE("the same seed gives the same tokens and another seed other tokens") {
 }
 
 TEST_CASE("reset restarts the generator from the seed") {
-    std::mt19937 rng(std::random_device{}());
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
     const auto l = random_logits(rng, 100);
     auto s = make(plain(1.0f));
     std::vector<smol_token> a, b;
@@ -89,7 +89,8 @@ TEST_CASE("reset restarts the generator from the seed") {
 }
 
 TEST_CASE("top-k keeps only the k largest logits") {
-    std::mt19937 rng(std::random_device{}());
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
     const auto l = random_logits(rng, 300);
     smol_sampler_params p = plain(5.0f); // hot, so all k are drawn
     p.top_k = 3;
@@ -122,8 +123,7 @@ TEST_CASE("min-p drops tokens below min_p times the top probability") {
 }
 
 TEST_CASE("draws follow the softmax of the logits divided by the temperature") {
-    const uint32_t seed = std::random_device{}();
-    CAPTURE(seed);
+    SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     const int n = 8, draws = 40000;
     const auto l = random_logits(rng, n);
