@@ -35,7 +35,6 @@
 #include <vector>
 
 using test::decode_all;
-using test::fresh_seed;
 using test::random_ids;
 
 namespace {
