@@ -1,14 +1,19 @@
-// smol-kv-cache.c++ - the KV cache's cells (declared in smol-kv-cache.h):
-// which sequences hold each cell at which position, freeing and sharing
-// them, and the search for the cell of a sequence's next token.
+// smol-kv-cache.c++ - the KV cache (declared in smol-kv-cache.h): its cells
+// (which sequences hold each cell at which position, freeing and sharing
+// them, the search for the cell of a sequence's next token) and the
+// placement of its head groups (their storage by the plan, the staging
+// slots, the PREFETCH and OFFLOAD copy nodes of a step's graph).
 
 #include "smol-kv-cache.h"
 
+#include "smol-backend.h"
 #include "smol-error.h"
 #include "smol-graph.h"
+#include "smol-plan.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace smol {
 
@@ -117,6 +122,180 @@ void kv_cache::cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
         if (!cell_seqs[c]) cell_pos[c] = -1;
     }
     shrink_used();
+}
+
+// --- placement: storage --------------------------------------------------------
+
+kv_placement::~kv_placement() {
+    for (void * p : owned_) be_->release(p);
+    for (void * p : owned_host_) be_->release_host(p);
+}
+
+// Resident groups in one device block, the two staging slots in another,
+// offloaded groups in host arenas of up to host_arena_bytes, each group one
+// contiguous [K][V] block.
+void kv_placement::alloc(backend & be) {
+    constexpr uint64_t host_arena_bytes = 4ull << 30;
+    be_ = &be;
+    const uint64_t gb = plan_.group_bytes();
+    const int32_t n_groups = plan_.n_layer * plan_.n_group;
+    group_base_.assign(size_t(n_groups), nullptr);
+    if (const int32_t n_res = plan_.n_resident_groups(); n_res > 0) {
+        uint8_t * base = static_cast<uint8_t *>(be.alloc(gb * uint64_t(n_res)));
+        owned_.push_back(base);
+        be.memset(base, 0, gb * uint64_t(n_res));
+        int32_t k = 0;
+        for (int32_t i = 0; i < n_groups; ++i) {
+            if (plan_.resident[size_t(i)])
+                group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(base + gb * uint64_t(k++));
+        }
+    }
+    if (plan_.n_slots > 0) {
+        uint8_t * base = static_cast<uint8_t *>(be.alloc(2 * gb));
+        owned_.push_back(base);
+        be.memset(base, 0, 2 * gb);
+        slots_[0] = reinterpret_cast<uint16_t *>(base);
+        slots_[1] = reinterpret_cast<uint16_t *>(base + gb);
+    }
+    const uint64_t per_arena = std::max<uint64_t>(1, host_arena_bytes / gb);
+    int32_t left = plan_.n_offloaded_groups();
+    uint8_t * arena = nullptr;
+    uint64_t arena_left = 0;
+    for (int32_t i = 0; i < n_groups; ++i) {
+        if (plan_.resident[size_t(i)]) continue;
+        if (arena_left == 0) {
+            const uint64_t n = std::min<uint64_t>(per_arena, uint64_t(left));
+            bool pinned = false;
+            arena = static_cast<uint8_t *>(be.alloc_host(n * gb, pinned, "the KV cache"));
+            owned_host_.push_back(arena);
+            (pinned ? host_pinned_ : host_pageable_) += n * gb;
+            // Cells no step has written still meet the attention (times a
+            // zero weight): they must hold numbers.
+            std::memset(arena, 0, n * gb);
+            arena_left = n;
+        }
+        group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(arena);
+        arena += gb;
+        --arena_left;
+        --left;
+    }
+}
+
+uint16_t * kv_placement::base_of(int32_t layer, int32_t group) const {
+    return group_base_[size_t(layer) * size_t(plan_.n_group) + size_t(group)];
+}
+
+kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) const {
+    kv_view v;
+    if (group_base_.empty()) { // while planning: the graph's shape only
+        v.h0 = group * plan_.G;
+        v.h1 = v.h0 + plan_.G;
+        return v;
+    }
+    uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
+    v.head_stride = size_t(kv_.n_cells) * size_t(kv_.head_dim);
+    v.k = base;
+    v.v = base + size_t(plan_.G) * v.head_stride;
+    v.h0 = group * plan_.G;
+    v.h1 = v.h0 + plan_.G;
+    v.slot = slot;
+    return v;
+}
+
+// --- placement: a step's copies ------------------------------------------------
+
+kv_copies kv_placement::copies_of(const int32_t * cells, int32_t n) const {
+    kv_copies s;
+    constexpr int32_t granule = 256; // cells: copy sizes change every 256 tokens, not every one
+    s.n_copy = std::min(kv_.n_cells, (std::max(kv_.n_used, 1) + granule - 1) / granule * granule);
+    int32_t c0 = kv_.n_cells, c1 = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        c0 = std::min(c0, cells[i]);
+        c1 = std::max(c1, cells[i] + 1);
+    }
+    // The OFFLOAD takes whole granules too (the slot holds the host's bytes
+    // for every prefetched cell it did not write), so a decode step's graph
+    // repeats for up to a granule of tokens and replays as a CUDA graph.
+    if (c1 > c0) {
+        s.c0 = c0 / granule * granule;
+        s.c1 = std::min(s.n_copy, (c1 + granule - 1) / granule * granule);
+    }
+    return s;
+}
+
+void kv_placement::begin(graph & g, const kv_copies & copies) {
+    g_ = &g;
+    copies_ = copies;
+    prefetch_.assign(size_t(plan_.n_offloaded_groups()), nullptr);
+    offload_.assign(prefetch_.size(), nullptr);
+    attend_.assign(prefetch_.size(), nullptr);
+    n_met_ = 0;
+    next_prefetch_ = 0;
+    issued_at_ = -1;
+    prefetch_after(0, -1);
+}
+
+kv_placement::group_io kv_placement::group(int32_t layer, int32_t group) const {
+    if (plan_.is_resident(layer, group)) return {group_view(layer, group, -1), nullptr};
+    return {group_view(layer, group, n_met_ % 2), prefetch_[size_t(n_met_)]};
+}
+
+void kv_placement::after_store(int32_t layer, int32_t group) {
+    prefetch_after(layer, group);
+}
+
+void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, tensor * stored) {
+    if (plan_.is_resident(layer, group)) return;
+    const int32_t o = n_met_++;
+    attend_[size_t(o)] = att;
+    if (group_base_.empty() || copies_.c1 <= copies_.c0) return;
+    const size_t row = size_t(kv_.head_dim) * sizeof(uint16_t);
+    const size_t cells_from = size_t(copies_.c0) * size_t(kv_.head_dim);
+    copy_desc c;
+    c.width = size_t(copies_.c1 - copies_.c0) * row;
+    c.height = size_t(2 * plan_.G);
+    c.dpitch = c.spitch = size_t(kv_.n_cells) * row;
+    c.dir = copy_dir::d2h;
+    tensor * t = op_copy_2d(*g_, base_of(layer, group) + cells_from, placement::host_pinned,
+                            slots_[o % 2] + cells_from, be_->where(), c, stored, nullptr);
+    t->iparams[0] = layer;
+    t->iparams[1] = group;
+    t->iparams[2] = o % 2;
+    offload_[size_t(o)] = t;
+}
+
+// The PREFETCH of offloaded group o, (layer, group), into its slot.
+void kv_placement::issue_prefetch(int32_t o, int32_t layer, int32_t group) {
+    if (group_base_.empty()) return;
+    const size_t row = size_t(kv_.head_dim) * sizeof(uint16_t);
+    copy_desc c;
+    c.width = size_t(copies_.n_copy) * row;
+    c.height = size_t(2 * plan_.G);
+    c.dpitch = c.spitch = size_t(kv_.n_cells) * row;
+    c.dir = copy_dir::h2d;
+    // The slot's last user (group o - 2) must be done with it.
+    tensor * t = op_copy_2d(*g_, slots_[o % 2], be_->where(), base_of(layer, group),
+                            placement::host_pinned, c, o >= 2 ? attend_[size_t(o - 2)] : nullptr,
+                            o >= 2 ? offload_[size_t(o - 2)] : nullptr);
+    t->iparams[0] = layer;
+    t->iparams[1] = group;
+    t->iparams[2] = o % 2;
+    prefetch_[size_t(o)] = t;
+}
+
+// Issues the PREFETCH of the first offloaded group after (layer, group)
+// unless it is out already, or its slot still serves a group whose
+// attention and OFFLOAD are not in the graph yet.
+void kv_placement::prefetch_after(int32_t layer, int32_t group) {
+    if (next_prefetch_ >= int32_t(prefetch_.size()) || next_prefetch_ > n_met_ + 1) return;
+    const int32_t from = std::max(layer * plan_.n_group + group, issued_at_) + 1;
+    for (int32_t at = from; at < plan_.n_layer * plan_.n_group; ++at) {
+        const int32_t l = at / plan_.n_group, gr = at % plan_.n_group;
+        if (plan_.is_resident(l, gr)) continue;
+        issue_prefetch(next_prefetch_++, l, gr);
+        issued_at_ = at;
+        return;
+    }
 }
 
 } // namespace smol

@@ -1,11 +1,13 @@
-// smol-kv-cache.h - the KV cache's cells, as every backend sees them: the
+// smol-kv-cache.h - the KV cache. Its cells, as every backend sees them: the
 // sequence masks of cells (a cell may be shared by several sequences), the
 // pages a sequence's cells fill, the one rule of which cells a query sees,
 // struct kv_cache (the cells' positions and sequences, the K and V arrays its
 // owner allocates), and kv_view, the K and V heads one KV_STORE or
-// ATTENTION node works on. Per-head placement (resident and offloaded head
-// groups, staging slots, the copy nodes that move them) is still built by
-// smol-llama.c++.
+// ATTENTION node works on. And the per-head placement ("HeadInfer"),
+// kv_placement: the storage of each (layer, kv-head group) by the plan,
+// resident in device memory or offloaded to host memory and streamed
+// through two staging slots, and the PREFETCH and OFFLOAD copy nodes that
+// move offloaded groups through a step's graph.
 
 #ifndef SMOL_KV_CACHE_H
 #define SMOL_KV_CACHE_H
@@ -17,6 +19,11 @@
 #include <vector>
 
 namespace smol {
+
+class backend;
+class graph;
+struct kv_plan;
+struct tensor;
 
 // The K and V that a KV_STORE writes or an ATTENTION reads: kv heads
 // [h0, h1) of one layer, each head [cell][head_dim] f16, head_stride elements
@@ -172,6 +179,89 @@ struct kv_cache {
 
   private:
     void shrink_used();
+};
+
+// --- placement: where each head group lives, the copies that move it -----------
+
+// The cells a step's PREFETCH copies ([0, n_copy)) and its OFFLOAD copies
+// ([c0, c1)), in whole granules; with the token and output counts they
+// decide the step's graph.
+struct kv_copies {
+    int32_t n_copy = 0, c0 = 0, c1 = 0;
+    bool operator==(const kv_copies &) const = default;
+};
+
+// The KV storage of a plan (smol-plan.h) and the copies of a step. Each
+// (layer, group) is one block [K: G heads][V: G heads] x [cell][head_dim]
+// f16, so that its history is one copy: a resident group's in device
+// memory, where it is stored and attended; an offloaded group's in host
+// memory, attended over a staging slot that a PREFETCH filled (issued
+// before the attention of the group before it, so the copy overlaps that
+// compute), its new cells stored into the slot and OFFLOADed back to host.
+// Slots alternate between offloaded groups in order, across layers too.
+//
+// A graph builder calls begin() (the first PREFETCH) and then meets every
+// group in order:
+//   io = place.group(layer, group);        // the view, the PREFETCH to wait on
+//   stored = KV_STORE(k, v, io.view, io.ready);
+//   place.after_store(layer, group);       // the next PREFETCH when due
+//   att = ATTENTION(q, stored, io.view);
+//   place.after_attention(layer, group, att, stored); // the OFFLOAD
+// Before alloc() views have the shape only and no copy is made: the graph
+// the planner measures, every group resident.
+class kv_placement {
+  public:
+    // Both outlive it; the plan may change until alloc().
+    kv_placement(const kv_cache & kv, const kv_plan & plan) : kv_(kv), plan_(plan) {}
+    ~kv_placement();
+    kv_placement(const kv_placement &) = delete;
+    kv_placement & operator=(const kv_placement &) = delete;
+
+    // Allocates the groups and slots by the plan in be's memory, zeroed;
+    // be outlives this object.
+    void alloc(backend & be);
+    // Host bytes of the offloaded groups that were pinned, and that were not.
+    uint64_t host_pinned() const { return host_pinned_; }
+    uint64_t host_pageable() const { return host_pageable_; }
+
+    // The copies of a step that writes these n cells.
+    kv_copies copies_of(const int32_t * cells, int32_t n) const;
+
+    // Starts the copies of a step's graph g.
+    void begin(graph & g, const kv_copies & copies);
+    struct group_io {
+        kv_view view;             // what the KV_STORE and ATTENTION work on
+        tensor * ready = nullptr; // the PREFETCH the KV_STORE waits on (null: resident)
+    };
+    group_io group(int32_t layer, int32_t group) const;
+    void after_store(int32_t layer, int32_t group);
+    void after_attention(int32_t layer, int32_t group, tensor * att, tensor * stored);
+
+  private:
+    kv_view group_view(int32_t layer, int32_t group, int32_t slot) const;
+    uint16_t * base_of(int32_t layer, int32_t group) const;
+    void issue_prefetch(int32_t o, int32_t layer, int32_t group);
+    void prefetch_after(int32_t layer, int32_t group);
+
+    const kv_cache & kv_;
+    const kv_plan & plan_;
+    backend * be_ = nullptr;
+    std::vector<void *> owned_;      // device blocks: resident groups, slots
+    std::vector<void *> owned_host_; // host arenas of the offloaded groups
+    // Per (layer, group): its block, in device memory (resident) or host
+    // memory (offloaded); empty until alloc().
+    std::vector<uint16_t *> group_base_;
+    uint16_t * slots_[2] = {nullptr, nullptr};
+    uint64_t host_pinned_ = 0, host_pageable_ = 0;
+
+    // The step being built: its copy nodes and attentions per offloaded
+    // group in the order they run.
+    graph * g_ = nullptr;
+    kv_copies copies_{};
+    std::vector<tensor *> prefetch_, offload_, attend_;
+    int32_t n_met_ = 0;         // offloaded groups met so far
+    int32_t next_prefetch_ = 0; // the next offloaded group whose PREFETCH is not issued
+    int32_t issued_at_ = -1;    // the flat (layer, group) index of the last one issued
 };
 
 } // namespace smol

@@ -313,7 +313,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         layers_.push_back({place(L.attn_norm), place(L.wq), place(L.wk), place(L.wv), place(L.wo),
                            place(L.ffn_norm), place(L.w_gate), place(L.w_up), place(L.w_down)});
     }
-    alloc_kv();
+    kv_place_.alloc(*be_);
     // Plan the largest graph once so the arena is sized before the first
     // decode; under a budget, with as many logits as a chunk keeps, as the
     // plan counted, so no later batch grows past it.
@@ -325,7 +325,6 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
 
 llama_context::~llama_context() {
     for (void * p : owned_) be_->release(p);
-    for (void * p : owned_host_) be_->release_host(p);
     be_->release_host(logits_);
 }
 
@@ -341,73 +340,6 @@ void llama_context::reserve_logits(size_t n) {
     logits_cap_ = cap;
 }
 
-// Resident groups in one device block, the two staging slots in another,
-// offloaded groups in host arenas of up to host_arena_bytes, each group one
-// contiguous [K][V] block so that its history is one copy.
-void llama_context::alloc_kv() {
-    constexpr uint64_t host_arena_bytes = 4ull << 30;
-    const uint64_t gb = plan.group_bytes();
-    const int32_t n_groups = plan.n_layer * plan.n_group;
-    group_base_.assign(size_t(n_groups), nullptr);
-    if (const int32_t n_res = plan.n_resident_groups(); n_res > 0) {
-        uint8_t * base = static_cast<uint8_t *>(be_->alloc(gb * uint64_t(n_res)));
-        owned_.push_back(base);
-        be_->memset(base, 0, gb * uint64_t(n_res));
-        int32_t k = 0;
-        for (int32_t i = 0; i < n_groups; ++i) {
-            if (plan.resident[size_t(i)])
-                group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(base + gb * uint64_t(k++));
-        }
-    }
-    if (plan.n_slots > 0) {
-        uint8_t * base = static_cast<uint8_t *>(be_->alloc(2 * gb));
-        owned_.push_back(base);
-        be_->memset(base, 0, 2 * gb);
-        slots_[0] = reinterpret_cast<uint16_t *>(base);
-        slots_[1] = reinterpret_cast<uint16_t *>(base + gb);
-    }
-    const uint64_t per_arena = std::max<uint64_t>(1, host_arena_bytes / gb);
-    int32_t left = plan.n_offloaded_groups();
-    uint8_t * arena = nullptr;
-    uint64_t arena_left = 0;
-    for (int32_t i = 0; i < n_groups; ++i) {
-        if (plan.resident[size_t(i)]) continue;
-        if (arena_left == 0) {
-            const uint64_t n = std::min<uint64_t>(per_arena, uint64_t(left));
-            bool pinned = false;
-            arena = static_cast<uint8_t *>(be_->alloc_host(n * gb, pinned, "the KV cache"));
-            owned_host_.push_back(arena);
-            (pinned ? host_pinned_ : host_pageable_) += n * gb;
-            // Cells no step has written still meet the attention (times a
-            // zero weight): they must hold numbers.
-            std::memset(arena, 0, n * gb);
-            arena_left = n;
-        }
-        group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(arena);
-        arena += gb;
-        --arena_left;
-        --left;
-    }
-}
-
-kv_view llama_context::group_view(int32_t layer, int32_t group, int32_t slot) const {
-    kv_view v;
-    if (group_base_.empty()) { // while planning: the graph's shape only
-        v.h0 = group * plan.G;
-        v.h1 = v.h0 + plan.G;
-        return v;
-    }
-    uint16_t * base = slot >= 0 ? slots_[slot]
-                                : group_base_[size_t(layer) * size_t(plan.n_group) + size_t(group)];
-    v.head_stride = size_t(kv.n_cells) * size_t(kv.head_dim);
-    v.k = base;
-    v.v = base + size_t(plan.G) * v.head_stride;
-    v.h0 = group * plan.G;
-    v.h1 = v.h0 + plan.G;
-    v.slot = slot;
-    return v;
-}
-
 void * llama_context::to_backend(const weight & w) {
     if (be_->where() == placement::host) return const_cast<void *>(w.data);
     const size_t n = cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1);
@@ -417,33 +349,14 @@ void * llama_context::to_backend(const weight & w) {
     return p;
 }
 
-// Per layer and head group: a resident group stores its new k, v in device
-// memory and attends there; an offloaded group attends over a staging slot
-// that a PREFETCH filled from host memory (issued before the attention of
-// the group before it, so the copy overlaps that compute), stores its new
-// k, v into the slot, and OFFLOADs those cells back to host. Slots alternate
-// between offloaded groups in order, across layers too.
 llama_context::step_shape llama_context::shape_of(int32_t n, int32_t n_out) const {
-    step_shape s;
-    s.n = n;
-    s.n_out = n_out;
-    constexpr int32_t granule = 256; // cells: copy sizes change every 256 tokens, not every one
-    s.n_copy = std::min(kv.n_cells, (std::max(kv.n_used, 1) + granule - 1) / granule * granule);
-    int32_t c0 = kv.n_cells, c1 = 0;
-    for (int32_t i = 0; i < n; ++i) {
-        c0 = std::min(c0, cells_[size_t(i)]);
-        c1 = std::max(c1, cells_[size_t(i)] + 1);
-    }
-    // The OFFLOAD takes whole granules too (the slot holds the host's bytes
-    // for every prefetched cell it did not write), so a decode step's graph
-    // repeats for up to a granule of tokens and replays as a CUDA graph.
-    if (c1 > c0) {
-        s.c0 = c0 / granule * granule;
-        s.c1 = std::min(s.n_copy, (c1 + granule - 1) / granule * granule);
-    }
-    return s;
+    return {n, n_out, kv_place_.copies_of(cells_.data(), n)};
 }
 
+// The forward pass: embeddings; per layer RMSNorm, q, k, v and RoPE, then
+// per kv-head group the store of the new k, v and the attention over the
+// group's view (kv_placement adds the copies of offloaded groups around
+// them), the output projection and the MLP; the output head.
 void llama_context::build_graph(const step_shape & shape) {
     const llama_hparams & hp = model.hp;
     graph & g = graph_;
@@ -461,55 +374,10 @@ void llama_context::build_graph(const step_shape & shape) {
         return t;
     };
 
-    // Offloaded groups in the order they run; the copy sizes of this step.
-    const bool storage = !group_base_.empty();
-    const size_t row = size_t(hp.head_dim) * sizeof(uint16_t);
-    const size_t pitch = size_t(kv.n_cells) * row;
-    const int32_t n_copy = shape.n_copy, c0 = shape.c0, c1 = shape.c1;
-    prefetch_.assign(size_t(plan.n_offloaded_groups()), nullptr);
-    offload_.assign(prefetch_.size(), nullptr);
-    attend_.assign(prefetch_.size(), nullptr);
-    int32_t next_prefetch = 0; // the next offloaded group whose PREFETCH is not issued
-    int32_t issued_at = -1;    // the flat (layer, group) index of the last one issued
-    auto issue_prefetch = [&](int32_t o, int32_t layer, int32_t group) {
-        if (!storage) return;
-        copy_desc c;
-        c.width = size_t(n_copy) * row;
-        c.height = size_t(2 * plan.G);
-        c.dpitch = c.spitch = pitch;
-        c.dir = copy_dir::h2d;
-        // The slot's last user (group o - 2) must be done with it.
-        tensor * t =
-            op_copy_2d(g, slots_[o % 2], be_->where(),
-                       group_base_[size_t(layer) * size_t(plan.n_group) + size_t(group)],
-                       placement::host_pinned, c, o >= 2 ? attend_[size_t(o - 2)] : nullptr,
-                       o >= 2 ? offload_[size_t(o - 2)] : nullptr);
-        t->iparams[0] = layer;
-        t->iparams[1] = group;
-        t->iparams[2] = o % 2;
-        prefetch_[size_t(o)] = t;
-    };
-    // Issues the PREFETCH of the first offloaded group after (layer, group)
-    // unless it is out already, or its slot still serves a group whose
-    // attention and OFFLOAD are not in the graph yet (n_done: offloaded
-    // groups complete so far).
-    auto prefetch_after = [&](int32_t layer, int32_t group, int32_t n_done) {
-        if (next_prefetch >= int32_t(prefetch_.size()) || next_prefetch > n_done + 1) return;
-        const int32_t from = std::max(layer * plan.n_group + group, issued_at) + 1;
-        for (int32_t at = from; at < hp.n_layer * plan.n_group; ++at) {
-            const int32_t l = at / plan.n_group, gr = at % plan.n_group;
-            if (plan.is_resident(l, gr)) continue;
-            issue_prefetch(next_prefetch++, l, gr);
-            issued_at = at;
-            return;
-        }
-    };
-
     tensor * tok = ints(tokens_, n);
     tensor * pos = ints(positions_, n);
-    prefetch_after(0, -1, 0);
+    kv_place_.begin(g, shape.copies);
     tensor * x = op_get_rows(g, W(tok_embd_), tok);
-    int32_t o = 0; // offloaded groups met so far
     for (int l = 0; l < hp.n_layer; ++l) {
         const llama_layer & L = layers_[size_t(l)];
         tensor * cur = op_rms_norm(g, x, W(L.attn_norm), hp.rms_eps);
@@ -520,32 +388,12 @@ void llama_context::build_graph(const step_shape & shape) {
         k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, hp.rope_base);
         tensor * att = nullptr;
         for (int32_t gr = 0; gr < plan.n_group; ++gr) {
-            const bool res = plan.is_resident(l, gr);
-            const kv_view view = group_view(l, gr, res ? -1 : o % 2);
-            tensor * stored =
-                op_kv_store_heads(g, k, v, l, view, res ? nullptr : prefetch_[size_t(o)]);
-            prefetch_after(l, gr, o);
-            att = op_attention_heads(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim, view,
+            const kv_placement::group_io io = kv_place_.group(l, gr);
+            tensor * stored = op_kv_store_heads(g, k, v, l, io.view, io.ready);
+            kv_place_.after_store(l, gr);
+            att = op_attention_heads(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim, io.view,
                                      att);
-            if (res) continue;
-            attend_[size_t(o)] = att;
-            if (storage && c1 > c0) {
-                copy_desc c;
-                c.width = size_t(c1 - c0) * row;
-                c.height = size_t(2 * plan.G);
-                c.dpitch = c.spitch = pitch;
-                c.dir = copy_dir::d2h;
-                uint16_t * host = group_base_[size_t(l) * size_t(plan.n_group) + size_t(gr)] +
-                                  size_t(c0) * hp.head_dim;
-                tensor * t =
-                    op_copy_2d(g, host, placement::host_pinned, view.k + size_t(c0) * hp.head_dim,
-                               be_->where(), c, stored, nullptr);
-                t->iparams[0] = l;
-                t->iparams[1] = gr;
-                t->iparams[2] = o % 2;
-                offload_[size_t(o)] = t;
-            }
-            ++o;
+            kv_place_.after_attention(l, gr, att, stored);
         }
         x = op_add(g, x, op_mul_mat(g, W(L.wo), att));
         cur = op_rms_norm(g, x, W(L.ffn_norm), hp.rms_eps);
@@ -726,8 +574,8 @@ smol_memory_info llama_context::memory_info() const {
     m.device_planned = plan.device_bytes();
     m.device_peak = st.peak;
     m.host_kv = plan.host_kv_bytes();
-    m.host_pinned = host_pinned_;
-    m.host_pageable = host_pageable_;
+    m.host_pinned = kv_place_.host_pinned();
+    m.host_pageable = kv_place_.host_pageable();
     m.n_heads = plan.n_layer * plan.n_head_kv;
     m.n_heads_resident = plan.n_resident_groups() * plan.G;
     m.head_group = plan.G;

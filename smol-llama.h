@@ -1,8 +1,8 @@
 // smol-llama.h - the Llama architecture: hyper-parameters and weights read
 // from GGUF metadata (SmolLM2 135M/360M/1.7B and other llama files: GQA, RoPE
 // base, RMSNorm epsilon, tied or separate output), and the per-stream context
-// (KV plan and storage, executor, logits) that builds and runs one graph per
-// prefill chunk or decode batch.
+// (its KV cache and plan, the batches' cells, logits) that builds the forward
+// graph of each prefill chunk or decode batch and runs it.
 
 #ifndef SMOL_LLAMA_H
 #define SMOL_LLAMA_H
@@ -10,6 +10,7 @@
 #include "gguf.h"
 #include "smol-backend.h"
 #include "smol-graph.h"
+#include "smol-kv-cache.h"
 #include "smol-plan.h"
 #include "smol-vocab.h"
 #include "smol.h"
@@ -96,17 +97,15 @@ class llama_context {
     smol_perf perf{};
 
   private:
-    // The cells a step's PREFETCH copies ([0, n_copy)) and its OFFLOAD copies
-    // ([c0, c1)), in granules; they, the token and output counts decide the
-    // step's graph.
+    // What decides a step's graph: its token and output counts and its KV
+    // copies.
     struct step_shape {
-        int32_t n = 0, n_out = 0, n_copy = 0, c0 = 0, c1 = 0;
+        int32_t n = 0, n_out = 0;
+        kv_copies copies;
         bool operator==(const step_shape &) const = default;
     };
     step_shape shape_of(int32_t n_tokens, int32_t n_outputs) const;
     void build_graph(const step_shape & s);
-    void alloc_kv();
-    kv_view group_view(int32_t layer, int32_t group, int32_t slot) const;
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
     void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
     void list_seq_cells(int32_t n_tokens);
@@ -114,13 +113,10 @@ class llama_context {
     void * to_backend(const weight & w);
 
     std::unique_ptr<backend> be_;
-    std::vector<void *> owned_;      // backend memory this context allocated
-    std::vector<void *> owned_host_; // host arenas of the offloaded KV
-    // Per (layer, group): [K: G heads][V: G heads] x [cell][head_dim] f16,
-    // in device memory (resident) or host memory (offloaded).
-    std::vector<uint16_t *> group_base_;
-    uint16_t * slots_[2] = {nullptr, nullptr};
-    uint64_t host_pinned_ = 0, host_pageable_ = 0;
+    std::vector<void *> owned_; // backend memory of the weights
+    // The KV cache's storage by the plan and the copies of a step (after
+    // be_: it releases its memory through it).
+    kv_placement kv_place_{kv, plan};
     // The model's weights as this context's backend sees them.
     weight tok_embd_, output_norm_, output_;
     std::vector<llama_layer> layers_;
@@ -148,8 +144,6 @@ class llama_context {
     size_t logits_cap_ = 0; // floats
     void reserve_logits(size_t n);
     tensor * logits_node_ = nullptr;
-    // The step's copy nodes and attentions per offloaded group (build_graph's).
-    std::vector<tensor *> prefetch_, offload_, attend_;
 };
 
 } // namespace smol
