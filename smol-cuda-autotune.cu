@@ -109,12 +109,10 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 // Without a table: the token tile that holds the batch (up to 32); the
 // GEMV takes two rows a warp and splits K over 2 or 4 warps a pair of rows
 // when there are few pairs, so that enough warps are in flight. Quantized
-// rows are half as long or less, and want twice the warps. Of the 27
-// variants scripts/gemv-variants.cu timed on the H200 for each of its 22
-// GEMVs of the 135M, 360M and 1.7B shapes, this came within 12% of the
-// fastest in f16 and q4_1 and within 22% in q8_0 (the 1.7B's q, k, v);
-// the autotune table picks per shape. choose() sends large batches to
-// cuBLAS first.
+// rows are half as long or less, and want twice the warps. Against the
+// GEMV variants a lab timed for the SmolLM2 shapes this came close to the
+// fastest, least so for q8_0; the autotune table picks per shape.
+// choose() sends large batches to cuBLAS first.
 mm_choice cuda_backend::default_small(const mm_key & key) const {
     mm_choice c;
     // Tiles of 4 tokens up to 8, then of 8: the H200's autotune chose them
@@ -142,16 +140,16 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
     // Float weights go to cuBLAS from the bucket of 32 tokens (17 and more),
     // and from the bucket of 8 (5 and more) once the bucket times the weight
     // bytes passes 16 MiB (48 MiB below 5 tokens): the small-batch kernels'
-    // time grows with both, while cuBLAS, replayed in a graph, took 4-6 us
-    // plus the weights' read on the H200. Its autotune chose cuBLAS for every
-    // f16 shape of the 135M and 360M at 32 and 64 tokens, and the tiles at 8
-    // up to 960 x 960 (2048 x 2048 at 4 tokens: tiles 8.3 against 16.7 us).
+    // time grows with both, while cuBLAS, replayed in a graph, costs a few
+    // microseconds plus the weights' read. The thresholds follow what the
+    // H200's autotune chose for the SmolLM2 shapes (BENCHMARKS.md).
     const size_t elt = !float_weights(key.type) ? 0 : key.type == SMOL_TYPE_F32 ? 4 : 2;
     const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
     const double float_mib = key.m >= 32 ? 0.0 : key.m >= 8 ? 16.0 : 48.0;
-    // Quantized weights are dequantized to f16 first: cuBLAS took about
-    // 14 us + 2.8 us a million weights, the small-batch tiles 0.37 us a
-    // million weights a token (H200, q8_0 and q4_1 at 8 to 64 tokens).
+    // Quantized weights are dequantized to f16 first: cuBLAS costs a fixed
+    // time plus one for each weight, the small-batch tiles a time for each
+    // weight and token; the line below is where the two meet, fitted to
+    // the H200's timings of q8_0 and q4_1 at 8 to 64 tokens.
     const double mw = double(key.n) * double(key.k) / 1e6;
     const bool blas = elt ? batch_bytes >= float_mib * 1024 * 1024 : key.m * mw > 7.6 * mw + 24.3;
     if (key.m > 32 || (key.m > 1 && blas)) return mm_choice{true, 1, 1, -1};

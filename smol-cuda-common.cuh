@@ -90,9 +90,8 @@ namespace smol::gpu {
 // before they wait, not after: then the kernel after next may start too
 // while the one before still runs, where the GPU has room for it (most
 // likely beside the 135M's short attention launches, which leave most of
-// it free). H200, tg128: 135M 1.06-1.10x, 360M 1.02-1.03x, 1.7B
-// 0.98-0.99x; the 135M at 32K 1.05-1.08x, long contexts otherwise level
-// (BENCHMARKS.md).
+// it free). That helped the small models' decode most and left the 1.7B
+// level (BENCHMARKS.md).
 //
 // No launch can wait on a later one: a successor launches only once every
 // block of its predecessor has started, so each launch's blocks all hold

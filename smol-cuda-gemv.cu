@@ -45,13 +45,13 @@ __device__ __forceinline__ void mm_select(const mm_params & p, int & r, const ui
 // (the autotune may choose the GEMV for a few tokens). The lanes of a
 // group's warps split K in chunks of 8; each lane loads its chunk of x once
 // for the R rows, so the group keeps R chunks of weights in flight for each
-// of x's (one row a warp read the 1.7B model's q, k, v at 2.0 TB/s, two
-// rows at 3.0). The fused weights' row counts are multiples of R.
+// of x's (two rows a warp read much closer to the memory's rate than
+// one). The fused weights' row counts are multiples of R.
 //
 // A folded RMS norm scales x by its weights on the way in and multiplies
 // the dot by 1 / rms at the end; the sum of squares is taken from the same
 // loads, so the weights' loads never wait for the norm (a first pass over
-// x made the 1.7B model's GEMVs 11-23% slower).
+// x made the GEMVs slower).
 //
 // PAIR (float weights): each lane has two chunks of a row and reads both
 // at once (see gemv_pair).
@@ -325,12 +325,9 @@ __global__ void mm_scalar_kernel(int type, const uint8_t * w, size_t w_row_bytes
 // Whether a GEMV over K columns, KS warps a row group, gives each lane
 // exactly two chunks of a row. Over float weights, one or two rows a warp,
 // it then reads both at once: one trip to memory where there were two,
-// before the wait too. On the H200 a chain of the 135M step's GEMVs alone
-// (scripts/gemv-grid-lab.cu) went from 300 to 277 us (its gate, up and
-// down pair); the 1.7B's, whose lanes have four chunks or more, stayed as
-// they were, and reading all of a lane's chunks at once made them 13%
-// slower. Whole steps: 360M tg128 1.03-1.04x, 135M and 1.7B level
-// (BENCHMARKS.md).
+// before the wait too. That shortened the small models' GEMVs; the
+// 1.7B's, whose lanes have four chunks or more, read them as before, since
+// reading all of a lane's chunks at once made them slower.
 inline bool gemv_pair(int K, int KS) {
     return (K / 8 + KS * warp_size - 1) / (KS * warp_size) == 2;
 }
@@ -379,8 +376,7 @@ void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, c
             constexpr int rows_per_block = mm_warps / KS;
             const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
                             unsigned((p.M + MT - 1) / MT));
-            // Batch tiles launched early measured slower (the 1.7B q8_0 at
-            // 32 sequences: 883 against 1,067 tokens/s): only the GEMV is.
+            // Batch tiles launched early measured slower: only the GEMV is.
             launch_kernel(mm_small_kernel<T, MT, SWIGLU, KS>, grid, dim3(threads), stream, false,
                           p);
         });
@@ -472,10 +468,8 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     for (int i = 0; i < p.n_w; ++i) p.early = p.early && s.mm[i]->src[0]->kind == OP_NONE;
     // A GEMV's prefetch pays where its weights take a small part of L2:
     // then the whole matrix is on its way while the kernel before ends
-    // (the 135M model's GEMVs, up to 3.5 MB). With the 1.7B model's (8 to
-    // 67 MB) its decode ran 611-632 tokens/s, 711-724 without, and its
-    // GEMVs alone took 1,315 against 1,101 us (BENCHMARKS.md): matrices
-    // that large push each other out of L2.
+    // (the 135M model's GEMVs). The 1.7B model's matrices, many times
+    // larger, decoded slower with it: they push each other out of L2.
     p.prefetch = p.early && gemv_prefetch(size_t(total_rows) * w->nb[1]);
     // The launch's own key (all its rows), else the first matmul's, else
     // the default tile: a fused launch cannot go to cuBLAS.

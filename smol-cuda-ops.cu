@@ -164,9 +164,9 @@ __global__ void rope_kernel(const float * x, size_t ldx, const rope_params r, fl
 // A block a token, a thread a pair of elements of one of its kv heads, or
 // two pairs where the rows allow (all of them at once, up to 1024 threads):
 // converts k and v to f16 in the token's cache cell. Looping a block's 128
-// threads over the heads took 9 us for one token of 32 heads; a block a
-// (token, head) pair made a 4096-token prompt's launch 131,072 blocks of one
-// warp, and the 1.7B model's prefill about 3% slower.
+// threads over the heads was slow for one token of many heads; a block a
+// (token, head) pair made a long prompt's launch a six-figure count of
+// one-warp blocks, and prefill slower.
 __global__ void kv_store_kernel(const kv_store_params p) {
     griddep_wait();
     griddep_launch();

@@ -165,9 +165,8 @@ constexpr int dec_warps = 8;  // warps a block, each a stream of its own tiles
 constexpr int dec_cells = 32; // cells a warp's tile: each lane scores one
 // Tiles a warp holds in shared memory, one in flight while it computes the
 // other: 134 KiB a block, one block of eight warps an SM, two a scheduler,
-// so one warp's arithmetic hides behind another's. On the H200, against four
-// warps of four tiles: 1.7B f16 at 32K 1.17x, 135M f16 at 128K 1.13x, 1.7B
-// tg128 0.96x; eight warps of three tiles ran no faster (BENCHMARKS.md).
+// so one warp's arithmetic hides behind another's. It beat four warps of
+// four tiles at long contexts; eight warps of three tiles ran no faster.
 constexpr int dec_stages = 2;
 constexpr int dec_split_cells = 256; // the fewest cells a split takes
 constexpr int dec_max_splits = 128;  // splits over the cells, at most
@@ -202,8 +201,8 @@ __host__ __device__ constexpr int decode_heads(int group) {
 constexpr int fa_cells = 64;        // cells a tile
 constexpr int fa_split_cells = 256; // the fewest cells a split of decode takes
 // From this many tokens a batch takes the flash kernel: every batch. For
-// decode it measured 1.09-1.46x the classic kernel's speed on the H200
-// (BENCHMARKS.md), offloaded head groups included.
+// decode it ran faster than the classic kernel, offloaded head groups
+// included.
 constexpr int fa_min_tok = 1;
 
 #endif
@@ -267,11 +266,9 @@ inline size_t cell_table_bytes(int64_t n_cells) {
 // x as hi and lo columns (bf16_hl): the weights are read once, where the
 // dequantized path below writes and reads them again. Larger ones
 // dequantize the weights to f16 first, as other types do, where the pairs'
-// doubled products cost more than that pass. On the H200, with the pairs'
-// sums made by the next input kernel: 64 and 128 sequences of the 135M,
-// 360M and 1.7B decoded 1.07-1.42x faster with pairs, 128- and 256-token
-// prompts of the 1.7B 1.36-1.40x and 1.10-1.15x; its 512-token prompts
-// 0.87-0.90x (BENCHMARKS.md).
+// doubled products cost more than that pass: with the pairs' sums made by
+// the next input kernel, batches up to 256 tokens ran faster with pairs
+// and 512-token prompts slower.
 constexpr int64_t blas_pair_max_m = 256;
 
 // Whether a cuBLAS matmul of M tokens over weights of this type takes
@@ -398,8 +395,8 @@ class cuda_backend final : public backend {
     ~cuda_backend() override;
     const char * name() const override { return name_.c_str(); }
     placement where() const override { return placement::device; }
-    // Prompts of a few thousand tokens fill the GPU in one pass: a 4,096-token
-    // prompt of the 1.7B decoded in one call ran 1.3x its speed in 512s.
+    // Prompts of a few thousand tokens fill the GPU in one pass: a long
+    // prompt decoded in one call runs faster than in chunks of 512.
     uint32_t default_batch() const override { return 4096; }
     bool wants_seq_cells() const override { return false; }
     bool reruns_graphs() const override { return true; }
