@@ -11,6 +11,7 @@
 #define SMOL_CUDA_CUH
 
 #include "smol-cuda-common.cuh"
+#include "smol-cuda-fusion.h"
 
 namespace smol::gpu {
 
@@ -207,37 +208,7 @@ constexpr int fa_min_tok = 1;
 
 #endif
 
-// --- the plan of one graph --------------------------------------------------------
-
-// What runs at one node. Fused steps stand at the last node of the group
-// they replace; the other nodes of the group are skipped, their results
-// never written: a caller reads only the graph's last node (the logits).
-enum class step_kind : uint8_t { plain, mm, mm_swiglu, kv_store, attention };
-
-struct step {
-    step_kind kind = step_kind::plain;
-    tensor * t = nullptr; // the node the step stands at; its output is the step's
-    tensor * mm[3] = {};  // mm: matmuls that share one input; mm_swiglu: gate, up
-    int n_mm = 0;
-    tensor * norm = nullptr;  // an RMS_NORM folded into the matmuls' input
-    tensor * glu = nullptr;   // a SWIGLU folded into a cuBLAS matmul's input
-    tensor * add = nullptr;   // an ADD folded into that norm (cuBLAS matmuls)
-    tensor * res = nullptr;   // a residual added to mm[0]'s result (t is the ADD)
-    tensor * rope = nullptr;  // a ROPE folded into kv_store (of k) or attention (of q)
-    tensor * extra = nullptr; // a result t reads beyond its own sources
-    tensor * store = nullptr; // mm of q, k, v: the KV_STORE of k and v its GEMV may do
-    bool skip = false;        // computed inside another step
-    // cuBLAS over bf16_hl pairs: the results stay hi and lo in the scratch,
-    // and the kernels that read them add them (the next step's input kernel,
-    // or for q, k and v the cache store and the attention; make_steps).
-    bool keep_pairs = false;
-};
-
-// The rows a cache store (k) or an attention (q) step reads: its first
-// source's, or the source of the ROPE folded into it.
-inline const tensor * unrotated(const step & s) {
-    return s.rope ? s.rope->src[0] : s.t->src[0];
-}
+// --- the plan of one graph (its steps: smol-cuda-fusion.h) ---------------------------
 
 inline size_t align_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
@@ -260,28 +231,6 @@ inline size_t cell_tiles_offset(int64_t n_cells) {
 inline size_t cell_table_bytes(int64_t n_cells) {
     return cell_tiles_offset(n_cells) +
            size_t((n_cells + cell_tile_cells - 1) / cell_tile_cells) * sizeof(cell_tile);
-}
-
-// Batches of up to this many tokens over bf16 weights take cuBLAS in bf16,
-// x as hi and lo columns (bf16_hl): the weights are read once, where the
-// dequantized path below writes and reads them again. Larger ones
-// dequantize the weights to f16 first, as other types do, where the pairs'
-// doubled products cost more than that pass: with the pairs' sums made by
-// the next input kernel, batches up to 256 tokens ran faster with pairs
-// and 512-token prompts slower.
-constexpr int64_t blas_pair_max_m = 256;
-
-// Whether a cuBLAS matmul of M tokens over weights of this type takes
-// bf16_hl pairs; a step's matmuls take them when all of them do.
-inline bool blas_pairs(int type, int64_t M) {
-    return type == SMOL_TYPE_BF16 && M <= blas_pair_max_m;
-}
-inline bool step_pairs(const step & s) {
-    for (int i = 0; i < s.n_mm; ++i) {
-        const tensor * m = s.mm[i];
-        if (!blas_pairs(m->src[0]->type, m->src[1]->ne[1])) return false;
-    }
-    return true;
 }
 
 // The work space of cuBLAS matmuls: their input (f16, or bf16_hl pairs),
