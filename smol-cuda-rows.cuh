@@ -1,9 +1,10 @@
 // smol-cuda-rows.cuh - how the GPU kernels read weights: f16 and bf16
 // conversions, load_chunk, which reads eight weights of a row in any of
 // GGUF's block layouts, and a GEMV chunk's arithmetic (x_chunk, dot8).
-// The GEMV kernels include it (for CUDA, and for ROCm through smol-hip.h),
-// and so does the playground's scripts/playground/gemv-lab.cuh, so that the
-// labs time the backend's own loads and sums.
+// smol-cuda-common.cuh includes it for the backend's kernels (for CUDA, and
+// for ROCm through smol-hip.h), and so does the playground's
+// scripts/playground/gemv-lab.cuh, so that the labs time the backend's own
+// loads and sums.
 #pragma once
 
 #if defined(SMOL_HIP)
