@@ -116,8 +116,14 @@ executor::aligned_buffer::~aligned_buffer() {
 
 executor::executor(int n_threads) : pool_(n_threads) {}
 
-void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
+void plan_arena(const graph & g, size_t alignment, arena_plan & p,
+                const std::vector<const tensor *> * extra_reads) {
     const auto & nodes = g.nodes();
+    // The node a node reads beyond its sources, if any: its index, else -1.
+    auto extra_of = [&](size_t i) {
+        const tensor * x = extra_reads ? (*extra_reads)[i] : nullptr;
+        return x && x->kind != OP_NONE ? x->node_index : -1;
+    };
     auto align = [alignment](size_t n) { return (n + alignment - 1) / alignment * alignment; };
     // Index of the last node that reads each node's result.
     p.last_use.assign(nodes.size(), -1);
@@ -130,6 +136,7 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
             p.src_index[i * max_src + s] = j;
             if (j >= 0) p.last_use[size_t(j)] = int(i);
         }
+        if (const int j = extra_of(i); j >= 0) p.last_use[size_t(j)] = int(i);
     }
 
     // First fit over the free ranges of one offset space.
@@ -182,13 +189,14 @@ void plan_arena(const graph & g, size_t alignment, arena_plan & p) {
             p.offset[i] = take(align(t->nbytes()));
             p.live[i] = 1;
         }
-        for (int s = 0; s < max_src; ++s) {
-            const int j = p.src_index[i * max_src + s];
+        auto release = [&](int j) {
             if (j >= 0 && p.last_use[size_t(j)] == int(i) && p.live[size_t(j)]) {
                 give(p.offset[size_t(j)], align(nodes[size_t(j)]->nbytes()));
                 p.live[size_t(j)] = 0;
             }
-        }
+        };
+        for (int s = 0; s < max_src; ++s) release(p.src_index[i * max_src + s]);
+        release(extra_of(i));
         if (t->kind == OP_MUL_MAT) {
             p.work_bytes =
                 std::max(p.work_bytes, cpu::act_bytes(t->src[0]->type, t->src[0]->ne[0]) *

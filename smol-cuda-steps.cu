@@ -100,13 +100,7 @@ size_t cuda_backend::step_work() const {
 // space, attention's counters).
 size_t cuda_backend::compute_bytes(graph & g) {
     make_steps(g);
-    for (step & s : steps_) {
-        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
-    }
-    plan_arena(g, 256, probe_);
-    for (step & s : steps_) {
-        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
-    }
+    plan_arena(g, 256, probe_, &extra_reads());
     const size_t granule = size_t(1) << 16;
     auto grown = [&](size_t n) { return align_up(n, granule); };
     int64_t n_tok = 0;
@@ -130,20 +124,23 @@ size_t cuda_backend::compute_bytes(graph & g) {
            grown(cells) + grown(staging) + fixed;
 }
 
-// Plans the arena. A fused step reads tensors its node does not list as
-// sources (the input of a folded norm or rope, say); it is given them as an
-// extra source while plan_arena runs, so their memory lives long enough.
+// A fused step reads tensors its node does not list as sources (the input
+// of a folded norm or rope, say): the arena plan is told of them, so their
+// memory lives long enough.
+const std::vector<const tensor *> & cuda_backend::extra_reads() {
+    extra_reads_.assign(steps_.size(), nullptr);
+    for (size_t i = 0; i < steps_.size(); ++i) {
+        if (!steps_[i].skip) extra_reads_[i] = steps_[i].extra;
+    }
+    return extra_reads_;
+}
+
+// Plans the arena.
 void cuda_backend::prepare(graph & g) {
     make_steps(g);
     const auto & nodes = g.nodes();
-    for (step & s : steps_) {
-        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = s.extra;
-    }
     arena_plan & p = plan_;
-    plan_arena(g, 256, p);
-    for (step & s : steps_) {
-        if (!s.skip && s.extra && s.extra->kind != OP_NONE) s.t->src[2] = nullptr;
-    }
+    plan_arena(g, 256, p, &extra_reads());
     grow(arena_, p.arena_bytes, "compute memory");
     for (size_t i = 0; i < nodes.size(); ++i) {
         if (p.offset[i] != SIZE_MAX)

@@ -378,6 +378,7 @@ class cuda_backend final : public backend {
     void activate() const { SMOL_GPU_CHECK(cudaSetDevice(device_)); }
 
     void make_steps(graph & g);
+    const std::vector<const tensor *> & extra_reads(); // per node, of steps_ (plan_arena)
     void prepare(graph & g);
     void stage(graph & g);
     void restore_leaves();
@@ -541,6 +542,7 @@ class cuda_backend final : public backend {
 
     std::vector<step> steps_;
     arena_plan plan_;                                  // reused from step to step
+    std::vector<const tensor *> extra_reads_;          // what extra_reads() returns
     std::vector<std::pair<tensor *, void *>> swapped_; // host leaves and their host data
     // A graph's structure (structure()), then with the addresses a replay
     // bakes in (signature()). steps_, plan_ and sched_ were made for the

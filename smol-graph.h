@@ -259,7 +259,11 @@ struct arena_plan {
     std::vector<range> free_list;
     std::vector<uint8_t> live;
 };
-void plan_arena(const graph & g, size_t alignment, arena_plan & p);
+// extra_reads, when given, holds per node a result it reads beyond its
+// sources (or null): a backend's fused step reads the input of a node
+// folded into it, whose memory must then live until that step has run.
+void plan_arena(const graph & g, size_t alignment, arena_plan & p,
+                const std::vector<const tensor *> * extra_reads = nullptr);
 
 // Events of one run of a schedule, shared by the threads that run its
 // streams: record marks one done, wait blocks until it is.
