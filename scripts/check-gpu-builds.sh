@@ -23,12 +23,14 @@ cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DSMOL_CUDA=ON \
 cmake --build build-cuda -j"$(nproc)" --target smol test-cuda
 
 # The labs use Hopper's bulk copies and mbarriers, so sm_90 as the product;
+# they include the product's headers (the root on the include path);
 # compiled only (objects in build-playground), two at a time.
 echo "check-gpu-builds: the playground's labs for sm_90"
 mkdir -p build-playground
 find scripts/playground -name '*.cu' -print0 | sort -z |
     xargs -0 -P 2 -I{} sh -c \
-        'nvcc -O3 -std=c++20 -arch=sm_90 -c -o "build-playground/$(basename "$1" .cu).o" "$1"' sh {}
+        'nvcc -O3 -std=c++20 -arch=sm_90 -I. -c \
+            -o "build-playground/$(basename "$1" .cu).o" "$1"' sh {}
 
 scripts/install-packages.sh hipcc libamdhip64-dev rocm-device-libs
 echo "check-gpu-builds: HIP backend for gfx1030 and gfx90a"

@@ -1,15 +1,16 @@
 // gemv-lab.cuh - the GEMV kernel ring-step.cu runs as "smol's loop", and a
 // graph-replay timer (replay_us). The kernel is a stand-alone copy of the
-// loop of gemv_kernel in smol-cuda.cu (which no header shares): f16, q8_0
-// and q4_1 weights read by the backend's own load_chunk and met by its
-// x_chunk and dot8, f32 activations, a folded RMS norm, SwiGLU and residual
-// epilogues, with every variant as a template parameter: KS warps a group
-// of R rows, U chunks of 8 a lane loaded before use; PDL: launched early
-// (griddepcontrol), PF: before the wait, prefetch 0 nothing, 1 the first 4
-// KiB of each row, 2 its first 512 bytes.
+// loop of gemv_kernel in smol-cuda-gemv.cu (which no header shares): f16,
+// q8_0 and q4_1 weights read by the backend's own load_chunk and met by its
+// x_chunk and dot8, f32 activations, a folded RMS norm (rms_scale), SwiGLU
+// (silu_mul) and residual epilogues, with every variant as a template
+// parameter: KS warps a group of R rows, U chunks of 8 a lane loaded before
+// use; PDL: launched early (the product's griddep_wait and griddep_launch),
+// PF: before the wait, prefetch 0 nothing, 1 the first 4 KiB of each row,
+// 2 its first 512 bytes.
 #pragma once
-#include "../../smol-cuda-rows.cuh"
-#include "lab-common.cuh" // CK, warp_sum, launch, fill_weights, fill_floats
+#include "lab-common.cuh"     // CK, warp_sum, griddep_*, launch, fill_weights, fill_floats
+#include "smol-cuda-rows.cuh" // load_chunk, x_chunk, dot8
 
 #include <cmath>
 #include <cstdint>
@@ -40,14 +41,11 @@ __global__ void __launch_bounds__(128) gemv(const P p) {
     if (PDL) {
         if (PF && valid && ks == 0 && lane * 128 < (PF == 1 ? p.rb : 512))
             for (int j = 0; j < R; ++j) {
-                asm volatile(
-                    "prefetch.global.L2 [%0];" ::"l"(p.w + size_t(r0 + j) * p.rb + lane * 128));
-                if (SW)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.wu + size_t(r0 + j) * p.rb +
-                                                                  lane * 128));
+                prefetch_l2(p.w + size_t(r0 + j) * p.rb + lane * 128);
+                if (SW) prefetch_l2(p.wu + size_t(r0 + j) * p.rb + lane * 128);
             }
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        griddep_wait();
+        griddep_launch();
     }
     const uint8_t * wr = p.w + size_t(r0) * p.rb;
     const uint8_t * wu = SW ? p.wu + size_t(r0) * p.rb : nullptr;
@@ -114,11 +112,11 @@ __global__ void __launch_bounds__(128) gemv(const P p) {
                 au = accu[j];
             }
         if (p.nw) {
-            const float s = 1.0f / sqrtf(float(ssd / p.K) + 1e-5f);
+            const float s = rms_scale(ssd, p.K, 1e-5f);
             a *= s;
             au *= s;
         }
-        if (SW) a = a / (1.f + expf(-a)) * au;
+        if (SW) a = silu_mul(a, au);
         if (p.res) a += p.res[r0 + lane];
         p.y[r0 + lane] = a;
     }

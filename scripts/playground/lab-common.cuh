@@ -1,10 +1,15 @@
 // lab-common.cuh - what the playground's labs share: CK, which stops the
-// program with the call that failed and CUDA's error, a warp's sum, a
-// launch that may go early, device buffers of random values (f16 weights,
-// f32 activations) that also come back as host copies for a CPU reference,
-// poisoned outputs, the check of a result against its reference, and one
-// GEMV of a decode step's chain (Op).
+// program with the call that failed and CUDA's error, the product's device
+// helpers under their short names (smol-cuda-common.cuh's warp_sum,
+// griddep_wait, griddep_launch, ...), a launch that may go early (the
+// product's, checked as CK does), device buffers of random values (f16
+// weights, f32 activations) that also come back as host copies for a CPU
+// reference, poisoned outputs, the check of a result against its reference,
+// and one GEMV of a decode step's chain (Op). The labs build with the
+// repository's root on the include path (-I.).
 #pragma once
+#include "smol-cuda-common.cuh" // warp_sum, griddep_*, launch_kernel_smem, ...
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,29 +29,24 @@ inline void lab_check(cudaError_t e, const char * call, int line) {
 }
 #define CK(x) lab_check((x), #x, __LINE__)
 
-// The sum of v over a warp's lanes.
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
+// The product's device helpers the labs' kernels call by their short names.
+using smol::gpu::griddep_launch;
+using smol::gpu::griddep_wait;
+using smol::gpu::prefetch_l2;
+using smol::gpu::rms_scale;
+using smol::gpu::silu_mul;
+using smol::gpu::warp_sum;
 
-// kernel<<<grid, block, smem, s>>>(args...), launched early (programmatic
-// dependent launch: it may start while the kernel before it ends, up to its
-// griddepcontrol.wait) when `early` is set.
+// kernel<<<grid, block, smem, s>>>(args...) through the product's
+// launch_kernel_smem, launched early (programmatic dependent launch: it may
+// start while the kernel before it ends, up to its griddep_wait) when
+// `early` is set. The product leaves a failed launch to the checks that
+// follow it; a lab stops at once (CK).
 template <typename... P, typename... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool early,
             A... args) {
-    cudaLaunchAttribute at{};
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t c{};
-    c.gridDim = grid;
-    c.blockDim = block;
-    c.dynamicSmemBytes = smem;
-    c.stream = s;
-    c.attrs = &at;
-    c.numAttrs = early ? 1 : 0;
-    CK(cudaLaunchKernelEx(&c, kernel, args...));
+    smol::gpu::launch_kernel_smem(kernel, grid, block, smem, s, early, args...);
+    CK(cudaGetLastError());
 }
 
 // n f16 weights at w, normal(0, 0.02): a pattern of `period` values from

@@ -29,9 +29,9 @@
 // their successor launch after or, -2, before their wait). BENCHMARKS.md
 // ("a GEMV fed by a ring of bulk copies") has the answers.
 //
-//   nvcc -O3 -std=c++20 -arch=sm_90 -o ring-step scripts/playground/ring-step.cu
+//   nvcc -O3 -std=c++20 -arch=sm_90 -I. -o ring-step scripts/playground/ring-step.cu
 //   ./ring-step [--seed N] [check | a form's number, name, or part of it]
-#include "gemv-lab.cuh"   // CK, warp_sum, launch, replay_us, the loop's kernel
+#include "gemv-lab.cuh"   // CK, warp_sum, griddep_*, launch, replay_us, the loop's kernel
 #include "ring-parts.cuh" // mbarriers, bulk copies, mma
 
 #include <array>
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
     const int u1 = int((long long)n_u * (blockIdx.x + 1) / gridDim.x);
     ring_init(full, empty, S, WPS);
     __syncthreads();
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    griddep_launch();
     if (warp == NC) { // the producer: weights are leaves, it never waits for the kernel before
         if (lane == 0) {
             const uint32_t bytes = uint32_t(R) * K * 2;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
         }
         return;
     }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    griddep_wait();
     const int row0 = u0 * R;
     const float scale = consumers_start<NC>(
         o, [&](int i, float4 v) { *reinterpret_cast<float4 *>(xs + i) = v; }, red, rs, row0,
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
             }
             if (lane < RW) {
                 float a = outv * scale;
-                if (SW) a = a / (1.0f + expf(-a)) * (outu * scale);
+                if (SW) a = silu_mul(a, outu * scale);
                 const int row = (u0 + i) * R + t + lane * WPS;
                 if (o.res) a += o.skip == 3 ? o.res[row] : rs[row - row0];
                 o.y[row] = a;
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_gemv(const RingOp o) {
                         au = accu[0][j];
                     }
                 a *= scale;
-                if (SW) a = a / (1.0f + expf(-a)) * (au * scale);
+                if (SW) a = silu_mul(a, au * scale);
                 const int row = (u0 + i) * R + t + lane * WPS;
                 if (o.res) a += o.skip == 3 ? o.res[row] : rs[row - row0];
                 o.y[row] = a;
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
     const int u0 = rt0 * NS, u1 = rt1 * NS;
     ring_init(full, empty, S, 1);
     __syncthreads();
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    griddep_launch();
     if (warp == NC) { // the producer
         if (lane == 0)
             for (int i = 0; u0 + i < u1; ++i) {
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
             }
         return;
     }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    griddep_wait();
     const int row0 = rt0 * 16, nrows = (rt1 - rt0) * 16;
     // x as f16 pairs hi = f16(x) and lo = f16(x - hi)
     const float scale = consumers_start<NC>(
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__((NC + 1) * 32) ring_mma(const __grid_constant_
             if (SW) au += part[mma_max_part / 2 + (lrt * NS + sg) * 16 + rr];
         }
         a *= scale;
-        if (SW) a = a / (1.0f + expf(-a)) * (au * scale);
+        if (SW) a = silu_mul(a, au * scale);
         if (o.res) a += rs[r];
         o.y[row0 + r] = a;
     }
@@ -552,9 +552,9 @@ template <bool SW, int KS, int R> void loop_go(const RingOp & o, cudaStream_t s)
 // A one-block kernel where kv_store or attention stands; early: it lets its
 // successor launch before it waits, as smol's decode attention does.
 template <bool early> __global__ void tiny(float * y, int n) {
-    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (!early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (early) griddep_launch();
+    griddep_wait();
+    if (!early) griddep_launch();
     if (int(threadIdx.x) < n) y[threadIdx.x] += 0.0f;
 }
 
