@@ -1,13 +1,16 @@
 // ring-parts.cuh - the pieces of the ring GEMV (a ring of bulk copies
 // feeding CUDA or tensor cores) that ring-step.cu builds on: the packed
 // layout of weights for mma (ring_packed_at), mbarriers, bulk copies,
-// mma.sync m16n8k16, a ring's barriers, x's hi/lo split and mma's b, and a
+// mma.sync m16n8k16 (the product's, smol-cuda-attn.cuh's mma_f16_16816, on
+// a uint4 fragment), a ring's barriers, x's hi/lo split and mma's b, and a
 // unit's row sums. The product drops its ring (gemv_ring_kernel), so they
 // live here, as smol-cuda-rows.cuh had them (the lab builds for sm_90 only,
 // so without its architecture guards). A warp that waits on a barrier's
 // phase must be the only one taking its rounds: a parity wait cannot tell a
 // phase from the one two rounds later.
 #pragma once
+#include "smol-cuda-attn.cuh" // mma_f16_16816
+
 #include <cstddef>
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -61,12 +64,11 @@ __device__ __forceinline__ void bulk_copy(void * dst, const void * src, uint32_t
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
-// d += A b: A 16 x 16 (the lane's fragment a), b 16 x 8 (b0, b1); f16 in, f32 sums.
+// d += A b: A 16 x 16 (the lane's fragment a), b 16 x 8 (b0, b1); f16 in,
+// f32 sums. The product's mma_f16_16816, for a fragment held as a uint4.
 __device__ __forceinline__ void mma16816(float (&d)[4], uint4 a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    const uint32_t af[4] = {a.x, a.y, a.z, a.w};
+    smol::gpu::mma_f16_16816(d, af, b0, b1);
 }
 // A ring's barriers, by thread 0 before the block's first sync: slot s is
 // full once its bytes land, empty once `readers` warps have read it.
