@@ -10,7 +10,7 @@ while IFS= read -r f; do
         echo "not clang-formatted: $f (run: clang-format -i $f)"
         status=1
     fi
-done < <(git ls-files --cached --others --exclude-standard -- '*.h' '*.c' '*.c++' '*.cpp' '*.cu')
+done < <(git ls-files --cached --others --exclude-standard -- '*.h' '*.c' '*.c++' '*.cpp' '*.cu' '*.cuh')
 while IFS= read -r f; do
     if ! cmake-format --check -c .cmake-format.yaml "$f" >/dev/null 2>&1; then
         echo "not cmake-formatted: $f (run: cmake-format -i -c .cmake-format.yaml $f)"
