@@ -6,10 +6,10 @@
 #include "smol-engine.h"
 
 #include "smol-error.h"
+#include "smol-log.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -218,7 +218,7 @@ void engine::worker() {
             step();
         } catch (const std::exception & e) {
             // Only an allocation can fail here; the requests stay queued.
-            std::fprintf(stderr, "smol engine: %s\n", e.what());
+            log_error(std::string("engine: ") + e.what());
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
     }

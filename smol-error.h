@@ -42,15 +42,15 @@ template <class F> smol_status guard(F && f) noexcept {
     }
 }
 
+// Logs a failed SMOL_ASSERT_MSG (smol-log.c++) and aborts.
+[[noreturn]] void assert_failed(const char * file, int line, const char * msg, const char * cond);
+
 } // namespace smol
 
 // For programmer errors only: conditions no input can cause.
 #define SMOL_ASSERT_MSG(cond, msg)                                                                 \
     do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            std::fprintf(stderr, "smol: %s:%d: %s (%s)\n", __FILE__, __LINE__, msg, #cond);        \
-            std::abort();                                                                          \
-        }                                                                                          \
+        if (!(cond)) smol::assert_failed(__FILE__, __LINE__, msg, #cond);                          \
     } while (0)
 
 #endif // SMOL_ERROR_H

@@ -54,6 +54,22 @@ SMOL_API const char * smol_version(void);
 // The CPU kernels chosen at run time for this machine, such as "avx2".
 SMOL_API const char * smol_cpu_kernels_name(void);
 
+// --- log ------------------------------------------------------------------
+
+typedef enum smol_log_level {
+    SMOL_LOG_ERROR = 0,
+    SMOL_LOG_WARN = 1,
+    SMOL_LOG_INFO = 2,
+    SMOL_LOG_DEBUG = 3,
+} smol_log_level;
+
+// Gets every message the library has to say, one line without its newline.
+typedef void (*smol_log_callback)(smol_log_level level, const char * text, void * user_data);
+
+// Sends the library's messages to cb, for every thread (NULL: the default,
+// each line to stderr after "smol: "). The library writes nowhere else.
+SMOL_API void smol_log_set(smol_log_callback cb, void * user_data);
+
 // --- types ----------------------------------------------------------------
 
 // Tensor element types; the values are GGUF's (ggml's) type ids.
