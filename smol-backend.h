@@ -60,6 +60,24 @@ struct last_run {
     void ended(const graph & g) { generation = g.generation(); }
 };
 
+// Which attention kernel a device runs: by the step's token count
+// (automatic), or one for every step, so that they can be compared on one
+// device. decode_warps is the decode kernel with a warp a kv head over any
+// cache of several sequences (automatic takes it for large batches).
+enum class attn_kernel : uint8_t { automatic, decode, decode_warps, flash, classic };
+
+// How a device backend runs, fixed when it is created. Each default is what
+// a backend does unless told otherwise; the CPU backend has none of these.
+// A context fills them from smol_context_params; the developer overrides
+// of the environment (smol-overrides.c++) go on top in make_backend.
+struct backend_options {
+    bool fuse = true;   // fused launches: norm+matmul, rope+KV store, SwiGLU
+    bool graphs = true; // decode steps captured once and replayed as graphs
+    bool pdl = true;    // programmatic dependent launch, where the GPU has it
+    attn_kernel attn = attn_kernel::automatic;
+    std::string autotune_file; // the matmul table; "": the default path
+};
+
 class backend {
   public:
     virtual ~backend() = default;

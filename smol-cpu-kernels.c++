@@ -36,7 +36,9 @@
 #define SMOL_CPU_SHARED     SMOL_CPU_JOIN(SMOL_CPU_IS, SMOL_CPU_VARIANT)
 
 #if SMOL_CPU_SHARED
-#include <stdio.h>
+#include "smol-log.h"
+#include "smol-overrides.h"
+
 #include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -1802,8 +1804,7 @@ std::vector<const kernels *> kernels_available() {
 
 bool decode_prefetch() {
     static const bool on = [] {
-        const char * v = getenv("SMOL_CPU_PREFETCH");
-        if (v && *v) return strcmp(v, "0") != 0;
+        if (const int forced = cpu_prefetch_override(); forced >= 0) return forced != 0;
 #if defined(__x86_64__) || defined(__i386__)
         unsigned a = 0, b = 0, c = 0, d = 0;
         // "AuthenticAMD" in EBX, EDX, ECX of leaf 0.
@@ -1819,15 +1820,15 @@ bool decode_prefetch() {
 static const kernels & choose_kernels() {
     const std::vector<const kernels *> avail = kernels_available();
     const kernels * best = avail.back();
-    const char * want = getenv("SMOL_CPU_KERNELS");
-    if (want && *want) {
+    const std::string want = cpu_kernels_override();
+    if (!want.empty()) {
         for (const kernels * k : avail)
-            if (strcmp(k->name, want) == 0) return *k;
+            if (want == k->name) return *k;
         // A forced variant this CPU cannot run would crash; say so once.
-        fprintf(stderr,
-                "smol: SMOL_CPU_KERNELS=%s is not available on this CPU (use generic, avx2 or "
-                "avx512 where supported); using %s\n",
-                want, best->name);
+        log_warn("SMOL_CPU_KERNELS=" + want +
+                 " is not available on this CPU (use generic, avx2 or avx512 where supported); "
+                 "using " +
+                 best->name);
     }
     return *best;
 }
