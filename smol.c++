@@ -112,6 +112,8 @@ const char * smol_status_name(smol_status s) {
         return "SMOL_ERR_BACKEND";
     case SMOL_ERR_BUSY:
         return "SMOL_ERR_BUSY";
+    case SMOL_ERR_ABORTED:
+        return "SMOL_ERR_ABORTED";
     }
     return "SMOL_ERR_UNKNOWN";
 }
@@ -288,6 +290,8 @@ smol_context_params smol_context_default_params(void) {
     p.gpu_mem = 0;
     p.kv_offload = SMOL_KV_OFFLOAD_AUTO;
     p.head_group = 0;
+    p.abort_callback = nullptr;
+    p.abort_user_data = nullptr;
     return p;
 }
 

@@ -40,6 +40,7 @@ typedef enum smol_status {
     SMOL_ERR_BUFFER_TOO_SMALL = 7, // an output buffer is too small; see n_out
     SMOL_ERR_BACKEND = 8,          // a device backend reported an error
     SMOL_ERR_BUSY = 9,             // the engine's queue is full; retry later
+    SMOL_ERR_ABORTED = 10,         // the abort callback stopped the call
 } smol_status;
 
 // The message for the last failed call on this thread ("" if none).
@@ -179,15 +180,20 @@ typedef enum smol_kv_offload {
     SMOL_KV_OFFLOAD_ALL = 2,
 } smol_kv_offload;
 
+// Asked before each chunk of a smol_decode batch; true stops the call.
+typedef bool (*smol_abort_fn)(void * user_data);
+
 typedef struct smol_context_params {
-    uint32_t n_ctx;             // KV cells shared by all sequences (0: 4096, capped at training)
-    uint32_t n_batch;           // most tokens one smol_decode call takes (0: 512, 4096 on a GPU)
-    int32_t n_threads;          // CPU threads (0: all cores)
-    uint32_t n_seq_max;         // most sequences at once (default 1, at most 128)
-    const char * device;        // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
-    uint64_t gpu_mem;           // device memory budget in bytes (0: none, every head resident)
-    smol_kv_offload kv_offload; // default AUTO
-    int32_t head_group;         // kv heads per group (0: the planner chooses)
+    uint32_t n_ctx;               // KV cells shared by all sequences (0: 4096, capped at training)
+    uint32_t n_batch;             // most tokens one smol_decode call takes (0: 512, 4096 on a GPU)
+    int32_t n_threads;            // CPU threads (0: all cores)
+    uint32_t n_seq_max;           // most sequences at once (default 1, at most 128)
+    const char * device;          // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
+    uint64_t gpu_mem;             // device memory budget in bytes (0: none, every head resident)
+    smol_kv_offload kv_offload;   // default AUTO
+    int32_t head_group;           // kv heads per group (0: the planner chooses)
+    smol_abort_fn abort_callback; // asked before each chunk of smol_decode (NULL: none)
+    void * abort_user_data;       // given to abort_callback
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);
@@ -245,7 +251,9 @@ SMOL_API bool smol_batch_add(smol_batch * batch, int32_t capacity, smol_token to
 
 // Runs the model over a batch: stores each token's K and V in the cache and
 // computes the logits of the tokens that asked for them. Positions of a
-// sequence must continue what the cache holds for it.
+// sequence must continue what the cache holds for it. A long batch runs in
+// chunks; when abort_callback says stop before one, the call returns
+// SMOL_ERR_ABORTED with the cache as it was before the call (no logits).
 SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
 
 // Logits (n_vocab floats) of batch token i of the last decode; i = -1 is

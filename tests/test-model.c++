@@ -375,6 +375,91 @@ TEST_CASE("bad input to decode is refused with a clear message and the cache is 
     std::filesystem::remove(path);
 }
 
+// Says stop at its stop_at-th call (1: before the first chunk).
+struct abort_after {
+    int calls = 0, stop_at = 0;
+    static bool ask(void * user_data) {
+        auto * a = static_cast<abort_after *>(user_data);
+        return ++a->calls == a->stop_at;
+    }
+};
+
+TEST_CASE("the abort callback stops a decode between chunks and leaves the cache as before") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("abort.gguf");
+    tiny::shape s;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // A chunk keeps at most 512 tokens' logits: 600 that all ask for them
+    // run in two chunks, [0, 512) and [512, 600), after a prefix of 3.
+    const int n_prefix = 3, n = 600;
+    const std::vector<int> ids = random_ids(rng, n_prefix + n, s.n_vocab);
+    const uint32_t n_ctx = 1024;
+    abort_after stop;
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = 1024;
+    p.n_threads = 2;
+    p.abort_callback = abort_after::ask;
+    p.abort_user_data = &stop;
+    smol_context * raw = nullptr;
+    REQUIRE(smol_context_create(m.get(), &p, &raw) == SMOL_OK);
+    context_ptr c(raw);
+    smol_batch b = smol_batch_init(n);
+    for (int i = 0; i < n_prefix; ++i) smol_batch_add(&b, n, ids[size_t(i)], i, 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    CHECK(stop.calls == 1);
+    b.n_tokens = 0;
+    for (int i = 0; i < n; ++i)
+        smol_batch_add(&b, n, ids[size_t(n_prefix + i)], n_prefix + i, 0, true);
+
+    SUBCASE("after the first chunk") {
+        stop = {0, 2};
+        CHECK(smol_decode(c.get(), &b) == SMOL_ERR_ABORTED);
+        CHECK(stop.calls == 2);
+        const std::string msg = smol_last_error();
+        CHECK(msg.find("abort callback stopped the batch after 512 of its 600 tokens") !=
+              std::string::npos);
+    }
+    SUBCASE("before the first chunk") {
+        stop = {0, 1};
+        CHECK(smol_decode(c.get(), &b) == SMOL_ERR_ABORTED);
+        CHECK(stop.calls == 1);
+        CHECK(std::string(smol_last_error()).find("after 0 of its 600 tokens") !=
+              std::string::npos);
+    }
+    CHECK(std::string(smol_last_error()).find("the cache is left as it was before the call") !=
+          std::string::npos);
+    CHECK(std::string(smol_status_name(SMOL_ERR_ABORTED)) == "SMOL_ERR_ABORTED");
+    CHECK(smol_get_logits(c.get(), -1) == nullptr);
+    CHECK(smol_kv_seq_len(c.get(), 0) == n_prefix);
+    CHECK(smol_kv_free_cells(c.get()) == int32_t(n_ctx) - n_prefix);
+
+    // The same batch again, not stopped, gives what a context that never
+    // stopped gives, to the bit.
+    stop = {0, 0};
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    CHECK(stop.calls == 2);
+    CHECK(smol_kv_seq_len(c.get(), 0) == n_prefix + n);
+    context_ptr ref = make_context(m.get(), n_ctx, 1024);
+    smol_batch pre = smol_batch_init(n_prefix);
+    for (int i = 0; i < n_prefix; ++i) smol_batch_add(&pre, n_prefix, ids[size_t(i)], i, 0, true);
+    REQUIRE(smol_decode(ref.get(), &pre) == SMOL_OK);
+    REQUIRE(smol_decode(ref.get(), &b) == SMOL_OK);
+    for (int i = 0; i < n; ++i) {
+        CAPTURE(i);
+        const float * got = smol_get_logits(c.get(), i);
+        const float * want = smol_get_logits(ref.get(), i);
+        REQUIRE(got != nullptr);
+        REQUIRE(want != nullptr);
+        CHECK(std::equal(got, got + s.n_vocab, want));
+    }
+    smol_batch_free(&pre);
+    smol_batch_free(&b);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("loading refuses missing files, other architectures and unsupported tensor types") {
     smol_model * m = nullptr;
     CHECK(smol_model_load("/nonexistent/model.gguf", nullptr, &m) == SMOL_ERR_IO);
