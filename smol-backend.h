@@ -148,9 +148,13 @@ class backend {
 // limit, computed by the CPU, copies on a thread of its own), or "cuda" /
 // "cuda:N" where built with SMOL_CUDA; throws smol::error
 // (SMOL_ERR_UNSUPPORTED or SMOL_ERR_BACKEND) saying why a device is not there.
-std::unique_ptr<backend> make_backend(const std::string & device, int n_threads);
+// For a GPU, the environment's developer overrides (apply_env_overrides) go
+// on top of options here, for every backend a context or smol_autotune makes.
+std::unique_ptr<backend> make_backend(const std::string & device, int n_threads,
+                                      const backend_options & options = {});
 // Defined by smol-cuda.cu in a CUDA build, else refuses with the reason.
-std::unique_ptr<backend> make_cuda_backend(int device);
+// Takes options as they are (no environment).
+std::unique_ptr<backend> make_cuda_backend(int device, const backend_options & options = {});
 // The simulated device (smol-sim.c++), for make_backend's "sim".
 std::unique_ptr<backend> make_sim_backend(int n_threads);
 

@@ -8,6 +8,7 @@
 #include "smol-error.h"
 #include "smol-graph.h"
 #include "smol-host-memory.h"
+#include "smol-overrides.h"
 
 #include <algorithm>
 #include <atomic>
@@ -669,13 +670,14 @@ class cpu_backend final : public backend {
 } // namespace
 
 #if !defined(SMOL_CUDA)
-std::unique_ptr<backend> make_cuda_backend(int) {
+std::unique_ptr<backend> make_cuda_backend(int, const backend_options &) {
     throw error(SMOL_ERR_UNSUPPORTED, "this smol was built without CUDA; configure it with "
                                       "-DSMOL_CUDA=ON on a machine with the CUDA toolkit");
 }
 #endif
 
-std::unique_ptr<backend> make_backend(const std::string & device, int n_threads) {
+std::unique_ptr<backend> make_backend(const std::string & device, int n_threads,
+                                      const backend_options & options) {
     if (device.empty() || device == "cpu") return std::make_unique<cpu_backend>(n_threads);
     if (device == "sim") return make_sim_backend(n_threads);
     if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
@@ -689,7 +691,10 @@ std::unique_ptr<backend> make_backend(const std::string & device, int n_threads)
             }
             index = int(v);
         }
-        return make_cuda_backend(index);
+        // Only a GPU reads the options, so only it hears of the overrides.
+        backend_options o = options;
+        apply_env_overrides(o);
+        return make_cuda_backend(index, o);
     }
     throw error(SMOL_ERR_INVALID_ARGUMENT,
                 "unknown device '" + device + "'; use cpu, sim or cuda:N");

@@ -52,10 +52,10 @@ const char * type_key_name(smol_type t) {
 
 } // namespace
 
-// Where the table of this GPU lives: SMOL_AUTOTUNE_FILE, else
-// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt, else ~/.cache/smol/...
+// Where the table of this GPU lives unless the options name a file:
+// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt, else ~/.cache/smol/... (the
+// cache directory's lookup stays here, beside the path it makes).
 std::string default_table_path(const std::string & gpu) {
-    if (const char * f = std::getenv("SMOL_AUTOTUNE_FILE"); f && *f) return f;
     std::string slug;
     for (char ch : gpu) {
         const bool alnum = std::isalnum(static_cast<unsigned char>(ch));
@@ -194,8 +194,9 @@ void cuda_backend::load_table() {
     table_.clear();
     std::ifstream in(table_path_);
     if (!in) {
-        say_once("no matmul autotune table for " + gpu_name_ + " at " + table_path_ +
-                 "; using the built-in kernel choice (smol-bench --autotune writes one)");
+        say_once(SMOL_LOG_INFO,
+                 "no matmul autotune table for " + gpu_name_ + " at " + table_path_ +
+                     "; using the built-in kernel choice (smol-bench --autotune writes one)");
         return;
     }
     std::string line, gpu;
@@ -241,15 +242,16 @@ void cuda_backend::load_table() {
         t[key] = c;
     }
     if (gpu != gpu_name_) {
-        say_once("the matmul autotune table " + table_path_ + " is for " +
-                 (gpu.empty() ? std::string("no named GPU") : gpu) + ", not " + gpu_name_ +
-                 "; using the built-in kernel choice");
+        say_once(SMOL_LOG_WARN, "the matmul autotune table " + table_path_ + " is for " +
+                                    (gpu.empty() ? std::string("no named GPU") : gpu) + ", not " +
+                                    gpu_name_ + "; using the built-in kernel choice");
         return;
     }
     table_ = std::move(t);
-    say_once("matmul kernels from " + table_path_ + " (" + std::to_string(table_.size()) +
-             " entries" + (bad ? ", " + std::to_string(bad) + " unreadable lines skipped" : "") +
-             ")");
+    say_once(SMOL_LOG_INFO,
+             "matmul kernels from " + table_path_ + " (" + std::to_string(table_.size()) +
+                 " entries" +
+                 (bad ? ", " + std::to_string(bad) + " unreadable lines skipped" : "") + ")");
 }
 
 std::string cuda_backend::mm_table_save(const std::string & path) const {

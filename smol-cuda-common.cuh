@@ -12,6 +12,7 @@
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-graph.h"
+#include "smol-log.h"
 
 #if defined(SMOL_HIP)
 #include "smol-hip.h"
@@ -318,9 +319,6 @@ __device__ __forceinline__ void prefetch_l2(const void * p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 #endif
 }
-
-// Said once per process, not once per context (defined in smol-cuda.cu).
-void say_once(const std::string & message);
 
 } // namespace smol::gpu
 

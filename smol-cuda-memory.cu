@@ -65,11 +65,10 @@ void * cuda_backend::alloc_host(size_t bytes, bool & pinned, const char * what) 
         return p;
     }
     (void)cudaGetLastError();
-    std::fprintf(stderr,
-                 "smol: %s: cannot pin %zu MiB of host memory for %s (%s; %zu MiB pinned so "
-                 "far); using pageable memory, whose copies are several times slower (raise the "
-                 "locked-memory limit, ulimit -l, or lower the context)\n",
-                 name_.c_str(), bytes >> 20, what, cudaGetErrorString(e), mem_.host_pinned >> 20);
+    log_warn(name_ + ": cannot pin " + std::to_string(bytes >> 20) + " MiB of host memory for " +
+             what + " (" + cudaGetErrorString(e) + "; " + std::to_string(mem_.host_pinned >> 20) +
+             " MiB pinned so far); using pageable memory, whose copies are several times slower "
+             "(raise the locked-memory limit, ulimit -l, or lower the context)");
     p = std::aligned_alloc(4096, align_up(std::max<size_t>(bytes, 1), 4096));
     if (!p) {
         throw error(SMOL_ERR_OUT_OF_MEMORY, name_ + ": cannot allocate " +

@@ -16,34 +16,8 @@
 
 namespace smol::gpu {
 
-// Said once per process, not once per context.
-void say_once(const std::string & message) {
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true)) std::fprintf(stderr, "smol: %s\n", message.c_str());
-}
-
-namespace {
-
-int env_flag(const char * name, int fallback) {
-    const char * v = std::getenv(name);
-    return v && *v ? std::atoi(v) : fallback;
-}
-
-attn_kernel attn_kernel_from_env() {
-    const char * v = std::getenv("SMOL_ATTN");
-    if (!v || !*v || std::strcmp(v, "auto") == 0) return attn_kernel::automatic;
-    if (std::strcmp(v, "decode") == 0) return attn_kernel::decode;
-    if (std::strcmp(v, "decode-warps") == 0) return attn_kernel::decode_warps;
-    if (std::strcmp(v, "flash") == 0) return attn_kernel::flash;
-    if (std::strcmp(v, "classic") == 0) return attn_kernel::classic;
-    throw error(SMOL_ERR_INVALID_ARGUMENT, std::string("SMOL_ATTN=") + v +
-                                               " names no attention kernel; use auto, decode, "
-                                               "decode-warps, flash or classic");
-}
-
-} // namespace
-
-cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::to_string(device)) {
+cuda_backend::cuda_backend(int device, const backend_options & options)
+    : device_(device), name_("cuda:" + std::to_string(device)) {
     activate();
     SMOL_GPU_CHECK(cudaDeviceGetAttribute(&n_sm_, cudaDevAttrMultiProcessorCount, device_));
     int l2 = 0;
@@ -52,18 +26,19 @@ cuda_backend::cuda_backend(int device) : device_(device), name_("cuda:" + std::t
     cudaDeviceProp prop{};
     SMOL_GPU_CHECK(cudaGetDeviceProperties(&prop, device_));
     gpu_name_ = prop.name;
-    table_path_ = default_table_path(gpu_name_);
+    table_path_ =
+        options.autotune_file.empty() ? default_table_path(gpu_name_) : options.autotune_file;
     load_table();
-    fuse_ = env_flag("SMOL_CUDA_FUSE", 1) != 0;
-    attn_ = attn_kernel_from_env();
+    fuse_ = options.fuse;
+    attn_ = options.attn;
 #if defined(SMOL_HIP)
     graphs_ = false; // not yet tried on ROCm
 #else
-    graphs_ = env_flag("SMOL_CUDA_GRAPHS", 1) != 0;
+    graphs_ = options.graphs;
     // Only where the kernels were compiled with the waits (sm_90 and up):
     // code JIT-compiled from older PTX has none.
     const int ptx = gemv_ptx_version();
-    pdl_ = prop.major >= 9 && ptx >= 90 && env_flag("SMOL_CUDA_PDL", 1) != 0;
+    pdl_ = prop.major >= 9 && ptx >= 90 && options.pdl;
 #endif
 #if defined(SMOL_FLASH_ATTENTION)
     // The decode kernel's block slots (see decode_block_slots).
@@ -313,7 +288,7 @@ void cuda_backend::launch_program(graph & g) {
 
 namespace smol {
 
-std::unique_ptr<backend> make_cuda_backend(int device) {
+std::unique_ptr<backend> make_cuda_backend(int device, const backend_options & options) {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
@@ -328,7 +303,7 @@ std::unique_ptr<backend> make_cuda_backend(int device) {
                                           " does not exist: this machine has " + std::to_string(n) +
                                           " " SMOL_GPU_VENDOR " device(s)");
     }
-    return std::make_unique<gpu::cuda_backend>(device);
+    return std::make_unique<gpu::cuda_backend>(device, options);
 }
 
 } // namespace smol

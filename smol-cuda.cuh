@@ -293,12 +293,6 @@ template <typename F> void with_weight_type(int type, F && f) {
     }
 }
 
-// Which attention kernel runs: by the batch's token count (automatic), or
-// the one SMOL_ATTN names, so that both can be compared on one device.
-// SMOL_ATTN=decode-warps is the decode kernel with a warp a kv head over
-// any cache of several sequences (automatic takes it for large batches).
-enum class attn_kernel : uint8_t { automatic, decode, decode_warps, flash, classic };
-
 // --- launches of kernels that another file owns ----------------------------------
 //
 // Kernels stay private to their file; the backend's parts reach the ones
@@ -340,7 +334,8 @@ bool seqs_apart(const batch_info & b);
 
 class cuda_backend final : public backend {
   public:
-    explicit cuda_backend(int device);
+    // The options as given (make_backend puts the environment's overrides on).
+    cuda_backend(int device, const backend_options & options);
     ~cuda_backend() override;
     const char * name() const override { return name_.c_str(); }
     placement where() const override { return placement::device; }

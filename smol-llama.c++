@@ -214,9 +214,42 @@ static int default_threads() {
     return n ? int(n) : 1;
 }
 
+// The device options a context's parameters ask for.
+static backend_options backend_options_of(const smol_context_params & p) {
+    backend_options o;
+    o.fuse = p.gpu_fuse;
+    o.graphs = p.gpu_graphs;
+    o.pdl = p.gpu_pdl;
+    switch (p.attn) {
+    case SMOL_ATTN_AUTO:
+        o.attn = attn_kernel::automatic;
+        break;
+    case SMOL_ATTN_DECODE:
+        o.attn = attn_kernel::decode;
+        break;
+    case SMOL_ATTN_DECODE_WARPS:
+        o.attn = attn_kernel::decode_warps;
+        break;
+    case SMOL_ATTN_FLASH:
+        o.attn = attn_kernel::flash;
+        break;
+    case SMOL_ATTN_CLASSIC:
+        o.attn = attn_kernel::classic;
+        break;
+    default:
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "attn " + std::to_string(int(p.attn)) +
+                        " names no attention kernel; use SMOL_ATTN_AUTO, _DECODE, "
+                        "_DECODE_WARPS, _FLASH or _CLASSIC");
+    }
+    if (p.autotune_file) o.autotune_file = p.autotune_file;
+    return o;
+}
+
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
-    : model(m), params(p), be_(make_backend(p.device ? p.device : "cpu",
-                                            p.n_threads > 0 ? p.n_threads : default_threads())),
+    : model(m), params(p),
+      be_(make_backend(p.device ? p.device : "cpu",
+                       p.n_threads > 0 ? p.n_threads : default_threads(), backend_options_of(p))),
       graph_(64 + size_t(m.hp.n_layer) * (32 + 8 * size_t(m.hp.n_head_kv))) {
     const llama_hparams & hp = m.hp;
     if (params.n_ctx == 0) params.n_ctx = uint32_t(std::min(4096, hp.n_ctx_train));
@@ -229,7 +262,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
                                                    ", the most sequences a KV cell can hold");
     }
     if (params.n_threads <= 0) params.n_threads = default_threads();
-    params.device = nullptr; // not kept: the caller owns the string
+    params.device = nullptr; // not kept: the caller owns the strings
+    params.autotune_file = nullptr;
     if (params.n_ctx > (1u << 24)) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "n_ctx " + std::to_string(params.n_ctx) + " is too large for the CPU cache");

@@ -290,6 +290,11 @@ smol_context_params smol_context_default_params(void) {
     p.gpu_mem = 0;
     p.kv_offload = SMOL_KV_OFFLOAD_AUTO;
     p.head_group = 0;
+    p.autotune_file = nullptr;
+    p.attn = SMOL_ATTN_AUTO;
+    p.gpu_fuse = true;
+    p.gpu_graphs = true;
+    p.gpu_pdl = true;
     p.abort_callback = nullptr;
     p.abort_user_data = nullptr;
     return p;

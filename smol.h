@@ -180,6 +180,18 @@ typedef enum smol_kv_offload {
     SMOL_KV_OFFLOAD_ALL = 2,
 } smol_kv_offload;
 
+// Which attention kernel a GPU runs: AUTO chooses by the step's token count;
+// the others force one for every step, to compare them (DECODE_WARPS: the
+// decode kernel with a warp a kv head; CLASSIC: the one without tensor
+// cores, split over the cells). Ignored on the CPU.
+typedef enum smol_attn_kernel {
+    SMOL_ATTN_AUTO = 0,
+    SMOL_ATTN_DECODE = 1,
+    SMOL_ATTN_DECODE_WARPS = 2,
+    SMOL_ATTN_FLASH = 3,
+    SMOL_ATTN_CLASSIC = 4,
+} smol_attn_kernel;
+
 // Asked before each chunk of a smol_decode batch; true stops the call.
 typedef bool (*smol_abort_fn)(void * user_data);
 
@@ -192,6 +204,11 @@ typedef struct smol_context_params {
     uint64_t gpu_mem;             // device memory budget in bytes (0: none, every head resident)
     smol_kv_offload kv_offload;   // default AUTO
     int32_t head_group;           // kv heads per group (0: the planner chooses)
+    const char * autotune_file;   // GPU matmul table (NULL: the default; see smol_autotune)
+    smol_attn_kernel attn;        // GPU attention kernel (default AUTO)
+    bool gpu_fuse;                // GPU: fused norm+matmul, rope+KV store, SwiGLU (true)
+    bool gpu_graphs;              // GPU: decode steps replayed as CUDA graphs (true)
+    bool gpu_pdl;                 // GPU: programmatic dependent launch, where it has it (true)
     smol_abort_fn abort_callback; // asked before each chunk of smol_decode (NULL: none)
     void * abort_user_data;       // given to abort_callback
 } smol_context_params;
@@ -292,9 +309,10 @@ typedef void (*smol_log_fn)(const char * line, void * user_data);
 // Times every matmul kernel the device offers (GEMV, small-batch and
 // split-K tilings, cuBLAS) on the model's weight shapes at each batch size
 // of n_tokens (NULL or n = 0: 1, 2, 4, 8, 16, 32, 64, 128, 512), keeps the
-// fastest for each and writes the table to path (NULL: the file the device
-// reads when a context is created: SMOL_AUTOTUNE_FILE if set, else
-// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt or ~/.cache/smol/...). Entries the
+// fastest for each and writes the table to path (NULL: the default path, the
+// file a context reads when its autotune_file is NULL:
+// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt or ~/.cache/smol/..., unless the
+// developer override SMOL_AUTOTUNE_FILE names another). Entries the
 // file already had for other shapes are kept. Contexts created afterwards
 // use it. log (may be NULL) gets one line per measurement. A device without
 // a choice of kernels (the CPU) gives SMOL_ERR_UNSUPPORTED.

@@ -47,19 +47,15 @@ using smol::tensor;
 constexpr smol_type all_types[] = {SMOL_TYPE_F32,  SMOL_TYPE_F16,  SMOL_TYPE_BF16,
                                    SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1};
 
-// The GPU backend; main skips the cases that ask for it where there is none,
-// so here its absence is a failure.
-std::unique_ptr<backend> gpu(const char * fuse = nullptr, const char * graphs = nullptr) {
-    if (fuse) setenv("SMOL_CUDA_FUSE", fuse, 1);
-    if (graphs) setenv("SMOL_CUDA_GRAPHS", graphs, 1);
+// The GPU backend with these options; main skips the cases that ask for it
+// where there is none, so here its absence is a failure.
+std::unique_ptr<backend> gpu(const smol::backend_options & options = {}) {
     std::unique_ptr<backend> be;
     try {
-        be = smol::make_cuda_backend(0);
+        be = smol::make_cuda_backend(0, options);
     } catch (const smol::error & e) {
         FAIL_CHECK("no GPU backend: " << std::string(e.what()));
     }
-    unsetenv("SMOL_CUDA_FUSE");
-    unsetenv("SMOL_CUDA_GRAPHS");
     REQUIRE(be);
     return be;
 }
@@ -576,12 +572,11 @@ TEST_CASE("kv_store and attention match the CPU for decode and prefill shapes") 
 
 namespace {
 
-// A GPU backend that runs the attention kernel SMOL_ATTN names.
-std::unique_ptr<backend> gpu_attention(const char * kernel) {
-    setenv("SMOL_ATTN", kernel, 1);
-    auto be = gpu();
-    unsetenv("SMOL_ATTN");
-    return be;
+// A GPU backend that runs this attention kernel.
+std::unique_ptr<backend> gpu_attention(smol::attn_kernel kernel) {
+    smol::backend_options o;
+    o.attn = kernel;
+    return gpu(o);
 }
 
 // The largest |got - want| of an attention output, and where: token, head
@@ -680,10 +675,10 @@ void check_attention(const attn_setup & a, const attn_setup::result & want,
 TEST_CASE("flash attention matches the CPU for prompts over served caches, with GQA") {
     SMOL_TEST_DRAW_SEED(case_seed);
     uint32_t draws = 0; // the seeds of its runs, derived from case_seed
-    auto flash = gpu_attention("flash");
-    auto decode = gpu_attention("decode");
-    auto classic = gpu_attention("classic");
-    auto automatic = gpu_attention("auto");
+    auto flash = gpu_attention(smol::attn_kernel::flash);
+    auto decode = gpu_attention(smol::attn_kernel::decode);
+    auto classic = gpu_attention(smol::attn_kernel::classic);
+    auto automatic = gpu_attention(smol::attn_kernel::automatic);
     auto c_be = cpu();
     struct heads {
         int n_head, n_head_kv;
@@ -719,12 +714,12 @@ TEST_CASE("flash attention matches the CPU for prompts over served caches, with 
                 // and without one a batch took the decode or the flash kernel
                 // by its size.
                 if (n_tok > 1 || history > 0) {
-                    CHECK_MESSAGE(f.out != c.out, "SMOL_ATTN=flash ran the classic kernel");
-                    CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
-                    CHECK_MESSAGE(d.out != c.out, "SMOL_ATTN=decode ran the classic kernel");
+                    CHECK_MESSAGE(f.out != c.out, "attn flash ran the classic kernel");
+                    CHECK_MESSAGE(d.out != f.out, "attn decode ran the flash kernel");
+                    CHECK_MESSAGE(d.out != c.out, "attn decode ran the classic kernel");
                 }
                 CHECK_MESSAGE(default_kernel_ran(n_tok, au.out, d.out, f.out),
-                              "without SMOL_ATTN a batch of "
+                              "with attn automatic a batch of "
                                   << n_tok
                                   << " tokens took neither the decode nor the flash kernel");
             }
@@ -740,9 +735,9 @@ TEST_CASE("attention leaves out the cells no token sees, even those holding NaN 
     // reads only the cells a token sees. Sequence 2's cells, among the
     // served history, get NaN or infinity in K and V; the batch continues
     // sequences 0 and 1, so no token sees them.
-    auto flash = gpu_attention("flash");
-    auto decode = gpu_attention("decode");
-    auto classic = gpu_attention("classic");
+    auto flash = gpu_attention(smol::attn_kernel::flash);
+    auto decode = gpu_attention(smol::attn_kernel::decode);
+    auto classic = gpu_attention(smol::attn_kernel::classic);
     auto c_be = cpu();
     for (int n_tok : {1, 5, 100}) {
         for (int history : {40, 3000}) {
@@ -782,10 +777,10 @@ TEST_CASE("flash attention over a long prompt's cells matches the CPU: whole, ma
     // can see are skipped: a prompt continued in chunks after its own
     // history, alone or beside a second sequence that shares its prefix;
     // decode and prompt batches, whole caches and head groups' views.
-    auto automatic = gpu_attention("auto");
-    auto flash = gpu_attention("flash");
-    auto decode = gpu_attention("decode");
-    auto classic = gpu_attention("classic");
+    auto automatic = gpu_attention(smol::attn_kernel::automatic);
+    auto flash = gpu_attention(smol::attn_kernel::flash);
+    auto decode = gpu_attention(smol::attn_kernel::decode);
+    auto classic = gpu_attention(smol::attn_kernel::classic);
     auto c_be = cpu();
     struct heads {
         int n_head, n_head_kv, G;
@@ -831,10 +826,10 @@ TEST_CASE("decode attention over head groups' views matches the CPU with every k
     // What an offloaded plan runs: per group of kv heads, a node over a view
     // (a resident slice or a staging slot), for one-token and small batches
     // after long histories.
-    auto automatic = gpu_attention("auto");
-    auto decode = gpu_attention("decode");
-    auto flash = gpu_attention("flash");
-    auto classic = gpu_attention("classic");
+    auto automatic = gpu_attention(smol::attn_kernel::automatic);
+    auto decode = gpu_attention(smol::attn_kernel::decode);
+    auto flash = gpu_attention(smol::attn_kernel::flash);
+    auto classic = gpu_attention(smol::attn_kernel::classic);
     auto c_be = cpu();
     struct heads {
         int n_head, n_head_kv;
@@ -863,8 +858,8 @@ TEST_CASE("decode attention over head groups' views matches the CPU with every k
                     const auto c = a.run(*classic, rope, G);
                     check_attention(a, want, {{"decode", d}, {"flash", f}, {"classic", c}});
                     CHECK(default_kernel_ran(n_tok, au.out, d.out, f.out));
-                    CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
-                    CHECK_MESSAGE(d.out != c.out, "SMOL_ATTN=decode ran the classic kernel");
+                    CHECK_MESSAGE(d.out != f.out, "attn decode ran the flash kernel");
+                    CHECK_MESSAGE(d.out != c.out, "attn decode ran the classic kernel");
                     // The groups' stores filled the cache as one store does.
                     const auto whole = a.run(*decode, rope);
                     CHECK(d.K == whole.K);
@@ -885,12 +880,12 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
     // sequences are more blocks than the GPU holds at once (a warp serves
     // each kv head then), and 48 and 100 sequences more tokens than a
     // decode-sized batch, and all still take it. Sequences from 64 up are
-    // the second word of a cell's mask. SMOL_ATTN=decode-warps takes the warp form for every
+    // the second word of a cell's mask. attn decode_warps takes the warp form for every
     // shape here, with kv heads that leave warps of a block idle (3, 5).
-    auto automatic = gpu_attention("auto");
-    auto decode = gpu_attention("decode");
-    auto warps = gpu_attention("decode-warps");
-    auto flash = gpu_attention("flash");
+    auto automatic = gpu_attention(smol::attn_kernel::automatic);
+    auto decode = gpu_attention(smol::attn_kernel::decode);
+    auto warps = gpu_attention(smol::attn_kernel::decode_warps);
+    auto flash = gpu_attention(smol::attn_kernel::flash);
     auto c_be = cpu();
     struct shape {
         int n_head, n_head_kv, n_seqs, history;
@@ -914,8 +909,8 @@ TEST_CASE("decode attention over sequences in pages of their own matches the CPU
         check_attention(a, want,
                         {{"decode", d}, {"decode-warps", w}, {"flash", f}, {"automatic", au}});
         CHECK_MESSAGE(au.out == d.out, "tokens of different sequences took another kernel");
-        CHECK_MESSAGE(d.out != f.out, "SMOL_ATTN=decode ran the flash kernel");
-        CHECK_MESSAGE(w.out != f.out, "SMOL_ATTN=decode-warps ran the flash kernel");
+        CHECK_MESSAGE(d.out != f.out, "attn decode ran the flash kernel");
+        CHECK_MESSAGE(w.out != f.out, "attn decode-warps ran the flash kernel");
     }
 }
 
@@ -1046,8 +1041,9 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
         mul_mat_on(b, SMOL_TYPE_Q8_0, wq, x, 576, 200, 1);
         return b.mm_used();
     };
-    setenv("SMOL_AUTOTUNE_FILE", path.c_str(), 1);
-    auto again = gpu();
+    smol::backend_options from_path;
+    from_path.autotune_file = path;
+    auto again = gpu(from_path);
     CHECK(kernel_of(*again) == "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
     // The same table for another GPU: the built-in choice.
     std::ifstream in(path);
@@ -1057,14 +1053,14 @@ TEST_CASE("the autotune table is saved, read back by a new backend, and ignored 
     REQUIRE(at != std::string::npos);
     text = text.substr(0, at) + "\ngpu Some Other GPU" + text.substr(text.find('\n', at + 1));
     std::ofstream(path, std::ios::trunc) << text;
-    auto other = gpu();
+    auto other = gpu(from_path);
     const std::string other_kernel = kernel_of(*other);
     CHECK(other_kernel != "q8_0 200x576 M=1: gemv mt=1 ks=1\n");
     // A missing file: the built-in choice too.
-    setenv("SMOL_AUTOTUNE_FILE", (path + ".absent").c_str(), 1);
-    auto none = gpu();
+    smol::backend_options absent;
+    absent.autotune_file = path + ".absent";
+    auto none = gpu(absent);
     CHECK(kernel_of(*none) == other_kernel);
-    unsetenv("SMOL_AUTOTUNE_FILE");
     std::filesystem::remove(path);
 }
 
@@ -1217,8 +1213,10 @@ struct layer_setup {
 TEST_CASE("a fused llama layer gives the logits of the unfused ops and of the CPU") {
     SMOL_TEST_DRAW_SEED(case_seed);
     uint32_t draws = 0; // the seeds of its runs, derived from case_seed
+    smol::backend_options unfused;
+    unfused.fuse = false;
     auto fused = gpu();
-    auto plain = gpu("0");
+    auto plain = gpu(unfused);
     auto c_be = cpu();
     for (smol_type t :
          {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_1}) {
@@ -1335,9 +1333,10 @@ model_ptr load(const std::string & path) {
     return model_ptr(m);
 }
 
+// A context on device, the GPU's options (attn, gpu_fuse, ...) as p has them.
 context_ptr make_context(smol_model * m, const char * device, uint32_t n_ctx,
-                         uint32_t n_batch = 512, uint32_t n_seq = 1, int threads = 4) {
-    smol_context_params p = smol_context_default_params();
+                         uint32_t n_batch = 512, uint32_t n_seq = 1, int threads = 4,
+                         smol_context_params p = smol_context_default_params()) {
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
     p.n_seq_max = n_seq;
@@ -1409,13 +1408,12 @@ TEST_CASE("replayed CUDA graphs and unfused ops give the logits of plain launche
     model_ptr m = load(path);
     std::mt19937 rng(seed);
     const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
-    context_ptr graphs = make_context(m.get(), "cuda:0", 64);
-    setenv("SMOL_CUDA_GRAPHS", "0", 1);
-    context_ptr eager = make_context(m.get(), "cuda:0", 64);
-    setenv("SMOL_CUDA_FUSE", "0", 1);
-    context_ptr unfused = make_context(m.get(), "cuda:0", 64);
-    unsetenv("SMOL_CUDA_GRAPHS");
-    unsetenv("SMOL_CUDA_FUSE");
+    smol_context_params p = smol_context_default_params();
+    context_ptr graphs = make_context(m.get(), "cuda:0", 64, 512, 1, 4, p);
+    p.gpu_graphs = false;
+    context_ptr eager = make_context(m.get(), "cuda:0", 64, 512, 1, 4, p);
+    p.gpu_fuse = false;
+    context_ptr unfused = make_context(m.get(), "cuda:0", 64, 512, 1, 4, p);
     const auto a = decode_all(graphs.get(), ids, s.n_vocab, 8, 8);
     const auto b = decode_all(eager.get(), ids, s.n_vocab, 8, 8);
     const auto c = decode_all(unfused.get(), ids, s.n_vocab, 8, 8);
@@ -1507,23 +1505,22 @@ TEST_CASE("a random llama of SmolLM2-135M's shape decodes on the GPU to the floa
     // after a few untimed ones (on the GPU, replays of a captured graph).
     struct variant {
         const char * device;
-        const char * graphs;
-        const char * fuse;
+        bool graphs;
+        bool fuse;
         const char * label;
     };
     const variant variants[] = {
-        {"cuda:0", nullptr, nullptr, "GPU"},
-        {"cuda:0", "0", nullptr, "GPU without CUDA graphs"},
-        {"cuda:0", "0", "0", "GPU without graphs or fusion"},
-        {"cpu", nullptr, nullptr, "CPU, all cores"},
+        {"cuda:0", true, true, "GPU"},
+        {"cuda:0", false, true, "GPU without CUDA graphs"},
+        {"cuda:0", false, false, "GPU without graphs or fusion"},
+        {"cpu", true, true, "CPU, all cores"},
     };
     for (const variant & v : variants) {
         using clock = std::chrono::steady_clock;
-        if (v.graphs) setenv("SMOL_CUDA_GRAPHS", v.graphs, 1);
-        if (v.fuse) setenv("SMOL_CUDA_FUSE", v.fuse, 1);
-        context_ptr t = make_context(m.get(), v.device, 1024, 512, 1, 0);
-        unsetenv("SMOL_CUDA_GRAPHS");
-        unsetenv("SMOL_CUDA_FUSE");
+        smol_context_params p = smol_context_default_params();
+        p.gpu_graphs = v.graphs;
+        p.gpu_fuse = v.fuse;
+        context_ptr t = make_context(m.get(), v.device, 1024, 512, 1, 0, p);
         const bool cpu_side = std::string(v.device) == "cpu";
         const std::vector<int> prompt = random_ids(rng, 512, s.n_vocab);
         smol_batch b = smol_batch_init(512);
@@ -1574,13 +1571,13 @@ TEST_CASE(
     std::mt19937 rng(seed);
     // Two chunks of 200: the second attends to the first from the cache.
     const std::vector<int> ids = random_ids(rng, 400, s.n_vocab);
-    auto logits_with = [&](const char * kernel) {
-        setenv("SMOL_ATTN", kernel, 1);
-        context_ptr c = make_context(m.get(), "cuda:0", 512, 200);
-        unsetenv("SMOL_ATTN");
+    auto logits_with = [&](smol_attn_kernel kernel) {
+        smol_context_params p = smol_context_default_params();
+        p.attn = kernel;
+        context_ptr c = make_context(m.get(), "cuda:0", 512, 200, 1, 4, p);
         return decode_all(c.get(), ids, s.n_vocab, 200);
     };
-    const auto flash = logits_with("flash"), classic = logits_with("classic");
+    const auto flash = logits_with(SMOL_ATTN_FLASH), classic = logits_with(SMOL_ATTN_CLASSIC);
     REQUIRE(flash.size() == ids.size());
     // Per token, relative to its largest logit: the attention outputs differ
     // by the f16 rounding of the softmax weights (see flash_attn_tol), which
@@ -1598,25 +1595,11 @@ TEST_CASE(
     INFO("largest relative logit difference " << worst_e << " at token " << worst_i);
     CHECK(worst_e < 2e-2);
     CHECK_MESSAGE(flash != classic,
-                  "SMOL_ATTN=flash and classic gave the same bits: one kernel ran");
+                  "SMOL_ATTN_FLASH and SMOL_ATTN_CLASSIC gave the same bits: one kernel ran");
     MESSAGE("135M-shaped q4_1 prefill, flash against classic attention: largest relative logit "
             "difference "
             << worst_e);
     std::filesystem::remove(path);
-}
-
-TEST_CASE("a SMOL_ATTN that names no attention kernel stops the GPU backend with a message") {
-    setenv("SMOL_ATTN", "fast", 1);
-    std::string message;
-    try {
-        smol::make_cuda_backend(0);
-    } catch (const smol::error & e) {
-        message = e.what();
-    }
-    unsetenv("SMOL_ATTN");
-    INFO(message);
-    CHECK(message.find("SMOL_ATTN=fast") != std::string::npos);
-    CHECK(message.find("flash") != std::string::npos);
 }
 
 // The GPU multiplies with f32 activations up to 32 tokens and f16 above,

@@ -460,6 +460,21 @@ TEST_CASE("the abort callback stops a decode between chunks and leaves the cache
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a context refuses an attention kernel smol_attn_kernel does not name") {
+    const std::string path = temp_path("attn.gguf");
+    tiny::shape s;
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    smol_context_params p = smol_context_default_params();
+    p.attn = smol_attn_kernel(17);
+    smol_context * c = nullptr;
+    CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(c == nullptr);
+    CHECK(std::string(smol_last_error()).find("names no attention kernel") != std::string::npos);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("loading refuses missing files, other architectures and unsupported tensor types") {
     smol_model * m = nullptr;
     CHECK(smol_model_load("/nonexistent/model.gguf", nullptr, &m) == SMOL_ERR_IO);

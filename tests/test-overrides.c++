@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <doctest/doctest.h>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -126,4 +127,23 @@ TEST_CASE("SMOL_CPU_KERNELS and SMOL_CPU_PREFETCH are read as the CPU kernels re
     CHECK(smol::cpu_prefetch_override() == 1);
     setenv("SMOL_CPU_PREFETCH", "", 1);
     CHECK(smol::cpu_prefetch_override() == -1);
+}
+
+TEST_CASE("make_backend puts the overrides on a GPU's options, and a bad one stops it clearly") {
+    clean_env env;
+    setenv("SMOL_ATTN", "fast", 1);
+    // Read before any device is opened, so this holds with or without a GPU.
+    std::string message;
+    try {
+        smol::make_backend("cuda:0", 1);
+    } catch (const smol::error & e) {
+        CHECK(e.status == SMOL_ERR_INVALID_ARGUMENT);
+        message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find("SMOL_ATTN=fast") != std::string::npos);
+    CHECK(message.find("flash") != std::string::npos);
+    // The CPU has none of these options, and does not read them.
+    CHECK(smol::make_backend("cpu", 1) != nullptr);
+    CHECK(smol::make_backend("sim", 1) != nullptr);
 }
