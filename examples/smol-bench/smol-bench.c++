@@ -70,8 +70,9 @@ struct options {
     std::string gpu_mem;
     std::string kv_offload = "auto";
     int head_group = 0;
-    double device_bw = 4200; // GB/s: a device-to-device copy measured on the H200
-    double link_bw = 53;     // GB/s: pinned host-to-device copies measured on the H200 host
+    std::string attn = "auto"; // --attn: the GPU's attention kernel
+    double device_bw = 4200;   // GB/s: a device-to-device copy measured on the H200
+    double link_bw = 53;       // GB/s: pinned host-to-device copies measured on the H200 host
     bool json = false;
     bool progress = false;
     std::vector<int> batched;  // --batched: sequences decoding together
@@ -80,6 +81,15 @@ struct options {
     bool autotune = false;     // --autotune: write the matmul kernel table and stop
     std::string autotune_file; // where (empty: the device's default file)
 };
+
+// The attention kernel --attn names (checked by the parser).
+smol_attn_kernel attn_kernel_of(const std::string & name) {
+    if (name == "decode") return SMOL_ATTN_DECODE;
+    if (name == "decode-warps") return SMOL_ATTN_DECODE_WARPS;
+    if (name == "flash") return SMOL_ATTN_FLASH;
+    if (name == "classic") return SMOL_ATTN_CLASSIC;
+    return SMOL_ATTN_AUTO;
+}
 
 // How a context placed its KV, for the rows that ask for it.
 struct placement_info {
@@ -238,6 +248,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
+    cparams.attn = attn_kernel_of(o.attn);
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
@@ -335,7 +346,7 @@ std::string kernels_of(smol_context * ctx) {
 
 result run_batched(smol_model * model, const smol_model_info & info, const std::string & file,
                    const std::string & device, int n_threads, int n_seq, int n_prompt, int n_gen,
-                   int reps, bool progress) {
+                   int reps, bool progress, smol_attn_kernel attn) {
     result r;
     r.model_file = file;
     r.model_label = std::filesystem::path(file).stem().string();
@@ -356,6 +367,7 @@ result run_batched(smol_model * model, const smol_model_info & info, const std::
     cparams.n_seq_max = uint32_t(n_seq);
     cparams.n_threads = n_threads;
     if (!device.empty()) cparams.device = device.c_str();
+    cparams.attn = attn;
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
@@ -612,7 +624,8 @@ int run(options & o) {
                     }
                 for (int n_seq : o.batched) {
                     result r = run_batched(model.get(), info, file, o.device, n_threads, n_seq,
-                                           o.batched_prompt, o.batched_gen, o.reps, o.progress);
+                                           o.batched_prompt, o.batched_gen, o.reps, o.progress,
+                                           attn_kernel_of(o.attn));
                     for (const sink & k : sinks)
                         if (k.format == "md") k.table.row(r);
                     results.push_back(std::move(r));
@@ -676,6 +689,11 @@ int main(int argc, char ** argv) {
     app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    app.add_option("--attn", o.attn,
+                   "the GPU's attention kernel for every batch: auto, decode, decode-warps, "
+                   "flash or classic")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "decode", "decode-warps", "flash", "classic"}));
     app.add_option("--device-bw", o.device_bw, "device memory bandwidth in GB/s, for the floor")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
