@@ -3,6 +3,8 @@
 // device uses too), each op's CPU kernel over smol-cpu-kernels' table, the
 // CPU backend itself, and make_backend, which picks a backend by name.
 
+#include "smol-cpu.h"
+
 #include "smol-backend.h"
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"

@@ -12,6 +12,7 @@
 
 #include "smol-cuda-common.cuh"
 #include "smol-cuda-fusion.h"
+#include "smol-schedule.h"
 
 namespace smol::gpu {
 

@@ -1,12 +1,11 @@
 // smol-graph.h - the core's data model: tensors (type, shape, byte strides,
 // placement), the ops a model is built from, the graph that records them,
-// the arena that places intermediate results, the schedule that spreads a
-// graph over a compute stream and two copy streams, and the executor that
-// runs a graph on the CPU backend's thread pool. Model code builds graphs
-// through the op builders here and never touches memory placement itself.
-// Defined in smol-graph.c++ (tensors, graph, builders), smol-schedule.c++
-// and smol-cpu.c++ (thread pool, arena, executor); the KV cache's cells are
-// smol-kv-cache.h's.
+// and the arena plan that places a graph's intermediate results. Model code
+// builds graphs through the op builders here and never touches memory
+// placement itself. Defined in smol-graph.c++ (tensors, graph, builders)
+// and smol-cpu.c++ (the arena plan); the KV cache's cells are
+// smol-kv-cache.h's, the schedule smol-schedule.h's, the CPU's executor
+// smol-cpu.h's.
 
 #ifndef SMOL_GRAPH_H
 #define SMOL_GRAPH_H
@@ -14,15 +13,10 @@
 #include "smol-kv-cache.h"
 #include "smol.h"
 
-#include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -178,69 +172,7 @@ inline kv_view node_kv_view(const tensor * t, const kv_cache & kv) {
     return t->kv.k ? t->kv : kv.layer_view(t->iparams[0]);
 }
 
-// --- schedule ---------------------------------------------------------------
-
-// The program of one graph over three streams: compute runs every op but
-// copies, h2d runs host-to-device copies, d2h device-to-host ones. Within a
-// stream instructions run in order; across streams an instruction waits for
-// an event that another stream recorded after the node it depends on. Issue
-// order is the graph's node order, so a copy placed early in the graph is
-// issued early and overlaps the compute that follows it.
-enum class stream_id : uint8_t { compute, h2d, d2h };
-constexpr int n_streams = 3;
-const char * stream_name(stream_id s);
-
-struct schedule {
-    enum class kind : uint8_t { run, wait, record };
-    struct instr {
-        kind what;
-        int32_t node;  // run: the node
-        int32_t event; // wait, record
-    };
-    std::vector<instr> prog[n_streams];
-    // Issue order: (stream, index in that stream's program).
-    std::vector<std::pair<uint8_t, int32_t>> issue;
-    std::vector<uint8_t> node_stream; // per node
-    std::vector<int32_t> event_after; // per node: the event recorded after it, or -1
-    std::vector<int32_t> event_node;  // per event: the node it follows
-    std::vector<int32_t> event_pos;   // per event: its record's index in its stream
-    std::vector<uint8_t> needs_event; // the builder's work space
-    int32_t n_events = 0;
-    bool has_copies() const { return !prog[1].empty() || !prog[2].empty(); }
-};
-stream_id node_stream(const tensor * t);
-void make_schedule(const graph & g, schedule & s);
-// The program as text, one instruction a line in issue order.
-std::string format_schedule(const graph & g, const schedule & s);
-
-// --- thread pool ------------------------------------------------------------
-
-// Persistent workers that run one function on every thread at once; inside
-// it, barrier() separates the phases (ggml's model: one parallel region per
-// graph, a spin barrier between nodes, sleep between graphs).
-class thread_pool {
-  public:
-    explicit thread_pool(int n_threads);
-    ~thread_pool();
-    int size() const { return n_threads_; }
-    void run(const std::function<void(int ith, int nth)> & fn);
-    void barrier();
-
-  private:
-    void worker(int ith);
-    int n_threads_;
-    std::vector<std::thread> threads_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    const std::function<void(int, int)> * job_ = nullptr;
-    uint64_t job_gen_ = 0;
-    bool stop_ = false;
-    std::atomic<int> pending_{0};
-    alignas(64) std::atomic<int> bar_count_{0};
-    alignas(64) std::atomic<uint32_t> bar_gen_{0};
-};
-
-// --- executor ---------------------------------------------------------------
+// --- arena ------------------------------------------------------------------
 
 // Where each intermediate tensor of a graph goes in one arena: first fit,
 // reusing a result's bytes once its last reader has run. Every backend uses
@@ -264,71 +196,6 @@ struct arena_plan {
 // folded into it, whose memory must then live until that step has run.
 void plan_arena(const graph & g, size_t alignment, arena_plan & p,
                 const std::vector<const tensor *> * extra_reads = nullptr);
-
-// Events of one run of a schedule, shared by the threads that run its
-// streams: record marks one done, wait blocks until it is.
-class event_set {
-  public:
-    void reset(int32_t n);
-    void record(int32_t e);
-    void wait(int32_t e);
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<uint8_t> done_;
-};
-
-// Runs the two copy streams of a schedule beside the executor's compute
-// stream (the simulated device's copy threads).
-class copy_engine {
-  public:
-    virtual ~copy_engine() = default;
-    // Hands over the copy streams of s; they run as their waits allow.
-    virtual void start(const graph & g, const schedule & s, event_set & ev) = 0;
-    // Returns once both streams have run every instruction.
-    virtual void finish() = 0;
-};
-
-// Runs one OP_COPY node (a strided memcpy) on the calling thread.
-void run_copy_node(const tensor * t);
-
-// Runs graphs on the CPU: places intermediates in an arena and runs the
-// nodes in order on the thread pool.
-class executor {
-  public:
-    explicit executor(int n_threads);
-    // Assigns data to intermediate tensors; grows the arena if this graph
-    // needs more than any before (only while a context warms up).
-    void plan(graph & g);
-    // Runs the nodes in order, copies inline; with a schedule and a copy
-    // engine, the compute stream here and the copy streams on the engine.
-    void run(graph & g, const schedule * s = nullptr, copy_engine * copies = nullptr);
-    size_t arena_bytes() const { return arena_.size; }
-    // Every byte the executor holds: arena, work space, per-thread scratch.
-    size_t held_bytes() const { return arena_.size + work_.size + scratch_.size; }
-    // What plan(g) would hold, without allocating.
-    size_t bytes_for(const graph & g);
-    thread_pool & pool() { return pool_; }
-
-  private:
-    thread_pool pool_;
-    struct aligned_buffer {
-        uint8_t * data = nullptr;
-        size_t size = 0;
-        void reserve(size_t n); // grows, 64-byte aligned; contents not kept
-        ~aligned_buffer();
-    };
-    aligned_buffer arena_;
-    aligned_buffer work_;    // shared by all threads of one op
-    aligned_buffer scratch_; // per-thread work space
-    size_t scratch_per_thread_ = 0;
-    std::vector<uint8_t> no_barrier_;                // node n may start before n - 1 ends
-    std::unique_ptr<std::atomic<int32_t>[]> chunks_; // per node: the next chunk of work
-    size_t n_chunks_ = 0;
-    arena_plan plan_, probe_;
-    event_set events_;
-};
 
 } // namespace smol
 

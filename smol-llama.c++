@@ -6,6 +6,7 @@
 
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
+#include "smol-schedule.h"
 
 #include <algorithm>
 #include <chrono>

@@ -2,6 +2,8 @@
 // the two copy streams (make_schedule), its printed program, the events one
 // stream records and another waits for, and one copy node run on the host.
 
+#include "smol-schedule.h"
+
 #include "smol-graph.h"
 #include "smol-plan.h"
 

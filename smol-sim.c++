@@ -3,6 +3,7 @@
 // their own.
 
 #include "smol-backend.h"
+#include "smol-cpu.h"
 #include "smol-graph.h"
 #include "smol-host-memory.h"
 

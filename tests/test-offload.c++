@@ -9,6 +9,7 @@
 #include "smol-graph.h"
 #include "smol-llama.h"
 #include "smol-plan.h"
+#include "smol-schedule.h"
 #include "smol.h"
 #include "test-seed.h"
 #include "tiny-model.h"
