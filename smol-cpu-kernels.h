@@ -1,9 +1,9 @@
 // smol-cpu-kernels.h - the CPU backend's kernels: GGUF block layouts, f16 and
 // bf16 conversion, row (de)quantization, the matmul with on-the-fly
 // dequantization, and the vector primitives that attention and the small ops
-// use. One source (smol-cpu-kernels.c++) is compiled once per instruction set
-// (generic, AVX2+FMA+F16C, AVX-512 with VNNI and BF16); the best variant the
-// running CPU supports is chosen once at run time.
+// use. Two sources (smol-cpu-kernels.c++, smol-cpu-matmul.c++) are compiled
+// once per instruction set (generic, AVX2+FMA+F16C, AVX-512 with VNNI and
+// BF16); the best variant the running CPU supports is chosen once at run time.
 
 #ifndef SMOL_CPU_KERNELS_H
 #define SMOL_CPU_KERNELS_H
