@@ -39,6 +39,9 @@ bool supported_type(uint32_t t) {
     }
 }
 
+// The tensors of one layer: two norms, q, k, v, the output, gate, up, down.
+constexpr size_t llama_layer_tensors = 9;
+
 struct loader {
     const gguf::file & f;
     const std::string & path;
@@ -139,6 +142,16 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
         }
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, e.what());
+    }
+    // Memory is sized from the layer count below: check it against what the
+    // file holds first, since each layer needs tensors of its own.
+    if (const size_t n_tensors = f.tensors().size();
+        size_t(hp.n_layer) > n_tensors / llama_layer_tensors) {
+        throw error(SMOL_ERR_FORMAT, path + ": llama.block_count is " + std::to_string(hp.n_layer) +
+                                         ", but the file holds " + std::to_string(n_tensors) +
+                                         " tensors, too few for that many layers of " +
+                                         std::to_string(llama_layer_tensors) +
+                                         " each; the file is truncated or its metadata is wrong");
     }
     if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0) {
         throw error(SMOL_ERR_FORMAT, path + ": " + std::to_string(hp.n_head) + " heads over " +

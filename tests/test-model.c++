@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <sys/resource.h>
 #include <vector>
 
 using test::decode_all;
@@ -507,6 +508,33 @@ TEST_CASE("loading refuses missing files, other architectures and unsupported te
     CHECK(smol_model_load((path + ".q5").c_str(), nullptr, &m) == SMOL_ERR_UNSUPPORTED);
     CHECK(std::string(smol_last_error()).find("blk.0.attn_q.weight") != std::string::npos);
     CHECK(std::string(smol_last_error()).find("q5_0") != std::string::npos);
+
+    // A layer count far beyond the file's tensors is refused before any
+    // memory is sized from it (a fuzzer's find: 16,777,217 layers made the
+    // loader take gigabytes first).
+    {
+        tiny::write(path, tiny::shape{}, 4);
+        auto f = gguf::file::open(path);
+        gguf::writer w;
+        for (const auto & kv : f->metadata()) {
+            w.set(kv.key, kv.key == "llama.block_count" ? gguf::value::make_u32(16777217) : kv.val);
+        }
+        for (const auto & t : f->tensors())
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data,
+                         t.nbytes);
+        w.write(path + ".layers");
+        rusage before{}, after{};
+        getrusage(RUSAGE_SELF, &before);
+        CHECK(smol_model_load((path + ".layers").c_str(), nullptr, &m) == SMOL_ERR_FORMAT);
+        getrusage(RUSAGE_SELF, &after);
+        CHECK(m == nullptr);
+        const std::string msg = smol_last_error();
+        CHECK(msg.find("llama.block_count is 16777217") != std::string::npos);
+        CHECK(msg.find("too few") != std::string::npos);
+        // The peak resident size (KiB) grew by less than 256 MiB.
+        CHECK(after.ru_maxrss - before.ru_maxrss < 256 * 1024);
+        std::filesystem::remove(path + ".layers");
+    }
 
     // A truncated file.
     tiny::write(path, tiny::shape{}, 3);
