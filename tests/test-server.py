@@ -215,6 +215,12 @@ def run(port):
          json.dumps({**ok_body, "max_tokens": N_CTX}).encode(), 400),
         ("a prompt beyond the context", "/v1/completions",
          json.dumps({"model": model, "prompt": "hello " * N_CTX}).encode(), 400),
+        ("content with invalid UTF-8", chat_path,
+         b'{"model": "' + model.encode() + b'", "max_tokens": 4, '
+         b'"messages": [{"role": "user", "content": "caf\xe9 \xff\xfe"}]}', 400),
+        ("content with a lone surrogate escape", chat_path,
+         b'{"model": "' + model.encode() + b'", "max_tokens": 4, '
+         b'"messages": [{"role": "user", "content": "a \\udc80 b"}]}', 400),
         ("an oversized body", chat_path, b"{" + b" " * (MAX_BODY + 10) + b"}", 413),
         ("an unknown path", "/v1/nothing", b"{}", 404),
     ]

@@ -72,9 +72,13 @@ api_error bad_request(const std::string & message, const std::string & param = "
     return {400, message, "invalid_request_error", param, code};
 }
 
+// Messages can quote the request's own bytes (a JSON parser's "last read"),
+// which need not be UTF-8: they go out with such bytes replaced, never as
+// a failure to write the error itself.
 void send_error(httplib::Response & res, const api_error & e) {
     res.status = e.status;
-    res.set_content(error_body(e).dump(), "application/json");
+    res.set_content(error_body(e).dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
 }
 
 // --- the model and the engine --------------------------------------------------
