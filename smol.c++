@@ -82,6 +82,27 @@ std::string format_value(const gguf::value & v) {
     }
 }
 
+// The weight shapes of a llama's matmul launches as a device backend keys
+// them: each weight alone, q, k and v launched together, and gate and up
+// fused into one SwiGLU launch (whose rows count twice).
+std::vector<smol::mm_key> llama_mm_shapes(const smol::llama_model & m) {
+    std::vector<smol::mm_key> out;
+    auto add = [&](smol_type t, int64_t n, int64_t k) {
+        const smol::mm_key key{t, n, k, 0};
+        if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
+    };
+    if (!m.layers.empty()) {
+        const smol::llama_layer & L = m.layers[0];
+        for (const smol::weight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+            add(w->type, w->ne1, w->ne0);
+        if (L.wq.type == L.wk.type && L.wk.type == L.wv.type)
+            add(L.wq.type, L.wq.ne1 + L.wk.ne1 + L.wv.ne1, L.wq.ne0);
+        if (L.w_gate.type == L.w_up.type) add(L.w_gate.type, 2 * L.w_gate.ne1, L.w_gate.ne0);
+    }
+    add(m.output.type, m.output.ne1, m.output.ne0);
+    return out;
+}
+
 } // namespace
 
 extern "C" {
@@ -325,31 +346,6 @@ smol_status smol_context_create(smol_model * model, const smol_context_params * 
 void smol_context_free(smol_context * ctx) {
     delete ctx;
 }
-
-namespace {
-
-// The weight shapes of a llama's matmul launches as a device backend keys
-// them: each weight alone, q, k and v launched together, and gate and up
-// fused into one SwiGLU launch (whose rows count twice).
-std::vector<smol::mm_key> llama_mm_shapes(const smol::llama_model & m) {
-    std::vector<smol::mm_key> out;
-    auto add = [&](smol_type t, int64_t n, int64_t k) {
-        const smol::mm_key key{t, n, k, 0};
-        if (std::find(out.begin(), out.end(), key) == out.end()) out.push_back(key);
-    };
-    if (!m.layers.empty()) {
-        const smol::llama_layer & L = m.layers[0];
-        for (const smol::weight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-            add(w->type, w->ne1, w->ne0);
-        if (L.wq.type == L.wk.type && L.wk.type == L.wv.type)
-            add(L.wq.type, L.wq.ne1 + L.wk.ne1 + L.wv.ne1, L.wq.ne0);
-        if (L.w_gate.type == L.w_up.type) add(L.w_gate.type, 2 * L.w_gate.ne1, L.w_gate.ne0);
-    }
-    add(m.output.type, m.output.ne1, m.output.ne0);
-    return out;
-}
-
-} // namespace
 
 smol_status smol_autotune(const smol_model * model, const char * device, const int32_t * n_tokens,
                           int32_t n, const char * path, smol_log_fn log, void * user_data) {
