@@ -5,6 +5,7 @@
 // graph used.
 
 #include "smol-cuda.cuh"
+#include "smol-overrides.h"
 
 namespace smol::gpu {
 
@@ -53,8 +54,7 @@ const char * type_key_name(smol_type t) {
 } // namespace
 
 // Where the table of this GPU lives unless the options name a file:
-// $XDG_CACHE_HOME/smol/autotune-<gpu>.txt, else ~/.cache/smol/... (the
-// cache directory's lookup stays here, beside the path it makes).
+// autotune-<gpu>.txt in smol's cache folder (cache_dir).
 std::string default_table_path(const std::string & gpu) {
     std::string slug;
     for (char ch : gpu) {
@@ -67,15 +67,7 @@ std::string default_table_path(const std::string & gpu) {
     }
     while (!slug.empty() && slug.back() == '-') slug.pop_back();
     if (slug.empty()) slug = "gpu";
-    std::filesystem::path dir;
-    if (const char * x = std::getenv("XDG_CACHE_HOME"); x && *x) {
-        dir = std::filesystem::path(x) / "smol";
-    } else if (const char * h = std::getenv("HOME"); h && *h) {
-        dir = std::filesystem::path(h) / ".cache" / "smol";
-    } else {
-        dir = std::filesystem::temp_directory_path() / "smol";
-    }
-    return (dir / ("autotune-" + slug + ".txt")).string();
+    return (std::filesystem::path(cache_dir()) / ("autotune-" + slug + ".txt")).string();
 }
 
 // --- matmul kernel choice and its table -------------------------------------------

@@ -1,6 +1,5 @@
-// smol-overrides.c++ - developer overrides read from the environment
-// (smol-overrides.h). No other library source calls getenv, but for the
-// default path of the GPU's autotune table (XDG_CACHE_HOME, HOME).
+// smol-overrides.c++ - what the library reads from the environment
+// (smol-overrides.h); no other library source reads it.
 
 #include "smol-overrides.h"
 
@@ -9,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace smol {
 
@@ -49,6 +49,13 @@ void apply_env_overrides(backend_options & o) {
         }
     }
     if (const char * v = env("SMOL_AUTOTUNE_FILE")) o.autotune_file = v;
+}
+
+std::string cache_dir() {
+    if (const char * x = env("XDG_CACHE_HOME")) return (std::filesystem::path(x) / "smol").string();
+    if (const char * h = env("HOME"))
+        return (std::filesystem::path(h) / ".cache" / "smol").string();
+    return (std::filesystem::temp_directory_path() / "smol").string();
 }
 
 std::string cpu_kernels_override() {

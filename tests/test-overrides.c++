@@ -1,7 +1,8 @@
 // test-overrides.c++ - the developer overrides of the environment
 // (smol-overrides.c++): each variable sets what it names on top of the
 // options, an unset or empty one leaves them, and a value they do not know
-// is refused with a clear message. The only suite that sets the environment.
+// is refused with a clear message; and the cache folder. The only suite
+// that sets the environment.
 
 #include "smol-backend.h"
 #include "smol-error.h"
@@ -146,4 +147,21 @@ TEST_CASE("make_backend puts the overrides on a GPU's options, and a bad one sto
     // The CPU has none of these options, and does not read them.
     CHECK(smol::make_backend("cpu", 1) != nullptr);
     CHECK(smol::make_backend("sim", 1) != nullptr);
+}
+
+TEST_CASE("the cache folder is XDG_CACHE_HOME's, else HOME's .cache, else the temporary one") {
+    const char * xdg = std::getenv("XDG_CACHE_HOME");
+    const char * home = std::getenv("HOME");
+    const std::string saved_xdg = xdg ? xdg : "", saved_home = home ? home : "";
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    setenv("HOME", "/h", 1);
+    CHECK(smol::cache_dir() == "/x/cache/smol");
+    setenv("XDG_CACHE_HOME", "", 1); // empty: not set
+    CHECK(smol::cache_dir() == "/h/.cache/smol");
+    unsetenv("XDG_CACHE_HOME");
+    unsetenv("HOME");
+    CHECK(smol::cache_dir().size() > std::string("smol").size());
+    CHECK(smol::cache_dir().find("/h/") == std::string::npos);
+    if (xdg) setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+    if (home) setenv("HOME", saved_home.c_str(), 1);
 }
