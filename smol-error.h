@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -19,6 +20,16 @@ struct error : std::runtime_error {
     smol_status status;
     error(smol_status s, const std::string & message) : std::runtime_error(message), status(s) {}
 };
+
+// The integer a caller stored in a C enum: C lets any int through, and C++
+// may not read a value outside an enum's range as that enum, so the C API
+// reads its enum arguments through this before it checks them.
+template <class E> int c_enum(const E & e) {
+    static_assert(sizeof(E) == sizeof(int), "a C enum is an int");
+    int v;
+    std::memcpy(&v, &e, sizeof v);
+    return v;
+}
 
 // Sets this thread's smol_last_error() message.
 void set_last_error(const std::string & message);

@@ -228,13 +228,21 @@ static int default_threads() {
     return n ? int(n) : 1;
 }
 
-// The device options a context's parameters ask for.
+// The device options a context's parameters ask for; checks the enums the
+// caller set (before any backend is made).
 static backend_options backend_options_of(const smol_context_params & p) {
+    const int offload = c_enum(p.kv_offload);
+    if (offload != SMOL_KV_OFFLOAD_AUTO && offload != SMOL_KV_OFFLOAD_NONE &&
+        offload != SMOL_KV_OFFLOAD_ALL) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "kv_offload " + std::to_string(offload) +
+                        " is none of SMOL_KV_OFFLOAD_AUTO, _NONE or _ALL");
+    }
     backend_options o;
     o.fuse = p.gpu_fuse;
     o.graphs = p.gpu_graphs;
     o.pdl = p.gpu_pdl;
-    switch (p.attn) {
+    switch (c_enum(p.attn)) {
     case SMOL_ATTN_AUTO:
         o.attn = attn_kernel::automatic;
         break;
@@ -252,7 +260,7 @@ static backend_options backend_options_of(const smol_context_params & p) {
         break;
     default:
         throw error(SMOL_ERR_INVALID_ARGUMENT,
-                    "attn " + std::to_string(int(p.attn)) +
+                    "attn " + std::to_string(c_enum(p.attn)) +
                         " names no attention kernel; use SMOL_ATTN_AUTO, _DECODE, "
                         "_DECODE_WARPS, _FLASH or _CLASSIC");
     }

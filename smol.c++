@@ -172,7 +172,7 @@ const char * smol_cpu_kernels_name(void) {
 }
 
 const char * smol_type_name(smol_type t) {
-    switch (t) {
+    switch (smol::c_enum(t)) {
     case SMOL_TYPE_F32:
         return "f32";
     case SMOL_TYPE_F16:
@@ -330,10 +330,6 @@ smol_status smol_context_create(smol_model * model, const smol_context_params * 
         return invalid("smol_context_create: n_seq_max " + std::to_string(p.n_seq_max) +
                        " is above " + std::to_string(smol::kv_max_seqs) +
                        ", the most sequences a KV cell can be shared by");
-    }
-    if (p.kv_offload != SMOL_KV_OFFLOAD_AUTO && p.kv_offload != SMOL_KV_OFFLOAD_NONE &&
-        p.kv_offload != SMOL_KV_OFFLOAD_ALL) {
-        return invalid("smol_context_create: kv_offload must be AUTO, NONE or ALL");
     }
     return guard([&] {
         auto c = std::make_unique<smol_context>();

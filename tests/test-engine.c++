@@ -44,7 +44,7 @@ std::string temp_path(const std::string & name) {
 model_ptr load(const std::string & path) {
     smol_model * m = nullptr;
     const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return model_ptr(m);
 }
@@ -78,7 +78,7 @@ context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_seq, int thr
     p.n_threads = threads;
     smol_context * c = nullptr;
     const smol_status st = smol_context_create(m, &p, &c);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return context_ptr(c);
 }
@@ -116,7 +116,7 @@ std::map<smol_pos, std::vector<float>> decode_mixed(smol_context * c, const std:
         for (size_t j = i; j < i + n; ++j)
             smol_batch_add(&b, int32_t(all.size()), all[j].token, all[j].pos, all[j].seq, true);
         const smol_status st = smol_decode(c, &b);
-        INFO(smol_last_error());
+        INFO(std::string(smol_last_error()));
         REQUIRE(st == SMOL_OK);
         for (size_t j = i; j < i + n; ++j) {
             if (all[j].seq != keep) continue;
@@ -163,7 +163,9 @@ void check_batch_invariance(smol_model * m, const std::vector<int> & ids, int n_
     }
     const auto got = decode_mixed(mixed.get(), work, {1, 5, 2, 13, 1, 7}, 0, n_vocab);
     REQUIRE(got.size() == want.size());
-    for (const auto & [pos, row] : want) {
+    for (const auto & entry : want) {
+        const auto & pos = entry.first;
+        const auto & row = entry.second;
         CAPTURE(pos);
         CHECK(same_bits(got.at(pos).data(), row.data(), n_vocab));
     }
@@ -339,7 +341,7 @@ engine_ptr make_engine(smol_model * m, uint32_t n_ctx, uint32_t parallel, uint32
     p.prefix_block = 8;
     smol_engine * e = nullptr;
     const smol_status st = smol_engine_create(m, &p, &e);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return engine_ptr(e);
 }
@@ -356,7 +358,7 @@ smol_request_id submit(smol_engine * e, const std::vector<int> & prompt, int max
     p.user_data = out;
     smol_request_id id = 0;
     const smol_status st = smol_engine_submit(e, &p, &id);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return id;
 }
@@ -569,6 +571,21 @@ TEST_CASE("a cancelled request frees its sequence and the others go on") {
     CHECK(r2.tokens.size() == 10);
     CHECK(smol_engine_get_stats(e.get()).n_cells_used == 0);
     CHECK(smol_engine_cancel(e.get(), 999) == SMOL_ERR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("an engine's context parameters are checked as a context's are, enums included") {
+    tiny_file f(SMOL_TYPE_F16, 78, "params.gguf");
+    smol_engine_params p = smol_engine_default_params();
+    p.context.n_ctx = 64;
+    p.context.kv_offload = smol_kv_offload(7);
+    smol_engine * raw = nullptr;
+    CHECK(smol_engine_create(f.model.get(), &p, &raw) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(raw == nullptr);
+    CHECK(std::string(smol_last_error()).find("kv_offload 7") != std::string::npos);
+    p.context.kv_offload = SMOL_KV_OFFLOAD_AUTO;
+    p.context.attn = smol_attn_kernel(-3);
+    CHECK(smol_engine_create(f.model.get(), &p, &raw) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("attn -3") != std::string::npos);
 }
 
 TEST_CASE("the engine refuses bad requests with a message and a full queue with BUSY") {
