@@ -37,7 +37,7 @@ inline std::vector<std::vector<float>> decode_all(smol_context * c, const std::v
         for (size_t i = i0; i < std::min(ids.size(), i0 + n); ++i)
             smol_batch_add(&b, chunk, ids[i], smol_pos(i), 0, true);
         const smol_status st = smol_decode(c, &b);
-        INFO(smol_last_error());
+        INFO(std::string(smol_last_error()));
         REQUIRE(st == SMOL_OK);
         for (int i = 0; i < b.n_tokens; ++i) {
             const float * l = smol_get_logits(c, i);

@@ -1328,7 +1328,7 @@ std::string temp_path(const std::string & name) {
 model_ptr load(const std::string & path) {
     smol_model * m = nullptr;
     const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return model_ptr(m);
 }
@@ -1344,7 +1344,7 @@ context_ptr make_context(smol_model * m, const char * device, uint32_t n_ctx,
     p.device = device;
     smol_context * c = nullptr;
     const smol_status st = smol_context_create(m, &p, &c);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return context_ptr(c);
 }
@@ -1700,7 +1700,7 @@ context_ptr make_placed(smol_model * m, uint32_t n_ctx, uint32_t n_batch, uint32
     p.gpu_mem = budget;
     smol_context * c = nullptr;
     const smol_status st = smol_context_create(m, &p, &c);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return context_ptr(c);
 }
@@ -1714,7 +1714,7 @@ std::vector<float> placed_workload(smol_context * c, int n_vocab,
     smol_batch b = smol_batch_init(cap);
     auto decode = [&]() {
         const smol_status st = smol_decode(c, &b);
-        INFO(smol_last_error());
+        INFO(std::string(smol_last_error()));
         REQUIRE(st == SMOL_OK);
         for (int i = 0; i < b.n_tokens; ++i) {
             const float * l = smol_get_logits(c, i);

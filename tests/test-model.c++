@@ -44,7 +44,7 @@ std::string temp_path(const std::string & name) {
 model_ptr load(const std::string & path) {
     smol_model * m = nullptr;
     const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return model_ptr(m);
 }
@@ -58,7 +58,7 @@ context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_batch = 512,
     p.n_threads = threads;
     smol_context * c = nullptr;
     const smol_status st = smol_context_create(m, &p, &c);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return context_ptr(c);
 }

@@ -46,7 +46,7 @@ std::string temp_path(const std::string & name) {
 model_ptr load(const std::string & path) {
     smol_model * m = nullptr;
     const smol_status st = smol_model_load(path.c_str(), nullptr, &m);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return model_ptr(m);
 }
@@ -76,7 +76,7 @@ smol_context_params sim_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
 context_ptr make_context(smol_model * m, const smol_context_params & p) {
     smol_context * c = nullptr;
     const smol_status st = smol_context_create(m, &p, &c);
-    INFO(smol_last_error());
+    INFO(std::string(smol_last_error()));
     REQUIRE(st == SMOL_OK);
     return context_ptr(c);
 }
@@ -105,7 +105,7 @@ std::vector<float> run_workload(smol_context * c, int n_vocab,
     };
     auto decode = [&]() {
         const smol_status st = smol_decode(c, &b);
-        INFO(smol_last_error());
+        INFO(std::string(smol_last_error()));
         REQUIRE(st == SMOL_OK);
         keep();
         b.n_tokens = 0;

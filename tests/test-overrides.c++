@@ -87,7 +87,9 @@ TEST_CASE("SMOL_ATTN names the attention kernel, and a bad name is refused clear
         {"flash", smol::attn_kernel::flash},
         {"classic", smol::attn_kernel::classic},
     };
-    for (const auto & [name, kind] : names) {
+    for (const auto & entry : names) {
+        const char * name = entry.first;
+        const smol::attn_kernel kind = entry.second;
         CAPTURE(std::string(name));
         setenv("SMOL_ATTN", name, 1);
         smol::backend_options given;
