@@ -27,6 +27,7 @@ targets=(fuzz-gguf fuzz-model-load)
 scripts/install-packages.sh clang libclang-rt-14-dev
 if [ ! -f "$build/CMakeCache.txt" ]; then
     CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSMOL_FUZZ=ON \
+        -DSMOL_SANITIZE=address \
         -DSMOL_BUILD_TESTS=OFF -DSMOL_BUILD_EXAMPLES=OFF >/dev/null
 fi
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" fuzz-make-seeds >/dev/null
