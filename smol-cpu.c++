@@ -8,6 +8,7 @@
 #include "smol-backend.h"
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
+#include "smol-faults.h"
 #include "smol-graph.h"
 #include "smol-host-memory.h"
 #include "smol-overrides.h"
@@ -580,6 +581,15 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
         events_.reset(sched->n_events);
         copies->start(g, *sched, events_);
     }
+    // A node that fails (an injected kernel fault; the CPU's kernels report
+    // none of their own) or a copy the compute stream waits for that failed
+    // stops every thread at the next barrier. Thread 0 names that barrier
+    // by its index in the run (each thread counts the barriers it passed),
+    // so a thread still reading after an earlier barrier goes on to it: a
+    // plain flag set after a barrier could be seen by some threads at that
+    // barrier and not by others.
+    failed_node_.store(-1, std::memory_order_relaxed);
+    stop_at_.store(INT32_MAX, std::memory_order_relaxed);
     const std::function<void(int, int)> body = [&st](int ith, int nth) {
         executor & e = *st.self;
         op_args args{*st.k,
@@ -590,11 +600,20 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
                      ith,
                      nth,
                      e.chunks_.get()};
+        int32_t bars = 0; // barriers passed
+        // The barrier after a node; false: the run stops here.
+        const auto go_on = [&] {
+            e.pool_.barrier();
+            return e.stop_at_.load(std::memory_order_relaxed) > bars++;
+        };
         if (!st.s) {
             const std::vector<tensor *> & nodes = st.g->nodes();
             for (size_t n = 0; n < nodes.size(); ++n) {
                 op_table[nodes[n]->kind](nodes[n], args);
-                if (n + 1 == nodes.size() || !e.no_barrier_[n + 1]) e.pool_.barrier();
+                if (n + 1 == nodes.size() || !e.no_barrier_[n + 1]) {
+                    if (ith == 0) e.check_node(int32_t(n), bars);
+                    if (!go_on()) return;
+                }
             }
             return;
         }
@@ -602,13 +621,15 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
         for (const schedule::instr & in : st.s->prog[0]) {
             switch (in.what) {
             case schedule::kind::wait:
-                if (ith == 0) e.events_.wait(in.event);
-                e.pool_.barrier();
+                if (ith == 0 && !e.events_.wait(in.event))
+                    e.stop_at_.store(bars, std::memory_order_relaxed);
+                if (!go_on()) return;
                 break;
             case schedule::kind::run: {
                 tensor * t = st.g->nodes()[size_t(in.node)];
                 op_table[t->kind](t, args);
-                e.pool_.barrier();
+                if (ith == 0) e.check_node(in.node, bars);
+                if (!go_on()) return;
                 break;
             }
             case schedule::kind::record:
@@ -618,7 +639,25 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
         }
     };
     pool_.run(body);
-    if (st.s) copies->finish();
+    const int32_t bad = failed_node_.load(std::memory_order_relaxed);
+    if (st.s) {
+        // Copy streams waiting for an event of the compute stream's that
+        // will never be recorded stop too; finish throws a copy's failure.
+        if (bad >= 0) events_.fail();
+        copies->finish();
+    }
+    if (bad >= 0) {
+        throw error(SMOL_ERR_BACKEND, "a kernel failed: node " + std::to_string(bad) + " (" +
+                                          describe_node(nodes[size_t(bad)]) +
+                                          ") reported an error (an injected fault)");
+    }
+}
+
+void executor::check_node(int32_t node, int32_t barrier) {
+    if (faults::hit(faults::site::kernel)) {
+        failed_node_.store(node, std::memory_order_relaxed);
+        stop_at_.store(barrier, std::memory_order_relaxed);
+    }
 }
 
 // --- the CPU backend ------------------------------------------------------------

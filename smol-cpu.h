@@ -74,6 +74,9 @@ class executor {
         void reserve(size_t n); // grows, 64-byte aligned; contents not kept
         ~aligned_buffer();
     };
+    // On thread 0 after a node: a failure stops the run at the barrier of
+    // that index.
+    void check_node(int32_t node, int32_t barrier);
     aligned_buffer arena_;
     aligned_buffer work_;    // shared by all threads of one op
     aligned_buffer scratch_; // per-thread work space
@@ -83,6 +86,8 @@ class executor {
     size_t n_chunks_ = 0;
     arena_plan plan_, probe_;
     event_set events_;
+    std::atomic<int32_t> failed_node_{-1};    // the node that failed, or -1
+    std::atomic<int32_t> stop_at_{INT32_MAX}; // every thread leaves after this barrier
 };
 
 } // namespace smol

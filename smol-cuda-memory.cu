@@ -23,7 +23,9 @@ void * cuda_backend::alloc(size_t bytes) {
     activate();
     charge(bytes, "device memory");
     void * p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+    const bool injected = faults::hit(faults::site::device_alloc);
+    const cudaError_t e =
+        injected ? cudaErrorMemoryAllocation : cudaMalloc(&p, std::max<size_t>(bytes, 256));
     if (e != cudaSuccess) {
         mem_.in_use -= bytes;
         (void)cudaGetLastError();
@@ -32,8 +34,9 @@ void * cuda_backend::alloc(size_t bytes) {
         throw error(SMOL_ERR_OUT_OF_MEMORY,
                     name_ + ": cannot allocate " + std::to_string(bytes >> 20) +
                         " MiB of device memory (" + std::to_string(free_b >> 20) + " of " +
-                        std::to_string(total_b >> 20) +
-                        " MiB free); use a smaller context or model");
+                        std::to_string(total_b >> 20) + " MiB free" +
+                        (injected ? ", refused by an injected fault" : "") +
+                        "); use a smaller context or model");
     }
     sizes_[p] = bytes;
     return p;
@@ -57,7 +60,10 @@ void cuda_backend::release(void * p) {
 void * cuda_backend::alloc_host(size_t bytes, bool & pinned, const char * what) {
     activate();
     void * p = nullptr;
-    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    const cudaError_t e =
+        faults::hit(faults::site::host_pinned)
+            ? cudaErrorMemoryAllocation
+            : cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
     if (e == cudaSuccess) {
         pinned = true;
         mem_.host_pinned += bytes;
@@ -128,13 +134,15 @@ void cuda_backend::grow(buffer & b, size_t bytes, const char * what) {
     b.size = 0;
     const size_t n = align_up(bytes, size_t(1) << 16);
     charge(n, what);
-    const cudaError_t e = cudaMalloc(&b.p, n);
+    const bool injected = faults::hit(faults::site::device_alloc);
+    const cudaError_t e = injected ? cudaErrorMemoryAllocation : cudaMalloc(&b.p, n);
     if (e != cudaSuccess) {
         mem_.in_use -= n;
         (void)cudaGetLastError();
         b.p = nullptr;
         throw error(SMOL_ERR_OUT_OF_MEMORY,
-                    name_ + ": cannot allocate " + std::to_string(n >> 20) + " MiB of " + what);
+                    name_ + ": cannot allocate " + std::to_string(n >> 20) + " MiB of " + what +
+                        (injected ? " (refused by an injected fault)" : ""));
     }
     b.size = n;
 }

@@ -172,8 +172,9 @@ void cuda_backend::run(graph & g) {
                     c.last_used = ++clock_;
                     replayed_ = int(&c - execs_.data());
                     SMOL_GPU_CHECK(cudaGraphLaunch(c.exec, stream_));
-                    restore_leaves();
                     prev_sig_.swap(sig_);
+                    fail_if_injected();
+                    restore_leaves();
                     ran_well();
                     return;
                 }
@@ -202,12 +203,21 @@ void cuda_backend::run(graph & g) {
             SMOL_GPU_CHECK(cudaGraphLaunch(exec, stream_));
         }
         prev_sig_.swap(sig_);
+        fail_if_injected();
     } catch (...) {
         restore_leaves();
         throw;
     }
     restore_leaves();
     ran_well();
+}
+
+// A test's kernel fault (smol-faults.h) as a failed kernel shows itself: the
+// step's work was launched, and the error comes at the stream's sync.
+void cuda_backend::fail_if_injected() {
+    if (!faults::hit(faults::site::kernel)) return;
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    throw error(SMOL_ERR_BACKEND, name_ + ": a kernel failed in this step (an injected fault)");
 }
 
 void cuda_backend::launch_all(graph & g) {
@@ -232,6 +242,10 @@ void cuda_backend::launch_all(graph & g) {
 }
 
 void cuda_backend::copy_on(const tensor * t, cudaStream_t st) {
+    if (faults::hit(faults::site::copy)) {
+        throw error(SMOL_ERR_BACKEND,
+                    name_ + ": a copy failed: " + describe_node(t) + " (an injected fault)");
+    }
     const copy_desc & c = t->copy;
     if (c.height == 0) {
         SMOL_GPU_CHECK(

@@ -12,6 +12,7 @@
 
 #include "smol-cuda-common.cuh"
 #include "smol-cuda-fusion.h"
+#include "smol-faults.h"
 #include "smol-schedule.h"
 
 namespace smol::gpu {
@@ -381,6 +382,7 @@ class cuda_backend final : public backend {
     void structure(const graph & g);
     void signature();
     void launch_all(graph & g);
+    void fail_if_injected();
     void launch_program(graph & g);
     void launch(const step & s, const batch_info & b);
     void copy_on(const tensor * t, cudaStream_t st);

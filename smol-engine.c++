@@ -265,12 +265,17 @@ void engine::finish(request_ptr & r, smol_finish_reason reason, smol_token token
                     const float * logits) {
     if (reason == SMOL_FINISH_STOP || reason == SMOL_FINISH_LENGTH) cache_prefix(*r, r->n_past);
     release_seq(*r);
+    // Counted, and its cells shown free, before its final event: a caller
+    // that hears of the end sees it in the figures.
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.n_finished;
+        --n_active_;
+        stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
+    }
     emit(*r, token, logits, reason);
     smol_sampler_free(r->sampler);
     r->sampler = nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.n_finished;
-    --n_active_;
 }
 
 void engine::preempt(request & r) {

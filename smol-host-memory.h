@@ -8,6 +8,7 @@
 
 #include "smol-backend.h"
 #include "smol-error.h"
+#include "smol-faults.h"
 #include "smol-plan.h"
 
 #include <algorithm>
@@ -27,8 +28,8 @@ inline size_t align64(size_t n) {
 void * host_alloc(size_t bytes, const char * what);
 
 // The host blocks a CPU-side backend hands out through alloc_host (its
-// "pinned" memory), counted in its stats; what a caller left is freed with
-// the backend.
+// "pinned" memory, or pageable where pinning was refused), counted in its
+// stats; what a caller left is freed with the backend.
 class host_blocks {
   public:
     host_blocks() = default;
@@ -37,23 +38,27 @@ class host_blocks {
     ~host_blocks() {
         for (auto & b : blocks_) std::free(b.first);
     }
-    void * alloc(size_t bytes, const char * what, memory_stats & st) {
+    void * alloc(size_t bytes, const char * what, memory_stats & st, bool pinned = true) {
         void * p = host_alloc(bytes, (std::string("host memory for ") + what).c_str());
-        blocks_[p] = bytes;
-        st.host_pinned += bytes;
+        blocks_[p] = {bytes, pinned};
+        (pinned ? st.host_pinned : st.host_pageable) += bytes;
         return p;
     }
     void release(void * p, memory_stats & st) {
         const auto it = blocks_.find(p);
         if (it != blocks_.end()) {
-            st.host_pinned -= it->second;
+            (it->second.pinned ? st.host_pinned : st.host_pageable) -= it->second.bytes;
             blocks_.erase(it);
         }
         std::free(p);
     }
 
   private:
-    std::unordered_map<void *, size_t> blocks_;
+    struct block {
+        size_t bytes;
+        bool pinned;
+    };
+    std::unordered_map<void *, block> blocks_;
 };
 
 // Allocations by address and the bytes they hold, against an optional limit.
@@ -72,8 +77,14 @@ class memory_ledger {
         sizes_.erase(it);
         return n;
     }
-    // Throws, with the numbers, when n more bytes would pass the limit.
+    // Throws, with the numbers, when n more bytes would pass the limit (or
+    // a test refuses the allocation: smol-faults.h).
     void check(const char * space, size_t n, const char * what) const {
+        if (faults::hit(faults::site::device_alloc)) {
+            throw error(SMOL_ERR_OUT_OF_MEMORY, std::string(space) + ": cannot allocate " +
+                                                    format_bytes(n) + " of " + what +
+                                                    ": refused (an injected fault)");
+        }
         if (stats_.limit && stats_.in_use + n > stats_.limit) {
             throw error(SMOL_ERR_OUT_OF_MEMORY, std::string(space) + ": cannot allocate " +
                                                     format_bytes(n) + " of " + what + ": " +

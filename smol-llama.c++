@@ -539,27 +539,19 @@ void llama_context::decode(const smol_batch & b) {
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
     // cells of the chunks before it.
-    // A chunk that fails may leave cells taken that no backend has seen: that
-    // counts as a change of the cache (kv_cache::version), so a backend
-    // compares its whole copy of the cell table at the next step.
     //
     // The abort callback is asked before every chunk, the first included. A
-    // stop hands the cells of the chunks run so far back (they were free
-    // before: find_cell takes only free cells), so the cache is as it was
-    // before the call, and keeps no logits.
+    // stop, or a chunk that fails (the backend's error), hands back every
+    // cell the call took (they were free before: find_cell takes only free
+    // cells), so the cache is as it was before the call, and keeps no
+    // logits. That counts as a change of the cache (kv_cache::version), so a
+    // backend compares its whole copy of the cell table at the next step.
     const double t0 = now_ms();
     const int32_t n_used_before = kv.n_used;
+    std::fill_n(batch_cells_.begin(), n, -1);
     try {
         for (int32_t i0 = 0, out_base = 0, m = 0; i0 < n; i0 += m) {
             if (params.abort_callback && params.abort_callback(params.abort_user_data)) {
-                for (int32_t i = 0; i < i0; ++i) {
-                    const int32_t c = batch_cells_[size_t(i)];
-                    kv.cell_pos[size_t(c)] = -1;
-                    kv.cell_seqs[size_t(c)] = seq_mask::none();
-                }
-                kv.n_used = n_used_before;
-                n_last_ = 0;
-                last_out_ = -1;
                 throw error(SMOL_ERR_ABORTED,
                             "smol_decode: the abort callback stopped the batch after " +
                                 std::to_string(i0) + " of its " + std::to_string(n) +
@@ -572,6 +564,15 @@ void llama_context::decode(const smol_batch & b) {
             out_base += outs;
         }
     } catch (...) {
+        for (int32_t i = 0; i < n; ++i) {
+            const int32_t c = batch_cells_[size_t(i)];
+            if (c < 0) continue;
+            kv.cell_pos[size_t(c)] = -1;
+            kv.cell_seqs[size_t(c)] = seq_mask::none();
+        }
+        kv.n_used = n_used_before;
+        n_last_ = 0;
+        last_out_ = -1;
         kv.touch();
         throw;
     }

@@ -98,10 +98,8 @@ void make_schedule(const graph & g, schedule & s) {
     }
 }
 
-namespace {
-
 // One line's description of a node for the printed program.
-std::string describe(const tensor * t) {
+std::string describe_node(const tensor * t) {
     char b[160];
     switch (t->kind) {
     case OP_COPY: {
@@ -134,8 +132,6 @@ std::string describe(const tensor * t) {
     }
 }
 
-} // namespace
-
 std::string format_schedule(const graph & g, const schedule & s) {
     std::string out;
     char b[256];
@@ -162,7 +158,7 @@ std::string format_schedule(const graph & g, const schedule & s) {
             break;
         case schedule::kind::run:
             std::snprintf(b, sizeof b, "%6zu %-7s %5d   #%-5d %s\n", k, sn, idx, in.node,
-                          describe(g.nodes()[size_t(in.node)]).c_str());
+                          describe_node(g.nodes()[size_t(in.node)]).c_str());
             break;
         }
         out += b;
@@ -173,6 +169,7 @@ std::string format_schedule(const graph & g, const schedule & s) {
 void event_set::reset(int32_t n) {
     std::lock_guard<std::mutex> lock(mu_);
     done_.assign(size_t(n), 0);
+    failed_ = false;
 }
 
 void event_set::record(int32_t e) {
@@ -183,9 +180,18 @@ void event_set::record(int32_t e) {
     cv_.notify_all();
 }
 
-void event_set::wait(int32_t e) {
+bool event_set::wait(int32_t e) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_[size_t(e)] != 0; });
+    cv_.wait(lock, [&] { return failed_ || done_[size_t(e)] != 0; });
+    return !failed_;
+}
+
+void event_set::fail() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        failed_ = true;
+    }
+    cv_.notify_all();
 }
 
 void run_copy_node(const tensor * t) {

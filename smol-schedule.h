@@ -51,19 +51,26 @@ stream_id node_stream(const tensor * t);
 void make_schedule(const graph & g, schedule & s);
 // The program as text, one instruction a line in issue order.
 std::string format_schedule(const graph & g, const schedule & s);
+// One line naming a node: its op and what it works on ("PREFETCH layer 3
+// group 1 -> slot 0: ...", "attention layer 2 kv heads 0-1 (resident)").
+std::string describe_node(const tensor * t);
 
 // Events of one run of a schedule, shared by the threads that run its
-// streams: record marks one done, wait blocks until it is.
+// streams: record marks one done, wait blocks until it is. A stream that
+// fails marks the whole set failed: every wait, now or later, returns false
+// at once, so no stream waits for an event that will never come.
 class event_set {
   public:
     void reset(int32_t n);
     void record(int32_t e);
-    void wait(int32_t e);
+    bool wait(int32_t e); // false: the run failed
+    void fail();
 
   private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::vector<uint8_t> done_;
+    bool failed_ = false;
 };
 
 // Runs the two copy streams of a schedule beside the executor's compute
@@ -71,9 +78,11 @@ class event_set {
 class copy_engine {
   public:
     virtual ~copy_engine() = default;
-    // Hands over the copy streams of s; they run as their waits allow.
+    // Hands over the copy streams of s; they run as their waits allow. A
+    // copy that fails marks ev failed and ends its stream.
     virtual void start(const graph & g, const schedule & s, event_set & ev) = 0;
-    // Returns once both streams have run every instruction.
+    // Returns once both streams have run every instruction or stopped;
+    // throws smol::error with the first copy's failure, if one failed.
     virtual void finish() = 0;
 };
 

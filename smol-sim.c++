@@ -4,8 +4,11 @@
 
 #include "smol-backend.h"
 #include "smol-cpu.h"
+#include "smol-faults.h"
 #include "smol-graph.h"
 #include "smol-host-memory.h"
+#include "smol-log.h"
+#include "smol-schedule.h"
 
 #include <condition_variable>
 #include <cstring>
@@ -50,9 +53,16 @@ class sim_backend final : public backend, public copy_engine {
     void upload(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void download(void * dst, const void * src, size_t n) override { std::memcpy(dst, src, n); }
     void memset(void * dst, int value, size_t n) override { std::memset(dst, value, n); }
+    // Pinned, as a GPU's driver gives it, unless pinning is refused (a test's
+    // fault stands in for a locked-memory limit): then pageable, said aloud.
     void * alloc_host(size_t bytes, bool & pinned, const char * what) override {
-        pinned = true;
-        return host_.alloc(bytes, what, mem_.stats_);
+        pinned = !faults::hit(faults::site::host_pinned);
+        if (!pinned) {
+            log_warn("sim: cannot pin " + format_bytes(bytes) + " of host memory for " + what +
+                     " (refused by an injected fault); using pageable memory, whose copies "
+                     "are several times slower on a GPU");
+        }
+        return host_.alloc(bytes, what, mem_.stats_, pinned);
     }
     void release_host(void * p) override { host_.release(p, mem_.stats_); }
     void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
@@ -84,6 +94,7 @@ class sim_backend final : public backend, public copy_engine {
             job_s_ = &s;
             job_ev_ = &ev;
             pending_ = 2;
+            copy_error_.clear();
             ++gen_;
         }
         cv_.notify_all();
@@ -91,6 +102,7 @@ class sim_backend final : public backend, public copy_engine {
     void finish() override {
         std::unique_lock<std::mutex> lock(mu_);
         done_cv_.wait(lock, [&] { return pending_ == 0; });
+        if (!copy_error_.empty()) throw error(SMOL_ERR_BACKEND, copy_error_);
     }
 
   private:
@@ -110,18 +122,34 @@ class sim_backend final : public backend, public copy_engine {
                 s = job_s_;
                 ev = job_ev_;
             }
+            // A failed copy ends its stream and the run's events, so that
+            // no stream waits for it; finish() reports it.
             for (const schedule::instr & in : s->prog[st]) {
+                bool go_on = true;
                 switch (in.what) {
                 case schedule::kind::wait:
-                    ev->wait(in.event);
+                    go_on = ev->wait(in.event);
                     break;
-                case schedule::kind::run:
-                    run_copy_node(g->nodes()[size_t(in.node)]);
+                case schedule::kind::run: {
+                    const tensor * t = g->nodes()[size_t(in.node)];
+                    if (faults::hit(faults::site::copy)) {
+                        std::lock_guard<std::mutex> lock(mu_);
+                        if (copy_error_.empty()) {
+                            copy_error_ =
+                                "sim: a copy failed: " + describe_node(t) + " (an injected fault)";
+                        }
+                        ev->fail();
+                        go_on = false;
+                    } else {
+                        run_copy_node(t);
+                    }
                     break;
+                }
                 case schedule::kind::record:
                     ev->record(in.event);
                     break;
                 }
+                if (!go_on) break;
             }
             {
                 std::lock_guard<std::mutex> lock(mu_);
@@ -143,6 +171,7 @@ class sim_backend final : public backend, public copy_engine {
     const schedule * job_s_ = nullptr;
     event_set * job_ev_ = nullptr;
     int pending_ = 0;
+    std::string copy_error_; // the run's first failed copy
     uint64_t gen_ = 0;
     bool stop_ = false;
 };

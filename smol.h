@@ -270,7 +270,9 @@ SMOL_API bool smol_batch_add(smol_batch * batch, int32_t capacity, smol_token to
 // computes the logits of the tokens that asked for them. Positions of a
 // sequence must continue what the cache holds for it. A long batch runs in
 // chunks; when abort_callback says stop before one, the call returns
-// SMOL_ERR_ABORTED with the cache as it was before the call (no logits).
+// SMOL_ERR_ABORTED, and when the backend fails (SMOL_ERR_BACKEND,
+// SMOL_ERR_OUT_OF_MEMORY) it returns that; either way the cache is as it
+// was before the call (no logits), and the context can go on.
 SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
 
 // Logits (n_vocab floats) of batch token i of the last decode; i = -1 is
