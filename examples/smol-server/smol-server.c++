@@ -6,6 +6,7 @@
 // requests get a 4xx JSON error in OpenAI's shape, a full queue a 503, and a
 // client that goes away has its request cancelled. Loopback by default.
 
+#include "request.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -24,12 +25,12 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <string>
 #include <vector>
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace server;
 
 namespace {
 
@@ -54,24 +55,6 @@ struct options {
 
 // --- errors in OpenAI's shape --------------------------------------------------
 
-// A request the server refuses: the HTTP status and OpenAI's error fields.
-struct api_error {
-    int status;
-    std::string message, type, param, code;
-};
-
-json error_body(const api_error & e) {
-    json err = {{"message", e.message}, {"type", e.type}};
-    err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
-    err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
-    return json{{"error", err}};
-}
-
-api_error bad_request(const std::string & message, const std::string & param = "",
-                      const std::string & code = "") {
-    return {400, message, "invalid_request_error", param, code};
-}
-
 // Messages can quote the request's own bytes (a JSON parser's "last read"),
 // which need not be UTF-8: they go out with such bytes replaced, never as
 // a failure to write the error itself.
@@ -86,8 +69,7 @@ void send_error(httplib::Response & res, const api_error & e) {
 struct server_state {
     smol_model * model = nullptr;
     smol_engine * engine = nullptr;
-    std::string model_id;
-    uint32_t n_ctx = 0;
+    served_model served; // what requests are checked against
     std::time_t started = std::time(nullptr);
     std::atomic<int64_t> n_http_errors{0};
     std::atomic<int64_t> n_disconnects{0};
@@ -196,195 +178,6 @@ struct detokenizer {
     }
 };
 
-// --- request parsing ----------------------------------------------------------
-
-struct gen_request {
-    std::vector<smol_token> prompt;
-    smol_sampler_params sampler = smol_sampler_default_params();
-    int32_t max_tokens = 0;
-    std::vector<std::string> stops;
-    bool stream = false;
-    bool include_usage = false;
-    bool ignore_eos = false; // llama-server's extension: generate max_tokens tokens
-};
-
-const json & field(const json & body, const char * name) {
-    static const json null_value;
-    const auto it = body.find(name);
-    return it == body.end() ? null_value : *it;
-}
-
-double get_number(const json & body, const char * name, double def, double lo, double hi) {
-    const json & v = field(body, name);
-    if (v.is_null()) return def;
-    if (!v.is_number()) throw bad_request(std::string("'") + name + "' must be a number", name);
-    const double x = v.get<double>();
-    if (!(x >= lo && x <= hi)) {
-        throw bad_request(std::string("'") + name + "' must be between " + std::to_string(lo) +
-                              " and " + std::to_string(hi),
-                          name);
-    }
-    return x;
-}
-
-std::vector<smol_token> tokenize(const server_state & st, const std::string & text) {
-    int32_t n = 0;
-    std::vector<smol_token> ids(text.size() + 8);
-    smol_status s = smol_tokenize(st.model, text.data(), text.size(), true, true, ids.data(),
-                                  int32_t(ids.size()), &n);
-    if (s == SMOL_ERR_BUFFER_TOO_SMALL) {
-        ids.resize(size_t(n));
-        s = smol_tokenize(st.model, text.data(), text.size(), true, true, ids.data(), n, &n);
-    }
-    if (s != SMOL_OK)
-        throw bad_request(std::string("cannot tokenize the prompt: ") + smol_last_error());
-    ids.resize(size_t(n));
-    return ids;
-}
-
-// The fields both endpoints share: model, sampling, limits, stop, stream.
-gen_request parse_common(const server_state & st, const json & body) {
-    gen_request g;
-    const json & model = field(body, "model");
-    if (!model.is_string()) throw bad_request("'model' is required and must be a string", "model");
-    if (model.get<std::string>() != st.model_id) {
-        throw api_error{404,
-                        "The model '" + model.get<std::string>() +
-                            "' does not exist; this server has '" + st.model_id + "'",
-                        "invalid_request_error", "model", "model_not_found"};
-    }
-    const json & n = field(body, "n");
-    if (!n.is_null() && (!n.is_number_integer() || n.get<int64_t>() != 1))
-        throw bad_request("only n = 1 is supported", "n");
-    g.sampler.temperature = float(get_number(body, "temperature", 1.0, 0.0, 2.0));
-    g.sampler.top_p = float(get_number(body, "top_p", 1.0, 0.0, 1.0));
-    g.sampler.top_k = int32_t(get_number(body, "top_k", 0, 0, 1e6));
-    g.sampler.min_p = float(get_number(body, "min_p", 0.0, 0.0, 1.0));
-    g.sampler.repeat_penalty = float(get_number(body, "repeat_penalty", 1.0, 0.0, 10.0));
-    const json & seed = field(body, "seed");
-    if (seed.is_null()) {
-        g.sampler.seed = std::random_device{}();
-    } else if (seed.is_number_integer()) {
-        g.sampler.seed = uint64_t(seed.get<int64_t>());
-    } else {
-        throw bad_request("'seed' must be an integer", "seed");
-    }
-    for (const char * name : {"max_tokens", "max_completion_tokens"}) {
-        const json & v = field(body, name);
-        if (v.is_null()) continue;
-        if (!v.is_number_integer() || v.get<int64_t>() < 1)
-            throw bad_request(std::string("'") + name + "' must be a positive integer", name);
-        g.max_tokens = int32_t(std::min<int64_t>(v.get<int64_t>(), INT32_MAX));
-    }
-    const json & stop = field(body, "stop");
-    if (stop.is_string()) {
-        g.stops.push_back(stop.get<std::string>());
-    } else if (stop.is_array()) {
-        if (stop.size() > 4) throw bad_request("'stop' holds at most 4 strings", "stop");
-        for (const json & s : stop) {
-            if (!s.is_string()) throw bad_request("'stop' must be a string or strings", "stop");
-            g.stops.push_back(s.get<std::string>());
-        }
-    } else if (!stop.is_null()) {
-        throw bad_request("'stop' must be a string or an array of strings", "stop");
-    }
-    g.stops.erase(std::remove(g.stops.begin(), g.stops.end(), std::string()), g.stops.end());
-    const json & stream = field(body, "stream");
-    if (!stream.is_null() && !stream.is_boolean())
-        throw bad_request("'stream' must be a boolean", "stream");
-    g.stream = stream.is_boolean() && stream.get<bool>();
-    const json & ie = field(body, "ignore_eos");
-    if (!ie.is_null() && !ie.is_boolean())
-        throw bad_request("'ignore_eos' must be a boolean", "ignore_eos");
-    g.ignore_eos = ie.is_boolean() && ie.get<bool>();
-    const json & so = field(body, "stream_options");
-    if (so.is_object() && so.contains("include_usage") && so["include_usage"].is_boolean())
-        g.include_usage = so["include_usage"].get<bool>();
-    return g;
-}
-
-void check_length(const server_state & st, gen_request & g) {
-    const int64_t n_prompt = int64_t(g.prompt.size());
-    if (n_prompt >= int64_t(st.n_ctx)) {
-        throw bad_request("the prompt has " + std::to_string(n_prompt) +
-                              " tokens; this server's context holds " + std::to_string(st.n_ctx),
-                          "messages", "context_length_exceeded");
-    }
-    if (g.max_tokens == 0) g.max_tokens = int32_t(st.n_ctx - n_prompt);
-    if (n_prompt + g.max_tokens > int64_t(st.n_ctx)) {
-        throw bad_request("max_tokens " + std::to_string(g.max_tokens) + " with a " +
-                              std::to_string(n_prompt) + "-token prompt is beyond the context of " +
-                              std::to_string(st.n_ctx) + " tokens",
-                          "max_tokens", "context_length_exceeded");
-    }
-}
-
-std::string message_text(const json & content, size_t i) {
-    if (content.is_string()) return content.get<std::string>();
-    if (content.is_array()) {
-        std::string text;
-        for (const json & part : content) {
-            if (!part.is_object() || field(part, "type") != "text" ||
-                !field(part, "text").is_string())
-                throw bad_request("messages[" + std::to_string(i) +
-                                      "].content: only text parts are supported",
-                                  "messages");
-            text += part["text"].get<std::string>();
-        }
-        return text;
-    }
-    throw bad_request("messages[" + std::to_string(i) + "].content must be a string", "messages");
-}
-
-gen_request parse_chat(const server_state & st, const json & body) {
-    gen_request g = parse_common(st, body);
-    const json & messages = field(body, "messages");
-    if (!messages.is_array() || messages.empty())
-        throw bad_request("'messages' must be a non-empty array", "messages");
-    std::vector<std::string> roles, contents;
-    for (size_t i = 0; i < messages.size(); ++i) {
-        const json & m = messages[i];
-        if (!m.is_object() || !field(m, "role").is_string())
-            throw bad_request("messages[" + std::to_string(i) + "] needs a string 'role'",
-                              "messages");
-        roles.push_back(m["role"].get<std::string>());
-        contents.push_back(message_text(field(m, "content"), i));
-    }
-    std::vector<smol_chat_message> msgs;
-    for (size_t i = 0; i < roles.size(); ++i)
-        msgs.push_back({roles[i].c_str(), contents[i].c_str()});
-    size_t need = 0;
-    smol_chat_apply_template(st.model, msgs.data(), msgs.size(), true, nullptr, 0, &need);
-    std::string text(need + 1, '\0');
-    if (smol_chat_apply_template(st.model, msgs.data(), msgs.size(), true, text.data(), text.size(),
-                                 &need) != SMOL_OK)
-        throw bad_request(std::string("cannot apply the chat template: ") + smol_last_error(),
-                          "messages");
-    text.resize(need);
-    g.prompt = tokenize(st, text);
-    check_length(st, g);
-    return g;
-}
-
-gen_request parse_completion(const server_state & st, const json & body) {
-    gen_request g = parse_common(st, body);
-    const json & prompt = field(body, "prompt");
-    if (prompt.is_string()) {
-        g.prompt = tokenize(st, prompt.get<std::string>());
-    } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
-        g.prompt = tokenize(st, prompt[0].get<std::string>());
-    } else if (prompt.is_array() && !prompt.empty() &&
-               std::all_of(prompt.begin(), prompt.end(),
-                           [](const json & x) { return x.is_number_integer(); })) {
-        for (const json & x : prompt) g.prompt.push_back(smol_token(x.get<int64_t>()));
-    } else {
-        throw bad_request("'prompt' must be a string (or one string, or token ids)", "prompt");
-    }
-    if (g.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
-    check_length(st, g);
-    return g;
-}
-
 // --- running one request ----------------------------------------------------------
 
 const char * finish_name(smol_finish_reason r, bool stopped) {
@@ -411,7 +204,7 @@ struct job {
     smol_finish_reason finish = SMOL_FINISH_NONE;
 
     job(server_state & s, bool is_chat) : st(s), chat(is_chat) {
-        text.model = s.model;
+        text.model = s.served.model;
         oid = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(st.next_id++);
     }
     ~job() {
@@ -501,7 +294,7 @@ struct job {
         return json{{"id", oid},
                     {"object", chat ? "chat.completion.chunk" : "text_completion"},
                     {"created", created},
-                    {"model", st.model_id},
+                    {"model", st.served.id},
                     {"choices", json::array({choice})}};
     }
 
@@ -518,7 +311,7 @@ struct job {
         return json{{"id", oid},
                     {"object", chat ? "chat.completion" : "text_completion"},
                     {"created", created},
-                    {"model", st.model_id},
+                    {"model", st.served.id},
                     {"choices", json::array({choice})},
                     {"usage", usage()}};
     }
@@ -530,14 +323,7 @@ std::string dump(const json & j) {
 
 void handle_generate(server_state & st, const httplib::Request & req, httplib::Response & res,
                      bool chat) {
-    json body;
-    try {
-        body = json::parse(req.body);
-    } catch (const json::parse_error & e) {
-        throw bad_request(std::string("the body is not valid JSON: ") + e.what());
-    }
-    if (!body.is_object()) throw bad_request("the body must be a JSON object");
-    const gen_request g = chat ? parse_chat(st, body) : parse_completion(st, body);
+    const gen_request g = parse_request(st.served, req.body, chat);
     auto j = std::make_shared<job>(st, chat);
     j->submit(g);
 
@@ -720,7 +506,8 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "smol-server: %s\n", smol_last_error());
         return 1;
     }
-    st.model_id = o.alias.empty() ? fs::path(path).stem().string() : o.alias;
+    st.served.model = st.model;
+    st.served.id = o.alias.empty() ? fs::path(path).stem().string() : o.alias;
     smol_engine_params ep = smol_engine_default_params();
     ep.context.n_ctx = o.n_ctx;
     ep.context.n_batch = std::min<uint32_t>(512, o.n_ctx);
@@ -744,7 +531,7 @@ int main(int argc, char ** argv) {
         smol_model_free(st.model);
         return 1;
     }
-    st.n_ctx = o.n_ctx;
+    st.served.n_ctx = o.n_ctx;
 
     // Destroyed (its threads joined) before the engine its handlers use.
     auto server = std::make_unique<httplib::Server>();
@@ -775,7 +562,7 @@ int main(int argc, char ** argv) {
     svr.Post("/v1/chat/completions", guarded(true));
     svr.Post("/v1/completions", guarded(false));
     svr.Get("/v1/models", [&st](const httplib::Request &, httplib::Response & res) {
-        json m = {{"id", st.model_id},
+        json m = {{"id", st.served.id},
                   {"object", "model"},
                   {"created", st.started},
                   {"owned_by", "smol"}};
@@ -843,7 +630,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
     std::fprintf(stderr, "smol-server: %s on http://%s:%d (%u slots, %u cells, %s)\n",
-                 st.model_id.c_str(), o.host.c_str(), port, o.parallel, o.n_ctx,
+                 st.served.id.c_str(), o.host.c_str(), port, o.parallel, o.n_ctx,
                  smol_cpu_kernels_name());
     std::printf("listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);

@@ -1,0 +1,215 @@
+// request.c++ - smol-server's requests: JSON bodies checked and turned into
+// gen_request (request.h).
+
+#include "request.h"
+
+#include <algorithm>
+#include <random>
+
+namespace server {
+
+json error_body(const api_error & e) {
+    json err = {{"message", e.message}, {"type", e.type}};
+    err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+    err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+    return json{{"error", err}};
+}
+
+api_error bad_request(const std::string & message, const std::string & param,
+                      const std::string & code) {
+    return {400, message, "invalid_request_error", param, code};
+}
+
+namespace {
+
+const json & field(const json & body, const char * name) {
+    static const json null_value;
+    const auto it = body.find(name);
+    return it == body.end() ? null_value : *it;
+}
+
+double get_number(const json & body, const char * name, double def, double lo, double hi) {
+    const json & v = field(body, name);
+    if (v.is_null()) return def;
+    if (!v.is_number()) throw bad_request(std::string("'") + name + "' must be a number", name);
+    const double x = v.get<double>();
+    if (!(x >= lo && x <= hi)) {
+        throw bad_request(std::string("'") + name + "' must be between " + std::to_string(lo) +
+                              " and " + std::to_string(hi),
+                          name);
+    }
+    return x;
+}
+
+std::vector<smol_token> tokenize(const served_model & m, const std::string & text) {
+    int32_t n = 0;
+    std::vector<smol_token> ids(text.size() + 8);
+    smol_status s = smol_tokenize(m.model, text.data(), text.size(), true, true, ids.data(),
+                                  int32_t(ids.size()), &n);
+    if (s == SMOL_ERR_BUFFER_TOO_SMALL) {
+        ids.resize(size_t(n));
+        s = smol_tokenize(m.model, text.data(), text.size(), true, true, ids.data(), n, &n);
+    }
+    if (s != SMOL_OK)
+        throw bad_request(std::string("cannot tokenize the prompt: ") + smol_last_error());
+    ids.resize(size_t(n));
+    return ids;
+}
+
+// The fields both endpoints share: model, sampling, limits, stop, stream.
+gen_request parse_common(const served_model & m, const json & body) {
+    gen_request g;
+    const json & model = field(body, "model");
+    if (!model.is_string()) throw bad_request("'model' is required and must be a string", "model");
+    if (model.get<std::string>() != m.id) {
+        throw api_error{404,
+                        "The model '" + model.get<std::string>() +
+                            "' does not exist; this server has '" + m.id + "'",
+                        "invalid_request_error", "model", "model_not_found"};
+    }
+    const json & n = field(body, "n");
+    if (!n.is_null() && (!n.is_number_integer() || n.get<int64_t>() != 1))
+        throw bad_request("only n = 1 is supported", "n");
+    g.sampler.temperature = float(get_number(body, "temperature", 1.0, 0.0, 2.0));
+    g.sampler.top_p = float(get_number(body, "top_p", 1.0, 0.0, 1.0));
+    g.sampler.top_k = int32_t(get_number(body, "top_k", 0, 0, 1e6));
+    g.sampler.min_p = float(get_number(body, "min_p", 0.0, 0.0, 1.0));
+    g.sampler.repeat_penalty = float(get_number(body, "repeat_penalty", 1.0, 0.0, 10.0));
+    const json & seed = field(body, "seed");
+    if (seed.is_null()) {
+        g.sampler.seed = std::random_device{}();
+    } else if (seed.is_number_integer()) {
+        g.sampler.seed = uint64_t(seed.get<int64_t>());
+    } else {
+        throw bad_request("'seed' must be an integer", "seed");
+    }
+    for (const char * name : {"max_tokens", "max_completion_tokens"}) {
+        const json & v = field(body, name);
+        if (v.is_null()) continue;
+        if (!v.is_number_integer() || v.get<int64_t>() < 1)
+            throw bad_request(std::string("'") + name + "' must be a positive integer", name);
+        g.max_tokens = int32_t(std::min<int64_t>(v.get<int64_t>(), INT32_MAX));
+    }
+    const json & stop = field(body, "stop");
+    if (stop.is_string()) {
+        g.stops.push_back(stop.get<std::string>());
+    } else if (stop.is_array()) {
+        if (stop.size() > 4) throw bad_request("'stop' holds at most 4 strings", "stop");
+        for (const json & s : stop) {
+            if (!s.is_string()) throw bad_request("'stop' must be a string or strings", "stop");
+            g.stops.push_back(s.get<std::string>());
+        }
+    } else if (!stop.is_null()) {
+        throw bad_request("'stop' must be a string or an array of strings", "stop");
+    }
+    g.stops.erase(std::remove(g.stops.begin(), g.stops.end(), std::string()), g.stops.end());
+    const json & stream = field(body, "stream");
+    if (!stream.is_null() && !stream.is_boolean())
+        throw bad_request("'stream' must be a boolean", "stream");
+    g.stream = stream.is_boolean() && stream.get<bool>();
+    const json & ie = field(body, "ignore_eos");
+    if (!ie.is_null() && !ie.is_boolean())
+        throw bad_request("'ignore_eos' must be a boolean", "ignore_eos");
+    g.ignore_eos = ie.is_boolean() && ie.get<bool>();
+    const json & so = field(body, "stream_options");
+    if (so.is_object() && so.contains("include_usage") && so["include_usage"].is_boolean())
+        g.include_usage = so["include_usage"].get<bool>();
+    return g;
+}
+
+void check_length(const served_model & m, gen_request & g) {
+    const int64_t n_prompt = int64_t(g.prompt.size());
+    if (n_prompt >= int64_t(m.n_ctx)) {
+        throw bad_request("the prompt has " + std::to_string(n_prompt) +
+                              " tokens; this server's context holds " + std::to_string(m.n_ctx),
+                          "messages", "context_length_exceeded");
+    }
+    if (g.max_tokens == 0) g.max_tokens = int32_t(m.n_ctx - n_prompt);
+    if (n_prompt + g.max_tokens > int64_t(m.n_ctx)) {
+        throw bad_request("max_tokens " + std::to_string(g.max_tokens) + " with a " +
+                              std::to_string(n_prompt) + "-token prompt is beyond the context of " +
+                              std::to_string(m.n_ctx) + " tokens",
+                          "max_tokens", "context_length_exceeded");
+    }
+}
+
+std::string message_text(const json & content, size_t i) {
+    if (content.is_string()) return content.get<std::string>();
+    if (content.is_array()) {
+        std::string text;
+        for (const json & part : content) {
+            if (!part.is_object() || field(part, "type") != "text" ||
+                !field(part, "text").is_string())
+                throw bad_request("messages[" + std::to_string(i) +
+                                      "].content: only text parts are supported",
+                                  "messages");
+            text += part["text"].get<std::string>();
+        }
+        return text;
+    }
+    throw bad_request("messages[" + std::to_string(i) + "].content must be a string", "messages");
+}
+
+gen_request parse_chat(const served_model & m, const json & body) {
+    gen_request g = parse_common(m, body);
+    const json & messages = field(body, "messages");
+    if (!messages.is_array() || messages.empty())
+        throw bad_request("'messages' must be a non-empty array", "messages");
+    std::vector<std::string> roles, contents;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const json & m = messages[i];
+        if (!m.is_object() || !field(m, "role").is_string())
+            throw bad_request("messages[" + std::to_string(i) + "] needs a string 'role'",
+                              "messages");
+        roles.push_back(m["role"].get<std::string>());
+        contents.push_back(message_text(field(m, "content"), i));
+    }
+    std::vector<smol_chat_message> msgs;
+    for (size_t i = 0; i < roles.size(); ++i)
+        msgs.push_back({roles[i].c_str(), contents[i].c_str()});
+    size_t need = 0;
+    smol_chat_apply_template(m.model, msgs.data(), msgs.size(), true, nullptr, 0, &need);
+    std::string text(need + 1, '\0');
+    if (smol_chat_apply_template(m.model, msgs.data(), msgs.size(), true, text.data(), text.size(),
+                                 &need) != SMOL_OK)
+        throw bad_request(std::string("cannot apply the chat template: ") + smol_last_error(),
+                          "messages");
+    text.resize(need);
+    g.prompt = tokenize(m, text);
+    check_length(m, g);
+    return g;
+}
+
+gen_request parse_completion(const served_model & m, const json & body) {
+    gen_request g = parse_common(m, body);
+    const json & prompt = field(body, "prompt");
+    if (prompt.is_string()) {
+        g.prompt = tokenize(m, prompt.get<std::string>());
+    } else if (prompt.is_array() && prompt.size() == 1 && prompt[0].is_string()) {
+        g.prompt = tokenize(m, prompt[0].get<std::string>());
+    } else if (prompt.is_array() && !prompt.empty() &&
+               std::all_of(prompt.begin(), prompt.end(),
+                           [](const json & x) { return x.is_number_integer(); })) {
+        for (const json & x : prompt) g.prompt.push_back(smol_token(x.get<int64_t>()));
+    } else {
+        throw bad_request("'prompt' must be a string (or one string, or token ids)", "prompt");
+    }
+    if (g.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
+    check_length(m, g);
+    return g;
+}
+
+} // namespace
+
+gen_request parse_request(const served_model & m, const std::string & text, bool chat) {
+    json body;
+    try {
+        body = json::parse(text);
+    } catch (const json::parse_error & e) {
+        throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+    }
+    if (!body.is_object()) throw bad_request("the body must be a JSON object");
+    return chat ? parse_chat(m, body) : parse_completion(m, body);
+}
+
+} // namespace server
