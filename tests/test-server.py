@@ -18,6 +18,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -40,17 +41,42 @@ def check(cond, what):
         failures.append(what)
 
 
-def start_server():
+def start_server(log):
     proc = subprocess.Popen(
         [SERVER, "--model", MODEL, "--host", "127.0.0.1", "--port", "0", "--parallel",
          str(PARALLEL), "--max-queue", str(QUEUE), "-c", str(N_CTX), "-t", "2", "--max-body",
          str(MAX_BODY), "--chunk", "64"],
-        stdout=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     if not line.startswith("listening on http://127.0.0.1:"):
         proc.kill()
         sys.exit("test-server: FAIL: smol-server did not start: " + line)
     return proc, int(line.rsplit(":", 1)[1])
+
+
+# What a sanitizer build of smol-server prints when it finds a defect (a
+# leak at exit, a race, undefined behaviour, a bad access).
+SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
+                     "runtime error:")
+
+
+def stop_server(proc, log):
+    """SIGTERM, as an operator stops it: the server must exit 0 within 30 s,
+    its stderr free of sanitizer reports."""
+    proc.terminate()
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = None
+    log.seek(0)
+    text = log.read()
+    check(rc == 0, f"smol-server exits 0 on SIGTERM (exit status {rc})")
+    found = [line for line in text.splitlines() if any(r in line for r in SANITIZER_REPORTS)]
+    check(not found, "smol-server's stderr holds no sanitizer report" +
+          (": " + found[0] if found else ""))
+    if found or rc != 0:
+        print(text[-6000:])
 
 
 def raw(port, method, path, body=None, headers=None):
@@ -84,15 +110,12 @@ def is_openai_error(status, body, want_status):
 
 
 def main():
-    proc, port = start_server()
-    try:
-        run(port)
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryFile("w+") as log:
+        proc, port = start_server(log)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            run(port)
+        finally:
+            stop_server(proc, log)
     if failures:
         print(f"test-server: {len(failures)} FAILED: " + "; ".join(failures))
         sys.exit(1)
