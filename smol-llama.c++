@@ -168,6 +168,8 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
 
     try {
         m->vocab.load(f);
+        const auto tmpl = f.get_str("tokenizer.chat_template");
+        m->chat = chat_template(tmpl.value_or(""), tmpl.has_value());
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, e.what());
     }

@@ -9,6 +9,7 @@
 
 #include "gguf.h"
 #include "smol-backend.h"
+#include "smol-chat.h"
 #include "smol-graph.h"
 #include "smol-kv-cache.h"
 #include "smol-plan.h"
@@ -51,6 +52,7 @@ struct llama_model {
     std::unique_ptr<gguf::file> file;
     llama_hparams hp;
     smol::vocab vocab;
+    chat_template chat; // tokenizer.chat_template
     weight tok_embd, output_norm, output;
     std::vector<llama_layer> layers;
     smol_type ftype = SMOL_TYPE_F32;

@@ -1,7 +1,7 @@
 // smol-vocab.c++ - the tokenizer behind smol-vocab.h: byte-level BPE as GPT-2
 // defined it, with the pre-tokenizers llama.cpp applies for the values of
-// tokenizer.ggml.pre that smol knows, special-token parsing, detokenization
-// and the ChatML chat template. Token ids match llama.cpp's for valid UTF-8.
+// tokenizer.ggml.pre that smol knows, special-token parsing and
+// detokenization. Token ids match llama.cpp's for valid UTF-8.
 //
 // Invalid UTF-8 is the one place smol departs from llama.cpp on purpose:
 // llama.cpp replaces each bad byte by U+FFFD before BPE, so the text cannot
@@ -451,20 +451,6 @@ bool contains(std::string_view haystack, std::string_view needle) {
     return haystack.find(needle) != std::string_view::npos;
 }
 
-// Undoes the escapes of a Jinja string literal.
-std::string jinja_unescape(std::string_view s) {
-    std::string out;
-    for (size_t i = 0; i < s.size(); i++) {
-        if (s[i] == '\\' && i + 1 < s.size()) {
-            const char e = s[++i];
-            out += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
-        } else {
-            out += s[i];
-        }
-    }
-    return out;
-}
-
 } // namespace
 
 struct vocab::impl {
@@ -491,11 +477,6 @@ struct vocab::impl {
     std::vector<bool> eog;
     std::vector<smol_token> special_by_length; // control / user-defined / unknown
 
-    // --- chat template ---
-    bool template_chatml = false;
-    std::string chat_template;
-    std::string default_system; // ChatML's system prompt when none is given
-
     // The token id of a text, -1 if it is no token.
     int32_t token_id(std::string_view s) const {
         const int32_t id = text_to_id.find(s);
@@ -513,7 +494,6 @@ struct vocab::impl {
     void load_tokens(const gguf::file & f);
     void load_merges(const gguf::file & f);
     void load_special(const gguf::file & f);
-    void load_template(const gguf::file & f);
     std::string decode_token_text(const std::string & s, int32_t type) const;
 
     void pre_tokenize(scratch & s) const;
@@ -599,7 +579,6 @@ void vocab::impl::load(const gguf::file & f) {
         load_tokens(f);
         load_merges(f);
         load_special(f);
-        load_template(f);
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, std::string(e.what()) +
                                          " (while reading the tokenizer; convert the model again)");
@@ -770,41 +749,6 @@ void vocab::impl::load_special(const gguf::file & f) {
     // Longest first, so that a special token containing another wins.
     std::stable_sort(special_by_length.begin(), special_by_length.end(),
                      [&](smol_token a, smol_token b) { return text[a].size() > text[b].size(); });
-}
-
-void vocab::impl::load_template(const gguf::file & f) {
-    const auto tmpl = f.get_str("tokenizer.chat_template");
-    // llama.cpp falls back to ChatML for a file without a template.
-    chat_template = tmpl.value_or("");
-    template_chatml =
-        !tmpl || (contains(chat_template, "<|im_start|>") && contains(chat_template, "<|im_end|>"));
-    if (!template_chatml) return;
-    // SmolLM2 (and Qwen) insert a fixed system message when the conversation
-    // does not start with one; its text is the template's literal
-    // '<|im_start|>system\n...<|im_end|>'.
-    const std::string_view t = chat_template;
-    for (const std::string_view head : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
-        const size_t at = t.find(head);
-        if (at == std::string_view::npos) continue;
-        const size_t from = at + head.size();
-        const size_t to = t.find("<|im_end|>", from);
-        if (to == std::string_view::npos) continue;
-        const std::string_view body = t.substr(from, to - from);
-        // A body that leaves the string literal (template code building the
-        // caller's own system message) is not a default.
-        bool literal = !body.empty();
-        for (size_t i = 0; i < body.size() && literal; i++) {
-            if (body[i] == '\\') {
-                i++;
-            } else if (std::string_view("{}'\"+").find(body[i]) != std::string_view::npos) {
-                literal = false;
-            }
-        }
-        if (!literal) continue;
-        if (!contains(t, "'system'") && !contains(t, "\"system\"")) continue;
-        default_system = jinja_unescape(body);
-        break;
-    }
 }
 
 // --- tokenizing ---------------------------------------------------------------
@@ -1065,34 +1009,6 @@ std::string vocab::detokenize(const std::vector<smol_token> & tokens, bool speci
     // No clean-up of spaces: the bytes come back as they went in.
     std::string out;
     for (const smol_token t : tokens) out += token_to_piece(t, special);
-    return out;
-}
-
-std::string vocab::apply_chat_template(const std::vector<chat_message> & messages,
-                                       bool add_assistant) const {
-    const impl & v = loaded(impl_);
-    if (!v.template_chatml) {
-        std::string head = v.chat_template.substr(0, 120);
-        throw error(SMOL_ERR_UNSUPPORTED,
-                    "tokenizer.chat_template is not one smol knows: smol formats ChatML "
-                    "templates, recognised by the markers <|im_start|> and <|im_end|>, and "
-                    "this template lacks them (it begins \"" +
-                        head + (v.chat_template.size() > head.size() ? "...\")" : "\")") +
-                        "; format the prompt yourself and tokenize it with parse_special");
-    }
-    std::string out;
-    const auto turn = [&](std::string_view role, std::string_view content) {
-        out += "<|im_start|>";
-        out += role;
-        out += '\n';
-        out += content;
-        out += "<|im_end|>\n";
-    };
-    if (!messages.empty() && !v.default_system.empty() && messages[0].role != "system") {
-        turn("system", v.default_system);
-    }
-    for (const chat_message & m : messages) turn(m.role, m.content);
-    if (add_assistant) out += "<|im_start|>assistant\n";
     return out;
 }
 

@@ -1,8 +1,7 @@
 // smol-vocab.h - the tokenizer: byte-level BPE read from a GGUF file's
 // tokenizer.ggml.* metadata (tokens, merges, token types, bos/eos/eot), the
 // pre-tokenizer the file names (SmolLM2's "smollm", GPT-2's, llama-bpe's),
-// special-token parsing, detokenization that round-trips bytes, and the chat
-// template the file carries.
+// special-token parsing and detokenization that round-trips bytes.
 
 #ifndef SMOL_VOCAB_H
 #define SMOL_VOCAB_H
@@ -17,11 +16,6 @@
 #include <vector>
 
 namespace smol {
-
-struct chat_message {
-    std::string role;
-    std::string content;
-};
 
 class vocab {
   public:
@@ -44,13 +38,6 @@ class vocab {
     // The bytes of a token; control tokens give "" unless special.
     std::string token_to_piece(smol_token t, bool special) const;
     std::string detokenize(const std::vector<smol_token> & tokens, bool special) const;
-
-    // Formats messages with the model's tokenizer.chat_template. Recognises
-    // ChatML (SmolLM2-Instruct's template, including its default system
-    // prompt when the first message is not a system one); throws smol::error
-    // SMOL_ERR_UNSUPPORTED for a template it does not know.
-    std::string apply_chat_template(const std::vector<chat_message> & messages,
-                                    bool add_assistant) const;
 
   private:
     struct impl;

@@ -295,7 +295,7 @@ smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_m
             }
             msgs.push_back({messages[i].role, messages[i].content});
         }
-        text = model->m->vocab.apply_chat_template(msgs, add_assistant);
+        text = model->m->chat.apply(msgs, add_assistant);
     });
     if (st != SMOL_OK) return st;
     return copy_out(text, buf, size, n_out);

@@ -3,6 +3,7 @@
 // rendering (tests/fixtures/chat-template.json), byte-exact round trips of
 // random bytes, and the refusals, on small vocabularies written for the test.
 
+#include "smol-chat.h"
 #include "smol-error.h"
 #include "smol-unicode.h"
 #include "smol-vocab.h"
@@ -515,7 +516,12 @@ TEST_CASE("inconsistent tokenizer arrays are format errors naming the key") {
 // --- chat template -------------------------------------------------------------------
 
 TEST_CASE("the chat template renders as the model's Jinja template does") {
-    const smol::vocab & v = real_vocab();
+    INFO("the real model is missing: run scripts/fetch-model.sh (looked for " << SMOL_MODEL << ")");
+    REQUIRE(std::filesystem::exists(SMOL_MODEL));
+    const auto f = gguf::file::open(SMOL_MODEL);
+    const auto text = f->get_str("tokenizer.chat_template");
+    REQUIRE(text.has_value());
+    const smol::chat_template t(*text, true);
     const nlohmann::json fx =
         read_fixture("chat-template.json", "it is committed with the tests; restore it from git");
     for (const auto & c : fx.at("cases")) {
@@ -526,52 +532,44 @@ TEST_CASE("the chat template renders as the model's Jinja template does") {
         }
         const bool gen = c.at("add_generation_prompt");
         INFO(c.at("name").get<std::string>() << ", add_generation_prompt=" << gen);
-        CHECK(v.apply_chat_template(messages, gen) == c.at("rendered").get<std::string>());
+        CHECK(t.apply(messages, gen) == c.at("rendered").get<std::string>());
     }
 }
 
 TEST_CASE("a ChatML template without a default system prompt inserts none") {
-    tiny_vocab t;
-    t.w.set("tokenizer.chat_template",
-            gguf::value::make_str("{% for message in messages %}{{'<|im_start|>' + message['role'] "
-                                  "+ '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor "
-                                  "%}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
-                                  "}}{% endif %}"));
-    auto v = t.load();
-    CHECK(v->apply_chat_template({{"user", "hi"}}, true) ==
+    const smol::chat_template t(
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+        "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+        "%}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+        true);
+    CHECK(t.apply({{"user", "hi"}}, true) ==
           "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 }
 
 TEST_CASE("a ChatML template's own default system prompt is used, escapes undone") {
-    tiny_vocab t;
-    t.w.set("tokenizer.chat_template",
-            gguf::value::make_str(
-                "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou\\'re "
-                "helpful.<|im_end|>\\n' }}{% endif %}{% for message in messages %}{{'<|im_start|>' "
-                "+ message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor "
-                "%}"));
-    auto v = t.load();
-    CHECK(v->apply_chat_template({{"user", "hi"}}, false) ==
+    const smol::chat_template t(
+        "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou\\'re "
+        "helpful.<|im_end|>\\n' }}{% endif %}{% for message in messages %}{{'<|im_start|>' + "
+        "message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}",
+        true);
+    CHECK(t.apply({{"user", "hi"}}, false) ==
           "<|im_start|>system\nYou're helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
-    CHECK(v->apply_chat_template({{"system", "s"}}, false) == "<|im_start|>system\ns<|im_end|>\n");
+    CHECK(t.apply({{"system", "s"}}, false) == "<|im_start|>system\ns<|im_end|>\n");
 }
 
 TEST_CASE("a file without a chat template gets plain ChatML, as in llama.cpp") {
-    tiny_vocab t;
-    auto v = t.load();
-    CHECK(v->apply_chat_template({{"system", "s"}, {"user", "u"}}, false) ==
+    const smol::chat_template t;
+    CHECK(t.apply({{"system", "s"}, {"user", "u"}}, false) ==
           "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nu<|im_end|>\n");
 }
 
 TEST_CASE("a chat template smol does not know is refused, naming the markers it expects") {
-    tiny_vocab t;
-    t.w.set("tokenizer.chat_template",
-            gguf::value::make_str("{% for message in messages %}{{ '<|start_header_id|>' + "
-                                  "message['role'] + '<|end_header_id|>\\n\\n' + "
-                                  "message['content'] + '<|eot_id|>' }}{% endfor %}"));
-    auto v = t.load(); // loading is fine; only formatting needs the template
+    const smol::chat_template t("{% for message in messages %}{{ '<|start_header_id|>' + "
+                                "message['role'] + '<|end_header_id|>\\n\\n' + "
+                                "message['content'] + '<|eot_id|>' }}{% endfor %}",
+                                true);
     try {
-        v->apply_chat_template({{"user", "hi"}}, true);
+        t.apply({{"user", "hi"}}, true);
         FAIL("an unknown template was applied");
     } catch (const smol::error & e) {
         CHECK(e.status == SMOL_ERR_UNSUPPORTED);
