@@ -80,6 +80,9 @@ cuda_backend::~cuda_backend() {
          {&arena_, &work_, &dyn_, &cells_, &rope_, &done_, &tune_w_, &tune_x_, &tune_y_})
         (void)cudaFree(b->p);
     if (host_stage_) (void)cudaFreeHost(host_stage_);
+    // Device blocks their callers did not release (a context whose making
+    // failed halfway).
+    for (const auto & [p, n] : sizes_) (void)cudaFree(p);
     for (const auto & [p, h] : host_) { // host blocks their callers did not release
         if (h.second)
             (void)cudaFreeHost(p);

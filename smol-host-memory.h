@@ -62,8 +62,16 @@ class host_blocks {
 };
 
 // Allocations by address and the bytes they hold, against an optional limit.
+// The blocks (host_alloc's) a caller never released, such as those of a
+// context whose making failed halfway, are freed with the ledger.
 class memory_ledger {
   public:
+    memory_ledger() = default;
+    memory_ledger(const memory_ledger &) = delete;
+    memory_ledger & operator=(const memory_ledger &) = delete;
+    ~memory_ledger() {
+        for (auto & b : sizes_) std::free(b.first);
+    }
     void add(void * p, size_t n) {
         sizes_[p] = n;
         stats_.in_use += n;
