@@ -244,6 +244,15 @@ def run(port):
         ("content with a lone surrogate escape", chat_path,
          b'{"model": "' + model.encode() + b'", "max_tokens": 4, '
          b'"messages": [{"role": "user", "content": "a \\udc80 b"}]}', 400),
+        ("a number past a double's range (fuzz-server-request's find)", chat_path,
+         b'{"model": "' + model.encode() + b'", "max_tokens": 4, "temperature": 1e999, '
+         b'"messages": [{"role": "user", "content": "hi"}]}', 400),
+        ("a prompt id past int32, which must not wrap into the vocabulary", "/v1/completions",
+         json.dumps({"model": model, "prompt": [1, 2**32 + 5], "max_tokens": 2}).encode(), 400),
+        ("a prompt id past uint64", "/v1/completions",
+         b'{"model": "' + model.encode() + b'", "prompt": [18446744073709551616]}', 400),
+        ("max_tokens past int64", chat_path,
+         json.dumps({**ok_body, "max_tokens": 2**64 - 1}).encode(), 400),
         ("an oversized body", chat_path, b"{" + b" " * (MAX_BODY + 10) + b"}", 413),
         ("an unknown path", "/v1/nothing", b"{}", 404),
     ]

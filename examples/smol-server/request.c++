@@ -86,9 +86,12 @@ gen_request parse_common(const served_model & m, const json & body) {
     for (const char * name : {"max_tokens", "max_completion_tokens"}) {
         const json & v = field(body, name);
         if (v.is_null()) continue;
-        if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        // An unsigned value past int64's range reads as a negative one.
+        if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 1) ||
+            (v.is_number_unsigned() && v.get<uint64_t>() < 1))
             throw bad_request(std::string("'") + name + "' must be a positive integer", name);
-        g.max_tokens = int32_t(std::min<int64_t>(v.get<int64_t>(), INT32_MAX));
+        g.max_tokens = int32_t(std::min<uint64_t>(
+            v.is_number_unsigned() ? v.get<uint64_t>() : uint64_t(v.get<int64_t>()), INT32_MAX));
     }
     const json & stop = field(body, "stop");
     if (stop.is_string()) {
@@ -190,7 +193,22 @@ gen_request parse_completion(const served_model & m, const json & body) {
     } else if (prompt.is_array() && !prompt.empty() &&
                std::all_of(prompt.begin(), prompt.end(),
                            [](const json & x) { return x.is_number_integer(); })) {
-        for (const json & x : prompt) g.prompt.push_back(smol_token(x.get<int64_t>()));
+        smol_model_info info;
+        smol_model_get_info(m.model, &info);
+        for (const json & x : prompt) {
+            // Checked as the JSON holds it: an id past int32 must not wrap
+            // into the vocabulary.
+            const bool in = x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(info.n_vocab)
+                                                   : x.get<int64_t>() >= 0 &&
+                                                         x.get<int64_t>() < int64_t(info.n_vocab);
+            if (!in) {
+                throw bad_request("'prompt' holds the token id " + x.dump() +
+                                      ", which is not in the model's vocabulary of " +
+                                      std::to_string(info.n_vocab) + " tokens",
+                                  "prompt");
+            }
+            g.prompt.push_back(smol_token(x.get<int64_t>()));
+        }
     } else {
         throw bad_request("'prompt' must be a string (or one string, or token ids)", "prompt");
     }
@@ -205,7 +223,9 @@ gen_request parse_request(const served_model & m, const std::string & text, bool
     json body;
     try {
         body = json::parse(text);
-    } catch (const json::parse_error & e) {
+    } catch (const json::exception & e) {
+        // Not only syntax: a number past a double's range (1e999) is an
+        // out_of_range error of the parser.
         throw bad_request(std::string("the body is not valid JSON: ") + e.what());
     }
     if (!body.is_object()) throw bad_request("the body must be a JSON object");
