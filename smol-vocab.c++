@@ -447,10 +447,6 @@ struct scratch {
     std::vector<bpe_candidate> heap;
 };
 
-bool contains(std::string_view haystack, std::string_view needle) {
-    return haystack.find(needle) != std::string_view::npos;
-}
-
 } // namespace
 
 struct vocab::impl {

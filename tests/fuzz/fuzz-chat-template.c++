@@ -1,0 +1,55 @@
+// fuzz-chat-template.c++ - libFuzzer target: any bytes as a chat template
+// and a conversation. The input splits at zero bytes: the template's text
+// (none when the first byte is odd), then roles and contents in turn; the
+// second byte's low bit asks for the assistant's turn. A template is
+// applied or refused as unsupported, nothing else; an applied one holds
+// every message's content, in order. A crash, a sanitizer report or a
+// failed check traps.
+
+#include "smol-chat.h"
+#include "smol-error.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+void fail(const char * what) {
+    std::fprintf(stderr, "fuzz-chat-template: %s\n", what);
+    __builtin_trap();
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    if (size < 2) return 0;
+    const bool given = (data[0] & 1) == 0;
+    const bool add_assistant = data[1] & 1;
+    std::vector<std::string> parts(1);
+    for (size_t i = 2; i < size; ++i) {
+        if (data[i] == 0) {
+            parts.emplace_back();
+        } else {
+            parts.back() += char(data[i]);
+        }
+    }
+    const smol::chat_template t(parts[0], given);
+    std::vector<smol::chat_message> messages;
+    for (size_t i = 1; i + 1 < parts.size(); i += 2) messages.push_back({parts[i], parts[i + 1]});
+    std::string out;
+    try {
+        out = t.apply(messages, add_assistant);
+    } catch (const smol::error & e) {
+        if (e.status != SMOL_ERR_UNSUPPORTED) fail("refused with a status other than UNSUPPORTED");
+        return 0;
+    }
+    size_t at = 0;
+    for (const smol::chat_message & m : messages) {
+        const size_t found = out.find(m.content, at);
+        if (found == std::string::npos) fail("a message's content is missing from the text");
+        at = found + m.content.size();
+    }
+    return 0;
+}
