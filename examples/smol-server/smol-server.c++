@@ -21,11 +21,13 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <httplib.h>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -45,6 +47,7 @@ struct options {
     uint32_t parallel = 4;
     uint32_t max_queue = 32;
     size_t max_body = 1 << 20;
+    uint32_t max_connections = 1024;
     uint32_t chunk = 256;
     int threads = 0;
     bool no_prefix_cache = false;
@@ -466,6 +469,64 @@ std::string find_model(const options & o, const char * argv0) {
                              " is not in models/; run scripts/fetch-model.sh");
 }
 
+// --- connections ----------------------------------------------------------------
+
+// cpp-httplib serves a connection on one thread from its accept until it
+// closes, so a client that is slow to send its request (or sends it a byte
+// at a time) holds a thread. A fixed pool of a few threads is then taken
+// by a few hundred such clients and honest requests wait behind them. This
+// pool starts a thread whenever every thread is busy, up to a cap, beyond
+// which connections wait for one to end; threads stay for later
+// connections.
+class connection_pool final : public httplib::TaskQueue {
+  public:
+    explicit connection_pool(size_t max_threads) : max_(std::max<size_t>(1, max_threads)) {}
+    ~connection_pool() override { shutdown(); }
+
+    void enqueue(std::function<void()> fn) override {
+        std::unique_lock<std::mutex> lock(mu_);
+        jobs_.push_back(std::move(fn));
+        if (idle_ < jobs_.size() && threads_.size() < max_) {
+            ++idle_;
+            threads_.emplace_back([this] { work(); });
+        }
+        cv_.notify_one();
+    }
+    void shutdown() override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stop_) return;
+            stop_ = true;
+        }
+        cv_.notify_all();
+        for (std::thread & t : threads_) t.join();
+    }
+
+  private:
+    void work() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+            if (jobs_.empty()) return; // stopping, nothing left to serve
+            std::function<void()> fn = std::move(jobs_.front());
+            jobs_.pop_front();
+            --idle_;
+            lock.unlock();
+            fn();
+            lock.lock();
+            ++idle_;
+        }
+    }
+
+    const size_t max_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::function<void()>> jobs_;
+    std::vector<std::thread> threads_;
+    size_t idle_ = 0; // threads waiting for a connection
+    bool stop_ = false;
+};
+
 httplib::Server * g_server = nullptr;
 extern "C" void on_signal(int) {
     if (g_server) g_server->stop();
@@ -485,6 +546,8 @@ int main(int argc, char ** argv) {
     app.add_option("--parallel", o.parallel, "requests generating at once (1-127, default 4)");
     app.add_option("--max-queue", o.max_queue, "requests waiting beyond those (default 32)");
     app.add_option("--max-body", o.max_body, "largest request body in bytes (default 1 MiB)");
+    app.add_option("--max-connections", o.max_connections,
+                   "connections served at once; more wait for one to end (default 1024)");
     app.add_option("--chunk", o.chunk, "most prompt tokens of one request per step (default 256)");
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
     app.add_option("--device", o.device, "cpu, sim (a simulated device) or cuda:N (default cpu)");
@@ -536,15 +599,15 @@ int main(int argc, char ** argv) {
     // Destroyed (its threads joined) before the engine its handlers use.
     auto server = std::make_unique<httplib::Server>();
     httplib::Server & svr = *server;
-    // httplib serves a connection per thread, and a keep-alive connection
-    // holds its thread while idle: enough threads for every slot and queue
-    // place plus many idle clients, so that the engine (503), not the HTTP
-    // layer, is what turns requests away.
-    const size_t n_http = size_t(o.parallel) + o.max_queue + 64;
-    svr.new_task_queue = [n_http] { return new httplib::ThreadPool(n_http); };
+    // A thread a connection, as many as clients hold open up to the cap
+    // (connection_pool), so that slow clients cannot hold every thread and
+    // the engine (503), not the HTTP layer, is what turns requests away. A
+    // client that sends nothing for 10 s is dropped.
+    const size_t max_connections = o.max_connections;
+    svr.new_task_queue = [max_connections] { return new connection_pool(max_connections); };
     svr.set_keep_alive_timeout(2);
     svr.set_payload_max_length(o.max_body);
-    svr.set_read_timeout(30, 0);
+    svr.set_read_timeout(10, 0);
     svr.set_write_timeout(30, 0);
 
     auto guarded = [&st](bool chat) {
