@@ -198,9 +198,9 @@ gen_request parse_completion(const served_model & m, const json & body) {
         for (const json & x : prompt) {
             // Checked as the JSON holds it: an id past int32 must not wrap
             // into the vocabulary.
-            const bool in = x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(info.n_vocab)
-                                                   : x.get<int64_t>() >= 0 &&
-                                                         x.get<int64_t>() < int64_t(info.n_vocab);
+            const bool in = x.is_number_unsigned()
+                                ? x.get<uint64_t>() < uint64_t(info.n_vocab)
+                                : x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(info.n_vocab);
             if (!in) {
                 throw bad_request("'prompt' holds the token id " + x.dump() +
                                       ", which is not in the model's vocabulary of " +

@@ -86,8 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         std::vector<smol_token> small(ids.size() - 1);
         int32_t n = 0;
         const smol_status st =
-            smol_tokenize(model, text.data(), text.size(), add_special, parse_special,
-                          small.data(), int32_t(small.size()), &n);
+            smol_tokenize(model, text.data(), text.size(), add_special, parse_special, small.data(),
+                          int32_t(small.size()), &n);
         if (st != SMOL_ERR_BUFFER_TOO_SMALL || n != int32_t(ids.size()))
             fail("a buffer one short was not refused with the size needed");
     }
