@@ -69,5 +69,6 @@
 #define cudaStreamSynchronize            hipStreamSynchronize
 #define cudaStream_t                     hipStream_t
 #define cudaSuccess                      hipSuccess
+#define cudaErrorMemoryAllocation        hipErrorMemoryAllocation
 
 #endif // SMOL_HIP_H
