@@ -47,8 +47,8 @@ for kind in "${kinds[@]}"; do
     CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DSMOL_SANITIZE="$kind" >/dev/null
     start=$(date +%s)
-    cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$build.log" 2>&1 ||
-        { tail -30 "$build.log"; exit 1; }
+    cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$build/build.log" 2>&1 ||
+        { tail -30 "$build/build.log"; exit 1; }
     echo "sanitize: $kind: built in $(($(date +%s) - start)) s; testing"
     start=$(date +%s)
     if ctest --test-dir "$build" "${select[@]}" --output-on-failure -j"$(nproc)" --timeout 900; then
