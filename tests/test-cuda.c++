@@ -13,6 +13,7 @@
 #include "smol-backend.h"
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
+#include "smol-faults.h"
 #include "smol-graph.h"
 #include "smol.h"
 #include "test-seed.h"
@@ -1833,6 +1834,108 @@ TEST_CASE("SmolLM2-135M on the GPU gives bit-identical logits with its KV reside
     model_ptr m = load(SMOL_MODEL);
     check_gpu_placements(m.get(), 3, 49152, 4096, 256,
                          {random_ids(rng, 600, 49152), random_ids(rng, 100, 49152)}, 16);
+}
+
+TEST_CASE("on the GPU, a failing copy or kernel or refused memory fails that call with a "
+          "message, the cache as it was, and the next call gives the logits of a context that "
+          "never failed") {
+    namespace faults = smol::faults;
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("faults.gguf");
+    tiny::shape s;
+    s.n_head = 4;
+    s.n_head_kv = 4;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 60, s.n_vocab);
+    const auto decode_range = [&](smol_context * c, size_t from, size_t to) {
+        smol_batch b = smol_batch_init(int32_t(to - from));
+        for (size_t i = from; i < to; ++i)
+            smol_batch_add(&b, int32_t(to - from), ids[i], smol_pos(i), 0, true);
+        const smol_status st = smol_decode(c, &b);
+        smol_batch_free(&b);
+        return st;
+    };
+    const auto rows = [&](smol_context * c, size_t n) {
+        std::vector<float> out;
+        for (size_t i = 0; i < n; ++i) {
+            const float * l = smol_get_logits(c, int32_t(i));
+            REQUIRE(l != nullptr);
+            out.insert(out.end(), l, l + s.n_vocab);
+        }
+        return out;
+    };
+    faults::scope armed;
+    struct kind {
+        faults::site where;
+        smol_status status;
+        const char * says;
+    };
+    for (const kind k : {kind{faults::site::copy, SMOL_ERR_BACKEND, "a copy failed"},
+                         kind{faults::site::kernel, SMOL_ERR_BACKEND, "a kernel failed"}}) {
+        for (const bool graphs : {false, true}) {
+            CAPTURE(std::string(faults::site_name(k.where)));
+            CAPTURE(graphs);
+            smol_context_params p = smol_context_default_params();
+            p.kv_offload = SMOL_KV_OFFLOAD_ALL; // copies in every step
+            p.gpu_graphs = graphs;
+            context_ptr ref = make_context(m.get(), "cuda:0", 256, 64, 1, 4, p);
+            context_ptr c = make_context(m.get(), "cuda:0", 256, 64, 1, 4, p);
+            // A prompt, then single tokens (replayed as graphs from the
+            // second), the fault in the last.
+            for (smol_context * x : {ref.get(), c.get()}) {
+                REQUIRE(decode_range(x, 0, 40) == SMOL_OK);
+                for (size_t i = 40; i < 50; ++i) REQUIRE(decode_range(x, i, i + 1) == SMOL_OK);
+            }
+            REQUIRE(decode_range(ref.get(), 50, 51) == SMOL_OK);
+            const std::vector<float> want = rows(ref.get(), 1);
+            faults::arm(k.where, 0);
+            CHECK(decode_range(c.get(), 50, 51) == k.status);
+            const std::string msg = smol_last_error();
+            // A replayed graph's copies are inside the graph: no copy
+            // fault can fire there, and the step succeeds.
+            const bool fired = faults::hits(k.where) == 1;
+            faults::disarm_all();
+            if (!fired) {
+                CHECK(k.where == faults::site::copy);
+                CHECK(graphs);
+                MESSAGE("a replayed step's copies run inside its graph: no copy fault fired");
+                continue;
+            }
+            CHECK(msg.find(k.says) != std::string::npos);
+            CHECK(msg.find("(an injected fault)") != std::string::npos);
+            CHECK(smol_kv_seq_len(c.get(), 0) == 50);
+            REQUIRE(decode_range(c.get(), 50, 51) == SMOL_OK);
+            CHECK(rows(c.get(), 1) == want);
+        }
+    }
+    // Device memory refused at each allocation of a context's making.
+    int refused = 0;
+    for (int64_t n = 0; n < 256; ++n) {
+        faults::arm(faults::site::device_alloc, n);
+        smol_context_params p = smol_context_default_params();
+        p.n_ctx = 256;
+        p.device = "cuda:0";
+        smol_context * c = nullptr;
+        const smol_status st = smol_context_create(m.get(), &p, &c);
+        const std::string msg = smol_last_error();
+        const bool fired = faults::hits(faults::site::device_alloc) > 0;
+        faults::disarm_all();
+        if (!fired) {
+            CHECK(st == SMOL_OK);
+            smol_context_free(c);
+            break;
+        }
+        CAPTURE(n);
+        CHECK(st == SMOL_ERR_OUT_OF_MEMORY);
+        CHECK(msg.find("injected fault") != std::string::npos);
+        ++refused;
+    }
+    CHECK(refused >= 3);
+    MESSAGE(refused << " device allocations of a context refused in turn");
+    std::filesystem::remove(path);
 }
 
 TEST_SUITE_END();
