@@ -94,6 +94,9 @@ class backend {
     // cleared nor changed but for its batch (positions, sequences, cells),
     // and run it as before. Elsewhere a decode step builds its graph anew.
     virtual bool reruns_graphs() const { return false; }
+    // Whether this backend multiplies with (and gathers rows of) weights of
+    // type t; a context refuses a model with others before allocating.
+    virtual bool supports_weights(smol_type) const { return true; }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with
     // the sizes) rather than returning null.

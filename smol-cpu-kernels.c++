@@ -124,79 +124,6 @@ static void f32_to_bf16_row(const float * x, uint16_t * y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = f2bf(x[i]);
 }
 
-// A product rounded to f32 before it is used: in the AVX2 copies GCC would
-// otherwise fuse x * id + 8.5 into one FMA (C++ allows contraction), which
-// rounds differently from ggml's reference and from the generic copy.
-static inline float rounded(float v) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __asm__("" : "+x"(v));
-#else
-    volatile float t = v;
-    v = t;
-#endif
-    return v;
-}
-
-// ggml's reference quantizers (quantize_row_q*_ref), so that the files smol
-// writes are the files llama.cpp would write.
-static void quant_q8_0(const float * x, block_q8_0 * y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, x += QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = f2h(d);
-        for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
-    }
-}
-
-static void quant_q4_0(const float * x, block_q4_0 * y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, x += QK) {
-        float amax = 0.0f, max = 0.0f; // max: the value of largest magnitude
-        for (int j = 0; j < QK; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = f2h(d);
-        for (int j = 0; j < 16; j++) {
-            const float x0 = rounded(x[j] * id);
-            const float x1 = rounded(x[j + 16] * id);
-            int q0 = (int8_t)(x0 + 8.5f);
-            int q1 = (int8_t)(x1 + 8.5f);
-            q0 = q0 < 15 ? q0 : 15;
-            q1 = q1 < 15 ? q1 : 15;
-            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-        }
-    }
-}
-
-static void quant_q4_1(const float * x, block_q4_1 * y, int64_t nb) {
-    for (int64_t i = 0; i < nb; i++, x += QK) {
-        float min = 3.402823466e38f, max = -3.402823466e38f;
-        for (int j = 0; j < QK; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
-        const float d = (max - min) / 15.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = f2h(d);
-        y[i].m = f2h(min);
-        for (int j = 0; j < 16; j++) {
-            const float x0 = rounded((x[j] - min) * id);
-            const float x1 = rounded((x[j + 16] - min) * id);
-            int q0 = (int8_t)(x0 + 0.5f);
-            int q1 = (int8_t)(x1 + 0.5f);
-            q0 = q0 < 15 ? q0 : 15;
-            q1 = q1 < 15 ? q1 : 15;
-            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-        }
-    }
-}
-
 static void row_to_f32(smol_type t, const void * src, float * dst, int64_t n) {
     switch (t) {
     case SMOL_TYPE_F32:
@@ -217,6 +144,9 @@ static void row_to_f32(smol_type t, const void * src, float * dst, int64_t n) {
     case SMOL_TYPE_Q8_0:
         dequant_q8_0((const block_q8_0 *)src, n / QK, dst);
         break;
+    default:
+        smol::dequantize_row(t, src, dst, n); // the other types, scalar
+        break;
     }
 }
 
@@ -231,14 +161,10 @@ static void row_from_f32(smol_type t, const float * src, void * dst, int64_t n) 
     case SMOL_TYPE_BF16:
         f32_to_bf16_row(src, (uint16_t *)dst, n);
         break;
-    case SMOL_TYPE_Q4_0:
-        quant_q4_0(src, (block_q4_0 *)dst, n / QK);
-        break;
-    case SMOL_TYPE_Q4_1:
-        quant_q4_1(src, (block_q4_1 *)dst, n / QK);
-        break;
-    case SMOL_TYPE_Q8_0:
-        quant_q8_0(src, (block_q8_0 *)dst, n / QK);
+    default:
+        // The quantized types: smol-quant.c++'s reference quantizers, the
+        // same bytes whichever variant asks.
+        smol::quantize_row(t, src, dst, n);
         break;
     }
 }
@@ -300,6 +226,28 @@ static void quant_act(const float * x, block_q8_act * y, int64_t nb) {
     }
 }
 
+// The activations of the 256-element types (ggml's q8_K): d = max|x| / 127
+// kept in f32, qs = round_even(x * (127 / max|x|)), and the sums of each 16
+// codes. Scalar in every variant: a token's row costs little beside the
+// matmul that reads it.
+static void quant_act_k(const float * x, block_q8_K * y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+        y[i].d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int g = 0; g < QK_K / 16; g++) {
+            int sum = 0;
+            for (int j = 16 * g; j < 16 * g + 16; j++) {
+                const int q = round_even(x[j] * id);
+                y[i].qs[j] = (int8_t)q;
+                sum += q;
+            }
+            y[i].bsums[g] = (int16_t)sum;
+        }
+    }
+}
+
 static void act_from_f32(smol_type t, const float * x, void * act, int64_t K) {
     switch (t) {
     case SMOL_TYPE_F32:
@@ -320,8 +268,19 @@ static void act_from_f32(smol_type t, const float * x, void * act, int64_t K) {
     }
     case SMOL_TYPE_Q4_0:
     case SMOL_TYPE_Q4_1:
+    case SMOL_TYPE_Q5_0:
+    case SMOL_TYPE_Q5_1:
     case SMOL_TYPE_Q8_0:
+    case SMOL_TYPE_IQ4_NL:
         quant_act(x, (block_q8_act *)act, K / QK);
+        break;
+    case SMOL_TYPE_Q2_K:
+    case SMOL_TYPE_Q3_K:
+    case SMOL_TYPE_Q4_K:
+    case SMOL_TYPE_Q5_K:
+    case SMOL_TYPE_Q6_K:
+    case SMOL_TYPE_IQ4_XS:
+        quant_act_k(x, (block_q8_K *)act, K / QK_K);
         break;
     }
 }
@@ -619,26 +578,12 @@ uint16_t fp32_to_bf16(float f) {
 }
 
 int64_t block_elems(smol_type t) {
-    switch (t) {
-    case SMOL_TYPE_Q4_0:
-    case SMOL_TYPE_Q4_1:
-    case SMOL_TYPE_Q8_0:
-        return QK;
-    default:
-        return 1;
-    }
+    const int64_t n = smol::type_block_elems(t);
+    return n > 0 ? n : 1;
 }
 
 size_t row_bytes(smol_type t, int64_t n) {
-    switch (t) {
-    case SMOL_TYPE_F32:
-        return (size_t)n * 4;
-    case SMOL_TYPE_F16:
-    case SMOL_TYPE_BF16:
-        return (size_t)n * 2;
-    default:
-        return (size_t)(n / QK) * generic::block_bytes(t);
-    }
+    return smol::type_row_bytes(t, n);
 }
 
 size_t act_bytes(smol_type t, int64_t K) {
@@ -648,7 +593,8 @@ size_t act_bytes(smol_type t, int64_t K) {
     case SMOL_TYPE_F16:
         return (size_t)K * sizeof(float);
     default:
-        return (size_t)(K / QK) * sizeof(block_q8_act);
+        return block_elems(t) == QK_K ? (size_t)(K / QK_K) * sizeof(block_q8_K)
+                                      : (size_t)(K / QK) * sizeof(block_q8_act);
     }
 }
 

@@ -1,13 +1,14 @@
-// smol-cpu-kernels.h - the CPU backend's kernels: GGUF block layouts, f16 and
-// bf16 conversion, row (de)quantization, the matmul with on-the-fly
-// dequantization, and the vector primitives that attention and the small ops
-// use. Two sources (smol-cpu-kernels.c++, smol-cpu-matmul.c++) are compiled
+// smol-cpu-kernels.h - the CPU backend's kernels: f16 and bf16 conversion,
+// row (de)quantization, the matmul with on-the-fly dequantization, and the
+// vector primitives that attention and the small ops use (the block layouts
+// are smol-quant.h's). Two sources (smol-cpu-kernels.c++, smol-cpu-matmul.c++) are compiled
 // once per instruction set (generic, AVX2+FMA+F16C, AVX-512 with VNNI and
 // BF16); the best variant the running CPU supports is chosen once at run time.
 
 #ifndef SMOL_CPU_KERNELS_H
 #define SMOL_CPU_KERNELS_H
 
+#include "smol-quant.h"
 #include "smol.h"
 
 #include <cstddef>
@@ -16,29 +17,9 @@
 
 namespace smol::cpu {
 
-// --- GGUF block layouts (bit-exact with the file format) -------------------
-
-constexpr int QK = 32; // elements per block of every quantized type here
-
-struct block_q4_0 {
-    uint16_t d;     // f16 scale
-    uint8_t qs[16]; // element i in the low nibble of qs[i], i+16 in the high
-};
-struct block_q4_1 {
-    uint16_t d;     // f16 scale
-    uint16_t m;     // f16 minimum
-    uint8_t qs[16]; // as q4_0, value = q * d + m
-};
-struct block_q8_0 {
-    uint16_t d; // f16 scale
-    int8_t qs[32];
-};
-static_assert(sizeof(block_q4_0) == 18);
-static_assert(sizeof(block_q4_1) == 20);
-static_assert(sizeof(block_q8_0) == 34);
-
 // Activations are quantized to this block before an integer dot product with
-// q4_0, q4_1 and q8_0 weights (not a file format; like ggml's q8_1).
+// the 32-element types' weights (not a file format; like ggml's q8_1); for
+// the 256-element types, to block_q8_K.
 struct block_q8_act {
     float d;       // scale: x ~= d * qs, rounded to f16 precision as ggml's q8_1
     float s;       // d * sum(qs) at f16 precision, for the q4_1 minimum
@@ -55,7 +36,7 @@ uint16_t fp32_to_bf16(float f); // round to nearest even, nan kept
 
 // Bytes of one row of n elements of type t (n a multiple of the block size).
 size_t row_bytes(smol_type t, int64_t n);
-// Elements per block: 1 for f32/f16/bf16, 32 for the quantized types.
+// Elements per block: 1 for f32/f16/bf16, 32 or 256 for the quantized types.
 int64_t block_elems(smol_type t);
 
 // --- the kernel table -------------------------------------------------------

@@ -932,6 +932,10 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
 void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
             const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     if (r1 <= r0 || n_tok <= 0) return;
+    if (dots_type(t)) {
+        matmul_dots(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
+        return;
+    }
 #if defined(__AVX2__)
     switch (t) {
     case SMOL_TYPE_Q4_0:
@@ -951,6 +955,8 @@ void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t 
         matmul_f<SMOL_TYPE_BF16>((const uint8_t *)w, w_row_bytes, K, r0, r1, (const uint8_t *)act,
                                  act_row_bytes, n_tok, y, ldy);
         return;
+    default:
+        break;
     }
 #endif
     matmul_scalar(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);

@@ -231,6 +231,30 @@ static inline __m256 exp256(__m256 x) {
 void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
             const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy);
 
+// --- defined in smol-cpu-dots.c++ ---------------------------------------------------
+
+// Whether matmul hands type t to matmul_dots: q5_0, q5_1, iq4_nl and the
+// 256-element types.
+static inline bool dots_type(smol_type t) {
+    switch (t) {
+    case SMOL_TYPE_Q5_0:
+    case SMOL_TYPE_Q5_1:
+    case SMOL_TYPE_IQ4_NL:
+    case SMOL_TYPE_Q2_K:
+    case SMOL_TYPE_Q3_K:
+    case SMOL_TYPE_Q4_K:
+    case SMOL_TYPE_Q5_K:
+    case SMOL_TYPE_Q6_K:
+    case SMOL_TYPE_IQ4_XS:
+        return true;
+    default:
+        return false;
+    }
+}
+// The matmul of those types, with matmul's arguments.
+void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
+                 const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy);
+
 } // namespace smol::cpu::SMOL_CPU_VARIANT
 
 #endif // SMOL_CPU_VARIANT_H

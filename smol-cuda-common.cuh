@@ -173,7 +173,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // One element of a row of type t. Products are rounded before the q4_1
 // minimum is added, as the CPU does, so get_rows matches it bit for bit.
 static __device__ float row_elem(int t, const uint8_t * row, int e) {
-    const int b = e / cpu::QK, j = e % cpu::QK;
+    const int b = e / QK, j = e % QK;
     switch (t) {
     case SMOL_TYPE_F32:
         return reinterpret_cast<const float *>(row)[e];
@@ -182,16 +182,16 @@ static __device__ float row_elem(int t, const uint8_t * row, int e) {
     case SMOL_TYPE_BF16:
         return bf16_to_f32(reinterpret_cast<const uint16_t *>(row)[e]);
     case SMOL_TYPE_Q8_0: {
-        const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q8_0);
+        const uint8_t * blk = row + size_t(b) * sizeof(block_q8_0);
         return __fmul_rn(float(int8_t(blk[2 + j])), ld_f16(blk));
     }
     case SMOL_TYPE_Q4_0: {
-        const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q4_0);
+        const uint8_t * blk = row + size_t(b) * sizeof(block_q4_0);
         const uint8_t q = blk[2 + (j & 15)];
         return __fmul_rn(float(int(j < 16 ? q & 15 : q >> 4) - 8), ld_f16(blk));
     }
     case SMOL_TYPE_Q4_1: {
-        const uint8_t * blk = row + size_t(b) * sizeof(cpu::block_q4_1);
+        const uint8_t * blk = row + size_t(b) * sizeof(block_q4_1);
         const uint8_t q = blk[4 + (j & 15)];
         return __fadd_rn(__fmul_rn(float(j < 16 ? q & 15 : q >> 4), ld_f16(blk)), ld_f16(blk + 2));
     }

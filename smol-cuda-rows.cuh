@@ -94,7 +94,7 @@ template <> struct raw_chunk<SMOL_TYPE_BF16> : raw_chunk_16<SMOL_TYPE_BF16> {};
 template <> struct raw_chunk<SMOL_TYPE_Q8_0> {
     uint16_t d, qs[4];
     __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q8_0);
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(block_q8_0);
         d = *reinterpret_cast<const uint16_t *>(blk);
         const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 8 * (ch & 3));
 #pragma unroll
@@ -118,7 +118,7 @@ template <> struct raw_chunk<SMOL_TYPE_Q4_0> {
     uint16_t d;
     uint32_t w;
     __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_0);
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(block_q4_0);
         d = *reinterpret_cast<const uint16_t *>(blk);
         const uint16_t * q = reinterpret_cast<const uint16_t *>(blk + 2 + 4 * (ch & 3));
         w = uint32_t(q[0]) | (uint32_t(q[1]) << 16);
@@ -142,7 +142,7 @@ template <> struct raw_chunk<SMOL_TYPE_Q4_1> {
     uint16_t d, m;
     uint32_t w;
     __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int ch) {
-        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(cpu::block_q4_1);
+        const uint8_t * blk = row + size_t(ch >> 2) * sizeof(block_q4_1);
         d = *reinterpret_cast<const uint16_t *>(blk);
         m = *reinterpret_cast<const uint16_t *>(blk + 2);
         w = *reinterpret_cast<const uint32_t *>(blk + 4 + 4 * (ch & 3));

@@ -346,6 +346,11 @@ class cuda_backend final : public backend {
     uint32_t default_batch() const override { return 4096; }
     bool wants_seq_cells() const override { return false; }
     bool reruns_graphs() const override { return true; }
+    // The types with_weight_type dispatches.
+    bool supports_weights(smol_type t) const override {
+        return t == SMOL_TYPE_F32 || t == SMOL_TYPE_F16 || t == SMOL_TYPE_BF16 ||
+               t == SMOL_TYPE_Q8_0 || t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q4_1;
+    }
     void * alloc(size_t bytes) override;
     void release(void * p) override;
     void upload(void * dst, const void * src, size_t bytes) override;

@@ -6,6 +6,7 @@
 
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
+#include "smol-quant.h"
 #include "smol-schedule.h"
 
 #include <algorithm>
@@ -26,17 +27,17 @@ double now_ms() {
 }
 
 bool supported_type(uint32_t t) {
-    switch (t) {
-    case SMOL_TYPE_F32:
-    case SMOL_TYPE_F16:
-    case SMOL_TYPE_BF16:
-    case SMOL_TYPE_Q8_0:
-    case SMOL_TYPE_Q4_0:
-    case SMOL_TYPE_Q4_1:
-        return true;
-    default:
-        return false;
+    return t <= uint32_t(INT32_MAX) && traits_of(smol_type(int32_t(t))) != nullptr;
+}
+
+// "f32, f16, bf16, q4_0, ...": the types smol loads, for messages.
+std::string supported_type_names() {
+    std::string out;
+    for (uint32_t t = 0; t < 64; ++t) {
+        if (!supported_type(t)) continue;
+        out += (out.empty() ? "" : ", ") + std::string(traits_of(smol_type(t))->name);
     }
+    return out;
 }
 
 // The tensors of one layer: two norms, q, k, v, the output, gate, up, down.
@@ -83,7 +84,7 @@ struct loader {
                         path + ": tensor '" + name + "' has type " + tname +
                             ", which smol does not support " +
                             (must_be_f32 ? "for norms (f32 only)"
-                                         : "yet (f32, f16, bf16, q8_0, q4_0, q4_1)") +
+                                         : "yet (" + supported_type_names() + ")") +
                             "; convert the model with smol-quantize to a supported type");
         }
         return weight{smol_type(t->type), t->ne[0], t->ne[1], t->data};
@@ -302,6 +303,31 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     out_ids_.resize(nb);
     out_row_.resize(nb);
     reserve_logits(size_t(hp.n_vocab));
+
+    // A weight type the device does not compute with is refused before
+    // anything is placed, naming the first such tensor.
+    {
+        std::vector<std::pair<std::string, const weight *>> ws = {
+            {"token_embd", &m.tok_embd}, {"output_norm", &m.output_norm}, {"output", &m.output}};
+        static const char * const names[] = {"attn_norm", "attn_q",      "attn_k",
+                                             "attn_v",    "attn_output", "ffn_norm",
+                                             "ffn_gate",  "ffn_up",      "ffn_down"};
+        for (size_t l = 0; l < m.layers.size(); ++l) {
+            const llama_layer & L = m.layers[l];
+            const weight * lw[] = {&L.attn_norm, &L.wq,     &L.wk,   &L.wv,    &L.wo,
+                                   &L.ffn_norm,  &L.w_gate, &L.w_up, &L.w_down};
+            for (size_t i = 0; i < std::size(lw); ++i)
+                ws.push_back({"blk." + std::to_string(l) + "." + names[i], lw[i]});
+        }
+        for (const auto & [what, w] : ws) {
+            if (be_->supports_weights(w->type)) continue;
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        std::string(be_->name()) + " does not compute with " +
+                            smol_type_name(w->type) + " weights yet (" + what +
+                            " is one); run this model on the CPU (device \"cpu\"), or convert "
+                            "it with smol-quantize to a type the device supports");
+        }
+    }
 
     // Plan before allocating anything: the weights' device bytes, and the
     // compute memory of a chunk as the backend measures it on the graph

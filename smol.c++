@@ -10,6 +10,7 @@
 #include "smol-graph.h"
 #include "smol-llama.h"
 #include "smol-plan.h"
+#include "smol-quant.h"
 
 #include <algorithm>
 #include <cctype>
@@ -172,21 +173,8 @@ const char * smol_cpu_kernels_name(void) {
 }
 
 const char * smol_type_name(smol_type t) {
-    switch (smol::c_enum(t)) {
-    case SMOL_TYPE_F32:
-        return "f32";
-    case SMOL_TYPE_F16:
-        return "f16";
-    case SMOL_TYPE_BF16:
-        return "bf16";
-    case SMOL_TYPE_Q8_0:
-        return "q8_0";
-    case SMOL_TYPE_Q4_0:
-        return "q4_0";
-    case SMOL_TYPE_Q4_1:
-        return "q4_1";
-    }
-    return nullptr;
+    const smol::type_traits * tr = smol::traits_of(t);
+    return tr ? tr->name : nullptr;
 }
 
 smol_model_params smol_model_default_params(void) {

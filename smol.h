@@ -73,17 +73,28 @@ SMOL_API void smol_log_set(smol_log_callback cb, void * user_data);
 
 // --- types ----------------------------------------------------------------
 
-// Tensor element types; the values are GGUF's (ggml's) type ids.
+// Tensor element types; the values are GGUF's (ggml's) type ids. The
+// K-quants and IQ4_XS come in super-blocks of 256 elements, the other
+// quantized types in blocks of 32.
 typedef enum smol_type {
     SMOL_TYPE_F32 = 0,
     SMOL_TYPE_F16 = 1,
     SMOL_TYPE_Q4_0 = 2,
     SMOL_TYPE_Q4_1 = 3,
+    SMOL_TYPE_Q5_0 = 6,
+    SMOL_TYPE_Q5_1 = 7,
     SMOL_TYPE_Q8_0 = 8,
+    SMOL_TYPE_Q2_K = 10,
+    SMOL_TYPE_Q3_K = 11,
+    SMOL_TYPE_Q4_K = 12,
+    SMOL_TYPE_Q5_K = 13,
+    SMOL_TYPE_Q6_K = 14,
+    SMOL_TYPE_IQ4_NL = 20,
+    SMOL_TYPE_IQ4_XS = 23,
     SMOL_TYPE_BF16 = 30,
 } smol_type;
 
-// "f32", "f16", "q4_0", ...; NULL for a type smol does not know.
+// "f32", "f16", "q4_0", "q4_K", ...; NULL for a type smol does not know.
 SMOL_API const char * smol_type_name(smol_type type);
 
 typedef int32_t smol_token;

@@ -25,6 +25,7 @@ if ! python3 -c "import gguf, numpy, openai" 2>/dev/null; then
 fi
 
 scripts/fetch-model.sh
+scripts/fetch-model.sh gemma3-270m # a real Q4_K_M file for the dequantization check
 
 echo "setup: building smol (Release) in build/"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release ${SMOL_CMAKE_ARGS:-} >/dev/null

@@ -487,17 +487,18 @@ TEST_CASE("loading refuses missing files, other architectures and unsupported te
     CHECK(smol_model_load(path.c_str(), nullptr, &m) == SMOL_ERR_UNSUPPORTED);
     CHECK(std::string(smol_last_error()).find("qwen2") != std::string::npos);
 
-    // A llama file whose q weight is q5_0 (ggml type 6, 22-byte blocks of
-    // 32): a valid GGUF that smol cannot run yet, refused by tensor name.
+    // A llama file whose q weight is q8_1 (ggml type 9, 40-byte blocks of
+    // 32, an activation type no file should hold): a valid GGUF that smol
+    // does not run, refused by tensor name and type.
     {
         tiny::write(path, tiny::shape{}, 2);
         auto f = gguf::file::open(path);
         gguf::writer w;
         for (const auto & kv : f->metadata()) w.set(kv.key, kv.val);
-        std::vector<uint8_t> q5(22 * 2 * 64, 0x11);
+        std::vector<uint8_t> q81(40 * 2 * 64, 0x11);
         for (const auto & t : f->tensors()) {
             if (t.name == "blk.0.attn_q.weight") {
-                w.add_tensor(t.name, 6, {64, 64}, q5.data(), q5.size());
+                w.add_tensor(t.name, 9, {64, 64}, q81.data(), q81.size());
             } else {
                 w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data,
                              t.nbytes);
@@ -507,7 +508,8 @@ TEST_CASE("loading refuses missing files, other architectures and unsupported te
     }
     CHECK(smol_model_load((path + ".q5").c_str(), nullptr, &m) == SMOL_ERR_UNSUPPORTED);
     CHECK(std::string(smol_last_error()).find("blk.0.attn_q.weight") != std::string::npos);
-    CHECK(std::string(smol_last_error()).find("q5_0") != std::string::npos);
+    CHECK(std::string(smol_last_error()).find("q8_1") != std::string::npos);
+    CHECK(std::string(smol_last_error()).find("q4_K") != std::string::npos); // the list
 
     // A layer count far beyond the file's tensors is refused before any
     // memory is sized from it (a fuzzer's find: 16,777,217 layers made the

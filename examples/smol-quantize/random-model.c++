@@ -127,6 +127,24 @@ uint32_t llama_ftype(smol_type t) {
         return 3;
     case SMOL_TYPE_Q8_0:
         return 7;
+    case SMOL_TYPE_Q5_0:
+        return 8;
+    case SMOL_TYPE_Q5_1:
+        return 9;
+    case SMOL_TYPE_Q2_K:
+        return 10;
+    case SMOL_TYPE_Q3_K:
+        return 11; // Q3_K_S: every matmul weight q3_K
+    case SMOL_TYPE_Q4_K:
+        return 14; // Q4_K_S
+    case SMOL_TYPE_Q5_K:
+        return 16; // Q5_K_S
+    case SMOL_TYPE_Q6_K:
+        return 18;
+    case SMOL_TYPE_IQ4_NL:
+        return 25;
+    case SMOL_TYPE_IQ4_XS:
+        return 30;
     case SMOL_TYPE_BF16:
         return 32;
     }
