@@ -12,9 +12,13 @@
 //   acc = fma(isum, d_w * d_a, acc)           every type
 //   acc = fma(m_w, s_a, acc)                  q5_1 (s_a = d_a * sum of codes)
 //   acc = fma(msum, -(dmin_w * d_a), acc)     q2_K, q4_K, q5_K
-// Integer parts are exact in every variant and the float operations are the
-// same, so an output does not depend on the variant's vector width, on the
-// batch it is in, or on which thread computes it.
+// The generic variant's integer parts are exact, and so are the vector
+// variants' (AVX2, and AVX-512 with VNNI's vpdpbusd): they keep a block's
+// integer sums in eight int32 lanes and add them, converted, with one fused
+// multiply-add per lane into eight float lanes, summed at the end in a fixed
+// order. Either way an output is computed the same way whatever batch it is
+// in and whichever thread computes it; variants differ only in the order of
+// their float additions.
 
 #include "smol-cpu-kernels.h"
 #include "smol-cpu-variant.h"
@@ -22,6 +26,10 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace smol::cpu::SMOL_CPU_VARIANT {
 
@@ -180,8 +188,261 @@ static float dot_iq4_xs(const block_iq4_xs * w, const block_q8_K * a, int64_t nb
     return acc;
 }
 
+#if defined(__AVX2__)
+
+// --- AVX2 (and AVX-512 with VNNI) -------------------------------------------------
+
+// Sums of products of 32 unsigned bytes u and signed bytes s, in 8 int32
+// lanes (4 products each). u <= 127 or |s| small enough that a pair of
+// products fits int16: vpmaddubsw saturates.
+static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// The same for two signed operands (|x| <= 127): |x| times s with x's sign.
+static inline __m256i dot_i8_i8(__m256i x, __m256i s) {
+    return dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(s, x));
+}
+
+// 16 bytes of codes: the low nibbles (elements 0-15) in the low half, the
+// high nibbles (16-31) in the high half.
+static inline __m256i nibbles32(const uint8_t * qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_insertf128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+// 0xFF in byte j where bit j of the little-endian word at p is set.
+static inline __m256i bits32(const uint8_t * p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    // Byte j gets byte j / 8 of x, then keeps bit j % 8.
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)x), _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                                      0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// IQ4's 16 values, looked up by 4-bit index in every 128-bit half.
+static inline __m256i iq4_values(__m256i idx) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), idx);
+}
+
+static inline __m256i load32(const void * p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+static float dot_q5_0_avx2(const block_q5_0 * w, const block_q8_act * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        // q - 16: the nibble where the fifth bit is set, else nibble | 0xF0.
+        const __m256i hi = _mm256_andnot_si256(bits32(w[b].qh), _mm256_set1_epi8((char)0xF0));
+        const __m256i q = _mm256_or_si256(nibbles32(w[b].qs), hi);
+        const __m256i s = dot_i8_i8(q, load32(a[b].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(s), acc);
+    }
+    return hsum256(acc);
+}
+
+static float dot_q5_1_avx2(const block_q5_1 * w, const block_q8_act * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i hi = _mm256_and_si256(bits32(w[b].qh), _mm256_set1_epi8(0x10));
+        const __m256i q = _mm256_or_si256(nibbles32(w[b].qs), hi);
+        const __m256i s = dot_u8_i8(q, load32(a[b].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(s), acc);
+        mins = fmaf(h2f(w[b].m), a[b].s, mins);
+    }
+    return hsum256(acc) + mins;
+}
+
+static float dot_iq4_nl_avx2(const block_iq4_nl * w, const block_q8_act * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i s = dot_i8_i8(iq4_values(nibbles32(w[b].qs)), load32(a[b].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(s), acc);
+    }
+    return hsum256(acc);
+}
+
+// q4_K (bits 4) and q5_K (bits 5): per pair of sub-blocks, 32 bytes of
+// codes give the low nibbles (the even sub-block) and the high (the odd);
+// each sub-block's sums times its scale; the mins with the activations'
+// block sums, in the scalar accumulator.
+template <int bits, class Block>
+static float dot_k_type1_avx2(const Block * w, const block_q8_K * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], m[8];
+        int msum = 0;
+        for (int s = 0; s < 8; s++) {
+            scale_min_k4(s, w[b].scales, sc[s], m[s]);
+            msum += m[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
+        }
+        __m256i qh = _mm256_setzero_si256();
+        if constexpr (bits == 5) qh = load32(((const block_q5_K *)(w + b))->qh);
+        __m256i isum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = load32(w[b].qs + 32 * j);
+            __m256i lo = _mm256_and_si256(q, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+            if constexpr (bits == 5) {
+                const __m256i one = _mm256_set1_epi8(1);
+                lo = _mm256_or_si256(
+                    lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+                hi = _mm256_or_si256(
+                    hi,
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+            }
+            const __m256i plo = _mm256_mullo_epi32(dot_u8_i8(lo, load32(a[b].qs + 64 * j)),
+                                                   _mm256_set1_epi32(sc[2 * j]));
+            const __m256i phi = _mm256_mullo_epi32(dot_u8_i8(hi, load32(a[b].qs + 64 * j + 32)),
+                                                   _mm256_set1_epi32(sc[2 * j + 1]));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
+        mins = fmaf((float)msum, -(h2f(w[b].dmin) * a[b].d), mins);
+    }
+    return hsum256(acc) + mins;
+}
+
+// q6_K: codes plus 32 (0-63) as the unsigned operand, their sums times the
+// scales, less 32 times the scales times the activations' block sums.
+static float dot_q6_K_avx2(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nb; b++) {
+        int corr = 0;
+        for (int j = 0; j < 16; j++) corr += w[b].scales[j] * a[b].bsums[j];
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i qa = load32(w[b].ql + 64 * h), qb = load32(w[b].ql + 64 * h + 32);
+            const __m256i qh = load32(w[b].qh + 32 * h);
+            const __m256i lo[4] = {_mm256_and_si256(qa, low4), _mm256_and_si256(qb, low4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4)};
+            for (int t = 0; t < 4; t++) {
+                const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), two);
+                const __m256i q = _mm256_or_si256(lo[t], _mm256_slli_epi16(hi2, 4));
+                const int g = 8 * h + 2 * t; // scale groups g (bytes 0-15) and g + 1
+                const __m256i scale = _mm256_setr_m128i(_mm_set1_epi32(w[b].scales[g]),
+                                                        _mm_set1_epi32(w[b].scales[g + 1]));
+                const __m256i p = dot_u8_i8(q, load32(a[b].qs + 128 * h + 32 * t));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p, scale));
+            }
+        }
+        isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    return hsum256(acc);
+}
+
+// q2_K and q3_K: 2-bit codes, element 128h + 32t + c at bits 2t of byte
+// 32h + c; each 16 elements' sums times their scale. q3_K's codes plus 4
+// (its high bit adds 4) are the unsigned operand, less 4 times the scales
+// times the activations' block sums; q2_K's mins go to the scalar
+// accumulator.
+template <smol_type T, class Block>
+static float dot_k_low_avx2(const Block * w, const block_q8_K * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++) {
+        int scale[16], corr = 0;
+        for (int g = 0; g < 16; g++) {
+            if constexpr (T == SMOL_TYPE_Q2_K) {
+                const uint8_t sc = ((const block_q2_K *)(w + b))->scales[g];
+                scale[g] = sc & 0xF;
+                corr += (sc >> 4) * a[b].bsums[g];
+            } else {
+                scale[g] = q3_K_scale(((const block_q3_K *)(w + b))->scales, g);
+                corr += scale[g] * a[b].bsums[g];
+            }
+        }
+        __m256i hm = _mm256_setzero_si256();
+        if constexpr (T == SMOL_TYPE_Q3_K) hm = load32(((const block_q3_K *)(w + b))->hmask);
+        __m256i isum = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q2 = load32(w[b].qs + 32 * h);
+            for (int t = 0; t < 4; t++) {
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * t), three);
+                if constexpr (T == SMOL_TYPE_Q3_K) {
+                    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + t), one);
+                    q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 2));
+                }
+                const int g = 8 * h + 2 * t;
+                const __m256i sc =
+                    _mm256_setr_m128i(_mm_set1_epi32(scale[g]), _mm_set1_epi32(scale[g + 1]));
+                const __m256i p = dot_u8_i8(q, load32(a[b].qs + 128 * h + 32 * t));
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p, sc));
+            }
+        }
+        const float dd = h2f(w[b].d) * a[b].d;
+        if constexpr (T == SMOL_TYPE_Q2_K) {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(isum), acc);
+            mins = fmaf((float)corr, -(h2f(((const block_q2_K *)(w + b))->dmin) * a[b].d), mins);
+        } else {
+            isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(4 * corr, 0, 0, 0, 0, 0, 0, 0));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(isum), acc);
+        }
+    }
+    return hsum256(acc) + mins;
+}
+
+static float dot_iq4_xs_avx2(const block_iq4_xs * w, const block_q8_K * a, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) {
+            const __m256i v = iq4_values(nibbles32(w[b].qs + 16 * s));
+            const __m256i p = dot_i8_i8(v, load32(a[b].qs + 32 * s));
+            isum = _mm256_add_epi32(
+                isum, _mm256_mullo_epi32(p, _mm256_set1_epi32(iq4_xs_scale(w[b], s))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    return hsum256(acc);
+}
+
+#endif // __AVX2__
+
 // The dot product of one weight row of type t with one token's activations.
 static float dot_row(smol_type t, const void * w, const void * act, int64_t K) {
+#if defined(__AVX2__)
+    switch (t) {
+    case SMOL_TYPE_Q5_0:
+        return dot_q5_0_avx2((const block_q5_0 *)w, (const block_q8_act *)act, K / QK);
+    case SMOL_TYPE_Q5_1:
+        return dot_q5_1_avx2((const block_q5_1 *)w, (const block_q8_act *)act, K / QK);
+    case SMOL_TYPE_IQ4_NL:
+        return dot_iq4_nl_avx2((const block_iq4_nl *)w, (const block_q8_act *)act, K / QK);
+    case SMOL_TYPE_Q4_K:
+        return dot_k_type1_avx2<4>((const block_q4_K *)w, (const block_q8_K *)act, K / QK_K);
+    case SMOL_TYPE_Q5_K:
+        return dot_k_type1_avx2<5>((const block_q5_K *)w, (const block_q8_K *)act, K / QK_K);
+    case SMOL_TYPE_Q6_K:
+        return dot_q6_K_avx2((const block_q6_K *)w, (const block_q8_K *)act, K / QK_K);
+    case SMOL_TYPE_IQ4_XS:
+        return dot_iq4_xs_avx2((const block_iq4_xs *)w, (const block_q8_K *)act, K / QK_K);
+    case SMOL_TYPE_Q2_K:
+        return dot_k_low_avx2<SMOL_TYPE_Q2_K>((const block_q2_K *)w, (const block_q8_K *)act,
+                                              K / QK_K);
+    case SMOL_TYPE_Q3_K:
+        return dot_k_low_avx2<SMOL_TYPE_Q3_K>((const block_q3_K *)w, (const block_q8_K *)act,
+                                              K / QK_K);
+    default:
+        break;
+    }
+#endif
     switch (t) {
     case SMOL_TYPE_Q5_0:
         return dot_q5_0((const block_q5_0 *)w, (const block_q8_act *)act, K / QK);
