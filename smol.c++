@@ -11,6 +11,7 @@
 #include "smol-llama.h"
 #include "smol-plan.h"
 #include "smol-quant.h"
+#include "smol-recipe.h"
 
 #include <algorithm>
 #include <cctype>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 // --- the C API -------------------------------------------------------------------
 
@@ -138,6 +140,54 @@ const char * smol_status_name(smol_status s) {
         return "SMOL_ERR_ABORTED";
     }
     return "SMOL_ERR_UNKNOWN";
+}
+
+smol_quantize_params smol_quantize_default_params(void) {
+    smol_quantize_params p{};
+    p.file_type = "Q8_0";
+    return p;
+}
+
+const char * smol_quantize_file_types(void) {
+    static const std::string names = smol::recipe_names();
+    return names.c_str();
+}
+
+smol_status smol_model_quantize(const char * in_path, const char * out_path,
+                                const smol_quantize_params * params) {
+    if (!in_path || !out_path) return invalid("smol_model_quantize: paths must not be NULL");
+    const smol_quantize_params p = params ? *params : smol_quantize_default_params();
+    const smol::recipe * r = smol::find_recipe(p.file_type ? p.file_type : "");
+    if (!r) {
+        return invalid(std::string("smol_model_quantize: unknown file type '") +
+                       (p.file_type ? p.file_type : "(null)") + "'; the file types are " +
+                       smol::recipe_names());
+    }
+    return guard([&] {
+        try {
+            const int n_threads = p.n_threads > 0
+                                      ? p.n_threads
+                                      : int(std::max(1u, std::thread::hardware_concurrency()));
+            smol::quantize_model(in_path, out_path, *r, n_threads,
+                                 [&](const smol::quantized_tensor & q) {
+                                     if (!p.on_tensor) return;
+                                     smol_quantize_tensor t{};
+                                     t.name = q.in->name.c_str();
+                                     t.n_dims = int32_t(q.in->n_dims);
+                                     for (int d = 0; d < 4; ++d) t.ne[d] = q.in->ne[d];
+                                     t.type_in = smol_type(q.in->type);
+                                     t.type_out = q.type;
+                                     t.fell_back = q.fell_back;
+                                     t.bytes_in = q.in->nbytes;
+                                     t.bytes_out = q.bytes_out;
+                                     t.index = int32_t(q.index);
+                                     t.count = int32_t(q.count);
+                                     p.on_tensor(&t, p.user_data);
+                                 });
+        } catch (const gguf::error & e) {
+            throw smol::error(SMOL_ERR_FORMAT, e.what());
+        }
+    });
 }
 
 smol_status smol_parse_size(const char * text, uint64_t * bytes) {

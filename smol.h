@@ -315,6 +315,42 @@ typedef struct smol_perf {
 SMOL_API smol_perf smol_context_perf(const smol_context * ctx);
 SMOL_API void smol_context_perf_reset(smol_context * ctx);
 
+// --- quantization -----------------------------------------------------------
+
+// One tensor as smol_model_quantize writes it.
+typedef struct smol_quantize_tensor {
+    const char * name;
+    int32_t n_dims;
+    int64_t ne[4];
+    smol_type type_in, type_out;
+    bool fell_back; // the file type's choice does not fit its rows: a fallback
+    uint64_t bytes_in, bytes_out;
+    int32_t index, count;
+} smol_quantize_tensor;
+
+typedef void (*smol_quantize_fn)(const smol_quantize_tensor * tensor, void * user_data);
+
+typedef struct smol_quantize_params {
+    // A llama.cpp file type: "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q6_K", "Q3_K_M",
+    // "Q2_K", "IQ4_XS", "Q8_0", "Q4_0", "F16", ... (smol_quantize_file_types).
+    const char * file_type;
+    int32_t n_threads;          // 0: all cores
+    smol_quantize_fn on_tensor; // NULL: no reports
+    void * user_data;
+} smol_quantize_params;
+
+SMOL_API smol_quantize_params smol_quantize_default_params(void); // Q8_0
+// The file types smol_model_quantize writes, as "F32, F16, ...".
+SMOL_API const char * smol_quantize_file_types(void);
+// Writes the model at in_path to out_path as a file of params->file_type:
+// each tensor in the type llama.cpp's llama-quantize gives it in such a file
+// (more bits for some attn_v and ffn_down layers, the embeddings by their
+// own rule, and blocks of 32 where rows are no multiple of 256), quantized
+// by smol's reference quantizers from whatever type it has. The file loads
+// in llama.cpp too.
+SMOL_API smol_status smol_model_quantize(const char * in_path, const char * out_path,
+                                         const smol_quantize_params * params);
+
 // --- matmul kernels (GPU) ---------------------------------------------------
 
 typedef void (*smol_log_fn)(const char * line, void * user_data);

@@ -178,8 +178,9 @@ void write(const std::string & path, const options & o) {
     w.set("llama.attention.layer_norm_rms_epsilon", value::make_f32(s.eps));
     w.set("llama.vocab_size", value::make_u32(uint32_t(s.n_vocab)));
     w.set("llama.rope.dimension_count", value::make_u32(uint32_t(hd)));
-    w.set("general.file_type", value::make_u32(llama_ftype(o.type)));
-    if (cpu::block_elems(o.type) > 1) w.set("general.quantization_version", value::make_u32(2));
+    const smol_type base = o.mix ? o.mix->base : o.type;
+    w.set("general.file_type", value::make_u32(o.mix ? o.mix->ftype : llama_ftype(o.type)));
+    if (cpu::block_elems(base) > 1) w.set("general.quantization_version", value::make_u32(2));
     w.set("smol.random_weights", value::make_bool(true));
     w.set("smol.random_shape", value::make_str(s.name));
     w.set("smol.random_seed", value::make_u64(o.seed));
@@ -218,6 +219,14 @@ void write(const std::string & path, const options & o) {
         plan.push_back({p + "ffn_gate.weight", {E, F}, mat_type(E), false});
         plan.push_back({p + "ffn_up.weight", {E, F}, mat_type(E), false});
         plan.push_back({p + "ffn_down.weight", {F, E}, mat_type(F), false});
+    }
+    if (o.mix) {
+        // The recipe's choice for each weight, from the model's shape.
+        std::vector<smol::tensor_desc> descs;
+        for (const planned & t : plan)
+            descs.push_back({t.name, uint32_t(t.ne.size()), t.ne[0], SMOL_TYPE_F32});
+        const auto choice = smol::choose_types(*o.mix, descs, {s.n_layer, s.n_head, s.n_head_kv});
+        for (size_t i = 0; i < plan.size(); ++i) plan[i].type = uint32_t(choice[i].type);
     }
     uint64_t total = 0;
     for (const planned & t : plan) {

@@ -10,6 +10,7 @@
 #define SMOL_RANDOM_MODEL_H
 
 #include "gguf.h"
+#include "smol-recipe.h"
 #include "smol.h"
 
 #include <cstdint>
@@ -43,6 +44,9 @@ uint32_t llama_ftype(smol_type t);
 struct options {
     shape s;
     smol_type type = SMOL_TYPE_F16; // of every 2-D weight; norms stay f32
+    // A llama.cpp file type whose rules choose each weight's type instead
+    // (smol-recipe.h), as llama-quantize would for the same model.
+    const smol::recipe * mix = nullptr;
     uint64_t seed = 1;
     float std = 0.02f; // of the weights (norms are 1 + std * noise)
     // Where the tokenizer.* metadata comes from; null: a made-up
