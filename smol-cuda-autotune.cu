@@ -218,8 +218,10 @@ void cuda_backend::load_table() {
             }
         }
         bool type_ok = false;
-        for (smol_type ty : {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0,
-                             SMOL_TYPE_Q4_0, SMOL_TYPE_Q4_1}) {
+        for (smol_type ty :
+             {SMOL_TYPE_F32, SMOL_TYPE_F16, SMOL_TYPE_BF16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0,
+              SMOL_TYPE_Q4_1, SMOL_TYPE_Q5_0, SMOL_TYPE_Q5_1, SMOL_TYPE_IQ4_NL, SMOL_TYPE_Q2_K,
+              SMOL_TYPE_Q3_K, SMOL_TYPE_Q4_K, SMOL_TYPE_Q5_K, SMOL_TYPE_Q6_K, SMOL_TYPE_IQ4_XS}) {
             if (type == type_key_name(ty)) {
                 key.type = ty;
                 type_ok = true;
@@ -273,7 +275,10 @@ std::string cuda_backend::mm_table_save(const std::string & path) const {
 
 std::vector<std::string> cuda_backend::mm_candidates(const mm_key & key) const {
     std::vector<std::string> out;
-    if (key.k % 8 != 0) return out; // only the scalar kernel takes it
+    // Only the scalar kernel takes rows of a width no multiple of 8, or of
+    // a byte size no multiple of 4 (q3_K and q6_K rows of an odd number of
+    // super-blocks).
+    if (key.k % 8 != 0 || type_row_bytes(key.type, key.k) % 4 != 0) return out;
     const int top = std::min(key.m, 32);
     for (int mt : mm_tiles) {
         if (mt > top || mt * 4 < top) continue;

@@ -170,6 +170,62 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// One element of a row of a 256-element type, with the float operations of
+// smol-quant's reference (each product and difference rounded on its own).
+static __device__ float row_elem_k(int t, const uint8_t * row, int e) {
+    const int sb = e / QK_K, r = e % QK_K;
+    const int h = r / 128, tq = (r % 128) / 32, c = r % 32;
+    switch (t) {
+    case SMOL_TYPE_Q2_K: {
+        const uint8_t * blk = row + size_t(sb) * sizeof(block_q2_K);
+        const int q = (blk[16 + 32 * h + c] >> (2 * tq)) & 3;
+        const uint8_t sc = blk[r / 16];
+        const float dl = __fmul_rn(ld_f16(blk + 80), float(sc & 15));
+        const float ml = __fmul_rn(ld_f16(blk + 82), float(sc >> 4));
+        return __fsub_rn(__fmul_rn(dl, float(q)), ml);
+    }
+    case SMOL_TYPE_Q3_K: {
+        const uint8_t * blk = row + size_t(sb) * sizeof(block_q3_K);
+        const int lo = (blk[32 + 32 * h + c] >> (2 * tq)) & 3;
+        const int q = lo - (((blk[r % 32] >> (r / 32)) & 1) ? 0 : 4);
+        const float dl = __fmul_rn(ld_f16(blk + 108), float(k3_scale(blk + 96, r / 16)));
+        return __fmul_rn(dl, float(q));
+    }
+    case SMOL_TYPE_Q4_K:
+    case SMOL_TYPE_Q5_K: {
+        const bool q5 = t == SMOL_TYPE_Q5_K;
+        const uint8_t * blk = row + size_t(sb) * (q5 ? sizeof(block_q5_K) : sizeof(block_q4_K));
+        const int s = r / 32;
+        uint8_t sc, m;
+        k4_scale_min(s, blk + 4, sc, m);
+        int q = (blk[(q5 ? 48 : 16) + 32 * (s / 2) + c] >> (4 * (s % 2))) & 15;
+        if (q5) q |= ((blk[16 + c] >> s) & 1) << 4;
+        const float dl = __fmul_rn(ld_f16(blk), float(sc)),
+                    ml = __fmul_rn(ld_f16(blk + 2), float(m));
+        return __fsub_rn(__fmul_rn(dl, float(q)), ml);
+    }
+    case SMOL_TYPE_Q6_K: {
+        const uint8_t * blk = row + size_t(sb) * sizeof(block_q6_K);
+        const int rr = r % 128;
+        const int lo = (blk[64 * h + rr % 64] >> (4 * (rr / 64))) & 15;
+        const int hi = (blk[128 + 32 * h + rr % 32] >> (2 * (rr / 32))) & 3;
+        const float dl = __fmul_rn(ld_f16(blk + 208), float(int8_t(blk[192 + r / 16])));
+        return __fmul_rn(dl, float((lo | (hi << 4)) - 32));
+    }
+    case SMOL_TYPE_IQ4_XS: {
+        const uint8_t * blk = row + size_t(sb) * sizeof(block_iq4_xs);
+        const int s = r / 32, j = r % 32;
+        const int sh = blk[2] | (blk[3] << 8);
+        const int ls =
+            (((blk[4 + s / 2] >> (4 * (s % 2))) & 15) | (((sh >> (2 * s)) & 3) << 4)) - 32;
+        const uint8_t byte = blk[8 + 16 * s + (j & 15)];
+        return __fmul_rn(__fmul_rn(ld_f16(blk), float(ls)),
+                         iq4_value(j < 16 ? byte & 15 : byte >> 4));
+    }
+    }
+    return 0.0f;
+}
+
 // One element of a row of type t. Products are rounded before the q4_1
 // minimum is added, as the CPU does, so get_rows matches it bit for bit.
 static __device__ float row_elem(int t, const uint8_t * row, int e) {
@@ -195,8 +251,24 @@ static __device__ float row_elem(int t, const uint8_t * row, int e) {
         const uint8_t q = blk[4 + (j & 15)];
         return __fadd_rn(__fmul_rn(float(j < 16 ? q & 15 : q >> 4), ld_f16(blk)), ld_f16(blk + 2));
     }
+    case SMOL_TYPE_Q5_0:
+    case SMOL_TYPE_Q5_1: {
+        const bool q51 = t == SMOL_TYPE_Q5_1;
+        const uint8_t * blk = row + size_t(b) * (q51 ? sizeof(block_q5_1) : sizeof(block_q5_0));
+        const uint8_t * qh = blk + (q51 ? 4 : 2);
+        const uint8_t byte = qh[4 + (j & 15)];
+        const int q = (j < 16 ? byte & 15 : byte >> 4) | (((qh[j / 8] >> (j % 8)) & 1) << 4);
+        if (!q51) return __fmul_rn(ld_f16(blk), float(q - 16));
+        return __fadd_rn(__fmul_rn(ld_f16(blk), float(q)), ld_f16(blk + 2));
     }
-    return 0.0f;
+    case SMOL_TYPE_IQ4_NL: {
+        const uint8_t * blk = row + size_t(b) * sizeof(block_iq4_nl);
+        const uint8_t byte = blk[2 + (j & 15)];
+        return __fmul_rn(ld_f16(blk), iq4_value(j < 16 ? byte & 15 : byte >> 4));
+    }
+    default:
+        return row_elem_k(t, row, e);
+    }
 }
 
 // The angle of pair j is the CPU's (and ggml's): theta = pos, multiplied j

@@ -290,6 +290,33 @@ template <typename F> void with_weight_type(int type, F && f) {
     case SMOL_TYPE_Q4_1:
         f(std::integral_constant<int, SMOL_TYPE_Q4_1>{});
         break;
+    case SMOL_TYPE_Q5_0:
+        f(std::integral_constant<int, SMOL_TYPE_Q5_0>{});
+        break;
+    case SMOL_TYPE_Q5_1:
+        f(std::integral_constant<int, SMOL_TYPE_Q5_1>{});
+        break;
+    case SMOL_TYPE_IQ4_NL:
+        f(std::integral_constant<int, SMOL_TYPE_IQ4_NL>{});
+        break;
+    case SMOL_TYPE_Q2_K:
+        f(std::integral_constant<int, SMOL_TYPE_Q2_K>{});
+        break;
+    case SMOL_TYPE_Q3_K:
+        f(std::integral_constant<int, SMOL_TYPE_Q3_K>{});
+        break;
+    case SMOL_TYPE_Q4_K:
+        f(std::integral_constant<int, SMOL_TYPE_Q4_K>{});
+        break;
+    case SMOL_TYPE_Q5_K:
+        f(std::integral_constant<int, SMOL_TYPE_Q5_K>{});
+        break;
+    case SMOL_TYPE_Q6_K:
+        f(std::integral_constant<int, SMOL_TYPE_Q6_K>{});
+        break;
+    case SMOL_TYPE_IQ4_XS:
+        f(std::integral_constant<int, SMOL_TYPE_IQ4_XS>{});
+        break;
     default:
         break;
     }
@@ -346,11 +373,8 @@ class cuda_backend final : public backend {
     uint32_t default_batch() const override { return 4096; }
     bool wants_seq_cells() const override { return false; }
     bool reruns_graphs() const override { return true; }
-    // The types with_weight_type dispatches.
-    bool supports_weights(smol_type t) const override {
-        return t == SMOL_TYPE_F32 || t == SMOL_TYPE_F16 || t == SMOL_TYPE_BF16 ||
-               t == SMOL_TYPE_Q8_0 || t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q4_1;
-    }
+    // The types with_weight_type dispatches: every type smol loads.
+    bool supports_weights(smol_type t) const override { return traits_of(t) != nullptr; }
     void * alloc(size_t bytes) override;
     void release(void * p) override;
     void upload(void * dst, const void * src, size_t bytes) override;
