@@ -17,7 +17,7 @@
 # Results:
 #   DIR/llama_cpp_python-VERSION/vendor/llama.cpp   the llama.cpp sources
 #   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize,
-#                      llama-server}
+#                      llama-server,llama-perplexity}
 #   DIR/build-cuda/bin/...                          (with --cuda)
 #   DIR/venv/bin/python                             llama-cpp-python, numpy, gguf
 set -euo pipefail
@@ -122,7 +122,7 @@ build_tools() {
     # llama-cli needs the server tree in this llama.cpp; llama-completion is
     # the plain prompt-in, text-out tool, llama-tokenize dumps token ids;
     # llama-server is the serving peer of smol-server (scripts/bench-serve.py).
-    local targets="llama-bench llama-completion llama-quantize llama-tokenize llama-server"
+    local targets="llama-bench llama-completion llama-quantize llama-tokenize llama-server llama-perplexity"
     local missing=0 t
     for t in $targets; do [ -x "$bdir/bin/$t" ] || missing=1; done
     if [ "$missing" = 0 ]; then

@@ -13,10 +13,12 @@
 #include "gguf.h"
 #include "smol-cpu-kernels.h"
 #include "smol-quant.h"
+#include "smol-recipe.h"
 #include "smol.h"
 #include "test-seed.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -202,4 +205,52 @@ TEST_CASE("a super-block tensor whose rows are no multiple of 256 is refused, na
         CHECK(msg.find("q4_K") != std::string::npos);
     }
     std::filesystem::remove(path);
+}
+
+TEST_CASE("smol's file types give every tensor of SmolLM2's three shapes llama-quantize's type") {
+    // tests/fixtures/recipes.json: llama-quantize --dry-run's choices
+    // (scripts/make-recipe-fixture.py) for the real 135M and random files
+    // of the 360M's and 1.7B's shapes, in every file type smol writes.
+    std::ifstream in(std::string(SMOL_FIXTURES) + "/recipes.json");
+    INFO("missing tests/fixtures/recipes.json: scripts/make-recipe-fixture.py writes it");
+    REQUIRE(in.good());
+    const nlohmann::json fx = nlohmann::json::parse(in);
+    const auto lower = [](std::string s) {
+        for (char & c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    };
+    std::map<std::string, smol_type> by_name; // the fixture's names are lower case
+    for (int t = 0; t < 64; ++t)
+        if (const smol::type_traits * tr = smol::traits_of(smol_type(t)))
+            by_name[lower(tr->name)] = smol_type(t);
+    int n_checked = 0;
+    for (const auto & [shape, m] : fx.at("models").items()) {
+        std::vector<smol::tensor_desc> ts;
+        for (const auto & t : m.at("tensors")) {
+            const std::string type = t[3].get<std::string>();
+            REQUIRE(by_name.count(type) == 1);
+            ts.push_back({t[0].get<std::string>(), t[1].get<uint32_t>(), t[2].get<int64_t>(),
+                          by_name.at(type)});
+        }
+        const smol::recipe_model rm{m.at("n_layer").get<int32_t>(), m.at("n_head").get<int32_t>(),
+                                    m.at("n_head_kv").get<int32_t>()};
+        for (const auto & [name, want] : m.at("recipes").items()) {
+            const smol::recipe * r = smol::find_recipe(name);
+            CAPTURE(shape);
+            CAPTURE(name);
+            REQUIRE(r != nullptr);
+            const auto got = smol::choose_types(*r, ts, rm);
+            int differ = 0;
+            for (size_t i = 0; i < ts.size(); ++i) {
+                const std::string w = want.at(ts[i].name).get<std::string>();
+                const std::string g = smol_type_name(got[i].type);
+                if (lower(g) != w) {
+                    if (differ++ < 3) MESSAGE(ts[i].name << ": smol " << g << ", llama.cpp " << w);
+                }
+                ++n_checked;
+            }
+            CHECK(differ == 0);
+        }
+    }
+    MESSAGE(n_checked << " tensor choices checked");
 }
