@@ -224,7 +224,9 @@ TEST_CASE("smol's file types give every tensor of SmolLM2's three shapes llama-q
         if (const smol::type_traits * tr = smol::traits_of(smol_type(t)))
             by_name[lower(tr->name)] = smol_type(t);
     int n_checked = 0;
-    for (const auto & [shape, m] : fx.at("models").items()) {
+    for (const auto & item : fx.at("models").items()) {
+        const std::string shape = item.key(); // a plain name: lambdas (CAPTURE) cannot take a binding
+        const auto & m = item.value();
         std::vector<smol::tensor_desc> ts;
         for (const auto & t : m.at("tensors")) {
             const std::string type = t[3].get<std::string>();
@@ -234,7 +236,9 @@ TEST_CASE("smol's file types give every tensor of SmolLM2's three shapes llama-q
         }
         const smol::recipe_model rm{m.at("n_layer").get<int32_t>(), m.at("n_head").get<int32_t>(),
                                     m.at("n_head_kv").get<int32_t>()};
-        for (const auto & [name, want] : m.at("recipes").items()) {
+        for (const auto & ritem : m.at("recipes").items()) {
+            const std::string name = ritem.key();
+            const auto & want = ritem.value();
             const smol::recipe * r = smol::find_recipe(name);
             CAPTURE(shape);
             CAPTURE(name);
