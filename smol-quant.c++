@@ -291,35 +291,92 @@ void quant_q5_1(const float * x, block_q5_1 * y, int64_t nb) {
 
 // --- quantization: fitted scales -------------------------------------------------------
 
-// Symmetric codes in [-nmax, nmax - 1] for x[0, n) under weights w: the
-// scale s minimising sum w (x - s q)^2, searched from 19 starting scales
-// around nmax / max|x|. Codes (plus nmax) go to L; returns s.
-float fit_symmetric(int n, int nmax, const float * x, const float * w, int8_t * L) {
+// The quantizers below make the same rounding decisions, in the same order and
+// float arithmetic, as llama.cpp's reference quantizers (ggml-quants.c, no
+// importance matrix), so a file smol-quantize writes is byte for byte the one
+// llama-quantize writes from the same source. Where a fit's choices look
+// arbitrary (a search's starting point, a tie, codes kept for a sub-block
+// whose scale rounds to zero) they are that quantizer's.
+
+// Symmetric codes in [-nmax, nmax - 1] for x[0, n), weighted by x^2: the
+// scale s minimising sum x^2 (x - s q)^2, from nmax / max|x| and then 18
+// starting scales around it, keeping a later one only when strictly better.
+// Codes (plus nmax) go to L; returns s.
+float fit_symmetric(int n, int nmax, const float * x, int8_t * L) {
     const float max = signed_max(x, n);
-    if (std::fabs(max) < 1e-30f) {
-        std::fill(L, L + n, int8_t(nmax));
+    if (std::fabs(max) < 1e-15f) {
+        std::fill(L, L + n, int8_t(0));
         return 0.0f;
     }
-    float best_scale = 0.0f, best = -1.0f;
-    int8_t trial[QK_K];
-    for (int is = -9; is <= 9; ++is) {
-        const float iscale = -(float(nmax) + 0.1f * float(is)) / max;
-        float sumlx = 0.0f, suml2 = 0.0f;
+    const auto fit = [&](float iscale, float & sumlx, float & suml2, bool keep) {
+        sumlx = suml2 = 0.0f;
         for (int i = 0; i < n; ++i) {
             const int l = std::clamp(nearest(iscale * x[i]), -nmax, nmax - 1);
-            trial[i] = int8_t(l);
-            sumlx += w[i] * x[i] * float(l);
-            suml2 += w[i] * float(l * l);
+            if (keep) L[i] = int8_t(l + nmax);
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * float(l);
+            suml2 += w * float(l) * float(l);
         }
+    };
+    float sumlx, suml2;
+    fit(-float(nmax) / max, sumlx, suml2, true);
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; ++is) {
+        if (is == 0) continue;
+        const float iscale = -(float(nmax) + 0.1f * float(is)) / max;
+        fit(iscale, sumlx, suml2, false);
         // The fit's gain sumlx^2 / suml2: the larger, the smaller the error.
-        if (suml2 > 0.0f && (best < 0.0f || sumlx * sumlx > best * suml2)) {
-            best_scale = sumlx / suml2;
-            best = best_scale * sumlx;
-            for (int i = 0; i < n; ++i) L[i] = int8_t(trial[i] + nmax);
+        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+            fit(iscale, sumlx, suml2, true);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
         }
     }
-    if (best < 0.0f) std::fill(L, L + n, int8_t(nmax));
-    return best_scale;
+    return scale;
+}
+
+// Symmetric 3-bit codes (nmax 4) for x[0, n), weighted by x^2: from the codes
+// of nmax / max|x|, up to five sweeps that move single codes to their best
+// value under the rest's fit while that raises the gain. Codes (plus nmax)
+// to L; returns the fitted scale.
+float fit_q3(int n, int nmax, const float * x, int8_t * L) {
+    const float max = signed_max(x, n);
+    if (std::fabs(max) < 1e-15f) {
+        std::fill(L, L + n, int8_t(0));
+        return 0.0f;
+    }
+    const float iscale = -float(nmax) / max;
+    float sumlx = 0.0f, suml2 = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        const int l = std::clamp(nearest(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = int8_t(l);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * float(l);
+        suml2 += w * float(l) * float(l);
+    }
+    for (int sweep = 0; sweep < 5; ++sweep) {
+        int changed = 0;
+        for (int i = 0; i < n; ++i) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * float(L[i]);
+            if (slx <= 0.0f) continue;
+            float sl2 = suml2 - w * float(L[i]) * float(L[i]);
+            const int l = std::clamp(nearest(x[i] * sl2 / slx), -nmax, nmax - 1);
+            if (l == L[i]) continue;
+            slx += w * x[i] * float(l);
+            sl2 += w * float(l) * float(l);
+            if (sl2 > 0.0f && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                L[i] = int8_t(l);
+                sumlx = slx;
+                suml2 = sl2;
+                ++changed;
+            }
+        }
+        if (changed == 0) break;
+    }
+    for (int i = 0; i < n; ++i) L[i] = int8_t(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
 // Asymmetric codes in [0, nmax] for x[0, n) under weights w, x ~ s q - m:
@@ -360,7 +417,7 @@ float fit_asymmetric(int n, int nmax, const float * x, const float * w, uint8_t 
             const int l = std::clamp(nearest(iscale * (x[i] - min)), 0, nmax);
             trial[i] = uint8_t(l);
             sum_l += w[i] * float(l);
-            sum_l2 += w[i] * float(l * l);
+            sum_l2 += w[i] * float(l) * float(l);
             sum_xl += w[i] * float(l) * x[i];
         }
         const float D = sum_w * sum_l2 - sum_l * sum_l;
@@ -383,7 +440,7 @@ float fit_asymmetric(int n, int nmax, const float * x, const float * w, uint8_t 
     return scale;
 }
 
-// The index of the IQ4 value nearest to v (ties to the lower).
+// The index of the IQ4 value nearest to v (ties to the upper).
 int iq4_index(float v) {
     if (v <= float(kvalues_iq4nl[0])) return 0;
     if (v >= float(kvalues_iq4nl[15])) return 15;
@@ -396,75 +453,72 @@ int iq4_index(float v) {
             lo = mid;
         }
     }
-    return v - float(kvalues_iq4nl[lo]) <= float(kvalues_iq4nl[hi]) - v ? lo : hi;
+    return v - float(kvalues_iq4nl[lo]) < float(kvalues_iq4nl[hi]) - v ? lo : hi;
 }
 
-// IQ4 codes for 32 values: the scale d minimising sum x^2 (x - d v(q))^2,
-// searched from 15 starting scales around max|x| / 127.
-float fit_iq4(const float * x, uint8_t * L) {
+// The IQ4 scale for 32 values: the d minimising sum x^2 (x - d v(q))^2, from
+// max|x| / v(0) and then 15 starting scales around it (0 when all are zero).
+float fit_iq4(const float * x) {
     const float max = signed_max(x, QK);
-    if (std::fabs(max) < 1e-30f) {
-        std::fill(L, L + QK, uint8_t(iq4_index(0.0f)));
-        return 0.0f;
-    }
-    float best_d = 0.0f, best = -1.0f;
-    uint8_t trial[QK];
-    for (int itry = -7; itry <= 7; ++itry) {
-        const float id = (float(itry) + float(kvalues_iq4nl[0])) / max;
-        float sumqx = 0.0f, sumq2 = 0.0f;
+    if (std::fabs(max) < 1e-15f) return 0.0f;
+    const auto gain = [&](float id, float & sumqx, float & sumq2) {
+        sumqx = sumq2 = 0.0f;
         for (int j = 0; j < QK; ++j) {
-            const int l = iq4_index(id * x[j]);
-            trial[j] = uint8_t(l);
-            const float w = x[j] * x[j], q = float(kvalues_iq4nl[l]);
+            const float q = float(kvalues_iq4nl[iq4_index(id * x[j])]), w = x[j] * x[j];
             sumqx += w * q * x[j];
             sumq2 += w * q * q;
         }
-        if (sumq2 > 0.0f && (best < 0.0f || sumqx * sumqx > best * sumq2)) {
-            best_d = sumqx / sumq2;
-            best = best_d * sumqx;
-            std::copy(trial, trial + QK, L);
+    };
+    float sumqx, sumq2;
+    gain(1.0f / (-max / float(kvalues_iq4nl[0])), sumqx, sumq2);
+    float d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+    float best = d * sumqx;
+    for (int itry = -7; itry <= 7; ++itry) {
+        gain((float(itry) + float(kvalues_iq4nl[0])) / max, sumqx, sumq2);
+        if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
         }
     }
-    return best_d;
+    return d;
 }
 
-void iq4_codes(const float * x, float d, uint8_t * L) {
+// The codes of 32 values under the scale d (as fitted, not as stored).
+void iq4_pack(const float * x, float d, uint8_t qs[16]) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t L[QK];
     for (int j = 0; j < QK; ++j) L[j] = uint8_t(iq4_index(id * x[j]));
+    for (int j = 0; j < 16; j++) qs[j] = uint8_t(L[j] | (L[j + 16] << 4));
 }
 
 void quant_iq4_nl(const float * x, block_iq4_nl * y, int64_t nb) {
-    uint8_t L[QK];
     for (int64_t i = 0; i < nb; i++, x += QK) {
-        const float d = fit_iq4(x, L);
+        const float d = fit_iq4(x);
         y[i].d = f2h(d);
-        iq4_codes(x, h2f(y[i].d), L); // the codes for the scale as stored
-        for (int j = 0; j < 16; j++) y[i].qs[j] = uint8_t(L[j] | (L[j + 16] << 4));
+        iq4_pack(x, d, y[i].qs);
     }
 }
 
 void quant_iq4_xs(const float * x, block_iq4_xs * y, int64_t nb) {
-    uint8_t L[QK];
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
         float scales[8];
         float max_scale = 0.0f, amax = 0.0f;
         for (int s = 0; s < 8; s++) {
-            scales[s] = fit_iq4(x + 32 * s, L);
+            scales[s] = fit_iq4(x + 32 * s);
             if (std::fabs(scales[s]) > amax) {
                 amax = std::fabs(scales[s]);
                 max_scale = scales[s];
             }
         }
         std::memset(&y[i], 0, sizeof(y[i]));
-        const float d = max_scale / -32.0f;
+        const float d = -max_scale / 32.0f;
         y[i].d = f2h(d);
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         for (int s = 0; s < 8; s++) {
             const int l = std::clamp(nearest(id * scales[s]), -32, 31);
             y[i].scales_l[s / 2] |= uint8_t(((l + 32) & 0xF) << (4 * (s % 2)));
             y[i].scales_h |= uint16_t(((l + 32) >> 4) << (2 * s));
-            iq4_codes(x + 32 * s, h2f(y[i].d) * float(l), L);
-            for (int j = 0; j < 16; j++) y[i].qs[16 * s + j] = uint8_t(L[j] | (L[j + 16] << 4));
+            iq4_pack(x + 32 * s, d * float(l), y[i].qs + 16 * s);
         }
     }
 }
@@ -514,10 +568,7 @@ template <int bits, class Block> void quant_k_type1(const float * x, Block * y, 
             uint8_t sc, m;
             scale_min_k4(s, y[i].scales, sc, m);
             const float dl = d * float(sc);
-            if (dl == 0.0f) {
-                std::fill(L + 32 * s, L + 32 * s + 32, uint8_t(0));
-                continue;
-            }
+            if (dl == 0.0f) continue; // the fit's codes stay
             const float dm = dmin * float(m);
             for (int l = 0; l < 32; l++)
                 L[32 * s + l] = uint8_t(std::clamp(nearest((x[32 * s + l] + dm) / dl), 0, nmax));
@@ -562,10 +613,7 @@ void quant_q2_K(const float * x, block_q2_K * y, int64_t nb) {
         const float d = h2f(y[i].d), dmin = h2f(y[i].dmin);
         for (int j = 0; j < 16; j++) {
             const float dl = d * float(y[i].scales[j] & 0xF);
-            if (dl == 0.0f) {
-                std::fill(L + 16 * j, L + 16 * j + 16, uint8_t(0));
-                continue;
-            }
+            if (dl == 0.0f) continue; // the fit's codes stay
             const float ml = dmin * float(y[i].scales[j] >> 4);
             for (int l = 0; l < 16; l++)
                 L[16 * j + l] = uint8_t(std::clamp(nearest((x[16 * j + l] + ml) / dl), 0, 3));
@@ -581,42 +629,42 @@ void quant_q2_K(const float * x, block_q2_K * y, int64_t nb) {
 void quant_q3_K(const float * x, block_q3_K * y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
         int8_t L[QK_K];
-        float weights[16], scales[16];
+        float scales[16];
         float max_scale = 0.0f, amax = 0.0f;
         for (int j = 0; j < 16; j++) {
-            for (int l = 0; l < 16; l++) weights[l] = x[16 * j + l] * x[16 * j + l];
-            scales[j] = fit_symmetric(16, 4, x + 16 * j, weights, L + 16 * j);
+            scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
             if (std::fabs(scales[j]) > amax) {
                 amax = std::fabs(scales[j]);
                 max_scale = scales[j];
             }
         }
         std::memset(&y[i], 0, sizeof(y[i]));
-        if (amax == 0.0f) continue;
-        const float iscale = -32.0f / max_scale;
-        for (int j = 0; j < 16; j++) {
-            const int l = std::clamp(nearest(iscale * scales[j]), -32, 31) + 32;
-            if (j < 8) {
-                y[i].scales[j] = uint8_t(l & 0xF);
-            } else {
-                y[i].scales[j - 8] = uint8_t(y[i].scales[j - 8] | ((l & 0xF) << 4));
+        if (max_scale != 0.0f) {
+            const float iscale = -32.0f / max_scale;
+            for (int j = 0; j < 16; j++) {
+                const int l = std::clamp(nearest(iscale * scales[j]), -32, 31) + 32;
+                if (j < 8) {
+                    y[i].scales[j] = uint8_t(l & 0xF);
+                } else {
+                    y[i].scales[j - 8] = uint8_t(y[i].scales[j - 8] | ((l & 0xF) << 4));
+                }
+                y[i].scales[8 + j % 4] =
+                    uint8_t(y[i].scales[8 + j % 4] | ((l >> 4) << (2 * (j / 4))));
             }
-            y[i].scales[8 + j % 4] = uint8_t(y[i].scales[8 + j % 4] | ((l >> 4) << (2 * (j / 4))));
+            y[i].d = f2h(1.0f / iscale);
         }
-        y[i].d = f2h(1.0f / iscale);
         const float d = h2f(y[i].d);
-        uint8_t Q[QK_K];
         for (int j = 0; j < 16; j++) {
             const float dl = d * float(q3_K_scale(y[i].scales, j));
-            for (int l = 0; l < 16; l++) {
-                const int q = dl != 0.0f ? std::clamp(nearest(x[16 * j + l] / dl), -4, 3) : 0;
-                Q[16 * j + l] = uint8_t(q + 4);
-            }
+            if (dl == 0.0f) continue; // the fit's codes stay
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = int8_t(std::clamp(nearest(x[16 * j + l] / dl), -4, 3) + 4);
         }
         for (int e = 0; e < QK_K; e++) {
-            if (Q[e] > 3) y[i].hmask[e % 32] = uint8_t(y[i].hmask[e % 32] | (1 << (e / 32)));
+            const int q = L[e];
+            if (q > 3) y[i].hmask[e % 32] = uint8_t(y[i].hmask[e % 32] | (1 << (e / 32)));
             const int h = e / 128, t = (e % 128) / 32, c = e % 32;
-            y[i].qs[32 * h + c] = uint8_t(y[i].qs[32 * h + c] | ((Q[e] & 3) << (2 * t)));
+            y[i].qs[32 * h + c] = uint8_t(y[i].qs[32 * h + c] | ((q & 3) << (2 * t)));
         }
     }
 }
@@ -624,37 +672,34 @@ void quant_q3_K(const float * x, block_q3_K * y, int64_t nb) {
 void quant_q6_K(const float * x, block_q6_K * y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
         int8_t L[QK_K];
-        float weights[16], scales[16];
+        float scales[16];
         float max_scale = 0.0f, amax = 0.0f;
         for (int j = 0; j < 16; j++) {
-            for (int l = 0; l < 16; l++) weights[l] = x[16 * j + l] * x[16 * j + l];
-            scales[j] = fit_symmetric(16, 32, x + 16 * j, weights, L + 16 * j);
+            scales[j] = fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
             if (std::fabs(scales[j]) > amax) {
                 amax = std::fabs(scales[j]);
                 max_scale = scales[j];
             }
         }
         std::memset(&y[i], 0, sizeof(y[i]));
-        if (amax == 0.0f) continue;
+        if (amax < 1e-15f) continue;
         const float iscale = -128.0f / max_scale;
         y[i].d = f2h(1.0f / iscale);
         for (int j = 0; j < 16; j++)
             y[i].scales[j] = int8_t(std::min(127, nearest(iscale * scales[j])));
         const float d = h2f(y[i].d);
-        uint8_t Q[QK_K];
         for (int j = 0; j < 16; j++) {
             const float dl = d * float(y[i].scales[j]);
-            for (int l = 0; l < 16; l++) {
-                const int q = dl != 0.0f ? std::clamp(nearest(x[16 * j + l] / dl), -32, 31) : 0;
-                Q[16 * j + l] = uint8_t(q + 32);
-            }
+            if (dl == 0.0f) continue; // the fit's codes stay
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = int8_t(std::clamp(nearest(x[16 * j + l] / dl), -32, 31) + 32);
         }
         for (int e = 0; e < QK_K; e++) {
-            const int h = e / 128, r = e % 128;
+            const int q = L[e], h = e / 128, r = e % 128;
             uint8_t & lo = y[i].ql[64 * h + r % 64];
-            lo = uint8_t(lo | ((Q[e] & 0xF) << (4 * (r / 64))));
+            lo = uint8_t(lo | ((q & 0xF) << (4 * (r / 64))));
             uint8_t & hi = y[i].qh[32 * h + r % 32];
-            hi = uint8_t(hi | ((Q[e] >> 4) << (2 * (r / 32))));
+            hi = uint8_t(hi | ((q >> 4) << (2 * (r / 32))));
         }
     }
 }
