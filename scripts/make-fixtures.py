@@ -28,7 +28,20 @@ Needs the llama-cpp-python venv that scripts/peers.sh makes (with numpy and
 the vendored gguf-py); about 15 minutes on 2 cores, most of it the float64
 greedy decodes.
 
-Options: --model PATH, --out DIR, --only {tokenizer,logits,greedy}.
+Requantized files (--requant Q4_K_M --requant Q5_K_M --requant Q6_K): the
+same model requantized by llama.cpp's own llama-quantize --allow-requantize;
+for each, tests/fixtures/requant/TYPE/ gets logits.json and greedy.json for
+that file, plus tensors.json: each tensor's type and a hash of its bytes
+(spread_hash, as tests/spread-hash.h), so a test can rebuild the file with
+smol's quantizer and know it is llama-quantize's, byte for byte.
+
+Without the venv, the sources and libllama of scripts/peers.sh serve too:
+    PYTHONPATH=/work/peers/llama_cpp_python-0.3.36 \
+    LLAMA_CPP_LIB_PATH=/work/peers/build-cpu/bin python3 scripts/make-fixtures.py
+(needs pip's diskcache, jinja2 and numpy).
+
+Options: --model PATH, --out DIR, --only {tokenizer,logits,greedy},
+--requant TYPE (repeatable), --llama-quantize PATH.
 """
 
 import argparse
@@ -36,7 +49,9 @@ import ctypes
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -695,11 +710,61 @@ def make_greedy(model, out_dir, sha):
     })
 
 
+# ----------------------------------------------------------------------------
+# Requantized files
+
+def spread_hash(data):
+    """Sum mod 2^64 of splitmix64(word | index << 32) over the little-endian
+    32-bit words of data (zero-padded to a multiple of 4), as
+    tests/spread-hash.h."""
+    raw = np.frombuffer(bytes(data), dtype=np.uint8)
+    raw = np.concatenate([raw, np.zeros((-raw.size) % 4, dtype=np.uint8)])
+    with np.errstate(over="ignore"):
+        z = raw.view("<u4").astype(np.uint64) | (np.arange(raw.size // 4, dtype=np.uint64) << 32)
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        return int(z.sum(dtype=np.uint64))
+
+
+def make_requant(model, file_type, quantizer, out_root):
+    out_dir = os.path.join(out_root, "requant", file_type.lower())
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"model-{file_type}.gguf")
+        cmd = [quantizer, "--allow-requantize", model, path, file_type, str(N_THREADS)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        GGUFReader, _ = import_gguf()
+        r = GGUFReader(path)
+        tensors = {t.name: [t.tensor_type.name, str(spread_hash(np.asarray(t.data).view(np.uint8)))]
+                   for t in r.tensors}
+        del r
+        made_by = ("llama-quantize --allow-requantize MODEL OUT " + file_type + " "
+                   + str(N_THREADS) + f" ({engine_name()}); MODEL: {os.path.basename(model)}")
+        write_json(os.path.join(out_dir, "tensors.json"), {
+            "source_sha256": sha256_of(model),
+            "file_type": file_type,
+            "made_by": made_by,
+            "file_bytes": os.path.getsize(path),
+            "notes": ["tensors: name -> [type, spread_hash of its bytes as stored, "
+                      "as a decimal string]"],
+            "tensors": tensors,
+        })
+        sha = sha256_of(path)
+        make_logits(path, out_dir, sha)
+        make_greedy(path, out_dir, sha)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     ap.add_argument("--only", choices=["tokenizer", "logits", "greedy"], action="append")
+    ap.add_argument("--requant", action="append", metavar="TYPE",
+                    help="only the fixtures of the model requantized to TYPE by llama-quantize")
+    ap.add_argument("--llama-quantize", default=os.path.join(
+        os.environ.get("PEERS_DIR", "/work/peers"), "build-cpu", "bin", "llama-quantize"))
     args = ap.parse_args()
     if not os.path.exists(args.model):
         raise SystemExit(f"{args.model} is missing; run scripts/fetch-model.sh")
@@ -707,6 +772,10 @@ def main():
         print(f"warning: llama-cpp-python {llama_cpp.__version__}, the fixtures were made "
               f"with {PINNED_PY_VERSION}", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
+    if args.requant:
+        for file_type in args.requant:
+            make_requant(args.model, file_type, args.llama_quantize, args.out)
+        return
     sha = sha256_of(args.model)
     todo = args.only or ["tokenizer", "logits", "greedy"]
     if "tokenizer" in todo:

@@ -4,6 +4,7 @@
 // llama.cpp's logits and greedy continuations.
 
 #include "decode-all.h"
+#include "llama-fixtures.h"
 #include "smol.h"
 #include "test-seed.h"
 #include "tiny-model.h"
@@ -23,6 +24,7 @@
 
 using test::decode_all;
 using test::random_ids;
+using test::read_fixture;
 
 namespace {
 
@@ -552,14 +554,6 @@ TEST_CASE("loading refuses missing files, other architectures and unsupported te
 
 namespace {
 
-nlohmann::json read_fixture(const std::string & name) {
-    const std::string path = std::string(SMOL_FIXTURES) + "/" + name;
-    std::ifstream in(path);
-    INFO("missing fixture " << path << " (scripts/make-fixtures.py regenerates it)");
-    REQUIRE(in.good());
-    return nlohmann::json::parse(in);
-}
-
 model_ptr load_real() {
     INFO("the real model is missing: run scripts/fetch-model.sh (looked for " << SMOL_MODEL << ")");
     REQUIRE(std::filesystem::exists(SMOL_MODEL));
@@ -586,92 +580,13 @@ constexpr double decisive_margin = 2 * logit_tol;
 TEST_CASE("SmolLM2-135M logits match llama.cpp's at the recorded positions") {
     const nlohmann::json fx = read_fixture("logits.json");
     model_ptr m = load_real();
-    smol_model_info info;
-    smol_model_get_info(m.get(), &info);
-    double worst = 0;
-    int compared = 0;
-    for (const auto & pr : fx["prompts"]) {
-        const std::vector<int> ids = pr["ids"].get<std::vector<int>>();
-        context_ptr c = make_context(m.get(), 2048);
-        const auto logits = decode_all(c.get(), ids, info.n_vocab, 512);
-        for (const auto & at : pr["positions"]) {
-            const size_t pos = at["pos"].get<size_t>();
-            const auto & row = logits[pos];
-            CAPTURE(pr["name"].get<std::string>());
-            CAPTURE(pos);
-            const auto & top = at["top"];
-            const int got_top = int(std::max_element(row.begin(), row.end()) - row.begin());
-            if (top[0][1].get<double>() - top[1][1].get<double>() > decisive_margin) {
-                CHECK(got_top == top[0][0].get<int>());
-            }
-            for (const auto & e : top) {
-                const double d = std::fabs(double(row[e[0].get<size_t>()]) - e[1].get<double>());
-                worst = std::max(worst, d);
-                CHECK(d <= logit_tol);
-                ++compared;
-            }
-        }
-    }
-    CHECK(compared >= 200);
-    MESSAGE("largest of " << compared << " logit differences from llama.cpp: " << worst);
+    test::check_logits(m.get(), fx, logit_tol);
 }
 
 TEST_CASE("SmolLM2-135M picks llama.cpp's greedy token at every decisive step") {
-    // Teacher forcing: smol decodes llama.cpp's own 32-token continuation, so
-    // one coin-toss step cannot derail the rest, and at each step smol's
-    // argmax must be llama.cpp's token wherever llama.cpp's choice was
-    // decisive. The free-running continuations must agree up to the first
-    // coin toss.
     const nlohmann::json fx = read_fixture("greedy.json");
     model_ptr m = load_real();
-    smol_model_info info;
-    smol_model_get_info(m.get(), &info);
-    int decisive = 0, free_running = 0;
-    for (const auto & cs : fx["cases"]) {
-        CAPTURE(cs["name"].get<std::string>());
-        const std::vector<int> ids = cs["prompt_ids"].get<std::vector<int>>();
-        const std::vector<int> want = cs["tokens"].get<std::vector<int>>();
-        const std::vector<double> margin = cs["top1_margin"].get<std::vector<double>>();
-        REQUIRE(want.size() == 32);
-
-        // Teacher forced: the prompt and llama.cpp's tokens in one batch.
-        std::vector<int> all = ids;
-        all.insert(all.end(), want.begin(), want.end() - 1);
-        context_ptr c = make_context(m.get(), 2048);
-        const auto logits = decode_all(c.get(), all, info.n_vocab, 512);
-        for (size_t step = 0; step < want.size(); ++step) {
-            const auto & row = logits[ids.size() - 1 + step];
-            const int got = int(std::max_element(row.begin(), row.end()) - row.begin());
-            CAPTURE(step);
-            CAPTURE(margin[step]);
-            if (margin[step] > decisive_margin) {
-                CHECK(got == want[step]);
-                ++decisive;
-            }
-        }
-
-        // Free running, token by token as a generator runs.
-        context_ptr f = make_context(m.get(), 2048);
-        smol_batch b = smol_batch_init(512);
-        for (size_t i = 0; i < ids.size(); ++i)
-            smol_batch_add(&b, 512, ids[i], smol_pos(i), 0, i + 1 == ids.size());
-        REQUIRE(smol_decode(f.get(), &b) == SMOL_OK);
-        for (size_t step = 0; step < want.size() && margin[step] > decisive_margin; ++step) {
-            const float * l = smol_get_logits(f.get(), -1);
-            REQUIRE(l);
-            const int t = int(std::max_element(l, l + info.n_vocab) - l);
-            CAPTURE(step);
-            REQUIRE(t == want[step]);
-            ++free_running;
-            b.n_tokens = 0;
-            smol_batch_add(&b, 512, t, smol_pos(ids.size() + step), 0, true);
-            REQUIRE(smol_decode(f.get(), &b) == SMOL_OK);
-        }
-        smol_batch_free(&b);
-    }
-    CHECK(decisive >= 80); // of 224 steps
-    MESSAGE(decisive << " decisive teacher-forced steps and " << free_running
-                     << " free-running steps agree with llama.cpp");
+    CHECK(test::check_greedy(m.get(), fx, decisive_margin) >= 80); // of 224 steps
 }
 
 TEST_CASE("the real model reports its shape and tokenizes a chat prompt as llama.cpp does") {

@@ -15,6 +15,7 @@
 #include "smol-quant.h"
 #include "smol-recipe.h"
 #include "smol.h"
+#include "spread-hash.h"
 #include "test-seed.h"
 
 #include <algorithm>
@@ -88,21 +89,6 @@ std::vector<uint8_t> random_blocks(smol_type t, int64_t n_elems, std::mt19937 & 
     return b;
 }
 
-// The sum, modulo 2^64, of splitmix64(bits | index << 32) over n floats, as
-// scripts/check-quants.py hashes numpy's values.
-uint64_t spread_hash(const float * v, size_t n) {
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t bits;
-        std::memcpy(&bits, v + i, 4);
-        uint64_t z = (uint64_t(bits) | (uint64_t(i) << 32)) + 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        total += z ^ (z >> 31);
-    }
-    return total;
-}
-
 bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -158,7 +144,7 @@ TEST_CASE("a real Q4_K_M file's tensors are hashed as smol dequantizes them" *
         v.resize(size_t(t.n_elements()));
         smol::dequantize_row(smol_type(t.type), t.data, v.data(), t.n_elements());
         out << (n++ ? ", " : "") << "\"" << t.name << "\": [\"" << smol_type_name(smol_type(t.type))
-            << "\", \"" << spread_hash(v.data(), v.size()) << "\"]";
+            << "\", \"" << test::spread_hash(v.data(), v.size()) << "\"]";
         by_type[smol_type_name(smol_type(t.type))]++;
     }
     out << "}}\n";
@@ -225,7 +211,8 @@ TEST_CASE("smol's file types give every tensor of SmolLM2's three shapes llama-q
             by_name[lower(tr->name)] = smol_type(t);
     int n_checked = 0;
     for (const auto & item : fx.at("models").items()) {
-        const std::string shape = item.key(); // a plain name: lambdas (CAPTURE) cannot take a binding
+        const std::string shape =
+            item.key(); // a plain name: lambdas (CAPTURE) cannot take a binding
         const auto & m = item.value();
         std::vector<smol::tensor_desc> ts;
         for (const auto & t : m.at("tensors")) {
