@@ -23,6 +23,7 @@
 #include "smol-cpu-kernels.h"
 #include "smol-cpu-variant.h"
 
+#include <algorithm>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -203,6 +204,13 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
 #endif
 }
 
+// Sums of products of 32 unsigned bytes u (at most 63) and signed bytes s,
+// in 8 int32 lanes, each lane's two pair sums times its int16 scale: the
+// exact integers of a scaled sub-block dot product, in two instructions.
+static inline __m256i dot_scaled(__m256i u, __m256i s, __m256i scale16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
+}
+
 // The same for two signed operands (|x| <= 127): |x| times s with x's sign.
 static inline __m256i dot_i8_i8(__m256i x, __m256i s) {
     return dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(s, x));
@@ -214,18 +222,6 @@ static inline __m256i nibbles32(const uint8_t * qs) {
     const __m128i x = _mm_loadu_si128((const __m128i *)qs);
     const __m256i v = _mm256_insertf128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-}
-
-// 0xFF in byte j where bit j of the little-endian word at p is set.
-static inline __m256i bits32(const uint8_t * p) {
-    uint32_t x;
-    memcpy(&x, p, 4);
-    // Byte j gets byte j / 8 of x, then keeps bit j % 8.
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)x), _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                                      0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
 // IQ4's 16 values, looked up by 4-bit index in every 128-bit half.
@@ -275,22 +271,26 @@ static float dot_iq4_nl_avx2(const block_iq4_nl * w, const block_q8_act * a, int
 // q4_K (bits 4) and q5_K (bits 5): per pair of sub-blocks, 32 bytes of
 // codes give the low nibbles (the even sub-block) and the high (the odd);
 // each sub-block's sums times its scale; the mins with the activations'
-// block sums, in the scalar accumulator.
-template <int bits, class Block>
-static float dot_k_type1_avx2(const Block * w, const block_q8_K * a, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+// block sums, in the scalar accumulator. NT tokens share each block's
+// decoding; each token's arithmetic is the one-token kernel's, so its
+// result has the same bits in any batch.
+template <int bits, class Block, int NT>
+static void dot_k_type1_avx2(const Block * w, const block_q8_K * const a[NT], int64_t nb,
+                             float * out) {
+    __m256 acc[NT];
+    float mins[NT];
+    for (int t = 0; t < NT; t++) {
+        acc[t] = _mm256_setzero_ps();
+        mins[t] = 0.0f;
+    }
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], m[8];
-        int msum = 0;
-        for (int s = 0; s < 8; s++) {
-            scale_min_k4(s, w[b].scales, sc[s], m[s]);
-            msum += m[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
-        }
+        for (int s = 0; s < 8; s++) scale_min_k4(s, w[b].scales, sc[s], m[s]);
         __m256i qh = _mm256_setzero_si256();
         if constexpr (bits == 5) qh = load32(((const block_q5_K *)(w + b))->qh);
-        __m256i isum = _mm256_setzero_si256();
+        __m256i isum[NT];
+        for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i q = load32(w[b].qs + 32 * j);
             __m256i lo = _mm256_and_si256(q, low4);
@@ -303,47 +303,86 @@ static float dot_k_type1_avx2(const Block * w, const block_q8_K * a, int64_t nb)
                     hi,
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
             }
-            const __m256i plo = _mm256_mullo_epi32(dot_u8_i8(lo, load32(a[b].qs + 64 * j)),
-                                                   _mm256_set1_epi32(sc[2 * j]));
-            const __m256i phi = _mm256_mullo_epi32(dot_u8_i8(hi, load32(a[b].qs + 64 * j + 32)),
-                                                   _mm256_set1_epi32(sc[2 * j + 1]));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
+            const __m256i slo = _mm256_set1_epi16(sc[2 * j]),
+                          shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int t = 0; t < NT; t++) {
+                const __m256i plo = dot_scaled(lo, load32(a[t][b].qs + 64 * j), slo);
+                const __m256i phi = dot_scaled(hi, load32(a[t][b].qs + 64 * j + 32), shi);
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(plo, phi));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
-        mins = fmaf((float)msum, -(h2f(w[b].dmin) * a[b].d), mins);
+        const float d = h2f(w[b].d), dmin = h2f(w[b].dmin);
+        for (int t = 0; t < NT; t++) {
+            int msum = 0;
+            for (int s = 0; s < 8; s++)
+                msum += m[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1]);
+            acc[t] =
+                _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+            mins[t] = fmaf((float)msum, -(dmin * a[t][b].d), mins[t]);
+        }
     }
-    return hsum256(acc) + mins;
+    for (int t = 0; t < NT; t++) out[t] = hsum256(acc[t]) + mins[t];
 }
 
 // q6_K: codes plus 32 (0-63) as the unsigned operand, their sums times the
-// scales, less 32 times the scales times the activations' block sums.
-static float dot_q6_K_avx2(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
+// scales, less 32 times the scales times the activations' block sums; NT
+// tokens as above.
+template <int NT>
+static void dot_q6_K_avx2(const block_q6_K * w, const block_q8_K * const a[NT], int64_t nb,
+                          float * out) {
+    __m256 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
     for (int64_t b = 0; b < nb; b++) {
-        int corr = 0;
-        for (int j = 0; j < 16; j++) corr += w[b].scales[j] * a[b].bsums[j];
-        __m256i isum = _mm256_setzero_si256();
+        __m256i isum[NT];
+        for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const __m256i qa = load32(w[b].ql + 64 * h), qb = load32(w[b].ql + 64 * h + 32);
             const __m256i qh = load32(w[b].qh + 32 * h);
             const __m256i lo[4] = {_mm256_and_si256(qa, low4), _mm256_and_si256(qb, low4),
                                    _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4),
                                    _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4)};
-            for (int t = 0; t < 4; t++) {
-                const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), two);
-                const __m256i q = _mm256_or_si256(lo[t], _mm256_slli_epi16(hi2, 4));
-                const int g = 8 * h + 2 * t; // scale groups g (bytes 0-15) and g + 1
-                const __m256i scale = _mm256_setr_m128i(_mm_set1_epi32(w[b].scales[g]),
-                                                        _mm_set1_epi32(w[b].scales[g + 1]));
-                const __m256i p = dot_u8_i8(q, load32(a[b].qs + 128 * h + 32 * t));
-                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(p, scale));
+            for (int u = 0; u < 4; u++) {
+                const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), two);
+                const __m256i q = _mm256_or_si256(lo[u], _mm256_slli_epi16(hi2, 4));
+                const int g = 8 * h + 2 * u; // scale groups g (bytes 0-15) and g + 1
+                const __m256i scale = _mm256_setr_m128i(_mm_set1_epi16(w[b].scales[g]),
+                                                        _mm_set1_epi16(w[b].scales[g + 1]));
+                for (int t = 0; t < NT; t++)
+                    isum[t] = _mm256_add_epi32(
+                        isum[t], dot_scaled(q, load32(a[t][b].qs + 128 * h + 32 * u), scale));
             }
         }
-        isum = _mm256_sub_epi32(isum, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(isum), acc);
+        const float d = h2f(w[b].d);
+        for (int t = 0; t < NT; t++) {
+            int corr = 0;
+            for (int j = 0; j < 16; j++) corr += w[b].scales[j] * a[t][b].bsums[j];
+            const __m256i i =
+                _mm256_sub_epi32(isum[t], _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(i), acc[t]);
+        }
     }
-    return hsum256(acc);
+    for (int t = 0; t < NT; t++) out[t] = hsum256(acc[t]);
+}
+
+// NT tokens' dot products with one row of the types whose kernels take
+// several tokens at once (q4_K, q5_K, q6_K); false for the others.
+template <int NT>
+static bool dot_row_n(smol_type t, const void * w, const block_q8_K * const a[NT], int64_t K,
+                      float * out) {
+    switch (t) {
+    case SMOL_TYPE_Q4_K:
+        dot_k_type1_avx2<4, block_q4_K, NT>((const block_q4_K *)w, a, K / QK_K, out);
+        return true;
+    case SMOL_TYPE_Q5_K:
+        dot_k_type1_avx2<5, block_q5_K, NT>((const block_q5_K *)w, a, K / QK_K, out);
+        return true;
+    case SMOL_TYPE_Q6_K:
+        dot_q6_K_avx2<NT>((const block_q6_K *)w, a, K / QK_K, out);
+        return true;
+    default:
+        return false;
+    }
 }
 
 // q2_K and q3_K: 2-bit codes, element 128h + 32t + c at bits 2t of byte
@@ -426,11 +465,13 @@ static float dot_row(smol_type t, const void * w, const void * act, int64_t K) {
     case SMOL_TYPE_IQ4_NL:
         return dot_iq4_nl_avx2((const block_iq4_nl *)w, (const block_q8_act *)act, K / QK);
     case SMOL_TYPE_Q4_K:
-        return dot_k_type1_avx2<4>((const block_q4_K *)w, (const block_q8_K *)act, K / QK_K);
     case SMOL_TYPE_Q5_K:
-        return dot_k_type1_avx2<5>((const block_q5_K *)w, (const block_q8_K *)act, K / QK_K);
-    case SMOL_TYPE_Q6_K:
-        return dot_q6_K_avx2((const block_q6_K *)w, (const block_q8_K *)act, K / QK_K);
+    case SMOL_TYPE_Q6_K: {
+        const block_q8_K * a[1] = {(const block_q8_K *)act};
+        float out;
+        dot_row_n<1>(t, w, a, K, &out);
+        return out;
+    }
     case SMOL_TYPE_IQ4_XS:
         return dot_iq4_xs_avx2((const block_iq4_xs *)w, (const block_q8_K *)act, K / QK_K);
     case SMOL_TYPE_Q2_K:
@@ -473,10 +514,33 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
                  const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     const uint8_t * wb = (const uint8_t *)w;
     const uint8_t * ab = (const uint8_t *)act;
+#if defined(__AVX2__)
+    // Rows about 16 KiB ahead are asked for a row at a time: one row's blocks
+    // at a time are too short a stream for the hardware prefetcher to keep
+    // decode fed from memory.
+    const int64_t pf_rows = std::max<int64_t>(1, (int64_t)(16384 / w_row_bytes));
+#endif
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t * wr = wb + (size_t)r * w_row_bytes;
-        for (int64_t i = 0; i < n_tok; i++)
-            y[i * ldy + r] = dot_row(t, wr, ab + (size_t)i * act_row_bytes, K);
+        int64_t i = 0;
+#if defined(__AVX2__)
+        if (r + pf_rows < r1) {
+            const char * pf = (const char *)(wr + (size_t)pf_rows * w_row_bytes);
+            for (size_t o = 0; o < w_row_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+        }
+        // Four tokens at a time share the row's decoding where the type's
+        // kernel allows (the same bits as one at a time).
+        constexpr int NT = 4;
+        for (; i + NT <= n_tok; i += NT) {
+            const block_q8_K * a[NT];
+            for (int j = 0; j < NT; j++)
+                a[j] = (const block_q8_K *)(ab + (size_t)(i + j) * act_row_bytes);
+            float out[NT];
+            if (!dot_row_n<NT>(t, wr, a, K, out)) break;
+            for (int j = 0; j < NT; j++) y[(i + j) * ldy + r] = out[j];
+        }
+#endif
+        for (; i < n_tok; i++) y[i * ldy + r] = dot_row(t, wr, ab + (size_t)i * act_row_bytes, K);
     }
 }
 

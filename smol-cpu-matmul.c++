@@ -194,18 +194,20 @@ struct q_panel {
     // q[b][j][v]: rows 8v..8v+7, elements 4j..4j+3 of block b, as the
     // operand vpmaddubsw / vpdpbusd multiplies with the activation codes.
     // With AVX2 (int16 sums, so both sides must stay small):
-    //   q4_1: the codes 0..15 (unsigned; the activations are the signed side);
-    //   q4_0: q - 8 (signed; the activations, plus 128, the unsigned side);
+    //   q4_1, q5_1: the codes 0..15 or 0..31 (unsigned; the activations are
+    //         the signed side);
+    //   q4_0, q5_0: q - 8 or q - 16 (signed; the activations, plus 128, the
+    //         unsigned side);
     //   q8_0: w = 16 h + l split into two signed planes, l = ((w + 8) mod 16)
     //         - 8 in q and h in [-8, 8] in h, with the activations as q4_0.
     // With VNNI (int32 sums; the activations stay signed so that they can be
-    // broadcast from memory): the codes 0..15, or w + 128 for q8_0.
+    // broadcast from memory): the codes 0..15 (0..31), or w + 128 for q8_0.
     alignas(64) int8_t q[q_panel_blocks][8][2][32];
     alignas(64) int8_t h[q_panel_blocks][8][2][32];
     alignas(64) float d[q_panel_blocks][q_panel_rows];
-    // q4_1: m, the coefficient of the activation sum s.
+    // q4_1, q5_1: m, the coefficient of the activation sum s.
     alignas(64) float m[q_panel_blocks][q_panel_rows];
-    // AVX2 q4_0, q8_0: 128 * (sum of the row's signed codes in the block),
+    // AVX2 q4_0, q5_0, q8_0: 128 * (sum of the row's signed codes in the block),
     // what the +128 on the activations added to the integer dot product.
     alignas(64) int32_t corr[q_panel_blocks][q_panel_rows];
 };
@@ -214,7 +216,18 @@ struct q_panel {
 // the unsigned side): their dot products are exact integers, as ggml's
 // q4_0 x q8_0 and q8_0 x q8_0, with no use of the rounded activation sum.
 constexpr bool signed_codes(smol_type t) {
-    return t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q8_0;
+    return t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q5_0 || t == SMOL_TYPE_Q8_0;
+}
+
+// The types with a min (m times the activation sum s): q4_1 and q5_1.
+constexpr bool has_min(smol_type t) {
+    return t == SMOL_TYPE_Q4_1 || t == SMOL_TYPE_Q5_1;
+}
+
+// The 32 five-bit codes of a q5_0 or q5_1 block (qh, then qs at qh + 4).
+static inline __m256i unpack_q5(const uint8_t * qh) {
+    return _mm256_or_si256(unpack_nibbles(qh + 4),
+                           _mm256_and_si256(bits32(qh), _mm256_set1_epi8(0x10)));
 }
 
 // The sum of 32 signed bytes.
@@ -255,13 +268,16 @@ static void q_panel_fill(smol_type t, q_panel * p, const uint8_t * const rows[16
                                             _mm256_set1_epi8(8)); // w >> 4
                         hi[i] = _mm256_sub_epi8(sh, carry);
                     }
-                } else if (t == SMOL_TYPE_Q4_0) {
-                    if (SMOL_CPU_VNNI) {
-                        lo[i] = unpack_nibbles(src + 2);
-                    } else {
-                        lo[i] = _mm256_sub_epi8(unpack_nibbles(src + 2), _mm256_set1_epi8(8));
+                } else if (t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q5_0) {
+                    const bool q5 = t == SMOL_TYPE_Q5_0;
+                    lo[i] = q5 ? unpack_q5(src + 2) : unpack_nibbles(src + 2);
+                    if (!SMOL_CPU_VNNI) {
+                        lo[i] = _mm256_sub_epi8(lo[i], _mm256_set1_epi8(q5 ? 16 : 8));
                         p->corr[b][r] = 128 * sum_i8x32(lo[i]);
                     }
+                } else if (t == SMOL_TYPE_Q5_1) {
+                    lo[i] = unpack_q5(src + 4);
+                    p->m[b][r] = h2f(load_u16(src + 2));
                 } else {
                     lo[i] = unpack_nibbles(src + 4);
                     p->m[b][r] = h2f(load_u16(src + 2));
@@ -323,17 +339,29 @@ __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t 
     for (int t = 0; t < NT; t++)
         for (int v = 0; v < NV; v++)
             acc[t][v] = init ? _mm256_loadu_ps(init + t * 16 + 8 * (v0 + v)) : _mm256_setzero_ps();
+    // The int16 sums hold 8 quads of 4-bit codes; 5-bit codes' sums are
+    // widened to int32 (si) after each 4.
+    constexpr bool five = T == SMOL_TYPE_Q5_0 || T == SMOL_TYPE_Q5_1;
     for (int64_t b = 0; b < nbk; b++) {
-        __m256i sl[NT][NV], sh[NT][NV];
+        __m256i sl[NT][NV], sh[NT][NV], si[NT][NV];
         for (int t = 0; t < NT; t++) {
             for (int v = 0; v < NV; v++) {
                 sl[t][v] = _mm256_setzero_si256();
                 if (T == SMOL_TYPE_Q8_0) sh[t][v] = _mm256_setzero_si256();
+                if (five) si[t][v] = _mm256_setzero_si256();
             }
         }
         // Not unrolled: unrolled, GCC sums the 8 quads as a tree and spills.
 #pragma GCC unroll 1
         for (int j = 0; j < 8; j++) {
+            if (five && j == 4) {
+                for (int t = 0; t < NT; t++) {
+                    for (int v = 0; v < NV; v++) {
+                        si[t][v] = _mm256_madd_epi16(sl[t][v], ones);
+                        sl[t][v] = _mm256_setzero_si256();
+                    }
+                }
+            }
             __m256i wl[NV], wh[NV];
             for (int v = 0; v < NV; v++) {
                 wl[v] = _mm256_load_si256((const __m256i *)p->q[b][j][v0 + v]);
@@ -356,6 +384,7 @@ __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t 
             const __m256 d = _mm256_load_ps(p->d[b] + 8 * (v0 + v));
             for (int t = 0; t < NT; t++) {
                 __m256i i = _mm256_madd_epi16(sl[t][v], ones);
+                if (five) i = _mm256_add_epi32(i, si[t][v]);
                 if (T == SMOL_TYPE_Q8_0)
                     i = _mm256_add_epi32(i, _mm256_madd_epi16(sh[t][v], _mm256_set1_epi16(16)));
                 if (signed_codes(T))
@@ -363,7 +392,7 @@ __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t 
                         i, _mm256_load_si256((const __m256i *)(p->corr[b] + 8 * (v0 + v))));
                 const __m256 da = _mm256_broadcast_ss(&a[t][b].d);
                 acc[t][v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, da), acc[t][v]);
-                if (T == SMOL_TYPE_Q4_1) {
+                if (has_min(T)) {
                     const __m256 m = _mm256_load_ps(p->m[b] + 8 * (v0 + v));
                     acc[t][v] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(&a[t][b].s), acc[t][v]);
                 }
@@ -379,9 +408,9 @@ __attribute__((noinline)) static void q_tile(const q_panel * p, int v0, int64_t 
 // 8-row halves of a quad are adjacent in the panel); out[t * 16 + r]. The
 // weight codes carry a bias for q4_0 (+8) and q8_0 (+128), taken back out
 // exactly with the activations' integer sums: corr[t][b] is the bias times
-// token t's sum of codes in block b.
+// token t's sum of codes in block b. q5_0's codes carry +16.
 constexpr int32_t vnni_bias(smol_type t) {
-    return t == SMOL_TYPE_Q8_0 ? 128 : t == SMOL_TYPE_Q4_0 ? 8 : 0;
+    return t == SMOL_TYPE_Q8_0 ? 128 : t == SMOL_TYPE_Q4_0 ? 8 : t == SMOL_TYPE_Q5_0 ? 16 : 0;
 }
 
 template <smol_type T, int NT>
@@ -414,7 +443,7 @@ q_tile_vnni(const q_panel * p, int64_t nbk, const block_q8_act * const a[NT],
             // pass-through operand.
             const __m512 f = _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, i);
             acc[t] = _mm512_fmadd_ps(f, scale, acc[t]);
-            if (T == SMOL_TYPE_Q4_1)
+            if (has_min(T))
                 acc[t] =
                     _mm512_fmadd_ps(_mm512_load_ps(p->m[b]), _mm512_set1_ps(a[t][b].s), acc[t]);
         }
@@ -579,13 +608,25 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
             const __m128i xh = _mm_loadu_si128((const __m128i *)(a[b].qs + 16));
             const __m256i x_lo = _mm256_insertf128_si256(_mm256_castsi128_si256(xl), xl, 1);
             const __m256i x_hi = _mm256_insertf128_si256(_mm256_castsi128_si256(xh), xh, 1);
-            const size_t qo = o + (t == SMOL_TYPE_Q4_0 ? 2 : 4);
+            // q5_0, q5_1: the fifth bits (qh) before the codes.
+            const bool q5 = t == SMOL_TYPE_Q5_0 || t == SMOL_TYPE_Q5_1;
+            const size_t ho = o + (t == SMOL_TYPE_Q5_0 ? 2 : 4);
+            const size_t qo = q5 ? ho + 4 : o + (t == SMOL_TYPE_Q4_0 ? 2 : 4);
             for (int k = 0; k < 4; k++) {
                 const __m256i v = _mm256_insertf128_si256(
                     _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows[2 * k] + qo))),
                     _mm_loadu_si128((const __m128i *)(rows[2 * k + 1] + qo)), 1);
-                const __m256i lo = _mm256_and_si256(v, m4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                __m256i lo = _mm256_and_si256(v, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (q5) {
+                    // Elements 0-15 of both rows with lo, 16-31 with hi.
+                    const __m256i b0 = bits32(rows[2 * k] + ho), b1 = bits32(rows[2 * k + 1] + ho);
+                    const __m256i five = _mm256_set1_epi8(0x10);
+                    lo = _mm256_or_si256(
+                        lo, _mm256_and_si256(_mm256_permute2x128_si256(b0, b1, 0x20), five));
+                    hi = _mm256_or_si256(
+                        hi, _mm256_and_si256(_mm256_permute2x128_si256(b0, b1, 0x31), five));
+                }
                 const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x_lo),
                                                    _mm256_maddubs_epi16(hi, x_hi));
                 pr[k] = _mm256_madd_epi16(s, ones);
@@ -594,10 +635,10 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
         // pr[k]: [row 2k: 4 partials | row 2k+1: 4 partials].
         __m256i v =
             _mm256_hadd_epi32(_mm256_hadd_epi32(pr[0], pr[1]), _mm256_hadd_epi32(pr[2], pr[3]));
-        if (t == SMOL_TYPE_Q4_0) {
-            // Codes carry a +8 bias: subtract 8 * sum(a), exactly.
+        if (t == SMOL_TYPE_Q4_0 || t == SMOL_TYPE_Q5_0) {
+            // Codes carry a +8 (+16) bias: subtract 8 (16) * sum(a), exactly.
             const int32_t sa = sum_i8x32(_mm256_loadu_si256((const __m256i *)a[b].qs));
-            v = _mm256_sub_epi32(v, _mm256_set1_epi32(8 * sa));
+            v = _mm256_sub_epi32(v, _mm256_set1_epi32((t == SMOL_TYPE_Q4_0 ? 8 : 16) * sa));
         }
         const __m128i dh = _mm_setr_epi16(
             (short)load_u16(rows[order[0]] + o), (short)load_u16(rows[order[1]] + o),
@@ -607,7 +648,7 @@ static void q_gemv_8(smol_type t, const uint8_t * const rows[8], const block_q8_
         const __m256 dw = _mm256_cvtph_ps(dh);
         acc =
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(dw, _mm256_set1_ps(a[b].d)), acc);
-        if (t == SMOL_TYPE_Q4_1) {
+        if (has_min(t)) {
             const __m128i mh = _mm_setr_epi16(
                 (short)load_u16(rows[order[0]] + o + 2), (short)load_u16(rows[order[1]] + o + 2),
                 (short)load_u16(rows[order[2]] + o + 2), (short)load_u16(rows[order[3]] + o + 2),
@@ -653,6 +694,14 @@ static void matmul_q(smol_type t, const void * w, size_t w_row_bytes, int64_t K,
         break;
     case SMOL_TYPE_Q4_1:
         matmul_q_tiles<SMOL_TYPE_Q4_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
+                                       ldy);
+        break;
+    case SMOL_TYPE_Q5_0:
+        matmul_q_tiles<SMOL_TYPE_Q5_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
+                                       ldy);
+        break;
+    case SMOL_TYPE_Q5_1:
+        matmul_q_tiles<SMOL_TYPE_Q5_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
                                        ldy);
         break;
     default:
@@ -932,6 +981,12 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
 void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
             const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     if (r1 <= r0 || n_tok <= 0) return;
+#if defined(__AVX2__)
+    if (t == SMOL_TYPE_Q5_0 || t == SMOL_TYPE_Q5_1) {
+        matmul_q(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
+        return;
+    }
+#endif
     if (dots_type(t)) {
         matmul_dots(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
         return;
