@@ -204,6 +204,13 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
 #endif
 }
 
+// The sum of 8 int32 lanes.
+static inline int hsum_i32(__m256i v) {
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
+}
+
 // Sums of products of 32 unsigned bytes u (at most 63) and signed bytes s,
 // in 8 int32 lanes, each lane's two pair sums times its int16 scale: the
 // exact integers of a scaled sub-block dot product, in two instructions.
@@ -287,6 +294,9 @@ static void dot_k_type1_avx2(const Block * w, const block_q8_K * const a[NT], in
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], m[8];
         for (int s = 0; s < 8; s++) scale_min_k4(s, w[b].scales, sc[s], m[s]);
+        // Each min twice: one for each of its sub-block's two bsums.
+        const __m256i m16 = _mm256_setr_epi16(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3], m[4],
+                                              m[4], m[5], m[5], m[6], m[6], m[7], m[7]);
         __m256i qh = _mm256_setzero_si256();
         if constexpr (bits == 5) qh = load32(((const block_q5_K *)(w + b))->qh);
         __m256i isum[NT];
@@ -313,9 +323,7 @@ static void dot_k_type1_avx2(const Block * w, const block_q8_K * const a[NT], in
         }
         const float d = h2f(w[b].d), dmin = h2f(w[b].dmin);
         for (int t = 0; t < NT; t++) {
-            int msum = 0;
-            for (int s = 0; s < 8; s++)
-                msum += m[s] * (a[t][b].bsums[2 * s] + a[t][b].bsums[2 * s + 1]);
+            const int msum = hsum_i32(_mm256_madd_epi16(load32(a[t][b].bsums), m16));
             acc[t] =
                 _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
             mins[t] = fmaf((float)msum, -(dmin * a[t][b].d), mins[t]);
@@ -354,9 +362,9 @@ static void dot_q6_K_avx2(const block_q6_K * w, const block_q8_K * const a[NT], 
             }
         }
         const float d = h2f(w[b].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
         for (int t = 0; t < NT; t++) {
-            int corr = 0;
-            for (int j = 0; j < 16; j++) corr += w[b].scales[j] * a[t][b].bsums[j];
+            const int corr = hsum_i32(_mm256_madd_epi16(load32(a[t][b].bsums), sc16));
             const __m256i i =
                 _mm256_sub_epi32(isum[t], _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(i), acc[t]);
@@ -514,33 +522,41 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
                  const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     const uint8_t * wb = (const uint8_t *)w;
     const uint8_t * ab = (const uint8_t *)act;
+    // Tokens in chunks whose activations stay in L1 (24 KiB, whole groups
+    // of 4), each chunk across all the rows, which stay in L2 from one chunk
+    // to the next: every token over every row would stream the batch's
+    // activations from L2 once a row.
+    const int64_t tc = std::max<int64_t>(4, (int64_t)(24576 / act_row_bytes) & ~(int64_t)3);
 #if defined(__AVX2__)
     // Rows about 16 KiB ahead are asked for a row at a time: one row's blocks
     // at a time are too short a stream for the hardware prefetcher to keep
     // decode fed from memory.
     const int64_t pf_rows = std::max<int64_t>(1, (int64_t)(16384 / w_row_bytes));
 #endif
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t * wr = wb + (size_t)r * w_row_bytes;
-        int64_t i = 0;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = std::min(n_tok, t0 + tc);
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t * wr = wb + (size_t)r * w_row_bytes;
+            int64_t i = t0;
 #if defined(__AVX2__)
-        if (r + pf_rows < r1) {
-            const char * pf = (const char *)(wr + (size_t)pf_rows * w_row_bytes);
-            for (size_t o = 0; o < w_row_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-        }
-        // Four tokens at a time share the row's decoding where the type's
-        // kernel allows (the same bits as one at a time).
-        constexpr int NT = 4;
-        for (; i + NT <= n_tok; i += NT) {
-            const block_q8_K * a[NT];
-            for (int j = 0; j < NT; j++)
-                a[j] = (const block_q8_K *)(ab + (size_t)(i + j) * act_row_bytes);
-            float out[NT];
-            if (!dot_row_n<NT>(t, wr, a, K, out)) break;
-            for (int j = 0; j < NT; j++) y[(i + j) * ldy + r] = out[j];
-        }
+            if (t0 == 0 && r + pf_rows < r1) {
+                const char * pf = (const char *)(wr + (size_t)pf_rows * w_row_bytes);
+                for (size_t o = 0; o < w_row_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+            }
+            // Four tokens at a time share the row's decoding where the
+            // type's kernel allows (the same bits as one at a time).
+            constexpr int NT = 4;
+            for (; i + NT <= t1; i += NT) {
+                const block_q8_K * a[NT];
+                for (int j = 0; j < NT; j++)
+                    a[j] = (const block_q8_K *)(ab + (size_t)(i + j) * act_row_bytes);
+                float out[NT];
+                if (!dot_row_n<NT>(t, wr, a, K, out)) break;
+                for (int j = 0; j < NT; j++) y[(i + j) * ldy + r] = out[j];
+            }
 #endif
-        for (; i < n_tok; i++) y[i * ldy + r] = dot_row(t, wr, ab + (size_t)i * act_row_bytes, K);
+            for (; i < t1; i++) y[i * ldy + r] = dot_row(t, wr, ab + (size_t)i * act_row_bytes, K);
+        }
     }
 }
 
