@@ -2,27 +2,36 @@
 # bench-cpu.sh - smol against llama.cpp on the CPU, one command. Builds smol
 # (Release) if needed, makes Q8_0 and F16 copies of the real SmolLM2-135M
 # Q4_1 model with smol-quantize, runs smol-bench and llama.cpp's llama-bench
-# on the same three files with the same threads and test sizes, and prints
-# both tables and their ratio. Raw JSON goes to build/bench/.
+# on the same files with the same threads and test sizes, and prints both
+# tables and their ratio. Raw JSON goes to build/bench/.
 #
 #   scripts/bench-cpu.sh [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS]
+#                        [-q TYPES] [-m FILE]...
+#
+# -q: the comma list of llama.cpp file types to make from the Q4_1 file
+# (default Q8_0,F16; smol-quantize writes llama-quantize's bytes, so
+# Q4_K_M and the like are the files llama.cpp's users make); -m: one more
+# GGUF file to bench (say, smol-quantize --random 1.7B --type q4_k_m).
 #
 # Environment: LLAMA_BENCH, the llama-bench binary (default: the peer build
 # that scripts/peers.sh makes, /work/peers/build-cpu/bin/llama-bench);
 # SMOL_BUILD_DIR, smol's build folder (default: build).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-threads=2 n_prompt=512 n_gen=128 reps=5
+threads=2 n_prompt=512 n_gen=128 reps=5 types=Q8_0,F16
+extra=()
 usage() {
-    echo "usage: $0 [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS]" >&2
+    echo "usage: $0 [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS] [-q TYPES] [-m FILE]..." >&2
     exit 2
 }
-while getopts "t:p:n:r:h" opt; do
+while getopts "t:p:n:r:q:m:h" opt; do
     case $opt in
     t) threads=$OPTARG ;;
     p) n_prompt=$OPTARG ;;
     n) n_gen=$OPTARG ;;
     r) reps=$OPTARG ;;
+    q) types=$OPTARG ;;
+    m) extra+=("$OPTARG") ;;
     *) usage ;;
     esac
 done
@@ -51,20 +60,25 @@ bench="$build/examples/smol-bench"
 quantize="$build/examples/smol-quantize"
 mkdir -p "$out"
 
-# --- the same model in three types ------------------------------------------
+# --- the same model in other types -------------------------------------------
 models=("$src")
-for type in Q8_0 F16; do
+IFS=, read -ra type_list <<<"$types"
+for type in "${type_list[@]}"; do
     dst="$root/models/$base.$type.gguf"
     if [ ! -f "$dst" ] || [ "$src" -nt "$dst" ] || [ "$quantize" -nt "$dst" ]; then
         say "making $dst"
         log="$out/quantize-$type.log"
-        if ! "$quantize" "$src" "$dst" "${type,,}" >"$log" 2>&1; then
+        if ! "$quantize" "$src" "$dst" "$type" >"$log" 2>&1; then
             cat "$log" >&2
             exit 1
         fi
         tail -n 1 "$log" >&2
     fi
     models+=("$dst")
+done
+for f in "${extra[@]}"; do
+    [ -f "$f" ] || { say "$f is missing"; exit 1; }
+    models+=("$f")
 done
 
 # --- run both -----------------------------------------------------------------

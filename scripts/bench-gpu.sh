@@ -50,8 +50,8 @@
 # log in build-peers/build.log) and the phases that need it wait for it.
 # Environment: SMOL_GPU_DEPS=DIR (default .gpu-deps when it exists): packed
 # CMake packages, the gguf wheel and llama.cpp-src.tar.gz; REPS (default 3);
-# MODELS_1_7B=0 leaves the 1.7B out; MODELS="135M:f16,1.7B:f16" writes only
-# those; DEADLINE=EPOCH-SECONDS: phases that would not end before it are
+# MODELS_1_7B=0 leaves the 1.7B out; MODELS="135M:f16,1.7B:q4_k_m" writes
+# and benches only those (beside the real 135M); DEADLINE=EPOCH-SECONDS: phases that would not end before it are
 # skipped and say so (a 10-minute call).
 # Serving: SERVE_TOKENS (generated tokens per request, a comma list; default
 # 128), SERVE_RUNS (runs of each server, alternating; default 2),
@@ -282,15 +282,25 @@ if has models; then
     phase models write_models || exit 1
 fi
 bench_files=("$real")
-for m in "135M f16" "360M f16" "1.7B f16"; do
-    set -- $m
-    [ -s "$(model_path "$1" "$2")" ] && bench_files+=("$(model_path "$1" "$2")")
-done
-all_files=("${bench_files[@]}")
-for m in "360M q8_0" "1.7B q8_0"; do
-    set -- $m
-    [ -s "$(model_path "$1" "$2")" ] && all_files+=("$(model_path "$1" "$2")")
-done
+if [ -n "${MODELS:-}" ]; then
+    # The files asked for are the ones benched (and tuned), in their order.
+    for m in "${want_models[@]}"; do
+        set -- $m
+        f=$(model_path "$1" "$2")
+        [ -s "$f" ] && [ "$f" != "$real" ] && bench_files+=("$f")
+    done
+    all_files=("${bench_files[@]}")
+else
+    for m in "135M f16" "360M f16" "1.7B f16"; do
+        set -- $m
+        [ -s "$(model_path "$1" "$2")" ] && bench_files+=("$(model_path "$1" "$2")")
+    done
+    all_files=("${bench_files[@]}")
+    for m in "360M q8_0" "1.7B q8_0"; do
+        set -- $m
+        [ -s "$(model_path "$1" "$2")" ] && all_files+=("$(model_path "$1" "$2")")
+    done
+fi
 list=$(IFS=,; echo "${all_files[*]}")
 bench_list=$(IFS=,; echo "${bench_files[*]}")
 
