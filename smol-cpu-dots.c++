@@ -1,9 +1,10 @@
-// smol-cpu-dots.c++ - the matmul of the weight types multiplied one row and
-// one token at a time: q5_0, q5_1 and iq4_nl (blocks of 32, activations in
-// block_q8_act) and the super-block types q2_K, q3_K, q4_K, q5_K, q6_K and
-// iq4_xs (256 elements, activations in block_q8_K). Compiled once per
-// instruction set, as smol-cpu-matmul.c++ (whose rules hold here), which
-// hands these types to matmul_dots.
+// smol-cpu-dots.c++ - the matmul of the weight types multiplied one row at a
+// time: iq4_nl (and, in the generic variant, q5_0 and q5_1; blocks of 32,
+// activations in block_q8_act) and the super-block types q2_K, q3_K, q4_K,
+// q5_K, q6_K and iq4_xs (256 elements, activations in block_q8_K), with
+// q4_K, q5_K and q6_K taking four tokens per pass over a row. Compiled once
+// per instruction set, as smol-cpu-matmul.c++ (whose rules hold here),
+// which hands these types to matmul_dots.
 //
 // Each dot product is an exact integer sum per block (per super-block: the
 // sub-blocks' code products times their integer scales, and for the types
@@ -241,31 +242,6 @@ static inline __m256i load32(const void * p) {
     return _mm256_loadu_si256((const __m256i *)p);
 }
 
-static float dot_q5_0_avx2(const block_q5_0 * w, const block_q8_act * a, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        // q - 16: the nibble where the fifth bit is set, else nibble | 0xF0.
-        const __m256i hi = _mm256_andnot_si256(bits32(w[b].qh), _mm256_set1_epi8((char)0xF0));
-        const __m256i q = _mm256_or_si256(nibbles32(w[b].qs), hi);
-        const __m256i s = dot_i8_i8(q, load32(a[b].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(s), acc);
-    }
-    return hsum256(acc);
-}
-
-static float dot_q5_1_avx2(const block_q5_1 * w, const block_q8_act * a, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i hi = _mm256_and_si256(bits32(w[b].qh), _mm256_set1_epi8(0x10));
-        const __m256i q = _mm256_or_si256(nibbles32(w[b].qs), hi);
-        const __m256i s = dot_u8_i8(q, load32(a[b].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w[b].d) * a[b].d), _mm256_cvtepi32_ps(s), acc);
-        mins = fmaf(h2f(w[b].m), a[b].s, mins);
-    }
-    return hsum256(acc) + mins;
-}
-
 static float dot_iq4_nl_avx2(const block_iq4_nl * w, const block_q8_act * a, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -466,10 +442,6 @@ static float dot_iq4_xs_avx2(const block_iq4_xs * w, const block_q8_K * a, int64
 static float dot_row(smol_type t, const void * w, const void * act, int64_t K) {
 #if defined(__AVX2__)
     switch (t) {
-    case SMOL_TYPE_Q5_0:
-        return dot_q5_0_avx2((const block_q5_0 *)w, (const block_q8_act *)act, K / QK);
-    case SMOL_TYPE_Q5_1:
-        return dot_q5_1_avx2((const block_q5_1 *)w, (const block_q8_act *)act, K / QK);
     case SMOL_TYPE_IQ4_NL:
         return dot_iq4_nl_avx2((const block_iq4_nl *)w, (const block_q8_act *)act, K / QK);
     case SMOL_TYPE_Q4_K:

@@ -162,6 +162,18 @@ static inline __m256i unpack_nibbles(const uint8_t * qs) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
+// 0xFF in byte j where bit j of the little-endian word at p is set.
+static inline __m256i bits32(const uint8_t * p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    // Byte j gets byte j / 8 of x, then keeps bit j % 8.
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)x), _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                                      0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
 // 8 rows of 8 32-bit lanes -> 8 columns: r[j] lane i = old r[i] lane j.
 static inline void transpose8_epi32(__m256i r[8]) {
     const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]);
@@ -981,12 +993,6 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
 void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
             const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     if (r1 <= r0 || n_tok <= 0) return;
-#if defined(__AVX2__)
-    if (t == SMOL_TYPE_Q5_0 || t == SMOL_TYPE_Q5_1) {
-        matmul_q(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
-        return;
-    }
-#endif
     if (dots_type(t)) {
         matmul_dots(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
         return;
@@ -995,6 +1001,8 @@ void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t 
     switch (t) {
     case SMOL_TYPE_Q4_0:
     case SMOL_TYPE_Q4_1:
+    case SMOL_TYPE_Q5_0:
+    case SMOL_TYPE_Q5_1:
     case SMOL_TYPE_Q8_0:
         matmul_q(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
         return;

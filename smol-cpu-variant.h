@@ -231,32 +231,21 @@ static inline __m256 exp256(__m256 x) {
 
 // --- defined in smol-cpu-matmul.c++, entered in the kernel table ------------
 
-#if defined(__AVX2__)
-// 0xFF in byte j where bit j of the little-endian word at p is set.
-static inline __m256i bits32(const uint8_t * p) {
-    uint32_t x;
-    memcpy(&x, p, 4);
-    // Byte j gets byte j / 8 of x, then keeps bit j % 8.
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32((int)x), _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                                      0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-}
-#endif
-
 // kernels::matmul of this variant.
 void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
             const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy);
 
 // --- defined in smol-cpu-dots.c++ ---------------------------------------------------
 
-// Whether matmul hands type t to matmul_dots: q5_0, q5_1, iq4_nl and the
-// 256-element types (with AVX2, q5_0 and q5_1 take the q4 kernels instead).
+// Whether matmul hands type t to matmul_dots: iq4_nl and the 256-element
+// types, and q5_0 and q5_1 where there is no AVX2 (with it they take the
+// q4 kernels of smol-cpu-matmul.c++).
 static inline bool dots_type(smol_type t) {
     switch (t) {
+#if !defined(__AVX2__)
     case SMOL_TYPE_Q5_0:
     case SMOL_TYPE_Q5_1:
+#endif
     case SMOL_TYPE_IQ4_NL:
     case SMOL_TYPE_Q2_K:
     case SMOL_TYPE_Q3_K:

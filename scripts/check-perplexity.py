@@ -43,7 +43,6 @@ THREADS = 2
 TOLERANCE = 0.01
 SKIP = 77
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def write_text(path):

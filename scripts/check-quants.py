@@ -23,24 +23,8 @@ try:
 except ImportError:
     sys.exit("check-quants: the Python package 'gguf' is missing (scripts/setup.sh installs it)")
 
-M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def spread_hash(v: np.ndarray) -> int:
-    """The hash test-quant takes of a tensor's floats: the sum, modulo 2^64,
-    of splitmix64(bits | index << 32) over its values."""
-    bits = v.view(np.uint32)
-    total = np.uint64(0)
-    with np.errstate(over="ignore"):
-        for i0 in range(0, bits.size, 1 << 24):
-            z = bits[i0:i0 + (1 << 24)].astype(np.uint64)
-            z |= np.arange(i0, i0 + z.size, dtype=np.uint64) << np.uint64(32)
-            z += np.uint64(0x9E3779B97F4A7C15)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            z ^= z >> np.uint64(31)
-            total += z.sum(dtype=np.uint64)
-    return int(total)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spread_hash import spread_hash  # noqa: E402
 
 
 def main():

@@ -58,6 +58,9 @@ import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from spread_hash import spread_hash_bytes  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PINNED_PY_VERSION = "0.3.36"
@@ -713,21 +716,6 @@ def make_greedy(model, out_dir, sha):
 # ----------------------------------------------------------------------------
 # Requantized files
 
-def spread_hash(data):
-    """Sum mod 2^64 of splitmix64(word | index << 32) over the little-endian
-    32-bit words of data (zero-padded to a multiple of 4), as
-    tests/spread-hash.h."""
-    raw = np.frombuffer(bytes(data), dtype=np.uint8)
-    raw = np.concatenate([raw, np.zeros((-raw.size) % 4, dtype=np.uint8)])
-    with np.errstate(over="ignore"):
-        z = raw.view("<u4").astype(np.uint64) | (np.arange(raw.size // 4, dtype=np.uint64) << 32)
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-        return int(z.sum(dtype=np.uint64))
-
-
 def make_requant(model, file_type, quantizer, out_root):
     out_dir = os.path.join(out_root, "requant", file_type.lower())
     os.makedirs(out_dir, exist_ok=True)
@@ -737,7 +725,8 @@ def make_requant(model, file_type, quantizer, out_root):
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         GGUFReader, _ = import_gguf()
         r = GGUFReader(path)
-        tensors = {t.name: [t.tensor_type.name, str(spread_hash(np.asarray(t.data).view(np.uint8)))]
+        tensors = {t.name: [t.tensor_type.name,
+                            str(spread_hash_bytes(np.asarray(t.data).tobytes()))]
                    for t in r.tensors}
         del r
         made_by = ("llama-quantize --allow-requantize MODEL OUT " + file_type + " "
