@@ -116,6 +116,14 @@ mm_choice cuda_backend::default_small(const mm_key & key) const {
     c.r = key.n % 2 == 0 ? 2 : 1;
     const int64_t groups = key.n / c.r / (float_weights(key.type) ? 1 : 2);
     c.ks = groups < 16 * n_sm_ ? 4 : groups < 23 * n_sm_ ? 2 : 1;
+    // A GEMV reading spans of 32 (gemv_unit) has a quarter of the lanes'
+    // work a row: four rows a warp (the H200's autotune chose them for
+    // every q4_K and q6_K shape of SmolLM2-1.7B), and no split that leaves
+    // whole warps without a span.
+    if (gemv_unit_width(key.type) == 32) {
+        if (key.n % 4 == 0) c.r = 4;
+        while (c.ks > 1 && (c.ks - 1) * warp_size >= key.k / 32) c.ks /= 2;
+    }
     return c;
 }
 

@@ -43,7 +43,8 @@ __device__ __forceinline__ void mm_select(const mm_params & p, int & r, const ui
 // The GEMV of single-token decode: R weight rows a warp and KS warps a group
 // of R rows (mm_warps / KS groups a block); block y takes token y of a batch
 // (the autotune may choose the GEMV for a few tokens). The lanes of a
-// group's warps split K in chunks of 8; each lane loads its chunk of x once
+// group's warps split K in units (gemv_unit: chunks of 8, or spans of 32 of
+// q4_K and q6_K super-blocks); each lane loads its unit of x once
 // for the R rows, so the group keeps R chunks of weights in flight for each
 // of x's (two rows a warp read much closer to the memory's rate than
 // one). The fused weights' row counts are multiples of R.
@@ -87,15 +88,23 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     // with more rows than one, the rows are in flight together and U = 1
     // measured fastest for every type, but where a lane's share of a row is
     // two chunks (PAIR) it takes both at once.
+    // A span of 32 (gemv_unit) is four chunks' weights: two spans a row at
+    // a time with up to two rows a warp, one with more.
     static_assert(!PAIR || float_weights(T), "pairs of float chunks");
-    constexpr int U = PAIR ? 2 : R > 1 || float_weights(T) ? 1 : SWIGLU ? 2 : 4;
-    const int n_ch = valid ? p.K / 8 : 0, stride = KS * warp_size;
+    using unit = gemv_unit<T>;
+    constexpr bool span = unit::width == 32;
+    constexpr int U = PAIR                        ? 2
+                      : span                      ? (R > 2 ? 1 : 2)
+                      : R > 1 || float_weights(T) ? 1
+                      : SWIGLU                    ? 2
+                                                  : 4;
+    const int n_ch = valid ? p.K / unit::width : 0, stride = KS * warp_size;
     // U chunks of each row at a time (past the row's end a lane reads its
     // last chunk again and drops it, so the loads stay unconditional and fly
     // together). The first are read before the wait: weights are no
     // kernel's output (p.early), so they stream while the kernel before
     // this one ends.
-    raw_chunk<T> w_raw[U][R], u_raw[U][SWIGLU ? R : 1];
+    typename unit::raw w_raw[U][R], u_raw[U][SWIGLU ? R : 1];
     auto fetch = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -125,19 +134,12 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c0 + u * stride >= n_ch) continue;
-            int e0, e1;
-            raw_chunk<T>::where(c0 + u * stride, e0, e1);
-            float4 a, b;
-            x_chunk(x, p.norm_w, e0, e1, a, b, ss);
+            typename unit::acts xa;
+            unit::load_x(x, p.norm_w, c0 + u * stride, xa, ss);
 #pragma unroll
             for (int j = 0; j < R; ++j) {
-                float v[8];
-                w_raw[u][j].decode(v);
-                acc[j] += dot8(v, a, b);
-                if constexpr (SWIGLU) {
-                    u_raw[u][j].decode(v);
-                    acc_u[j] += dot8(v, a, b);
-                }
+                acc[j] += unit::dot(w_raw[u][j], xa);
+                if constexpr (SWIGLU) acc_u[j] += unit::dot(u_raw[u][j], xa);
             }
         }
     }

@@ -495,4 +495,211 @@ __device__ __forceinline__ void load_chunk(const uint8_t * __restrict__ row, int
     raw_chunk<T>::where(ch, e0, e1);
 }
 
+// --- GEMV units: a chunk of 8, or a span of 32 of a super-block ------------
+//
+// The GEMV takes a row in units; gemv_unit<T> says how wide one is, reads
+// the activations it meets (with a folded norm, as x_chunk) and gives its
+// dot. Most types' unit is their chunk: decoded to eight floats, then
+// dot8. q4_K and q6_K take a span of 32 weights a lane instead, an eighth
+// of a super-block (its codes in one 16-byte piece, its scales read once
+// for 32 weights where a chunk reads them for 8), and never build the
+// weights: a GEMV of these types is bound by instructions issued, not by
+// memory, so each weight costs two, a byte permute that makes its code q
+// into the float f = 1/2 + q/256 (q_float) and one FMA with its
+// activation. A run of 16 codes then gives
+//   sum q x = 256 (sum f x) - 128 (sum x),
+// and is scaled once:
+//   q4_K: d sc (sum q x) - dmin m (sum x),
+//   q6_K: d sc (sum (q - 32) x),
+// the sums of x shared by a warp's rows. The products are the decoded
+// weights', rounded in another order; the offset 1/2 rounds with each sum
+// of f x, which makes its rounding error up to 128 / q times that of a
+// plain sum (float64 tests bound the result).
+
+// Byte k of w (a code below 128) as 1/2 + byte / 256, exactly: the byte
+// becomes bits 16-22 of the float's mantissa under 1/2's exponent.
+__device__ __forceinline__ float q_float(uint32_t w, int k) {
+    return __uint_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | (uint32_t(k) << 8)));
+}
+
+// The sum of the four codes (bytes of w), as q_float, times a.
+__device__ __forceinline__ float q_dot4(uint32_t w, const float4 & a) {
+    float s = q_float(w, 0) * a.x;
+    s = fmaf(q_float(w, 1), a.y, s);
+    s = fmaf(q_float(w, 2), a.z, s);
+    return fmaf(q_float(w, 3), a.w, s);
+}
+
+// Sub-block s's 6-bit scale and min of a q4_K super-block whose first 16
+// bytes are head (k4_scale_min above, over registers: an index into an
+// array of bytes would put it in local memory).
+__device__ __forceinline__ void k4_scale_min(const uint4 & head, int s, float & sc, float & m) {
+    const int sh = 8 * (s & 3);
+    const uint32_t a = (head.y >> sh) & 0xff, b = (head.z >> sh) & 0xff, c = (head.w >> sh) & 0xff;
+    sc = float(s < 4 ? a & 63 : (c & 0xF) | ((a >> 6) << 4));
+    m = float(s < 4 ? b & 63 : (c >> 4) | ((b >> 6) << 4));
+}
+
+template <int T> struct gemv_unit {
+    static constexpr int width = 8;
+    using raw = raw_chunk<T>;
+    struct acts {
+        float4 a, b;
+    };
+    static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
+                                                  acts & xa, float & ss) {
+        int e0, e1;
+        raw::where(u, e0, e1);
+        x_chunk(x, norm_w, e0, e1, xa.a, xa.b, ss);
+    }
+    static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
+        float v[8];
+        r.decode(v);
+        return dot8(v, xa.a, xa.b);
+    }
+};
+
+// A span's activations: two runs of 16 (the codes' low and high halves)
+// and each run's sum.
+struct span_acts {
+    float4 a[4], b[4];
+    float sa, sb;
+};
+__device__ __forceinline__ void span_x(const float * x, const float * norm_w, int e0, int e1,
+                                       span_acts & xa, float & ss) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x_chunk(x, norm_w, e0 + 4 * i, e1 + 4 * i, xa.a[i], xa.b[i], ss);
+    xa.sa = xa.sb = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        xa.sa += (xa.a[i].x + xa.a[i].y) + (xa.a[i].z + xa.a[i].w);
+        xa.sb += (xa.b[i].x + xa.b[i].y) + (xa.b[i].z + xa.b[i].w);
+    }
+}
+
+// q4_K: span t of super-block b holds qs[16t, 16t + 16): the low nibbles
+// are elements 64j + 16h + i (j = t / 2, h = t % 2), sub-block 2j; the
+// high ones 32 further, sub-block 2j + 1. Super-blocks are 144 bytes, so
+// both 16-byte pieces are aligned where the row is.
+struct raw_span_q4k {
+    uint4 head; // d, dmin, the 12 bytes of scales and mins
+    uint4 q;
+    int t;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int u) {
+        const uint8_t * blk = row + size_t(u >> 3) * sizeof(block_q4_K);
+        t = u & 7;
+        head = *reinterpret_cast<const uint4 *>(blk);
+        q = *reinterpret_cast<const uint4 *>(blk + 16 + 16 * t);
+    }
+    static __device__ __forceinline__ void where(int u, int & e0, int & e1) {
+        const int t = u & 7;
+        e0 = 256 * (u >> 3) + 64 * (t >> 1) + 16 * (t & 1);
+        e1 = e0 + 32;
+    }
+};
+template <> struct gemv_unit<SMOL_TYPE_Q4_K> {
+    static constexpr int width = 32;
+    using raw = raw_span_q4k;
+    using acts = span_acts;
+    static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
+                                                  acts & xa, float & ss) {
+        int e0, e1;
+        raw::where(u, e0, e1);
+        span_x(x, norm_w, e0, e1, xa, ss);
+    }
+    static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
+        const uint32_t w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            s0 += q_dot4(w[i] & 0x0F0F0F0Fu, xa.a[i]);
+            s1 += q_dot4((w[i] >> 4) & 0x0F0F0F0Fu, xa.b[i]);
+        }
+        float sc0, m0, sc1, m1;
+        const int j = r.t >> 1;
+        k4_scale_min(r.head, 2 * j, sc0, m0);
+        k4_scale_min(r.head, 2 * j + 1, sc1, m1);
+        const float d = f16_to_f32(uint16_t(r.head.x & 0xffff));
+        const float dmin = f16_to_f32(uint16_t(r.head.x >> 16));
+        const float q0 = fmaf(256.0f, s0, -128.0f * xa.sa), q1 = fmaf(256.0f, s1, -128.0f * xa.sb);
+        const float mins = fmaf(dmin * m0, xa.sa, dmin * m1 * xa.sb);
+        return fmaf(d * sc0, q0, fmaf(d * sc1, q1, -mins));
+    }
+};
+
+// 16 bytes at a 2-byte aligned p, in four words: five aligned 4-byte loads,
+// shifted into place where p is not 4-byte aligned (the fifth word, read
+// either way, is the next 4 bytes of the same super-block wherever this
+// is used).
+__device__ __forceinline__ void ld16_2(const uint8_t * p, uint32_t (&w)[4]) {
+    const uint32_t * a =
+        reinterpret_cast<const uint32_t *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+    const uint32_t sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
+    uint32_t v[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) v[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
+
+// q6_K: span t of super-block b holds ql[16t, 16t + 16) and the qh bytes of
+// the same elements: with h = t / 4 and l = 16 (t % 4), the low nibbles are
+// elements 128h + l + i and the high ones 64 further; their two high bits
+// are qh[32h + l % 32 + i] >> s and >> s + 4 (s = 2 from l = 32 on). Each
+// run is one 16-element group of the scales. Super-blocks are 210 bytes:
+// read with ld16_2.
+struct raw_span_q6 {
+    uint32_t ql[4], qh[4];
+    int8_t s0, s1;
+    uint16_t d;
+    int t;
+    __device__ __forceinline__ void load(const uint8_t * __restrict__ row, int u) {
+        const uint8_t * blk = row + size_t(u >> 3) * sizeof(block_q6_K);
+        t = u & 7;
+        const int h = t >> 2, l = 16 * (t & 3);
+        ld16_2(blk + 64 * h + l, ql);
+        ld16_2(blk + 128 + 32 * h + (l & 31), qh);
+        s0 = int8_t(blk[192 + 8 * h + (t & 3)]);
+        s1 = int8_t(blk[192 + 8 * h + 4 + (t & 3)]);
+        d = *reinterpret_cast<const uint16_t *>(blk + 208);
+    }
+    static __device__ __forceinline__ void where(int u, int & e0, int & e1) {
+        const int t = u & 7;
+        e0 = 256 * (u >> 3) + 128 * (t >> 2) + 16 * (t & 3);
+        e1 = e0 + 64;
+    }
+};
+template <> struct gemv_unit<SMOL_TYPE_Q6_K> {
+    static constexpr int width = 32;
+    using raw = raw_span_q6;
+    using acts = span_acts;
+    static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
+                                                  acts & xa, float & ss) {
+        int e0, e1;
+        raw::where(u, e0, e1);
+        span_x(x, norm_w, e0, e1, xa, ss);
+    }
+    static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
+        const int s = (r.t & 2) ? 2 : 0; // l >= 32
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t lo = (r.ql[i] & 0x0F0F0F0Fu) | (((r.qh[i] >> s) & 0x03030303u) << 4);
+            const uint32_t hi =
+                ((r.ql[i] >> 4) & 0x0F0F0F0Fu) | (((r.qh[i] >> (s + 4)) & 0x03030303u) << 4);
+            s0 += q_dot4(lo, xa.a[i]);
+            s1 += q_dot4(hi, xa.b[i]);
+        }
+        // sum (q - 32) x = 256 (sum f x) - 160 (sum x)
+        const float q0 = fmaf(256.0f, s0, -160.0f * xa.sa), q1 = fmaf(256.0f, s1, -160.0f * xa.sb);
+        const float d = f16_to_f32(r.d);
+        return fmaf(d * float(r.s0), q0, d * float(r.s1) * q1);
+    }
+};
+
+// Whether a GEMV reads type T in spans of 32 (above) rather than chunks of 8.
+__host__ __device__ constexpr int gemv_unit_width(int type) {
+    return type == SMOL_TYPE_Q4_K || type == SMOL_TYPE_Q6_K ? 32 : 8;
+}
+
 } // namespace smol
