@@ -14,12 +14,14 @@
 //   acc = fma(m_w, s_a, acc)                  q5_1 (s_a = d_a * sum of codes)
 //   acc = fma(msum, -(dmin_w * d_a), acc)     q2_K, q4_K, q5_K
 // The generic variant's integer parts are exact, and so are the vector
-// variants' (AVX2, and AVX-512 with VNNI's vpdpbusd): they keep a block's
-// integer sums in eight int32 lanes and add them, converted, with one fused
-// multiply-add per lane into eight float lanes, summed at the end in a fixed
-// order. Either way an output is computed the same way whatever batch it is
-// in and whichever thread computes it; variants differ only in the order of
-// their float additions.
+// variants' (AVX2, and AVX-512 with VNNI's vpdpbusd). For q4_K the vector
+// variants add a super-block's integer sums to exact totals and take the
+// scalar steps above, so every variant gives the generic one's bits, and so
+// does the AVX-512 prefill kernel (k_tile, 16 rows at a time); the other
+// types keep a block's integer sums in eight int32 lanes and add them,
+// converted, with one fused multiply-add per lane into eight float lanes,
+// summed at the end in a fixed order. Either way an output is computed the
+// same way whatever batch it is in and whichever thread computes it.
 
 #include "smol-cpu-kernels.h"
 #include "smol-cpu-variant.h"
@@ -260,19 +262,23 @@ static float dot_iq4_nl_avx2(const block_iq4_nl * w, const block_q8_act * a, int
 template <int bits, class Block, int NT>
 static void dot_k_type1_avx2(const Block * w, const block_q8_K * const a[NT], int64_t nb,
                              float * out) {
-    __m256 acc[NT];
-    float mins[NT];
+    // q4_K takes exact totals and scalar steps, as k_tile does; q5_K keeps
+    // eight float lanes.
+    constexpr bool totals = bits == 4;
+    float acc[NT], mins[NT];
+    __m256 lanes[NT];
     for (int t = 0; t < NT; t++) {
-        acc[t] = _mm256_setzero_ps();
-        mins[t] = 0.0f;
+        acc[t] = mins[t] = 0.0f;
+        lanes[t] = _mm256_setzero_ps();
     }
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], m[8];
-        for (int s = 0; s < 8; s++) scale_min_k4(s, w[b].scales, sc[s], m[s]);
+        scales_mins_k4(w[b].scales, sc, m);
         // Each min twice: one for each of its sub-block's two bsums.
-        const __m256i m16 = _mm256_setr_epi16(m[0], m[0], m[1], m[1], m[2], m[2], m[3], m[3], m[4],
-                                              m[4], m[5], m[5], m[6], m[6], m[7], m[7]);
+        const __m256i m16 = _mm256_cvtepu8_epi16(
+            _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)m),
+                             _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)));
         __m256i qh = _mm256_setzero_si256();
         if constexpr (bits == 5) qh = load32(((const block_q5_K *)(w + b))->qh);
         __m256i isum[NT];
@@ -300,12 +306,17 @@ static void dot_k_type1_avx2(const Block * w, const block_q8_K * const a[NT], in
         const float d = h2f(w[b].d), dmin = h2f(w[b].dmin);
         for (int t = 0; t < NT; t++) {
             const int msum = hsum_i32(_mm256_madd_epi16(load32(a[t][b].bsums), m16));
-            acc[t] =
-                _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-            mins[t] = fmaf((float)msum, -(dmin * a[t][b].d), mins[t]);
+            if constexpr (totals) {
+                acc[t] = fmaf((float)hsum_i32(isum[t]), d * a[t][b].d, acc[t]);
+                acc[t] = fmaf((float)msum, -(dmin * a[t][b].d), acc[t]);
+            } else {
+                lanes[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a[t][b].d),
+                                           _mm256_cvtepi32_ps(isum[t]), lanes[t]);
+                mins[t] = fmaf((float)msum, -(dmin * a[t][b].d), mins[t]);
+            }
         }
     }
-    for (int t = 0; t < NT; t++) out[t] = hsum256(acc[t]) + mins[t];
+    for (int t = 0; t < NT; t++) out[t] = totals ? acc[t] : hsum256(lanes[t]) + mins[t];
 }
 
 // q6_K: codes plus 32 (0-63) as the unsigned operand, their sums times the
@@ -368,6 +379,150 @@ static bool dot_row_n(smol_type t, const void * w, const block_q8_K * const a[NT
         return false;
     }
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// --- prefill: q4_K panels of 16 rows -------------------------------------------------
+//
+// Batches of more than a few tokens multiply a panel of 16 rows, unpacked
+// once per token chunk, with NT tokens at a time: per sub-block, eight
+// vpdpbusd (16 rows' codes of 4 elements, one broadcast quad of a token's
+// activation codes) give each row's exact dot product, times the rows'
+// scales (vpmulld) into the super-block's isum; the mins' msum takes four
+// vpmaddwd of the rows' (m, m') pairs with the token's block-sum pairs; then
+// the two fused multiply-adds of the scalar kernels, on 16 rows at once.
+// The same integers and the same float steps as dot_k_type1: the same bits.
+
+// Super-blocks per panel: 3 (768 elements) keep a panel within ~16 KiB of L1.
+constexpr int64_t k_panel_blocks = 3;
+
+struct k_panel {
+    alignas(64) uint32_t q[k_panel_blocks][8][8][16]; // [b][s][j][row]: codes 32s + 4j..+3
+    alignas(64) int32_t sc[k_panel_blocks][8][16];    // [b][s][row]
+    alignas(64) int32_t mp[k_panel_blocks][4][16];    // [b][p][row]: m_2p | m_2p+1 << 16
+    alignas(64) float d[k_panel_blocks][16], dmin[k_panel_blocks][16];
+};
+
+static void k_panel_fill(k_panel * p, const uint8_t * const rows[16], int64_t kb0, int64_t nbk) {
+    for (int64_t b = 0; b < nbk; b++) {
+        for (int r = 0; r < 16; r++) {
+            const block_q4_K * w = (const block_q4_K *)rows[r] + kb0 + b;
+            p->d[b][r] = h2f(w->d);
+            p->dmin[b][r] = h2f(w->dmin);
+            uint8_t sc[8], m[8];
+            scales_mins_k4(w->scales, sc, m);
+            for (int s = 0; s < 8; s++) p->sc[b][s][r] = sc[s];
+            for (int q = 0; q < 4; q++)
+                p->mp[b][q][r] = (int32_t)((uint32_t)m[2 * q] | ((uint32_t)m[2 * q + 1] << 16));
+            for (int s = 0; s < 8; s++) {
+                const __m256i v = load32(w->qs + 32 * (s / 2));
+                const __m256i c =
+                    _mm256_and_si256(_mm256_srli_epi16(v, 4 * (s % 2)), _mm256_set1_epi8(0x0f));
+                alignas(32) uint32_t quads[8];
+                _mm256_store_si256((__m256i *)quads, c);
+                for (int j = 0; j < 8; j++) p->q[b][s][j][r] = quads[j];
+            }
+        }
+    }
+}
+
+// The panel's 16 rows x NT tokens over nbk super-blocks; out[t * 16 + r],
+// starting from init[t * 16 + r] where given (a later chunk of K).
+template <int NT>
+__attribute__((noinline)) static void k_tile(const k_panel * p, int64_t nbk,
+                                             const block_q8_K * const a[NT], const float * init,
+                                             float * out) {
+    __m512 acc[NT];
+    for (int t = 0; t < NT; t++)
+        acc[t] = init ? _mm512_loadu_ps(init + t * 16) : _mm512_setzero_ps();
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (int64_t b = 0; b < nbk; b++) {
+        __m512i isum[NT];
+        for (int t = 0; t < NT; t++) isum[t] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) {
+            __m512i dot[NT];
+            for (int t = 0; t < NT; t++) dot[t] = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) {
+                const __m512i w = _mm512_load_si512((const void *)p->q[b][s][j]);
+                for (int t = 0; t < NT; t++) {
+                    int32_t x;
+                    memcpy(&x, a[t][b].qs + 32 * s + 4 * j, 4);
+                    // vpdpbusd: second operand unsigned, third signed.
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], w, _mm512_set1_epi32(x));
+                }
+            }
+            const __m512i sc = _mm512_load_si512((const void *)p->sc[b][s]);
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot[t], sc));
+        }
+        const __m512 d = _mm512_load_ps(p->d[b]), dmin = _mm512_load_ps(p->dmin[b]);
+        for (int t = 0; t < NT; t++) {
+            __m512i msum = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) {
+                const int16_t * bs = a[t][b].bsums + 4 * q;
+                const uint32_t pair = (uint16_t)(int16_t)(bs[0] + bs[1]) |
+                                      ((uint32_t)(uint16_t)(int16_t)(bs[2] + bs[3]) << 16);
+                msum = _mm512_add_epi32(
+                    msum, _mm512_madd_epi16(_mm512_load_si512((const void *)p->mp[b][q]),
+                                            _mm512_set1_epi32((int32_t)pair)));
+            }
+            const __m512 da = _mm512_set1_ps(a[t][b].d);
+            // The maskz form: GCC 12 warns about the plain one's undefined
+            // pass-through operand.
+            const __m512 fi = _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, isum[t]);
+            const __m512 fm = _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, msum);
+            acc[t] = _mm512_fmadd_ps(fi, _mm512_mul_ps(d, da), acc[t]);
+            acc[t] = _mm512_fmadd_ps(fm, _mm512_xor_ps(_mm512_mul_ps(dmin, da), sign), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(out + t * 16, acc[t]);
+}
+
+// Rows r0..r1 of a q4_K matrix times n_tok tokens (more than a few), by
+// panels; as matmul_q_tiles in smol-cpu-matmul.c++.
+static void matmul_k_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0,
+                           int64_t r1, const uint8_t * ab, size_t act_row_bytes, int64_t n_tok,
+                           float * y, int64_t ldy) {
+    constexpr int NT = 6;
+    k_panel panel;
+    const int64_t nb = K / QK_K;
+    const int64_t n_kc = (nb + k_panel_blocks - 1) / k_panel_blocks;
+    const int64_t kc = (nb + n_kc - 1) / n_kc;
+    // Tokens in chunks whose activations stay in L2 (about 256 KiB).
+    const int64_t tc = std::max<int64_t>(NT, (int64_t)(262144 / act_row_bytes));
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = std::min(n_tok, t0 + tc);
+        for (int64_t kb0 = 0; kb0 < nb; kb0 += kc) {
+            const int64_t nbk = std::min(kc, nb - kb0);
+            for (int64_t r = r0; r < r1; r += 16) {
+                // Rows past r1 repeat the last row; their results are dropped.
+                const uint8_t * rows[16];
+                for (int i = 0; i < 16; i++)
+                    rows[i] = wb + (size_t)std::min(r + i, r1 - 1) * w_row_bytes;
+                k_panel_fill(&panel, rows, kb0, nbk);
+                const int64_t nr = std::min<int64_t>(16, r1 - r);
+                for (int64_t i = t0; i < t1; i += NT) {
+                    const int64_t nt = std::min<int64_t>(NT, t1 - i);
+                    const block_q8_K * a[NT];
+                    for (int j = 0; j < NT; j++)
+                        a[j] = (const block_q8_K *)(ab + (size_t)std::min(i + j, t1 - 1) *
+                                                             act_row_bytes) +
+                               kb0;
+                    float out[NT * 16], init[NT * 16];
+                    if (kb0 > 0) {
+                        for (int64_t t = 0; t < NT; t++)
+                            for (int64_t q = 0; q < 16; q++)
+                                init[t * 16 + q] =
+                                    t < nt && q < nr ? y[(i + t) * ldy + r + q] : 0.0f;
+                    }
+                    k_tile<NT>(&panel, nbk, a, kb0 > 0 ? init : nullptr, out);
+                    for (int64_t t = 0; t < nt; t++)
+                        for (int64_t q = 0; q < nr; q++) y[(i + t) * ldy + r + q] = out[t * 16 + q];
+                }
+            }
+        }
+    }
+}
+#endif
 
 // q2_K and q3_K: 2-bit codes, element 128h + 32t + c at bits 2t of byte
 // 32h + c; each 16 elements' sums times their scale. q3_K's codes plus 4
@@ -494,6 +649,12 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
                  const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     const uint8_t * wb = (const uint8_t *)w;
     const uint8_t * ab = (const uint8_t *)act;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (t == SMOL_TYPE_Q4_K && n_tok > 4) {
+        matmul_k_tiles(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return;
+    }
+#endif
     // Tokens in chunks whose activations stay in L1 (24 KiB, whole groups
     // of 4), each chunk across all the rows, which stay in L2 from one chunk
     // to the next: every token over every row would stream the batch's
