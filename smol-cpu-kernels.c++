@@ -45,16 +45,25 @@
 #include "smol-overrides.h"
 
 #include <stdlib.h>
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || defined(__i386__) // SMOL_CPU_X86, below
 #include <cpuid.h>
 #endif
 #endif
 
 namespace smol::cpu {
 
+// The variants CMake compiles for this target: generic everywhere, the x86
+// ones where the compiler targets x86.
+#if defined(__x86_64__) || defined(__i386__)
+#define SMOL_CPU_X86 1
+#else
+#define SMOL_CPU_X86 0
+#endif
 const kernels & kernels_generic();
+#if SMOL_CPU_X86
 const kernels & kernels_avx2();
 const kernels & kernels_avx512();
+#endif
 
 namespace SMOL_CPU_VARIANT {
 
@@ -598,8 +607,8 @@ size_t act_bytes(smol_type t, int64_t K) {
     }
 }
 
+#if SMOL_CPU_X86
 static bool cpu_has_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
     // does not know the name. The builtin checks that the OS saves AVX state.
@@ -607,34 +616,30 @@ static bool cpu_has_avx2() {
     const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
     return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("bmi2");
-#else
-    return false;
-#endif
 }
 
 static bool cpu_has_avx512() {
-#if defined(__x86_64__) || defined(__i386__)
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") &&
            __builtin_cpu_supports("avx512bf16");
-#else
-    return false;
-#endif
 }
+#endif
 
 std::vector<const kernels *> kernels_available() {
     std::vector<const kernels *> v;
     v.push_back(&kernels_generic());
+#if SMOL_CPU_X86
     if (cpu_has_avx2()) v.push_back(&kernels_avx2());
     if (cpu_has_avx512()) v.push_back(&kernels_avx512());
+#endif
     return v;
 }
 
 bool decode_prefetch() {
     static const bool on = [] {
         if (const int forced = cpu_prefetch_override(); forced >= 0) return forced != 0;
-#if defined(__x86_64__) || defined(__i386__)
+#if SMOL_CPU_X86
         unsigned a = 0, b = 0, c = 0, d = 0;
         // "AuthenticAMD" in EBX, EDX, ECX of leaf 0.
         return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u &&

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# smol for 64-bit ARM, cross-built here and tested under emulation: installs
+# Debian's aarch64 cross compiler and qemu-user-static, builds in
+# build-arm64 with cmake/aarch64-linux-gnu.cmake (the kernel variants this
+# target has: generic), runs the CPU test suite through qemu (ctest runs each
+# test program under the emulator the toolchain file names) and has smol-cli
+# generate a few tokens with the real SmolLM2-135M.
+#
+# Left out under emulation: test-requant (llama-quantize's byte-exact files
+# and their logits, about 20 minutes under qemu; the same code runs it on
+# x86), the perplexity check (llama.cpp's recorded values, minutes of
+# prefill), and the host-side checks (format, install-find-package).
+#
+#   scripts/test-arm64.sh            build and test
+#   scripts/test-arm64.sh --build    build only
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+scripts/install-packages.sh g++-aarch64-linux-gnu qemu-user-static cmake doctest-dev \
+    libcli11-dev nlohmann-json3-dev
+scripts/fetch-model.sh >/dev/null
+
+echo "test-arm64: building smol for aarch64 in build-arm64"
+cmake -S . -B build-arm64 -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+    -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-arm64 -j"$(nproc)"
+[ "${1:-}" = "--build" ] && exit 0
+
+qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
+ctest --test-dir build-arm64 --output-on-failure -j"$(nproc)" --timeout 1200 \
+    -E '^(test-requant|perplexity-matches-llama|format|install-find-package)$'
+
+echo "test-arm64: smol-cli on aarch64 (qemu), the real SmolLM2-135M"
+out=$("${qemu[@]}" build-arm64/examples/smol-cli -m models/SmolLM2-135M-Instruct.Q4_1.gguf \
+    -p "The capital of France is" -n 8 --temp 0 2>&1)
+echo "$out"
+grep -q "kernels generic" <<<"$out" || { echo "test-arm64: smol-cli did not say which kernels ran" >&2; exit 1; }
