@@ -661,10 +661,11 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
     // activations from L2 once a row.
     const int64_t tc = std::max<int64_t>(4, (int64_t)(24576 / act_row_bytes) & ~(int64_t)3);
 #if defined(__AVX2__)
-    // Rows about 16 KiB ahead are asked for a row at a time: one row's blocks
+    // Rows about 32 KiB ahead are asked for a row at a time: one row's blocks
     // at a time are too short a stream for the hardware prefetcher to keep
-    // decode fed from memory.
-    const int64_t pf_rows = std::max<int64_t>(1, (int64_t)(16384 / w_row_bytes));
+    // decode fed from memory, and 16 KiB ahead was too close to cover the
+    // latency (the 1.7B's q4_K decode, BENCHMARKS.md).
+    const int64_t pf_rows = std::max<int64_t>(1, (int64_t)(32768 / w_row_bytes));
 #endif
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = std::min(n_tok, t0 + tc);
