@@ -20,8 +20,10 @@
 // does the AVX-512 prefill kernel (k_tile, 16 rows at a time); the other
 // types keep a block's integer sums in eight int32 lanes and add them,
 // converted, with one fused multiply-add per lane into eight float lanes,
-// summed at the end in a fixed order. Either way an output is computed the
-// same way whatever batch it is in and whichever thread computes it.
+// summed at the end in a fixed order, which q6_K's AVX-512 prefill kernel
+// (q6_tile) reproduces for 16 rows at a time. Either way an output is
+// computed the same way whatever batch it is in and whichever thread
+// computes it.
 
 #include "smol-cpu-kernels.h"
 #include "smol-cpu-variant.h"
@@ -29,6 +31,7 @@
 #include <algorithm>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX2__)
@@ -522,6 +525,147 @@ static void matmul_k_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, in
         }
     }
 }
+// --- prefill: q6_K panels of 16 rows ---------------------------------------------
+//
+// dot_q6_K_avx2 keeps a super-block's integer sums in eight int32 lanes, lane
+// l holding the products of elements 4l..4l+3 of each 32-element run, times
+// the run's scale for that half (lanes 0-3, 4-7), less 32 times the
+// activations' scaled block sums in lane 0; each lane's float sum takes a
+// fused multiply-add per super-block, and hsum256 adds the eight lanes at
+// the end. The panel keeps those eight sums for 16 rows at once (one vector
+// per lane, a row per vector lane): the same integers, the same float
+// steps, the lanes added in hsum256's order: the same bits. A later chunk
+// of K starts from the lanes kept in `lanes`, not from the finished sums.
+
+struct q6_panel {
+    alignas(64) uint32_t q[k_panel_blocks][8][8][16]; // [b][run][l][row]: codes + 32 (0-63)
+    alignas(64) int32_t sc[k_panel_blocks][16][16];   // [b][group][row]
+    alignas(64) int32_t scp[k_panel_blocks][8][16];   // [b][p][row]: sc_2p | sc_2p+1 << 16
+    alignas(64) float d[k_panel_blocks][16];
+};
+
+static void q6_panel_fill(q6_panel * p, const uint8_t * const rows[16], int64_t kb0, int64_t nbk) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nbk; b++) {
+        for (int r = 0; r < 16; r++) {
+            const block_q6_K * w = (const block_q6_K *)rows[r] + kb0 + b;
+            p->d[b][r] = h2f(w->d);
+            for (int g = 0; g < 16; g++) p->sc[b][g][r] = w->scales[g];
+            for (int q = 0; q < 8; q++)
+                p->scp[b][q][r] =
+                    (int32_t)((uint32_t)(uint16_t)(int16_t)w->scales[2 * q] |
+                              ((uint32_t)(uint16_t)(int16_t)w->scales[2 * q + 1] << 16));
+            for (int h = 0; h < 2; h++) {
+                const __m256i qa = load32(w->ql + 64 * h), qb = load32(w->ql + 64 * h + 32);
+                const __m256i qh = load32(w->qh + 32 * h);
+                const __m256i lo[4] = {_mm256_and_si256(qa, low4), _mm256_and_si256(qb, low4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qa, 4), low4),
+                                       _mm256_and_si256(_mm256_srli_epi16(qb, 4), low4)};
+                for (int u = 0; u < 4; u++) {
+                    const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), two);
+                    const __m256i c = _mm256_or_si256(lo[u], _mm256_slli_epi16(hi2, 4));
+                    alignas(32) uint32_t quads[8];
+                    _mm256_store_si256((__m256i *)quads, c);
+                    for (int l = 0; l < 8; l++) p->q[b][4 * h + u][l][r] = quads[l];
+                }
+            }
+        }
+    }
+}
+
+// The panel's 16 rows x one token over nbk super-blocks, continuing the
+// eight lane sums in lanes[8 * 16] (zero at the start of K).
+__attribute__((noinline)) static void q6_tile(const q6_panel * p, int64_t nbk, const block_q8_K * a,
+                                              float * lanes) {
+    __m512 acc[8];
+    for (int l = 0; l < 8; l++) acc[l] = _mm512_loadu_ps(lanes + 16 * l);
+    for (int64_t b = 0; b < nbk; b++) {
+        __m512i isum[8];
+        for (int l = 0; l < 8; l++) isum[l] = _mm512_setzero_si512();
+        for (int run = 0; run < 8; run++) { // run = 4h + u: elements 128h + 32u..
+            const int g = 2 * run;          // its groups g (lanes 0-3) and g + 1 (4-7)
+            const __m512i s0 = _mm512_load_si512((const void *)p->sc[b][g]);
+            const __m512i s1 = _mm512_load_si512((const void *)p->sc[b][g + 1]);
+            for (int l = 0; l < 8; l++) {
+                int32_t x;
+                memcpy(&x, a[b].qs + 32 * run + 4 * l, 4);
+                const __m512i dot = _mm512_dpbusd_epi32(
+                    _mm512_setzero_si512(), _mm512_load_si512((const void *)p->q[b][run][l]),
+                    _mm512_set1_epi32(x));
+                isum[l] = _mm512_add_epi32(isum[l], _mm512_mullo_epi32(dot, l < 4 ? s0 : s1));
+            }
+        }
+        __m512i corr = _mm512_setzero_si512();
+        for (int q = 0; q < 8; q++) {
+            const uint32_t pair =
+                (uint16_t)a[b].bsums[2 * q] | ((uint32_t)(uint16_t)a[b].bsums[2 * q + 1] << 16);
+            corr = _mm512_add_epi32(corr,
+                                    _mm512_madd_epi16(_mm512_load_si512((const void *)p->scp[b][q]),
+                                                      _mm512_set1_epi32((int32_t)pair)));
+        }
+        isum[0] = _mm512_sub_epi32(isum[0], _mm512_mullo_epi32(corr, _mm512_set1_epi32(32)));
+        const __m512 scale = _mm512_mul_ps(_mm512_load_ps(p->d[b]), _mm512_set1_ps(a[b].d));
+        for (int l = 0; l < 8; l++)
+            acc[l] = _mm512_fmadd_ps(scale, _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, isum[l]),
+                                     acc[l]);
+    }
+    for (int l = 0; l < 8; l++) _mm512_storeu_ps(lanes + 16 * l, acc[l]);
+}
+
+// hsum256's order over the eight lane sums, for 16 rows.
+static inline __m512 q6_lanes_sum(const float * lanes) {
+    auto L = [&](int l) { return _mm512_loadu_ps(lanes + 16 * l); };
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L(0), L(4)), _mm512_add_ps(L(2), L(6))),
+                         _mm512_add_ps(_mm512_add_ps(L(1), L(5)), _mm512_add_ps(L(3), L(7))));
+}
+
+// Rows r0..r1 of a q6_K matrix times n_tok tokens (more than a few). The
+// lane sums live in malloc'd memory: a std::vector's inline code could be
+// linked from another variant's copy.
+static void matmul_q6_tiles(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0,
+                            int64_t r1, const uint8_t * ab, size_t act_row_bytes, int64_t n_tok,
+                            float * y, int64_t ldy) {
+    q6_panel panel;
+    const int64_t nb = K / QK_K;
+    const int64_t n_kc = (nb + k_panel_blocks - 1) / k_panel_blocks;
+    const int64_t kc = (nb + n_kc - 1) / n_kc;
+    // Tokens in chunks whose activations stay in L2 (about 256 KiB); each
+    // (token, row group) keeps its eight lane sums across K's chunks.
+    const int64_t tc =
+        std::min<int64_t>(32, std::max<int64_t>(1, (int64_t)(262144 / act_row_bytes)));
+    const int64_t n_rg = (r1 - r0 + 15) / 16;
+    float * lanes = (float *)malloc((size_t)(tc * n_rg * 128) * sizeof(float));
+    if (!lanes) abort();
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = std::min(n_tok, t0 + tc);
+        memset(lanes, 0, (size_t)((t1 - t0) * n_rg * 128) * sizeof(float));
+        for (int64_t kb0 = 0; kb0 < nb; kb0 += kc) {
+            const int64_t nbk = std::min(kc, nb - kb0);
+            for (int64_t r = r0; r < r1; r += 16) {
+                const uint8_t * rows[16];
+                for (int i = 0; i < 16; i++)
+                    rows[i] = wb + (size_t)std::min(r + i, r1 - 1) * w_row_bytes;
+                q6_panel_fill(&panel, rows, kb0, nbk);
+                const int64_t rg = (r - r0) / 16;
+                for (int64_t i = t0; i < t1; i++) {
+                    const block_q8_K * a =
+                        (const block_q8_K *)(ab + (size_t)i * act_row_bytes) + kb0;
+                    q6_tile(&panel, nbk, a, lanes + ((i - t0) * n_rg + rg) * 128);
+                }
+            }
+        }
+        for (int64_t i = t0; i < t1; i++) {
+            for (int64_t r = r0; r < r1; r += 16) {
+                alignas(64) float out[16];
+                _mm512_store_ps(out, q6_lanes_sum(lanes + ((i - t0) * n_rg + (r - r0) / 16) * 128));
+                for (int64_t q = 0; q < std::min<int64_t>(16, r1 - r); q++)
+                    y[i * ldy + r + q] = out[q];
+            }
+        }
+    }
+    free(lanes);
+}
+
 #endif
 
 // q2_K and q3_K: 2-bit codes, element 128h + 32t + c at bits 2t of byte
@@ -652,6 +796,10 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
     if (t == SMOL_TYPE_Q4_K && n_tok > 4) {
         matmul_k_tiles(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return;
+    }
+    if (t == SMOL_TYPE_Q6_K && n_tok > 4) {
+        matmul_q6_tiles(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
         return;
     }
 #endif
