@@ -48,6 +48,10 @@
 #if defined(__x86_64__) || defined(__i386__) // SMOL_CPU_X86, below
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__) // SMOL_CPU_ARM64, below
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
 #endif
 
 namespace smol::cpu {
@@ -59,10 +63,18 @@ namespace smol::cpu {
 #else
 #define SMOL_CPU_X86 0
 #endif
+#if defined(__aarch64__)
+#define SMOL_CPU_ARM64 1
+#else
+#define SMOL_CPU_ARM64 0
+#endif
 const kernels & kernels_generic();
 #if SMOL_CPU_X86
 const kernels & kernels_avx2();
 const kernels & kernels_avx512();
+#endif
+#if SMOL_CPU_ARM64
+const kernels & kernels_dotprod();
 #endif
 
 namespace SMOL_CPU_VARIANT {
@@ -633,6 +645,10 @@ std::vector<const kernels *> kernels_available() {
     if (cpu_has_avx2()) v.push_back(&kernels_avx2());
     if (cpu_has_avx512()) v.push_back(&kernels_avx512());
 #endif
+#if SMOL_CPU_ARM64
+    // sdot and udot (ARMv8.2 and later: Pi 5, Graviton 2 and up, Apple M).
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) v.push_back(&kernels_dotprod());
+#endif
     return v;
 }
 
@@ -660,7 +676,8 @@ static const kernels & choose_kernels() {
             if (want == k->name) return *k;
         // A forced variant this CPU cannot run would crash; say so once.
         log_warn("SMOL_CPU_KERNELS=" + want +
-                 " is not available on this CPU (use generic, avx2 or avx512 where supported); "
+                 " is not available on this CPU (use generic, avx2 or avx512 on x86, "
+                 "dotprod on ARM, where supported); "
                  "using " +
                  best->name);
     }

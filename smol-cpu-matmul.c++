@@ -20,6 +20,9 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#endif
 
 namespace smol::cpu::SMOL_CPU_VARIANT {
 
@@ -31,24 +34,51 @@ namespace smol::cpu::SMOL_CPU_VARIANT {
 // in float  d_w * d_a * isum,  plus  m * s_a  for q4_1. Only the order of
 // the float additions differs between variants.
 
+#if defined(__ARM_FEATURE_DOTPROD)
+// ARM's dot-product variant: a block's integer dot product with sdot, four
+// products a lane, summed across the vector: the same exact integer as the
+// loops below, so the same float steps give the generic variant's bits.
+static inline int32_t sdot32(int8x16_t w0, int8x16_t w1, const int8_t * a) {
+    const int32x4_t s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, vld1q_s8(a)), w1, vld1q_s8(a + 16));
+    return vaddvq_s32(s);
+}
+#endif
+
 static float dot_q_scalar(smol_type t, const uint8_t * w, const block_q8_act * a, int64_t nb) {
     float sum = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0;
         if (t == SMOL_TYPE_Q8_0) {
             const block_q8_0 * blk = (const block_q8_0 *)w + b;
+#if defined(__ARM_FEATURE_DOTPROD)
+            isum = sdot32(vld1q_s8(blk->qs), vld1q_s8(blk->qs + 16), a[b].qs);
+#else
             for (int j = 0; j < QK; j++) isum += blk->qs[j] * a[b].qs[j];
+#endif
             sum += (float)isum * (h2f(blk->d) * a[b].d);
         } else if (t == SMOL_TYPE_Q4_0) {
             const block_q4_0 * blk = (const block_q4_0 *)w + b;
+#if defined(__ARM_FEATURE_DOTPROD)
+            const uint8x16_t q = vld1q_u8(blk->qs);
+            const int8x16_t eight = vdupq_n_s8(8);
+            isum = sdot32(vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f))), eight),
+                          vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), eight), a[b].qs);
+#else
             for (int j = 0; j < 16; j++)
                 isum += ((blk->qs[j] & 0x0f) - 8) * a[b].qs[j] +
                         ((blk->qs[j] >> 4) - 8) * a[b].qs[j + 16];
+#endif
             sum += (float)isum * (h2f(blk->d) * a[b].d);
         } else {
             const block_q4_1 * blk = (const block_q4_1 *)w + b;
+#if defined(__ARM_FEATURE_DOTPROD)
+            const uint8x16_t q = vld1q_u8(blk->qs);
+            isum = sdot32(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f))),
+                          vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), a[b].qs);
+#else
             for (int j = 0; j < 16; j++)
                 isum += (blk->qs[j] & 0x0f) * a[b].qs[j] + (blk->qs[j] >> 4) * a[b].qs[j + 16];
+#endif
             sum += (float)isum * (h2f(blk->d) * a[b].d) + h2f(blk->m) * a[b].s;
         }
     }

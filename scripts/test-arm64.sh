@@ -2,9 +2,10 @@
 # smol for 64-bit ARM, cross-built here and tested under emulation: installs
 # Debian's aarch64 cross compiler and qemu-user-static, builds in
 # build-arm64 with cmake/aarch64-linux-gnu.cmake (the kernel variants this
-# target has: generic), runs the CPU test suite through qemu (ctest runs each
-# test program under the emulator the toolchain file names) and has smol-cli
-# generate a few tokens with the real SmolLM2-135M.
+# target has: generic and dotprod), runs the CPU test suite through qemu (ctest runs each
+# test program under the emulator the toolchain file names; qemu's default
+# CPU has every ARM feature, so every kernel variant is tested) and has
+# smol-cli generate a few tokens with the real SmolLM2-135M on each variant.
 #
 # Left out under emulation: test-requant (llama-quantize's byte-exact files
 # and their logits, about 20 minutes under qemu; the same code runs it on
@@ -31,8 +32,21 @@ qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 ctest --test-dir build-arm64 --output-on-failure -j"$(nproc)" --timeout 1200 \
     -E '^(test-requant|perplexity-matches-llama|format|install-find-package)$'
 
-echo "test-arm64: smol-cli on aarch64 (qemu), the real SmolLM2-135M"
-out=$("${qemu[@]}" build-arm64/examples/smol-cli -m models/SmolLM2-135M-Instruct.Q4_1.gguf \
-    -p "The capital of France is" -n 8 --temp 0 2>&1)
-echo "$out"
-grep -q "kernels generic" <<<"$out" || { echo "test-arm64: smol-cli did not say which kernels ran" >&2; exit 1; }
+# qemu's default CPU has every feature (the dotprod variant runs); a
+# Cortex-A53 (ARMv8.0) has none (generic). Greedy text: the same bits, the
+# same words.
+echo "test-arm64: smol-cli on aarch64 (qemu), the real SmolLM2-135M, each kernel variant"
+texts=()
+for cpu in max cortex-a53; do
+    want=dotprod
+    [ "$cpu" = cortex-a53 ] && want=generic
+    out=$("${qemu[@]}" -cpu "$cpu" build-arm64/examples/smol-cli \
+        -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" -n 8 --temp 0 2>&1)
+    echo "$out"
+    grep -q "kernels $want" <<<"$out" || {
+        echo "test-arm64: on a $cpu, smol-cli did not run the $want kernels" >&2
+        exit 1
+    }
+    texts+=("$(grep -v '^smol-cli' <<<"$out")")
+done
+[ "${texts[0]}" = "${texts[1]}" ] || { echo "test-arm64: the variants' greedy texts differ" >&2; exit 1; }

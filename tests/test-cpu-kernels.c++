@@ -348,13 +348,13 @@ bool fits(smol_type t, const shape & s) {
 
 } // namespace
 
-TEST_CASE("every variant's name is one of generic, avx2, avx512 and generic comes first") {
+TEST_CASE("every variant's name is one of generic, avx2, avx512, dotprod and generic comes first") {
     const std::vector<const kernels *> ks = kernels_available();
     REQUIRE(!ks.empty());
     CHECK(std::string(ks.front()->name) == "generic");
     for (const kernels * k : ks) {
         const std::string n = k->name;
-        CHECK((n == "generic" || n == "avx2" || n == "avx512"));
+        CHECK((n == "generic" || n == "avx2" || n == "avx512" || n == "dotprod"));
     }
     const std::string best = kernels_best().name;
     bool found = false;
@@ -870,6 +870,39 @@ TEST_CASE("a token's matmul outputs are the same bits whatever the batch around 
                 }
                 CHECK(differ == 0);
             }
+        }
+    }
+}
+
+namespace {
+
+// ARM's dotprod variant where this CPU has one (ARMv8.2 and later), else
+// null: its case is then skipped, and counted as skipped.
+const kernels * dotprod_variant() {
+    for (const kernels * k : kernels_available())
+        if (std::string(k->name) == "dotprod") return k;
+    return nullptr;
+}
+
+} // namespace
+
+TEST_CASE("ARM's dotprod variant gives the generic variant's matmul bits" *
+          doctest::skip(dotprod_variant() == nullptr)) {
+    // Its quantized dot products are the generic ones' exact integers (sdot)
+    // under the same float steps; everything else is the generic code.
+    const kernels * dp = dotprod_variant();
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    for (smol_type t : all_types) {
+        const std::string type = type_name(t);
+        CAPTURE(type);
+        for (int64_t n_tok : {1, 9}) {
+            problem p(t, 1536, 0, 37, n_tok, rng);
+            const std::vector<float> want = p.run(*kernels_available().front()), got = p.run(*dp);
+            int differ = 0;
+            for (size_t i = 0; i < want.size(); i++)
+                if (bits_of(want[i]) != bits_of(got[i])) differ++;
+            CHECK(differ == 0);
         }
     }
 }
