@@ -37,6 +37,9 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#endif
 
 namespace smol::cpu::SMOL_CPU_VARIANT {
 
@@ -129,6 +132,18 @@ static float dot_q3_K(const block_q3_K * w, const block_q8_K * a, int64_t nb) {
     return acc;
 }
 
+#if defined(__ARM_FEATURE_DOTPROD)
+// ARM's dotprod variant: sums of 16 or 32 signed code products with sdot,
+// the loops' exact integers (so the generic variant's bits).
+static inline int32_t sdot16(int8x16_t w, const int8_t * a) {
+    return vaddvq_s32(vdotq_s32(vdupq_n_s32(0), w, vld1q_s8(a)));
+}
+// Bytes of v shifted right by n (0-7), as the loops' >> on each byte.
+static inline uint8x16_t shr_u8(uint8x16_t v, int n) {
+    return vshlq_u8(v, vdupq_n_s8((int8_t)-n));
+}
+#endif
+
 // q4_K (bits 4) and q5_K (bits 5).
 template <int bits, class Block>
 static float dot_k_type1(const Block * w, const block_q8_K * a, int64_t nb) {
@@ -141,6 +156,18 @@ static float dot_k_type1(const Block * w, const block_q8_K * a, int64_t nb) {
             const uint8_t * q = w[b].qs + 32 * (s / 2);
             const int shift = 4 * (s % 2);
             int d = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+            for (int h = 0; h < 2; h++) {
+                uint8x16_t v = vandq_u8(shr_u8(vld1q_u8(q + 16 * h), shift), vdupq_n_u8(0xF));
+                if constexpr (bits == 5) {
+                    const block_q5_K * w5 = (const block_q5_K *)(w + b);
+                    const uint8x16_t hb =
+                        vandq_u8(shr_u8(vld1q_u8(w5->qh + 16 * h), s), vdupq_n_u8(1));
+                    v = vorrq_u8(v, vshlq_n_u8(hb, 4));
+                }
+                d += sdot16(vreinterpretq_s8_u8(v), a[b].qs + 32 * s + 16 * h);
+            }
+#else
             for (int j = 0; j < 32; j++) {
                 int v = (q[j] >> shift) & 0xF;
                 if constexpr (bits == 5) {
@@ -149,6 +176,7 @@ static float dot_k_type1(const Block * w, const block_q8_K * a, int64_t nb) {
                 }
                 d += v * a[b].qs[32 * s + j];
             }
+#endif
             isum += sc * d;
             msum += m * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
         }
@@ -164,6 +192,17 @@ static float dot_q6_K(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
         int isum = 0;
         for (int j = 0; j < 16; j++) {
             int s = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+            // Group j's 16 elements share h and the shifts: r = r0 + k.
+            const int h = j / 8, r0 = 16 * (j % 8);
+            const uint8x16_t lo = vandq_u8(
+                shr_u8(vld1q_u8(w[b].ql + 64 * h + r0 % 64), 4 * (r0 / 64)), vdupq_n_u8(0xF));
+            const uint8x16_t hi = vandq_u8(
+                shr_u8(vld1q_u8(w[b].qh + 32 * h + r0 % 32), 2 * (r0 / 32)), vdupq_n_u8(3));
+            const int8x16_t q =
+                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
+            s = sdot16(q, a[b].qs + 16 * j);
+#else
             for (int k = 0; k < 16; k++) {
                 const int e = 16 * j + k;
                 const int h = e / 128, r = e % 128;
@@ -171,6 +210,7 @@ static float dot_q6_K(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
                 const int hi = (w[b].qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
                 s += ((lo | (hi << 4)) - 32) * a[b].qs[e];
             }
+#endif
             isum += w[b].scales[j] * s;
         }
         acc = fmaf((float)isum, h2f(w[b].d) * a[b].d, acc);
