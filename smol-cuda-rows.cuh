@@ -577,6 +577,19 @@ __device__ __forceinline__ void span_x(const float * x, const float * norm_w, in
     }
 }
 
+// What the span units share: their width, activations and their reading.
+template <class Raw> struct gemv_span {
+    static constexpr int width = 32;
+    using raw = Raw;
+    using acts = span_acts;
+    static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
+                                                  acts & xa, float & ss) {
+        int e0, e1;
+        Raw::where(u, e0, e1);
+        span_x(x, norm_w, e0, e1, xa, ss);
+    }
+};
+
 // q4_K: span t of super-block b holds qs[16t, 16t + 16): the low nibbles
 // are elements 64j + 16h + i (j = t / 2, h = t % 2), sub-block 2j; the
 // high ones 32 further, sub-block 2j + 1. Super-blocks are 144 bytes, so
@@ -597,16 +610,7 @@ struct raw_span_q4k {
         e1 = e0 + 32;
     }
 };
-template <> struct gemv_unit<SMOL_TYPE_Q4_K> {
-    static constexpr int width = 32;
-    using raw = raw_span_q4k;
-    using acts = span_acts;
-    static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
-                                                  acts & xa, float & ss) {
-        int e0, e1;
-        raw::where(u, e0, e1);
-        span_x(x, norm_w, e0, e1, xa, ss);
-    }
+template <> struct gemv_unit<SMOL_TYPE_Q4_K> : gemv_span<raw_span_q4k> {
     static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
         const uint32_t w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
         float s0 = 0.0f, s1 = 0.0f;
@@ -669,16 +673,7 @@ struct raw_span_q6 {
         e1 = e0 + 64;
     }
 };
-template <> struct gemv_unit<SMOL_TYPE_Q6_K> {
-    static constexpr int width = 32;
-    using raw = raw_span_q6;
-    using acts = span_acts;
-    static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
-                                                  acts & xa, float & ss) {
-        int e0, e1;
-        raw::where(u, e0, e1);
-        span_x(x, norm_w, e0, e1, xa, ss);
-    }
+template <> struct gemv_unit<SMOL_TYPE_Q6_K> : gemv_span<raw_span_q6> {
     static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
         const int s = (r.t & 2) ? 2 : 0; // l >= 32
         float s0 = 0.0f, s1 = 0.0f;
