@@ -99,6 +99,20 @@ static inline float h2f(uint16_t h) {
 static inline uint16_t f2h(float f) {
     return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 }
+#elif defined(__aarch64__)
+// ARMv8.0's fcvt, exact both ways and rounding to nearest even; a NaN keeps
+// its sign and top payload bits and comes out quiet, as f2h_soft's does.
+static inline float h2f(uint16_t h) {
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+static inline uint16_t f2h(float f) {
+    const __fp16 v = (__fp16)f;
+    uint16_t h;
+    memcpy(&h, &v, 2);
+    return h;
+}
 #else
 static inline float h2f(uint16_t h) {
     return h2f_soft(h);
