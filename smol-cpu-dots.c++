@@ -2,7 +2,9 @@
 // time: iq4_nl (and, in the generic variant, q5_0 and q5_1; blocks of 32,
 // activations in block_q8_act) and the super-block types q2_K, q3_K, q4_K,
 // q5_K, q6_K and iq4_xs (256 elements, activations in block_q8_K), with
-// q4_K, q5_K and q6_K taking four tokens per pass over a row. Compiled once
+// q4_K, q5_K and q6_K taking four tokens per pass over a row (AVX2), and
+// q4_K and q5_K four rows per pass over a token (ARM dotprod; smol-cpu-
+// matmul.c++ takes iq4_nl, q5_0 and q5_1 there). Compiled once
 // per instruction set, as smol-cpu-matmul.c++ (whose rules hold here),
 // which hands these types to matmul_dots.
 //
@@ -133,14 +135,97 @@ static float dot_q3_K(const block_q3_K * w, const block_q8_K * a, int64_t nb) {
 }
 
 #if defined(__ARM_FEATURE_DOTPROD)
-// ARM's dotprod variant: sums of 16 or 32 signed code products with sdot,
-// the loops' exact integers (so the generic variant's bits).
-static inline int32_t sdot16(int8x16_t w, const int8_t * a) {
-    return vaddvq_s32(vdotq_s32(vdupq_n_s32(0), w, vld1q_s8(a)));
-}
+// ARM's dotprod variant takes sdot's exact code products: the loops'
+// integers, so the generic variant's bits.
+//
 // Bytes of v shifted right by n (0-7), as the loops' >> on each byte.
 static inline uint8x16_t shr_u8(uint8x16_t v, int n) {
     return vshlq_u8(v, vdupq_n_s8((int8_t)-n));
+}
+#endif
+
+#if defined(__ARM_FEATURE_DOTPROD)
+// One super-block of NR rows of q4_K (bits 4) or q5_K (bits 5) with one
+// token's activations: each row's isum (its sub-blocks' code products times
+// their scales) and msum (their mins times the activation sums), the same
+// integers as dot_k_type1's loops. A sub-block's code products land in four
+// lanes (two sdot); pairwise sums give the eight sub-blocks' totals, which
+// meet the scales in two multiplies and one horizontal sum. The rows share
+// the activation loads.
+template <int bits, int NR, class Block>
+static inline void k_type1_ints(const Block * const * w, const block_q8_K & a, int * isum,
+                                int * msum) {
+    // t[r][0], t[r][1]: row r's totals of sub-blocks 0-3 and 4-7.
+    int32x4_t t[NR][2], pair[NR];
+    for (int r = 0; r < NR; r++) pair[r] = vdupq_n_s32(0);
+    for (int p = 0; p < 4; p++) {
+        // Sub-blocks 2p (low nibbles) and 2p + 1 (high) share 32 code bytes.
+        int8x16_t x[4];
+        for (int k = 0; k < 4; k++) x[k] = vld1q_s8(a.qs + 64 * p + 16 * k);
+        for (int r = 0; r < NR; r++) {
+            const uint8x16_t q0 = vld1q_u8(w[r]->qs + 32 * p),
+                             q1 = vld1q_u8(w[r]->qs + 32 * p + 16);
+            uint8x16_t v[4] = {vandq_u8(q0, vdupq_n_u8(0xF)), vandq_u8(q1, vdupq_n_u8(0xF)),
+                               vshrq_n_u8(q0, 4), vshrq_n_u8(q1, 4)};
+            if constexpr (bits == 5) {
+                const block_q5_K * w5 = (const block_q5_K *)w[r];
+                const uint8x16_t h0 = vld1q_u8(w5->qh), h1 = vld1q_u8(w5->qh + 16);
+                const uint8x16_t h = vdupq_n_u8(0x10);
+                for (int half = 0; half < 2; half++) {
+                    const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << (2 * p + half)));
+                    v[2 * half] = vorrq_u8(v[2 * half], vandq_u8(vtstq_u8(h0, bit), h));
+                    v[2 * half + 1] = vorrq_u8(v[2 * half + 1], vandq_u8(vtstq_u8(h1, bit), h));
+                }
+            }
+            const int32x4_t e =
+                vdotq_s32(vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(v[0]), x[0]),
+                          vreinterpretq_s8_u8(v[1]), x[1]);
+            const int32x4_t o =
+                vdotq_s32(vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(v[2]), x[2]),
+                          vreinterpretq_s8_u8(v[3]), x[3]);
+            const int32x4_t eo = vpaddq_s32(e, o);
+            if (p % 2 == 0)
+                pair[r] = eo;
+            else
+                t[r][p / 2] = vpaddq_s32(pair[r], eo);
+        }
+    }
+    const int16x8_t bsum = vpaddq_s16(vld1q_s16(a.bsums), vld1q_s16(a.bsums + 8));
+    for (int r = 0; r < NR; r++) {
+        // scales_mins_k4, with the scales and mins left in registers.
+        uint32_t sw[3];
+        memcpy(sw, w[r]->scales, 12);
+        const uint64_t sc = (sw[0] & 0x3f3f3f3fu) |
+                            (uint64_t)((sw[2] & 0x0f0f0f0fu) | ((sw[0] >> 2) & 0x30303030u)) << 32;
+        const uint64_t m = (sw[1] & 0x3f3f3f3fu) |
+                           (uint64_t)(((sw[2] >> 4) & 0x0f0f0f0fu) | ((sw[1] >> 2) & 0x30303030u))
+                               << 32;
+        const int16x8_t scv = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(sc)));
+        const int16x8_t mv = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(m)));
+        isum[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(t[r][0], vmovl_s16(vget_low_s16(scv))), t[r][1],
+                                       vmovl_high_s16(scv)));
+        msum[r] =
+            vaddvq_s32(vmlal_high_s16(vmull_s16(vget_low_s16(bsum), vget_low_s16(mv)), bsum, mv));
+    }
+}
+
+// NR rows of q4_K or q5_K with one token, as NR calls of dot_k_type1.
+template <int bits, int NR, class Block>
+static void dot_k_type1_rows(const Block * const * w, const block_q8_K * a, int64_t nb,
+                             float * out) {
+    float acc[NR];
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const Block * wb[NR];
+        for (int r = 0; r < NR; r++) wb[r] = w[r] + b;
+        int isum[NR], msum[NR];
+        k_type1_ints<bits, NR>(wb, a[b], isum, msum);
+        for (int r = 0; r < NR; r++) {
+            acc[r] = fmaf((float)isum[r], h2f(wb[r]->d) * a[b].d, acc[r]);
+            acc[r] = fmaf((float)msum[r], -(h2f(wb[r]->dmin) * a[b].d), acc[r]);
+        }
+    }
+    for (int r = 0; r < NR; r++) out[r] = acc[r];
 }
 #endif
 
@@ -150,24 +235,16 @@ static float dot_k_type1(const Block * w, const block_q8_K * a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0, msum = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+        const Block * wb = w + b;
+        k_type1_ints<bits, 1>(&wb, a[b], &isum, &msum);
+#else
         for (int s = 0; s < 8; s++) {
             uint8_t sc, m;
             scale_min_k4(s, w[b].scales, sc, m);
             const uint8_t * q = w[b].qs + 32 * (s / 2);
             const int shift = 4 * (s % 2);
             int d = 0;
-#if defined(__ARM_FEATURE_DOTPROD)
-            for (int h = 0; h < 2; h++) {
-                uint8x16_t v = vandq_u8(shr_u8(vld1q_u8(q + 16 * h), shift), vdupq_n_u8(0xF));
-                if constexpr (bits == 5) {
-                    const block_q5_K * w5 = (const block_q5_K *)(w + b);
-                    const uint8x16_t hb =
-                        vandq_u8(shr_u8(vld1q_u8(w5->qh + 16 * h), s), vdupq_n_u8(1));
-                    v = vorrq_u8(v, vshlq_n_u8(hb, 4));
-                }
-                d += sdot16(vreinterpretq_s8_u8(v), a[b].qs + 32 * s + 16 * h);
-            }
-#else
             for (int j = 0; j < 32; j++) {
                 int v = (q[j] >> shift) & 0xF;
                 if constexpr (bits == 5) {
@@ -176,10 +253,10 @@ static float dot_k_type1(const Block * w, const block_q8_K * a, int64_t nb) {
                 }
                 d += v * a[b].qs[32 * s + j];
             }
-#endif
             isum += sc * d;
             msum += m * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
         }
+#endif
         acc = fmaf((float)isum, h2f(w[b].d) * a[b].d, acc);
         acc = fmaf((float)msum, -(h2f(w[b].dmin) * a[b].d), acc);
     }
@@ -190,19 +267,31 @@ static float dot_q6_K(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+        // Each half of 128 elements: group jj (16 elements at r = 16 jj)
+        // takes the low or high nibbles of ql's vector jj % 4 and two bits
+        // of qh's vector jj % 2; its code products in four lanes, times
+        // its scale into the super-block's four lanes.
+        int32x4_t iv = vdupq_n_s32(0);
+        for (int h = 0; h < 2; h++) {
+            uint8x16_t ql[4], qh[2];
+            for (int k = 0; k < 4; k++) ql[k] = vld1q_u8(w[b].ql + 64 * h + 16 * k);
+            for (int k = 0; k < 2; k++) qh[k] = vld1q_u8(w[b].qh + 32 * h + 16 * k);
+            for (int jj = 0; jj < 8; jj++) {
+                const int j = 8 * h + jj;
+                const uint8x16_t lo =
+                    jj < 4 ? vandq_u8(ql[jj], vdupq_n_u8(0xF)) : vshrq_n_u8(ql[jj - 4], 4);
+                const uint8x16_t hi = vandq_u8(shr_u8(qh[jj % 2], 2 * (jj / 2)), vdupq_n_u8(3));
+                const int8x16_t q =
+                    vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
+                const int32x4_t d = vdotq_s32(vdupq_n_s32(0), q, vld1q_s8(a[b].qs + 16 * j));
+                iv = vmlaq_n_s32(iv, d, w[b].scales[j]);
+            }
+        }
+        isum = vaddvq_s32(iv);
+#else
         for (int j = 0; j < 16; j++) {
             int s = 0;
-#if defined(__ARM_FEATURE_DOTPROD)
-            // Group j's 16 elements share h and the shifts: r = r0 + k.
-            const int h = j / 8, r0 = 16 * (j % 8);
-            const uint8x16_t lo = vandq_u8(
-                shr_u8(vld1q_u8(w[b].ql + 64 * h + r0 % 64), 4 * (r0 / 64)), vdupq_n_u8(0xF));
-            const uint8x16_t hi = vandq_u8(
-                shr_u8(vld1q_u8(w[b].qh + 32 * h + r0 % 32), 2 * (r0 / 32)), vdupq_n_u8(3));
-            const int8x16_t q =
-                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
-            s = sdot16(q, a[b].qs + 16 * j);
-#else
             for (int k = 0; k < 16; k++) {
                 const int e = 16 * j + k;
                 const int h = e / 128, r = e % 128;
@@ -210,9 +299,9 @@ static float dot_q6_K(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
                 const int hi = (w[b].qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
                 s += ((lo | (hi << 4)) - 32) * a[b].qs[e];
             }
-#endif
             isum += w[b].scales[j] * s;
         }
+#endif
         acc = fmaf((float)isum, h2f(w[b].d) * a[b].d, acc);
     }
     return acc;
@@ -857,7 +946,30 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
 #endif
     for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
         const int64_t t1 = std::min(n_tok, t0 + tc);
-        for (int64_t r = r0; r < r1; r++) {
+        int64_t r = r0;
+#if defined(__ARM_FEATURE_DOTPROD)
+        // q4_K and q5_K four rows at a time (each output as dot_row's).
+        if (t == SMOL_TYPE_Q4_K || t == SMOL_TYPE_Q5_K) {
+            for (; r + 4 <= r1; r += 4) {
+                const block_q4_K * w4[4];
+                const block_q5_K * w5[4];
+                for (int k = 0; k < 4; k++) {
+                    w4[k] = (const block_q4_K *)(wb + (size_t)(r + k) * w_row_bytes);
+                    w5[k] = (const block_q5_K *)(wb + (size_t)(r + k) * w_row_bytes);
+                }
+                for (int64_t i = t0; i < t1; i++) {
+                    const block_q8_K * a = (const block_q8_K *)(ab + (size_t)i * act_row_bytes);
+                    float out[4];
+                    if (t == SMOL_TYPE_Q4_K)
+                        dot_k_type1_rows<4, 4>(w4, a, K / QK_K, out);
+                    else
+                        dot_k_type1_rows<5, 4>(w5, a, K / QK_K, out);
+                    for (int k = 0; k < 4; k++) y[i * ldy + r + k] = out[k];
+                }
+            }
+        }
+#endif
+        for (; r < r1; r++) {
             const uint8_t * wr = wb + (size_t)r * w_row_bytes;
             int64_t i = t0;
 #if defined(__AVX2__)

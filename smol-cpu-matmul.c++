@@ -123,6 +123,208 @@ static void matmul_scalar(smol_type t, const void * w, size_t w_row_bytes, int64
     }
 }
 
+#if defined(__ARM_FEATURE_DOTPROD)
+
+// --- matmul: ARM dotprod, the 32-element types -------------------------------------
+//
+// Four or eight rows at a time, each of up to four tokens: a block's codes
+// are unpacked once for the rows into signed bytes, two sdot per row and
+// token give four int32 lanes whose pairwise sums (two addp) are the four
+// rows' exact integer dot products, and the block's float steps run on the
+// four rows as the four lanes of one vector. Each lane takes the very steps
+// the generic variant takes for its row, so the outputs are its bits:
+//   q4_0, q8_0:        acc = acc + isum * (d_w * d_a)
+//   q4_1:              acc = acc + (isum * (d_w * d_a) + m_w * s_a)
+//   q5_0, iq4_nl:      acc = fma(isum, d_w * d_a, acc)
+//   q5_1:              acc = fma(m_w, s_a, fma(isum, d_w * d_a, acc))
+// (dot_q_scalar, and dot_q5_0, dot_q5_1, dot_iq4_nl in smol-cpu-dots.c++).
+
+// 0x10 in byte j where bit 16 * half + j of qh is set: a q5 block's fifth
+// bits for elements 16 * half .. 16 * half + 15.
+static inline uint8x16_t q5_fifth_bits(uint32_t qh, int half) {
+    static const uint8_t idx[2][16] = {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+                                       {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3}};
+    const uint8x16_t spread =
+        vqtbl1q_u8(vreinterpretq_u8_u32(vdupq_n_u32(qh)), vld1q_u8(idx[half]));
+    const uint8x16_t bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040201008040201ull));
+    return vandq_u8(vtstq_u8(spread, bit), vdupq_n_u8(0x10));
+}
+
+// A block's 32 weight codes as signed bytes (elements 0-15 in lo, 16-31 in
+// hi), whose dot product with the activation codes is the block's isum.
+template <smol_type T>
+static inline void block_codes(const uint8_t * blk, int8x16_t & lo, int8x16_t & hi) {
+    if constexpr (T == SMOL_TYPE_Q8_0) {
+        lo = vld1q_s8((const int8_t *)blk + 2);
+        hi = vld1q_s8((const int8_t *)blk + 18);
+    } else {
+        constexpr int qs_at = T == SMOL_TYPE_Q4_1   ? 4
+                              : T == SMOL_TYPE_Q5_0 ? 6
+                              : T == SMOL_TYPE_Q5_1 ? 8
+                                                    : 2;
+        const uint8x16_t q = vld1q_u8(blk + qs_at);
+        uint8x16_t l = vandq_u8(q, vdupq_n_u8(0x0f)), h = vshrq_n_u8(q, 4);
+        if constexpr (T == SMOL_TYPE_Q5_0 || T == SMOL_TYPE_Q5_1) {
+            uint32_t qh;
+            memcpy(&qh, blk + qs_at - 4, 4);
+            l = vorrq_u8(l, q5_fifth_bits(qh, 0));
+            h = vorrq_u8(h, q5_fifth_bits(qh, 1));
+        }
+        if constexpr (T == SMOL_TYPE_IQ4_NL) {
+            const int8x16_t kv = vld1q_s8(kvalues_iq4nl);
+            lo = vqtbl1q_s8(kv, l);
+            hi = vqtbl1q_s8(kv, h);
+        } else {
+            constexpr int8_t off = T == SMOL_TYPE_Q4_0 ? 8 : T == SMOL_TYPE_Q5_0 ? 16 : 0;
+            lo = vsubq_s8(vreinterpretq_s8_u8(l), vdupq_n_s8(off));
+            hi = vsubq_s8(vreinterpretq_s8_u8(h), vdupq_n_s8(off));
+        }
+    }
+}
+
+// Four f16 values, one from each of four blocks at byte offset o.
+static inline float32x4_t halves4(const uint8_t * const b[4], size_t o) {
+    uint16x4_t v = vdup_n_u16(0);
+    v = vld1_lane_u16((const uint16_t *)(b[0] + o), v, 0);
+    v = vld1_lane_u16((const uint16_t *)(b[1] + o), v, 1);
+    v = vld1_lane_u16((const uint16_t *)(b[2] + o), v, 2);
+    v = vld1_lane_u16((const uint16_t *)(b[3] + o), v, 3);
+    return vcvt_f32_f16(vreinterpret_f16_u16(v));
+}
+
+// Rows w[0..4G) (of which the first n are stored) times tokens i0..i0+NT-1,
+// G vectors of four rows.
+template <smol_type T, int G, int NT>
+static inline void q_rows(const uint8_t * const * w, int n, int64_t nb, const uint8_t * ab,
+                          size_t act_row_bytes, int64_t i0, float * y, int64_t ldy) {
+    constexpr size_t bs = T == SMOL_TYPE_Q8_0   ? sizeof(block_q8_0)
+                          : T == SMOL_TYPE_Q4_1 ? sizeof(block_q4_1)
+                          : T == SMOL_TYPE_Q5_0 ? sizeof(block_q5_0)
+                          : T == SMOL_TYPE_Q5_1 ? sizeof(block_q5_1)
+                                                : sizeof(block_q4_0);
+    float32x4_t acc[G][NT];
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < NT; j++) acc[g][j] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * blk[4 * G];
+        int8x16_t lo[4 * G], hi[4 * G];
+        float32x4_t dw[G], mw[G];
+        for (int r = 0; r < 4 * G; r++) {
+            blk[r] = w[r] + b * bs;
+            block_codes<T>(blk[r], lo[r], hi[r]);
+        }
+        for (int g = 0; g < G; g++) {
+            dw[g] = halves4(blk + 4 * g, 0);
+            if constexpr (T == SMOL_TYPE_Q4_1 || T == SMOL_TYPE_Q5_1)
+                mw[g] = halves4(blk + 4 * g, 2);
+        }
+        for (int j = 0; j < NT; j++) {
+            const block_q8_act * a =
+                (const block_q8_act *)(ab + (size_t)(i0 + j) * act_row_bytes) + b;
+            const int8x16_t a0 = vld1q_s8(a->qs), a1 = vld1q_s8(a->qs + 16);
+            for (int g = 0; g < G; g++) {
+                int32x4_t s[4];
+                for (int r = 0; r < 4; r++)
+                    s[r] =
+                        vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo[4 * g + r], a0), hi[4 * g + r], a1);
+                const float32x4_t isum =
+                    vcvtq_f32_s32(vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3])));
+                const float32x4_t dd = vmulq_n_f32(dw[g], a->d);
+                float32x4_t & c = acc[g][j];
+                if constexpr (T == SMOL_TYPE_Q4_0 || T == SMOL_TYPE_Q8_0) {
+                    c = vaddq_f32(c, vmulq_f32(isum, dd));
+                } else if constexpr (T == SMOL_TYPE_Q4_1) {
+                    c = vaddq_f32(c, vaddq_f32(vmulq_f32(isum, dd), vmulq_n_f32(mw[g], a->s)));
+                } else {
+                    c = vfmaq_f32(c, isum, dd);
+                    if constexpr (T == SMOL_TYPE_Q5_1) c = vfmaq_n_f32(c, mw[g], a->s);
+                }
+            }
+        }
+    }
+    for (int j = 0; j < NT; j++) {
+        float out[4 * G];
+        for (int g = 0; g < G; g++) vst1q_f32(out + 4 * g, acc[g][j]);
+        for (int r = 0; r < n; r++) y[(i0 + j) * ldy + r] = out[r];
+    }
+}
+
+template <smol_type T>
+static void matmul_q_neon(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
+                          const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y,
+                          int64_t ldy) {
+    const int64_t nb = K / QK;
+    // Tokens in chunks whose activations stay in L1 (about 24 KiB), each
+    // chunk across all the rows, eight at a time: four tokens take the rows
+    // as two sets of four (the registers hold no more), one or two tokens
+    // all eight at once, sharing their activation loads.
+    const int64_t tc = max_i64(4, (int64_t)(24576 / act_row_bytes) & ~(int64_t)3);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tc) {
+        const int64_t t1 = min_i64(n_tok, t0 + tc);
+        for (int64_t r = r0; r < r1; r += 8) {
+            const int n = (int)min_i64(8, r1 - r);
+            const uint8_t * w[8];
+            // Past the last row the last row again, computed and not stored.
+            for (int i = 0; i < 8; i++) w[i] = wb + (size_t)(r + (i < n ? i : n - 1)) * w_row_bytes;
+            const int n_lo = n < 4 ? n : 4, n_hi = n - n_lo;
+            int64_t i = t0;
+            for (; i + 4 <= t1; i += 4) {
+                q_rows<T, 1, 4>(w, n_lo, nb, ab, act_row_bytes, i, y + r, ldy);
+                if (n_hi > 0)
+                    q_rows<T, 1, 4>(w + 4, n_hi, nb, ab, act_row_bytes, i, y + r + 4, ldy);
+            }
+            switch (t1 - i) {
+            case 3:
+                q_rows<T, 1, 3>(w, n_lo, nb, ab, act_row_bytes, i, y + r, ldy);
+                if (n_hi > 0)
+                    q_rows<T, 1, 3>(w + 4, n_hi, nb, ab, act_row_bytes, i, y + r + 4, ldy);
+                break;
+            case 2:
+                q_rows<T, 2, 2>(w, n, nb, ab, act_row_bytes, i, y + r, ldy);
+                break;
+            case 1:
+                q_rows<T, 2, 1>(w, n, nb, ab, act_row_bytes, i, y + r, ldy);
+                break;
+            default:
+                break;
+            }
+        }
+    }
+}
+
+// The 32-element types this kernel takes; false for the others.
+static bool matmul_q_arm(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0,
+                         int64_t r1, const void * act, size_t act_row_bytes, int64_t n_tok,
+                         float * y, int64_t ldy) {
+    const uint8_t * wb = (const uint8_t *)w;
+    const uint8_t * ab = (const uint8_t *)act;
+    switch (t) {
+    case SMOL_TYPE_Q4_0:
+        matmul_q_neon<SMOL_TYPE_Q4_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return true;
+    case SMOL_TYPE_Q4_1:
+        matmul_q_neon<SMOL_TYPE_Q4_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return true;
+    case SMOL_TYPE_Q5_0:
+        matmul_q_neon<SMOL_TYPE_Q5_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return true;
+    case SMOL_TYPE_Q5_1:
+        matmul_q_neon<SMOL_TYPE_Q5_1>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return true;
+    case SMOL_TYPE_Q8_0:
+        matmul_q_neon<SMOL_TYPE_Q8_0>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y, ldy);
+        return true;
+    case SMOL_TYPE_IQ4_NL:
+        matmul_q_neon<SMOL_TYPE_IQ4_NL>(wb, w_row_bytes, K, r0, r1, ab, act_row_bytes, n_tok, y,
+                                        ldy);
+        return true;
+    default:
+        return false;
+    }
+}
+
+#endif // __ARM_FEATURE_DOTPROD
+
 #if defined(__AVX2__)
 
 // --- matmul: AVX2 (and AVX-512) -----------------------------------------------------
@@ -1023,6 +1225,9 @@ static void matmul_f(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t 
 void matmul(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
             const void * act, size_t act_row_bytes, int64_t n_tok, float * y, int64_t ldy) {
     if (r1 <= r0 || n_tok <= 0) return;
+#if defined(__ARM_FEATURE_DOTPROD)
+    if (matmul_q_arm(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy)) return;
+#endif
     if (dots_type(t)) {
         matmul_dots(t, w, w_row_bytes, K, r0, r1, act, act_row_bytes, n_tok, y, ldy);
         return;
