@@ -46,6 +46,7 @@ struct options {
     uint32_t n_ctx = 4096;
     uint32_t parallel = 4;
     uint32_t max_queue = 32;
+    uint32_t queue_wait_ms = 1000;
     size_t max_body = 1 << 20;
     uint32_t max_connections = 1024;
     uint32_t chunk = 256;
@@ -73,6 +74,7 @@ struct server_state {
     smol_model * model = nullptr;
     smol_engine * engine = nullptr;
     served_model served; // what requests are checked against
+    std::chrono::milliseconds queue_wait{1000};
     std::time_t started = std::time(nullptr);
     std::atomic<int64_t> n_http_errors{0};
     std::atomic<int64_t> n_disconnects{0};
@@ -227,7 +229,16 @@ struct job {
         p.on_event = on_event;
         auto * ref = new std::shared_ptr<stream_state>(state);
         p.user_data = ref;
-        const smol_status s = smol_engine_submit(st.engine, &p, &id);
+        // Every slot and the queue taken: wait a while for room before the
+        // 503. A client that hung up holds its place until a probe write
+        // fails (streams probe every 200 ms, others every 500 ms), so
+        // clients that come and go fill the queue for moments at a time.
+        const auto give_up = std::chrono::steady_clock::now() + st.queue_wait;
+        smol_status s = smol_engine_submit(st.engine, &p, &id);
+        while (s == SMOL_ERR_BUSY && std::chrono::steady_clock::now() < give_up) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            s = smol_engine_submit(st.engine, &p, &id);
+        }
         if (s != SMOL_OK) delete ref;
         if (s == SMOL_ERR_BUSY) {
             throw api_error{503,
@@ -545,6 +556,9 @@ int main(int argc, char ** argv) {
     app.add_option("-c,--ctx-size", o.n_ctx, "KV cells shared by all requests (default 4096)");
     app.add_option("--parallel", o.parallel, "requests generating at once (1-127, default 4)");
     app.add_option("--max-queue", o.max_queue, "requests waiting beyond those (default 32)");
+    app.add_option("--queue-wait", o.queue_wait_ms,
+                   "ms a request that finds the slots and the queue full waits for room before "
+                   "its 503 (default 1000)");
     app.add_option("--max-body", o.max_body, "largest request body in bytes (default 1 MiB)");
     app.add_option("--max-connections", o.max_connections,
                    "connections served at once; more wait for one to end (default 1024)");
@@ -570,6 +584,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
     st.served.model = st.model;
+    st.queue_wait = std::chrono::milliseconds(o.queue_wait_ms);
     st.served.id = o.alias.empty() ? fs::path(path).stem().string() : o.alias;
     smol_engine_params ep = smol_engine_default_params();
     ep.context.n_ctx = o.n_ctx;
