@@ -75,6 +75,7 @@ const kernels & kernels_avx512();
 #endif
 #if SMOL_CPU_ARM64
 const kernels & kernels_dotprod();
+const kernels & kernels_i8mm();
 #endif
 
 namespace SMOL_CPU_VARIANT {
@@ -647,7 +648,10 @@ std::vector<const kernels *> kernels_available() {
 #endif
 #if SMOL_CPU_ARM64
     // sdot and udot (ARMv8.2 and later: Pi 5, Graviton 2 and up, Apple M).
-    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) v.push_back(&kernels_dotprod());
+    const bool dotprod = getauxval(AT_HWCAP) & HWCAP_ASIMDDP;
+    if (dotprod) v.push_back(&kernels_dotprod());
+    // smmla (ARMv8.6, optional from 8.2: Graviton 3 and up, Apple M2 and up).
+    if (dotprod && (getauxval(AT_HWCAP2) & HWCAP2_I8MM)) v.push_back(&kernels_i8mm());
 #endif
     return v;
 }
@@ -677,7 +681,7 @@ static const kernels & choose_kernels() {
         // A forced variant this CPU cannot run would crash; say so once.
         log_warn("SMOL_CPU_KERNELS=" + want +
                  " is not available on this CPU (use generic, avx2 or avx512 on x86, "
-                 "dotprod on ARM, where supported); "
+                 "dotprod or i8mm on ARM, where supported); "
                  "using " +
                  best->name);
     }

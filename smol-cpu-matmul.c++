@@ -249,6 +249,105 @@ static inline void q_rows(const uint8_t * const * w, int n, int64_t nb, const ui
     }
 }
 
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// ARM's i8mm variant: prefill in tiles of 4 rows and 4 tokens. smmla
+// multiplies a 2 x 8 matrix of codes by an 8 x 2 one into a 2 x 2 int32
+// tile; four of them cover a block's 32 elements, so a pair of rows and a
+// pair of tokens get their four exact block dot products (the same
+// integers) in the lanes [r0 t0, r0 t1, r1 t0, r1 t1], and each lane then
+// takes its row's generic float steps with its own d_w * d_a.
+
+// Lanes [v[2h], v[2h], v[2h + 1], v[2h + 1]]: row pair h's values, each
+// once for both tokens.
+static inline float32x4_t row_pair(float32x4_t v, int h) {
+    const float32x4_t u = h ? vextq_f32(v, v, 2) : v;
+    return vzip1q_f32(u, u);
+}
+
+template <smol_type T>
+static inline void q_tile_mmla(const uint8_t * const w[4], int n, int64_t nb, const uint8_t * ab,
+                               size_t act_row_bytes, int64_t i0, int nt, float * y, int64_t ldy) {
+    constexpr size_t bs = T == SMOL_TYPE_Q8_0   ? sizeof(block_q8_0)
+                          : T == SMOL_TYPE_Q4_1 ? sizeof(block_q4_1)
+                          : T == SMOL_TYPE_Q5_0 ? sizeof(block_q5_0)
+                          : T == SMOL_TYPE_Q5_1 ? sizeof(block_q5_1)
+                                                : sizeof(block_q4_0);
+    // Past the last token the last token again, computed and not stored.
+    const block_q8_act * a[4];
+    for (int j = 0; j < 4; j++)
+        a[j] = (const block_q8_act *)(ab + (size_t)(i0 + (j < nt ? j : nt - 1)) * act_row_bytes);
+    // acc[rp][tp]: rows 2 rp, 2 rp + 1 with tokens 2 tp, 2 tp + 1.
+    float32x4_t acc[2][2];
+    for (int rp = 0; rp < 2; rp++)
+        for (int tp = 0; tp < 2; tp++) acc[rp][tp] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t * blk[4] = {w[0] + b * bs, w[1] + b * bs, w[2] + b * bs, w[3] + b * bs};
+        // wq[rp][k]: elements 8k..8k+7 of rows 2 rp and 2 rp + 1.
+        int64x2_t wq[2][4];
+        for (int rp = 0; rp < 2; rp++) {
+            int8x16_t lo0, hi0, lo1, hi1;
+            block_codes<T>(blk[2 * rp], lo0, hi0);
+            block_codes<T>(blk[2 * rp + 1], lo1, hi1);
+            const int64x2_t l0 = vreinterpretq_s64_s8(lo0), l1 = vreinterpretq_s64_s8(lo1);
+            const int64x2_t h0 = vreinterpretq_s64_s8(hi0), h1 = vreinterpretq_s64_s8(hi1);
+            wq[rp][0] = vzip1q_s64(l0, l1);
+            wq[rp][1] = vzip2q_s64(l0, l1);
+            wq[rp][2] = vzip1q_s64(h0, h1);
+            wq[rp][3] = vzip2q_s64(h0, h1);
+        }
+        // aq[tp][k]: elements 8k..8k+7 of tokens 2 tp and 2 tp + 1.
+        int64x2_t aq[2][4];
+        for (int tp = 0; tp < 2; tp++) {
+            const int8_t * x0 = a[2 * tp][b].qs;
+            const int8_t * x1 = a[2 * tp + 1][b].qs;
+            for (int k = 0; k < 2; k++) {
+                const int64x2_t u0 = vreinterpretq_s64_s8(vld1q_s8(x0 + 16 * k));
+                const int64x2_t u1 = vreinterpretq_s64_s8(vld1q_s8(x1 + 16 * k));
+                aq[tp][2 * k] = vzip1q_s64(u0, u1);
+                aq[tp][2 * k + 1] = vzip2q_s64(u0, u1);
+            }
+        }
+        const float32x4_t dw = halves4(blk, 0);
+        float32x4_t mw = vdupq_n_f32(0.0f);
+        if constexpr (T == SMOL_TYPE_Q4_1 || T == SMOL_TYPE_Q5_1) mw = halves4(blk, 2);
+        for (int tp = 0; tp < 2; tp++) {
+            // [x t0, x t1, x t0, x t1] of the tokens' d and s.
+            const float da0 = a[2 * tp][b].d, da1 = a[2 * tp + 1][b].d;
+            const float sa0 = a[2 * tp][b].s, sa1 = a[2 * tp + 1][b].s;
+            const float32x4_t da = {da0, da1, da0, da1}, sa = {sa0, sa1, sa0, sa1};
+            for (int rp = 0; rp < 2; rp++) {
+                int32x4_t i = vdupq_n_s32(0);
+                for (int k = 0; k < 4; k++)
+                    i = vmmlaq_s32(i, vreinterpretq_s8_s64(wq[rp][k]),
+                                   vreinterpretq_s8_s64(aq[tp][k]));
+                const float32x4_t isum = vcvtq_f32_s32(i);
+                const float32x4_t dd = vmulq_f32(row_pair(dw, rp), da);
+                float32x4_t & c = acc[rp][tp];
+                if constexpr (T == SMOL_TYPE_Q4_0 || T == SMOL_TYPE_Q8_0) {
+                    c = vaddq_f32(c, vmulq_f32(isum, dd));
+                } else if constexpr (T == SMOL_TYPE_Q4_1) {
+                    c = vaddq_f32(c,
+                                  vaddq_f32(vmulq_f32(isum, dd), vmulq_f32(row_pair(mw, rp), sa)));
+                } else {
+                    c = vfmaq_f32(c, isum, dd);
+                    if constexpr (T == SMOL_TYPE_Q5_1) c = vfmaq_f32(c, row_pair(mw, rp), sa);
+                }
+            }
+        }
+    }
+    for (int rp = 0; rp < 2; rp++) {
+        for (int tp = 0; tp < 2; tp++) {
+            float o[4];
+            vst1q_f32(o, acc[rp][tp]);
+            for (int k = 0; k < 4; k++) {
+                const int r = 2 * rp + k / 2, j = 2 * tp + k % 2;
+                if (r < n && j < nt) y[(i0 + j) * ldy + r] = o[k];
+            }
+        }
+    }
+}
+#endif
+
 template <smol_type T>
 static void matmul_q_neon(const uint8_t * wb, size_t w_row_bytes, int64_t K, int64_t r0, int64_t r1,
                           const uint8_t * ab, size_t act_row_bytes, int64_t n_tok, float * y,
@@ -269,9 +368,15 @@ static void matmul_q_neon(const uint8_t * wb, size_t w_row_bytes, int64_t K, int
             const int n_lo = n < 4 ? n : 4, n_hi = n - n_lo;
             int64_t i = t0;
             for (; i + 4 <= t1; i += 4) {
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+                q_tile_mmla<T>(w, n_lo, nb, ab, act_row_bytes, i, 4, y + r, ldy);
+                if (n_hi > 0)
+                    q_tile_mmla<T>(w + 4, n_hi, nb, ab, act_row_bytes, i, 4, y + r + 4, ldy);
+#else
                 q_rows<T, 1, 4>(w, n_lo, nb, ab, act_row_bytes, i, y + r, ldy);
                 if (n_hi > 0)
                     q_rows<T, 1, 4>(w + 4, n_hi, nb, ab, act_row_bytes, i, y + r + 4, ldy);
+#endif
             }
             switch (t1 - i) {
             case 3:

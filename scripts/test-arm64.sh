@@ -2,7 +2,7 @@
 # smol for 64-bit ARM, cross-built here and tested under emulation: installs
 # Debian's aarch64 cross compiler and qemu-user-static, builds in
 # build-arm64 with cmake/aarch64-linux-gnu.cmake (the kernel variants this
-# target has: generic and dotprod), runs the CPU test suite through qemu (ctest runs each
+# target has: generic, dotprod and i8mm), runs the CPU test suite through qemu (ctest runs each
 # test program under the emulator the toolchain file names; qemu's default
 # CPU has every ARM feature, so every kernel variant is tested) and has
 # smol-cli generate a few tokens with the real SmolLM2-135M on each variant.
@@ -32,14 +32,17 @@ qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 ctest --test-dir build-arm64 --output-on-failure -j"$(nproc)" --timeout 1200 \
     -E '^(test-requant|perplexity-matches-llama|format|install-find-package)$'
 
-# qemu's default CPU has every feature (the dotprod variant runs); a
-# Cortex-A53 (ARMv8.0) has none (generic). Greedy text: the same bits, the
-# same words.
+# qemu's default CPU has every feature (the i8mm variant runs); a Neoverse
+# N1 (ARMv8.2) has dotprod and no i8mm; a Cortex-A53 (ARMv8.0) has neither
+# (generic). Greedy text: the same bits, the same words.
 echo "test-arm64: smol-cli on aarch64 (qemu), the real SmolLM2-135M, each kernel variant"
 texts=()
-for cpu in max cortex-a53; do
-    want=dotprod
-    [ "$cpu" = cortex-a53 ] && want=generic
+for cpu in max neoverse-n1 cortex-a53; do
+    case "$cpu" in
+    max) want=i8mm ;;
+    neoverse-n1) want=dotprod ;;
+    *) want=generic ;;
+    esac
     out=$("${qemu[@]}" -cpu "$cpu" build-arm64/examples/smol-cli \
         -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p "The capital of France is" -n 8 --temp 0 2>&1)
     echo "$out"
@@ -49,4 +52,6 @@ for cpu in max cortex-a53; do
     }
     texts+=("$(grep -v '^smol-cli' <<<"$out")")
 done
-[ "${texts[0]}" = "${texts[1]}" ] || { echo "test-arm64: the variants' greedy texts differ" >&2; exit 1; }
+for t in "${texts[@]:1}"; do
+    [ "$t" = "${texts[0]}" ] || { echo "test-arm64: the variants' greedy texts differ" >&2; exit 1; }
+done

@@ -391,13 +391,13 @@ bool fits(smol_type t, const shape & s) {
 
 } // namespace
 
-TEST_CASE("every variant's name is one of generic, avx2, avx512, dotprod and generic comes first") {
+TEST_CASE("every variant's name is one of generic, avx2, avx512, dotprod, i8mm; generic first") {
     const std::vector<const kernels *> ks = kernels_available();
     REQUIRE(!ks.empty());
     CHECK(std::string(ks.front()->name) == "generic");
     for (const kernels * k : ks) {
         const std::string n = k->name;
-        CHECK((n == "generic" || n == "avx2" || n == "avx512" || n == "dotprod"));
+        CHECK((n == "generic" || n == "avx2" || n == "avx512" || n == "dotprod" || n == "i8mm"));
     }
     const std::string best = kernels_best().name;
     bool found = false;
@@ -927,35 +927,49 @@ TEST_CASE("a token's matmul outputs are the same bits whatever the batch around 
 
 namespace {
 
-// ARM's dotprod variant where this CPU has one (ARMv8.2 and later), else
-// null: its case is then skipped, and counted as skipped.
-const kernels * dotprod_variant() {
+// ARM's variant of that name where this CPU has it (dotprod: ARMv8.2 and
+// later; i8mm: 8.6, optional from 8.2), else null: its case is then
+// skipped, and counted as skipped.
+const kernels * arm_variant(const char * name) {
     for (const kernels * k : kernels_available())
-        if (std::string(k->name) == "dotprod") return k;
+        if (std::string(k->name) == name) return k;
     return nullptr;
 }
 
-} // namespace
-
-TEST_CASE("ARM's dotprod variant gives the generic variant's matmul bits" *
-          doctest::skip(dotprod_variant() == nullptr)) {
-    // Its quantized dot products are the generic ones' exact integers (sdot)
-    // under the same float steps; everything else is the generic code.
-    const kernels * dp = dotprod_variant();
+// A variant's matmul bits against the generic variant's, every type, one
+// token (decode) and 9 (prefill: the i8mm tiles and a tail), rows in tiles
+// and a tail.
+void check_generic_bits(const kernels * v) {
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
     for (smol_type t : all_types) {
         const std::string type = type_name(t);
         CAPTURE(type);
         for (int64_t n_tok : {1, 9}) {
+            CAPTURE(n_tok);
             problem p(t, 1536, 0, 37, n_tok, rng);
-            const std::vector<float> want = p.run(*kernels_available().front()), got = p.run(*dp);
+            const std::vector<float> want = p.run(*kernels_available().front()), got = p.run(*v);
             int differ = 0;
             for (size_t i = 0; i < want.size(); i++)
                 if (bits_of(want[i]) != bits_of(got[i])) differ++;
             CHECK(differ == 0);
         }
     }
+}
+
+} // namespace
+
+TEST_CASE("ARM's dotprod variant gives the generic variant's matmul bits" *
+          doctest::skip(arm_variant("dotprod") == nullptr)) {
+    // Its quantized dot products are the generic ones' exact integers (sdot)
+    // under the same float steps; everything else is the generic code.
+    check_generic_bits(arm_variant("dotprod"));
+}
+
+TEST_CASE("ARM's i8mm variant gives the generic variant's matmul bits" *
+          doctest::skip(arm_variant("i8mm") == nullptr)) {
+    // Prefill tiles take smmla's exact integers, under the same float steps.
+    check_generic_bits(arm_variant("i8mm"));
 }
 
 TEST_CASE("matmul called concurrently on disjoint row ranges equals one call") {
