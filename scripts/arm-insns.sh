@@ -5,7 +5,8 @@
 # plugin scripts/qemu-insns.c, one thread, greedy, on a CPU with every
 # feature (-cpu max) with SMOL_CPU_KERNELS forcing each variant. A decoded
 # token's count is the difference between two runs that generate 2 and N
-# tokens from the same prompt, over N - 2. Models: the real SmolLM2-135M
+# tokens from the same prompt, over N - 2; a prompt token's, between two
+# prompts of 20 and 60 tokens, over the 40 between them. Models: the real SmolLM2-135M
 # rewritten as Q4_0 and Q8_0 (llama-quantize's mix), and the 1.7B's shape
 # with random weights, every matmul weight Q4_K (576, the 135M's width, is
 # no multiple of 256).
@@ -16,7 +17,7 @@
 # of a Raspberry Pi 5 (17 GB/s) and a Graviton 3 (300 GB/s): estimates of
 # the bound, not measurements.
 #
-#   scripts/arm-insns.sh           all three models (about 10 minutes)
+#   scripts/arm-insns.sh           all three models (about 25 minutes)
 #   scripts/arm-insns.sh --quick   the 135M files only
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,26 +45,47 @@ if [ "${1:-}" != "--quick" ]; then
     models+=("$f")
 fi
 
-count() { # variant model n -> instructions
+# run VARIANT MODEL PROMPT N -> "instructions prompt_tokens"
+run() {
     SMOL_CPU_KERNELS=$1 qemu-aarch64 -L /usr/aarch64-linux-gnu -cpu max \
-        -plugin "$work/qemu-insns.so" build-arm64/examples/smol-cli -m "$2" \
-        -p "The capital of France is" -n "$3" --temp 0 -t 1 2>&1 >/dev/null |
-        awk '/^qemu-insns:/ { print $2 }'
+        -plugin "$work/qemu-insns.so" build-arm64/examples/smol-cli -m "$2" -p "$3" -n "$4" \
+        --temp 0 -t 1 2>&1 >/dev/null |
+        awk '/^qemu-insns:/ { i = $2 } /^smol-cli: prompt/ { p = $3 } END { print i, p }'
 }
 
-printf '%-26s %14s %14s %7s %10s %12s %12s\n' model generic dotprod ratio "MB/token" \
-    "t/s@17GB/s" "t/s@300GB/s"
+short="The capital of France is"
+sentence="The quick brown fox jumps over the lazy dog."
+long1="$sentence $sentence"
+long2="$long1 $long1 $long1"
+variants=(generic dotprod i8mm)
+
+printf '%-18s %-8s %14s %14s %14s %9s %9s\n' model phase generic dotprod i8mm "dp/gen" "i8mm/gen"
 for m in "${models[@]}"; do
+    name=$(basename "$m" .gguf)
+    # Decode: generating N tokens against 2, over N - 2.
     case "$m" in *1.7B*) n=4 ;; *) n=10 ;; esac
-    per=()
-    for v in generic dotprod; do
-        a=$(count "$v" "$m" 2)
-        b=$(count "$v" "$m" "$n")
+    dec=()
+    for v in "${variants[@]}"; do
+        read -r a _ < <(run "$v" "$m" "$short" 2)
+        read -r b _ < <(run "$v" "$m" "$short" "$n")
         [ -n "$a" ] && [ -n "$b" ] || { echo "arm-insns: no count for $v on $m" >&2; exit 1; }
-        per+=($(((b - a) / (n - 2))))
+        dec+=($(((b - a) / (n - 2))))
+    done
+    # Prefill: a prompt of six sentences against one of two, one token
+    # generated after each, per prompt token of the difference.
+    pre=()
+    for v in "${variants[@]}"; do
+        read -r a pa < <(run "$v" "$m" "$long1" 1)
+        read -r b pb < <(run "$v" "$m" "$long2" 1)
+        pre+=($(((b - a) / (pb - pa))))
+    done
+    for phase in decode prefill; do
+        if [ "$phase" = decode ]; then c=("${dec[@]}"); else c=("${pre[@]}"); fi
+        awk -v m="$name" -v ph="$phase" -v g="${c[0]}" -v d="${c[1]}" -v i="${c[2]}" 'BEGIN {
+            printf "%-18s %-8s %14.0f %14.0f %14.0f %9.3f %9.3f\n", m, ph, g, d, i, d / g, i / g }'
     done
     bytes=$(stat -c %s "$m")
-    awk -v m="$(basename "$m" .gguf)" -v g="${per[0]}" -v d="${per[1]}" -v b="$bytes" 'BEGIN {
-        printf "%-26s %14.0f %14.0f %7.3f %10.1f %12.1f %12.1f\n", m, g, d, d / g, b / 1e6,
-            17e9 / b, 300e9 / b }'
+    awk -v m="$name" -v b="$bytes" 'BEGIN {
+        printf "%-18s reads %.1f MB a decoded token: at most %.1f t/s at 17 GB/s, %.1f at 300 GB/s\n",
+            m, b / 1e6, 17e9 / b, 300e9 / b }'
 done
