@@ -47,6 +47,16 @@ namespace smol::cpu::SMOL_CPU_VARIANT {
 
 namespace {
 
+#if defined(__ARM_FEATURE_DOTPROD)
+// ARM's dotprod variant takes sdot's exact code products: the loops'
+// integers, so the generic variant's bits.
+//
+// Bytes of v shifted right by n (0-7), as the loops' >> on each byte.
+static inline uint8x16_t shr_u8(uint8x16_t v, int n) {
+    return vshlq_u8(v, vdupq_n_s8((int8_t)-n));
+}
+#endif
+
 // --- the 32-element types --------------------------------------------------------
 
 static float dot_q5_0(const block_q5_0 * w, const block_q8_act * a, int64_t nb) {
@@ -100,6 +110,45 @@ static float dot_q2_K(const block_q2_K * w, const block_q8_K * a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0, msum = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+        // Group j (16 elements): bits 2t of qs[32h + c0 + c], h = j / 8,
+        // t = (j % 8) / 2, c0 = 16 (j % 2); its code products in four lanes,
+        // pairwise sums to sixteen totals, which meet the scales (low
+        // nibbles) in four multiplies; the mins (high nibbles) meet the
+        // activations' group sums in two widening multiplies.
+        int32x4_t tot[4];
+        for (int h = 0; h < 2; h++) {
+            const uint8x16_t q[2] = {vld1q_u8(w[b].qs + 32 * h), vld1q_u8(w[b].qs + 32 * h + 16)};
+            int32x4_t d[8];
+            for (int k = 0; k < 8; k++) {
+                const int t = k / 2, half = k % 2;
+                const uint8x16_t c = vandq_u8(shr_u8(q[half], 2 * t), vdupq_n_u8(3));
+                d[k] = vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(c),
+                                 vld1q_s8(a[b].qs + 16 * (8 * h + k)));
+            }
+            tot[2 * h] = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+            tot[2 * h + 1] = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+        }
+        const uint8x16_t sc = vld1q_u8(w[b].scales);
+        const int16x8_t s16_lo =
+            vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(vandq_u8(sc, vdupq_n_u8(0xF)))));
+        const int16x8_t s16_hi =
+            vreinterpretq_s16_u16(vmovl_high_u8(vandq_u8(sc, vdupq_n_u8(0xF))));
+        int32x4_t iv = vmulq_s32(tot[0], vmovl_s16(vget_low_s16(s16_lo)));
+        iv = vmlaq_s32(iv, tot[1], vmovl_high_s16(s16_lo));
+        iv = vmlaq_s32(iv, tot[2], vmovl_s16(vget_low_s16(s16_hi)));
+        iv = vmlaq_s32(iv, tot[3], vmovl_high_s16(s16_hi));
+        isum = vaddvq_s32(iv);
+        const uint8x16_t mn = vshrq_n_u8(sc, 4);
+        const int16x8_t m_lo = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mn)));
+        const int16x8_t m_hi = vreinterpretq_s16_u16(vmovl_high_u8(mn));
+        const int16x8_t b_lo = vld1q_s16(a[b].bsums), b_hi = vld1q_s16(a[b].bsums + 8);
+        int32x4_t mv = vmull_s16(vget_low_s16(m_lo), vget_low_s16(b_lo));
+        mv = vmlal_high_s16(mv, m_lo, b_lo);
+        mv = vmlal_s16(mv, vget_low_s16(m_hi), vget_low_s16(b_hi));
+        mv = vmlal_high_s16(mv, m_hi, b_hi);
+        msum = vaddvq_s32(mv);
+#else
         for (int j = 0; j < 16; j++) {
             const int h = j / 8, t = (j % 8) / 2, c0 = 16 * (j % 2);
             int s = 0;
@@ -108,6 +157,7 @@ static float dot_q2_K(const block_q2_K * w, const block_q8_K * a, int64_t nb) {
             isum += (w[b].scales[j] & 0xF) * s;
             msum += (w[b].scales[j] >> 4) * a[b].bsums[j];
         }
+#endif
         acc = fmaf((float)isum, h2f(w[b].d) * a[b].d, acc);
         acc = fmaf((float)msum, -(h2f(w[b].dmin) * a[b].d), acc);
     }
@@ -118,6 +168,31 @@ static float dot_q3_K(const block_q3_K * w, const block_q8_K * a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+        // Group j (16 elements) as q2_K's, less 4 where bit j / 2 of its
+        // hmask bytes is clear; totals and scales as dot_q2_K's.
+        const uint8x16_t hm[2] = {vld1q_u8(w[b].hmask), vld1q_u8(w[b].hmask + 16)};
+        int32x4_t tot[4];
+        for (int h = 0; h < 2; h++) {
+            const uint8x16_t q[2] = {vld1q_u8(w[b].qs + 32 * h), vld1q_u8(w[b].qs + 32 * h + 16)};
+            int32x4_t d[8];
+            for (int k = 0; k < 8; k++) {
+                const int t = k / 2, half = k % 2, u = 4 * h + t;
+                const uint8x16_t lo = vandq_u8(shr_u8(q[half], 2 * t), vdupq_n_u8(3));
+                const uint8x16_t set = vtstq_u8(hm[half], vdupq_n_u8((uint8_t)(1 << u)));
+                const int8x16_t c = vsubq_s8(vreinterpretq_s8_u8(lo),
+                                             vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), set)));
+                d[k] = vdotq_s32(vdupq_n_s32(0), c, vld1q_s8(a[b].qs + 16 * (8 * h + k)));
+            }
+            tot[2 * h] = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+            tot[2 * h + 1] = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+        }
+        int32_t sc[16];
+        for (int j = 0; j < 16; j++) sc[j] = q3_K_scale(w[b].scales, j);
+        int32x4_t iv = vmulq_s32(tot[0], vld1q_s32(sc));
+        for (int g = 1; g < 4; g++) iv = vmlaq_s32(iv, tot[g], vld1q_s32(sc + 4 * g));
+        isum = vaddvq_s32(iv);
+#else
         for (int j = 0; j < 16; j++) {
             int s = 0;
             for (int k = 0; k < 16; k++) {
@@ -129,20 +204,11 @@ static float dot_q3_K(const block_q3_K * w, const block_q8_K * a, int64_t nb) {
             }
             isum += q3_K_scale(w[b].scales, j) * s;
         }
+#endif
         acc = fmaf((float)isum, h2f(w[b].d) * a[b].d, acc);
     }
     return acc;
 }
-
-#if defined(__ARM_FEATURE_DOTPROD)
-// ARM's dotprod variant takes sdot's exact code products: the loops'
-// integers, so the generic variant's bits.
-//
-// Bytes of v shifted right by n (0-7), as the loops' >> on each byte.
-static inline uint8x16_t shr_u8(uint8x16_t v, int n) {
-    return vshlq_u8(v, vdupq_n_s8((int8_t)-n));
-}
-#endif
 
 #if defined(__ARM_FEATURE_DOTPROD)
 // One super-block of NR rows of q4_K (bits 4) or q5_K (bits 5) with one
@@ -309,8 +375,29 @@ static float dot_q6_K(const block_q6_K * w, const block_q8_K * a, int64_t nb) {
 
 static float dot_iq4_xs(const block_iq4_xs * w, const block_q8_K * a, int64_t nb) {
     float acc = 0.0f;
+#if defined(__ARM_FEATURE_DOTPROD)
+    const int8x16_t kv = vld1q_s8(kvalues_iq4nl);
+#endif
     for (int64_t b = 0; b < nb; b++) {
         int isum = 0;
+#if defined(__ARM_FEATURE_DOTPROD)
+        // Sub-block s's code products in four lanes (its nibbles looked up
+        // in the table); pairwise sums give the eight totals, which meet the
+        // scales in two multiplies and one horizontal sum.
+        int32x4_t d[8];
+        for (int s = 0; s < 8; s++) {
+            const uint8x16_t q = vld1q_u8(w[b].qs + 16 * s);
+            const int8x16_t lo = vqtbl1q_s8(kv, vandq_u8(q, vdupq_n_u8(0xF)));
+            const int8x16_t hi = vqtbl1q_s8(kv, vshrq_n_u8(q, 4));
+            d[s] = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(a[b].qs + 32 * s)), hi,
+                             vld1q_s8(a[b].qs + 32 * s + 16));
+        }
+        int32_t sc[8];
+        for (int s = 0; s < 8; s++) sc[s] = iq4_xs_scale(w[b], s);
+        const int32x4_t t03 = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+        const int32x4_t t47 = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+        isum = vaddvq_s32(vmlaq_s32(vmulq_s32(t03, vld1q_s32(sc)), t47, vld1q_s32(sc + 4)));
+#else
         for (int s = 0; s < 8; s++) {
             const uint8_t * q = w[b].qs + 16 * s;
             const int8_t * x = a[b].qs + 32 * s;
@@ -319,6 +406,7 @@ static float dot_iq4_xs(const block_iq4_xs * w, const block_q8_K * a, int64_t nb
                 d += kvalues_iq4nl[q[j] & 0xF] * x[j] + kvalues_iq4nl[q[j] >> 4] * x[j + 16];
             isum += iq4_xs_scale(w[b], s) * d;
         }
+#endif
         acc = fmaf((float)isum, h2f(w[b].d) * a[b].d, acc);
     }
     return acc;
