@@ -57,6 +57,15 @@ static inline uint8x16_t shr_u8(uint8x16_t v, int n) {
 }
 #endif
 
+#if defined(__ARM_FEATURE_DOTPROD)
+// The lane sums of d[0..3] and of d[4..7], in order: eight groups' totals
+// from their four-lane code products, by pairwise adds.
+static inline void totals8(const int32x4_t d[8], int32x4_t & t03, int32x4_t & t47) {
+    t03 = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
+    t47 = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+}
+#endif
+
 // --- the 32-element types --------------------------------------------------------
 
 static float dot_q5_0(const block_q5_0 * w, const block_q8_act * a, int64_t nb) {
@@ -126,8 +135,7 @@ static float dot_q2_K(const block_q2_K * w, const block_q8_K * a, int64_t nb) {
                 d[k] = vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(c),
                                  vld1q_s8(a[b].qs + 16 * (8 * h + k)));
             }
-            tot[2 * h] = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
-            tot[2 * h + 1] = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+            totals8(d, tot[2 * h], tot[2 * h + 1]);
         }
         const uint8x16_t sc = vld1q_u8(w[b].scales);
         const int16x8_t s16_lo =
@@ -184,8 +192,7 @@ static float dot_q3_K(const block_q3_K * w, const block_q8_K * a, int64_t nb) {
                                              vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), set)));
                 d[k] = vdotq_s32(vdupq_n_s32(0), c, vld1q_s8(a[b].qs + 16 * (8 * h + k)));
             }
-            tot[2 * h] = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
-            tot[2 * h + 1] = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+            totals8(d, tot[2 * h], tot[2 * h + 1]);
         }
         int32_t sc[16];
         for (int j = 0; j < 16; j++) sc[j] = q3_K_scale(w[b].scales, j);
@@ -258,14 +265,8 @@ static inline void k_type1_ints(const Block * const * w, const block_q8_K & a, i
     }
     const int16x8_t bsum = vpaddq_s16(vld1q_s16(a.bsums), vld1q_s16(a.bsums + 8));
     for (int r = 0; r < NR; r++) {
-        // scales_mins_k4, with the scales and mins left in registers.
-        uint32_t sw[3];
-        memcpy(sw, w[r]->scales, 12);
-        const uint64_t sc = (sw[0] & 0x3f3f3f3fu) |
-                            (uint64_t)((sw[2] & 0x0f0f0f0fu) | ((sw[0] >> 2) & 0x30303030u)) << 32;
-        const uint64_t m = (sw[1] & 0x3f3f3f3fu) |
-                           (uint64_t)(((sw[2] >> 4) & 0x0f0f0f0fu) | ((sw[1] >> 2) & 0x30303030u))
-                               << 32;
+        uint64_t sc, m;
+        scales_mins_k4(w[r]->scales, sc, m);
         const int16x8_t scv = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(sc)));
         const int16x8_t mv = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(m)));
         isum[r] = vaddvq_s32(vmlaq_s32(vmulq_s32(t[r][0], vmovl_s16(vget_low_s16(scv))), t[r][1],
@@ -394,8 +395,8 @@ static float dot_iq4_xs(const block_iq4_xs * w, const block_q8_K * a, int64_t nb
         }
         int32_t sc[8];
         for (int s = 0; s < 8; s++) sc[s] = iq4_xs_scale(w[b], s);
-        const int32x4_t t03 = vpaddq_s32(vpaddq_s32(d[0], d[1]), vpaddq_s32(d[2], d[3]));
-        const int32x4_t t47 = vpaddq_s32(vpaddq_s32(d[4], d[5]), vpaddq_s32(d[6], d[7]));
+        int32x4_t t03, t47;
+        totals8(d, t03, t47);
         isum = vaddvq_s32(vmlaq_s32(vmulq_s32(t03, vld1q_s32(sc)), t47, vld1q_s32(sc + 4)));
 #else
         for (int s = 0; s < 8; s++) {

@@ -182,6 +182,29 @@ static inline void block_codes(const uint8_t * blk, int8x16_t & lo, int8x16_t & 
     }
 }
 
+// The bytes of a block of the 32-element type T.
+template <smol_type T> static constexpr size_t q_block_bytes() {
+    return T == SMOL_TYPE_Q8_0   ? sizeof(block_q8_0)
+           : T == SMOL_TYPE_Q4_1 ? sizeof(block_q4_1)
+           : T == SMOL_TYPE_Q5_0 ? sizeof(block_q5_0)
+           : T == SMOL_TYPE_Q5_1 ? sizeof(block_q5_1)
+                                 : sizeof(block_q4_0);
+}
+
+// One block's float steps on four outputs (the list above): isum, d_w * d_a
+// and, for q4_1 and q5_1, m_w and s_a, lane by lane.
+template <smol_type T>
+static inline float32x4_t block_step(float32x4_t c, float32x4_t isum, float32x4_t dd, float32x4_t m,
+                                     float32x4_t s) {
+    if constexpr (T == SMOL_TYPE_Q4_0 || T == SMOL_TYPE_Q8_0)
+        return vaddq_f32(c, vmulq_f32(isum, dd));
+    if constexpr (T == SMOL_TYPE_Q4_1)
+        return vaddq_f32(c, vaddq_f32(vmulq_f32(isum, dd), vmulq_f32(m, s)));
+    c = vfmaq_f32(c, isum, dd);
+    if constexpr (T == SMOL_TYPE_Q5_1) c = vfmaq_f32(c, m, s);
+    return c;
+}
+
 // Four f16 values, one from each of four blocks at byte offset o.
 static inline float32x4_t halves4(const uint8_t * const b[4], size_t o) {
     uint16x4_t v = vdup_n_u16(0);
@@ -197,11 +220,7 @@ static inline float32x4_t halves4(const uint8_t * const b[4], size_t o) {
 template <smol_type T, int G, int NT>
 static inline void q_rows(const uint8_t * const * w, int n, int64_t nb, const uint8_t * ab,
                           size_t act_row_bytes, int64_t i0, float * y, int64_t ldy) {
-    constexpr size_t bs = T == SMOL_TYPE_Q8_0   ? sizeof(block_q8_0)
-                          : T == SMOL_TYPE_Q4_1 ? sizeof(block_q4_1)
-                          : T == SMOL_TYPE_Q5_0 ? sizeof(block_q5_0)
-                          : T == SMOL_TYPE_Q5_1 ? sizeof(block_q5_1)
-                                                : sizeof(block_q4_0);
+    constexpr size_t bs = q_block_bytes<T>();
     float32x4_t acc[G][NT];
     for (int g = 0; g < G; g++)
         for (int j = 0; j < NT; j++) acc[g][j] = vdupq_n_f32(0.0f);
@@ -215,6 +234,7 @@ static inline void q_rows(const uint8_t * const * w, int n, int64_t nb, const ui
         }
         for (int g = 0; g < G; g++) {
             dw[g] = halves4(blk + 4 * g, 0);
+            mw[g] = vdupq_n_f32(0.0f);
             if constexpr (T == SMOL_TYPE_Q4_1 || T == SMOL_TYPE_Q5_1)
                 mw[g] = halves4(blk + 4 * g, 2);
         }
@@ -230,15 +250,7 @@ static inline void q_rows(const uint8_t * const * w, int n, int64_t nb, const ui
                 const float32x4_t isum =
                     vcvtq_f32_s32(vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3])));
                 const float32x4_t dd = vmulq_n_f32(dw[g], a->d);
-                float32x4_t & c = acc[g][j];
-                if constexpr (T == SMOL_TYPE_Q4_0 || T == SMOL_TYPE_Q8_0) {
-                    c = vaddq_f32(c, vmulq_f32(isum, dd));
-                } else if constexpr (T == SMOL_TYPE_Q4_1) {
-                    c = vaddq_f32(c, vaddq_f32(vmulq_f32(isum, dd), vmulq_n_f32(mw[g], a->s)));
-                } else {
-                    c = vfmaq_f32(c, isum, dd);
-                    if constexpr (T == SMOL_TYPE_Q5_1) c = vfmaq_n_f32(c, mw[g], a->s);
-                }
+                acc[g][j] = block_step<T>(acc[g][j], isum, dd, mw[g], vdupq_n_f32(a->s));
             }
         }
     }
@@ -267,11 +279,7 @@ static inline float32x4_t row_pair(float32x4_t v, int h) {
 template <smol_type T>
 static inline void q_tile_mmla(const uint8_t * const w[4], int n, int64_t nb, const uint8_t * ab,
                                size_t act_row_bytes, int64_t i0, int nt, float * y, int64_t ldy) {
-    constexpr size_t bs = T == SMOL_TYPE_Q8_0   ? sizeof(block_q8_0)
-                          : T == SMOL_TYPE_Q4_1 ? sizeof(block_q4_1)
-                          : T == SMOL_TYPE_Q5_0 ? sizeof(block_q5_0)
-                          : T == SMOL_TYPE_Q5_1 ? sizeof(block_q5_1)
-                                                : sizeof(block_q4_0);
+    constexpr size_t bs = q_block_bytes<T>();
     // Past the last token the last token again, computed and not stored.
     const block_q8_act * a[4];
     for (int j = 0; j < 4; j++)
@@ -322,16 +330,7 @@ static inline void q_tile_mmla(const uint8_t * const w[4], int n, int64_t nb, co
                                    vreinterpretq_s8_s64(aq[tp][k]));
                 const float32x4_t isum = vcvtq_f32_s32(i);
                 const float32x4_t dd = vmulq_f32(row_pair(dw, rp), da);
-                float32x4_t & c = acc[rp][tp];
-                if constexpr (T == SMOL_TYPE_Q4_0 || T == SMOL_TYPE_Q8_0) {
-                    c = vaddq_f32(c, vmulq_f32(isum, dd));
-                } else if constexpr (T == SMOL_TYPE_Q4_1) {
-                    c = vaddq_f32(c,
-                                  vaddq_f32(vmulq_f32(isum, dd), vmulq_f32(row_pair(mw, rp), sa)));
-                } else {
-                    c = vfmaq_f32(c, isum, dd);
-                    if constexpr (T == SMOL_TYPE_Q5_1) c = vfmaq_f32(c, row_pair(mw, rp), sa);
-                }
+                acc[rp][tp] = block_step<T>(acc[rp][tp], isum, dd, row_pair(mw, rp), sa);
             }
         }
     }

@@ -140,17 +140,22 @@ static inline void scale_min_k4(int j, const uint8_t * q, uint8_t & sc, uint8_t 
 // All eight scales and mins of q4_K and q5_K (scale_min_k4 for j = 0..7), a
 // word at a time: sub-blocks 0-3 take the low 6 bits of bytes 0-3 (scales)
 // and 4-7 (mins); 4-7 the nibbles of bytes 8-11 under the top 2 bits of
-// bytes 0-3 and 4-7. Little-endian words, as every target smol builds for.
-static inline void scales_mins_k4(const uint8_t * q, uint8_t sc[8], uint8_t m[8]) {
+// bytes 0-3 and 4-7. Little-endian words, as every target smol builds for;
+// as two words (byte j of each: sub-block j) or as arrays.
+static inline void scales_mins_k4(const uint8_t * q, uint64_t & sc, uint64_t & m) {
     uint32_t w[3];
     memcpy(w, q, 12);
     const uint32_t s_lo = w[0] & 0x3f3f3f3fu, m_lo = w[1] & 0x3f3f3f3fu;
     const uint32_t s_hi = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
     const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
-    memcpy(sc, &s_lo, 4);
-    memcpy(sc + 4, &s_hi, 4);
-    memcpy(m, &m_lo, 4);
-    memcpy(m + 4, &m_hi, 4);
+    sc = s_lo | (uint64_t)s_hi << 32;
+    m = m_lo | (uint64_t)m_hi << 32;
+}
+static inline void scales_mins_k4(const uint8_t * q, uint8_t sc[8], uint8_t m[8]) {
+    uint64_t s, n;
+    scales_mins_k4(q, s, n);
+    memcpy(sc, &s, 8);
+    memcpy(m, &n, 8);
 }
 
 // Q3_K's scale j (of 16), minus 32.
