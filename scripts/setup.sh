@@ -17,12 +17,17 @@ scripts/install-packages.sh build-essential cmake git python3 python3-pip python
     pkg-config
 
 # The cross-check scripts read GGUF with the independent `gguf` package; the
-# server test talks to smol-server through the official `openai` client.
-if ! python3 -c "import gguf, numpy, openai" 2>/dev/null; then
-    echo "setup: installing the Python packages gguf, numpy and openai"
-    python3 -m pip install --quiet gguf numpy openai 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages gguf numpy openai
+# server test talks to smol-server through the official `openai` client; the
+# chat-template test renders with Python's `jinja2` as the truth.
+if ! python3 -c "import gguf, numpy, openai, jinja2" 2>/dev/null; then
+    echo "setup: installing the Python packages gguf, numpy, openai and jinja2"
+    python3 -m pip install --quiet gguf numpy openai jinja2 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages gguf numpy openai jinja2
 fi
+
+# llama.cpp's tokenizer suite and chat-template corpus, read by the tests
+# from the llama-cpp-python sdist (downloaded by name from PyPI, unpacked).
+scripts/peers.sh --sources "${SMOL_PEERS_DIR:-/work/peers}"
 
 scripts/fetch-model.sh
 scripts/fetch-model.sh gemma3-270m # a real Q4_K_M file for the dequantization check
