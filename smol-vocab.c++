@@ -1,6 +1,8 @@
-// smol-vocab.c++ - the tokenizer behind smol-vocab.h: byte-level BPE as GPT-2
-// defined it, with the pre-tokenizers llama.cpp applies for the values of
-// tokenizer.ggml.pre that smol knows, special-token parsing and
+// smol-vocab.c++ - the tokenizers behind smol-vocab.h: byte-level BPE as GPT-2
+// defined it (tokenizer.ggml.model "gpt2") after the pre-tokenizer the file
+// names (smol-pretokenize.h); SentencePiece's BPE by token scores with byte
+// fallback ("llama": Llama 2, Mistral, Phi-3, TinyLlama); BPE over UTF-8 text
+// with spaces as U+2581 ("gemma4"); special-token parsing and
 // detokenization. Token ids match llama.cpp's for valid UTF-8.
 //
 // Invalid UTF-8 is the one place smol departs from llama.cpp on purpose:
@@ -14,6 +16,7 @@
 #include "smol-vocab.h"
 
 #include "smol-error.h"
+#include "smol-pretokenize.h"
 #include "smol-unicode.h"
 
 #include <algorithm>
@@ -41,29 +44,19 @@ enum token_type : int32_t {
     TOKEN_BYTE = 6,
 };
 
-// The regex lists llama.cpp runs for each tokenizer.ggml.pre value smol
-// knows, as hand-written scanners.
-enum class pre_tokenizer {
-    gpt2,     // GPT-2's regex alone
-    smollm,   // \p{N} (each digit alone), then GPT-2's regex
-    fallback, // llama.cpp's "default": punctuation runs, GPT-2, \p{N}+, [0-9]{3}
-    llama3,   // llama-3's regex (numbers in threes, newlines kept together)
+// How a vocabulary turns text into tokens (tokenizer.ggml.model).
+enum class model_kind {
+    bpe_bytes, // "gpt2": BPE over bytes spelled as GPT-2's code points
+    bpe_text,  // "gemma4": BPE over UTF-8 text, spaces as U+2581, <0xXX> fallback
+    spm,       // "llama": SentencePiece's merges by token score, <0xXX> fallback
 };
 
-struct pre_name {
-    const char * name;
-    pre_tokenizer kind;
-};
+// Special-token attributes llama.cpp sets by model name: the spaces beside
+// such a token go with it when it is parsed out of a text.
+enum strip_attr : uint8_t { STRIP_LEFT = 1, STRIP_RIGHT = 2 };
 
-// The tokenizer.ggml.pre values smol knows; llama.cpp runs the same regex
-// list for names of the same kind.
-constexpr pre_name k_pre_names[] = {
-    {"default", pre_tokenizer::fallback}, {"gpt-2", pre_tokenizer::gpt2},
-    {"gpt2", pre_tokenizer::gpt2},        {"smollm", pre_tokenizer::smollm},
-    {"starcoder", pre_tokenizer::smollm}, {"refact", pre_tokenizer::smollm},
-    {"codeshell", pre_tokenizer::smollm}, {"llama-bpe", pre_tokenizer::llama3},
-    {"llama3", pre_tokenizer::llama3},    {"llama-v3", pre_tokenizer::llama3},
-};
+// U+2581, SentencePiece's visible space.
+constexpr std::string_view k_space_mark = "\xe2\x96\x81";
 
 // Tokens llama.cpp treats as ending generation, found by their text because
 // GGUF files do not list them.
@@ -94,201 +87,6 @@ constexpr const char * k_eog_texts[] = {
     "sentence\xef\xbd\x9c>", // DeepSeek's
     "[e~[",
 };
-
-// A code point range [begin, end) of the fragment being pre-tokenized.
-struct span {
-    uint32_t begin;
-    uint32_t end;
-};
-
-// A fragment decoded once: code points, their flags and where each starts
-// in the bytes (offs has one extra entry, the fragment's length).
-struct decoded_text {
-    std::vector<uint32_t> cpt;
-    std::vector<uint16_t> flg;
-    std::vector<uint32_t> offs;
-
-    void decode(std::string_view s) {
-        cpt.clear();
-        flg.clear();
-        offs.clear();
-        for (size_t i = 0; i < s.size();) {
-            const auto d = uc::decode_utf8(s.data() + i, s.size() - i);
-            cpt.push_back(d.cpt);
-            flg.push_back(uc::flags(d.cpt));
-            offs.push_back(uint32_t(i));
-            i += d.len;
-        }
-        offs.push_back(uint32_t(s.size()));
-    }
-    uint32_t size() const { return uint32_t(cpt.size()); }
-};
-
-constexpr uint32_t k_outside = 0xFFFFFFFF;
-
-// Splits each piece at the matches of a pattern, keeping the text between
-// matches as pieces too (llama.cpp's std::regex splitter). match(pos, end)
-// is the length of the match starting at pos, 0 for none.
-template <typename Match>
-void split_matches(const std::vector<span> & in, std::vector<span> & out, Match match) {
-    out.clear();
-    for (const span & p : in) {
-        uint32_t gap = p.begin;
-        for (uint32_t pos = p.begin; pos < p.end;) {
-            const uint32_t n = match(pos, p.end);
-            if (n == 0) {
-                pos++;
-                continue;
-            }
-            if (pos > gap) out.push_back({gap, pos});
-            out.push_back({pos, pos + n});
-            pos += n;
-            gap = pos;
-        }
-        if (p.end > gap) out.push_back({gap, p.end});
-    }
-}
-
-// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// scanned by hand, as llama.cpp does, each piece on its own (the lookahead
-// does not see past the piece's end).
-void split_gpt2(const decoded_text & t, const std::vector<span> & in, std::vector<span> & out) {
-    out.clear();
-    for (const span & p : in) {
-        const uint32_t end = p.end;
-        const auto cpt_at = [&](uint32_t i) { return i < end ? t.cpt[i] : k_outside; };
-        const auto flg_at = [&](uint32_t i) -> uint16_t { return i < end ? t.flg[i] : 0; };
-        uint32_t pos = p.begin;
-        const auto emit = [&](uint32_t to) {
-            if (to > pos) out.push_back({pos, to});
-            pos = to;
-        };
-        while (pos < end) {
-            const uint32_t c = t.cpt[pos];
-            if (c == '\'' && pos + 1 < end) {
-                const uint32_t n1 = cpt_at(pos + 1);
-                if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-                    emit(pos + 2);
-                    continue;
-                }
-                const uint32_t n2 = cpt_at(pos + 2);
-                if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') ||
-                    (n1 == 'l' && n2 == 'l')) {
-                    emit(pos + 3);
-                    continue;
-                }
-            }
-            const uint32_t start = pos + (c == ' ' ? 1 : 0);
-            const uint16_t f2 = flg_at(start);
-            if (f2 & uc::LETTER) {
-                uint32_t i = start;
-                while (flg_at(i) & uc::LETTER) i++;
-                emit(i);
-                continue;
-            }
-            if (f2 & uc::NUMBER) {
-                uint32_t i = start;
-                while (flg_at(i) & uc::NUMBER) i++;
-                emit(i);
-                continue;
-            }
-            constexpr uint16_t word = uc::WHITESPACE | uc::LETTER | uc::NUMBER;
-            if (f2 != 0 && !(f2 & word)) {
-                uint32_t i = start;
-                while (flg_at(i) != 0 && !(flg_at(i) & word)) i++;
-                emit(i);
-                continue;
-            }
-            uint32_t n_ws = 0;
-            while (flg_at(pos + n_ws) & uc::WHITESPACE) n_ws++;
-            if (n_ws > 1 && pos + n_ws < end) {
-                emit(pos + n_ws - 1); // \s+(?!\S): leave the last one to the word after it
-                continue;
-            }
-            emit(pos + std::max(n_ws, 1u));
-        }
-    }
-}
-
-bool is_cr_lf(uint32_t c) {
-    return c == '\r' || c == '\n';
-}
-
-// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
-//  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-void split_llama3(const decoded_text & t, const std::vector<span> & in, std::vector<span> & out) {
-    out.clear();
-    for (const span & p : in) {
-        const uint32_t end = p.end;
-        const auto cpt_at = [&](uint32_t i) { return i < end ? t.cpt[i] : k_outside; };
-        const auto flg_at = [&](uint32_t i) -> uint16_t { return i < end ? t.flg[i] : 0; };
-        // Only ASCII letters fold to the ASCII letters the contractions use.
-        const auto lower_at = [&](uint32_t i) {
-            const uint32_t c = cpt_at(i);
-            return c >= 'A' && c <= 'Z' ? c + 32 : c;
-        };
-        uint32_t pos = p.begin;
-        const auto emit = [&](uint32_t to) {
-            if (to > pos) out.push_back({pos, to});
-            pos = to;
-        };
-        while (pos < end) {
-            const uint32_t c = t.cpt[pos];
-            const uint16_t f = t.flg[pos];
-            if (c == '\'' && pos + 1 < end) {
-                const uint32_t n1 = lower_at(pos + 1);
-                if (n1 == 's' || n1 == 't' || n1 == 'm' || n1 == 'd') {
-                    emit(pos + 2);
-                    continue;
-                }
-                const uint32_t n2 = lower_at(pos + 2);
-                if ((n1 == 'r' && n2 == 'e') || (n1 == 'v' && n2 == 'e') ||
-                    (n1 == 'l' && n2 == 'l')) {
-                    emit(pos + 3);
-                    continue;
-                }
-            }
-            if (!is_cr_lf(c) && !(f & uc::NUMBER) &&
-                ((f & uc::LETTER) || (flg_at(pos + 1) & uc::LETTER))) {
-                uint32_t i = pos + 1;
-                while (flg_at(i) & uc::LETTER) i++;
-                emit(i);
-                continue;
-            }
-            if (f & uc::NUMBER) {
-                uint32_t i = pos;
-                while ((flg_at(i) & uc::NUMBER) && i - pos < 3) i++;
-                emit(i);
-                continue;
-            }
-            const uint32_t start = pos + (c == ' ' ? 1 : 0);
-            const uint16_t f2 = flg_at(start);
-            constexpr uint16_t word = uc::WHITESPACE | uc::LETTER | uc::NUMBER;
-            if (!(f2 & word)) {
-                uint32_t i = start;
-                while (flg_at(i) != 0 && !(flg_at(i) & word)) i++;
-                while (is_cr_lf(cpt_at(i))) i++;
-                emit(i);
-                continue;
-            }
-            uint32_t n_ws = 0;
-            uint32_t last_cr_lf_end = 0;
-            while (flg_at(pos + n_ws) & uc::WHITESPACE) {
-                if (is_cr_lf(t.cpt[pos + n_ws])) last_cr_lf_end = pos + n_ws + 1;
-                n_ws++;
-            }
-            if (last_cr_lf_end > 0) {
-                emit(last_cr_lf_end);
-                continue;
-            }
-            if (n_ws > 1 && pos + n_ws < end) {
-                emit(pos + n_ws - 1);
-                continue;
-            }
-            emit(pos + std::max(n_ws, 1u));
-        }
-    }
-}
 
 // An open-addressing map from a pair of symbol ids to the merge that joins
 // them: 49k merges are looked up once per BPE step, so this is the hot map.
@@ -438,6 +236,27 @@ struct bpe_candidate {
     }
 };
 
+// One symbol of SentencePiece's merging: bytes [begin, begin + n) of the
+// text, n = 0 once merged into its left neighbour.
+struct spm_symbol {
+    uint32_t begin;
+    uint32_t n;
+    int32_t prev;
+    int32_t next;
+};
+
+struct spm_candidate {
+    float score;
+    int32_t left;
+    int32_t right;
+    uint32_t size; // bytes of the pair when queued, to spot stale entries
+
+    // Highest score first; among equal scores the leftmost, as llama.cpp.
+    bool operator<(const spm_candidate & o) const {
+        return score != o.score ? score < o.score : left > o.left;
+    }
+};
+
 // Per-call scratch space, reused across the words of one text.
 struct scratch {
     decoded_text text;
@@ -445,29 +264,63 @@ struct scratch {
     std::vector<span> pieces2;
     std::vector<bpe_symbol> symbols;
     std::vector<bpe_candidate> heap;
+    std::vector<spm_symbol> spm_symbols;
+    std::vector<spm_candidate> spm_heap;
+    std::string escaped;
 };
+
+// The length of the UTF-8 sequence a byte starts, as llama.cpp reads it (a
+// stray continuation byte counts as one).
+uint32_t utf8_len(uint8_t b) {
+    return b < 0x80             ? 1
+           : (b & 0xE0) == 0xC0 ? 2
+           : (b & 0xF0) == 0xE0 ? 3
+           : (b & 0xF8) == 0xF0 ? 4
+                                : 1;
+}
+
+void escape_spaces(std::string_view in, std::string & out) {
+    out.clear();
+    for (const char c : in) {
+        if (c == ' ') {
+            out += k_space_mark;
+        } else {
+            out += c;
+        }
+    }
+}
 
 } // namespace
 
 struct vocab::impl {
     // --- the vocabulary ---
-    // Token text as stored (byte-mapped), then the BPE symbols that are no
-    // token (ids >= n_tokens): merge parts or results missing from the vocab.
+    // Token text as stored (byte-mapped for byte-level BPE, U+2581 for
+    // spaces otherwise), then the BPE symbols that are no token (ids >=
+    // n_tokens): merge parts or results missing from the vocab.
     std::vector<std::string> text;
     std::vector<int32_t> type;      // token_type per token
+    std::vector<float> score;       // SentencePiece's merge priority per token
+    std::vector<uint8_t> strip;     // strip_attr per token
     std::vector<std::string> piece; // the bytes each token stands for
     string_index text_to_id{text};
     int32_t n_tokens = 0;
+    model_kind kind = model_kind::bpe_bytes;
 
     // --- BPE ---
     merge_map merges;
-    int32_t byte_symbol[256]; // symbol of each raw byte's mapped character
-    pre_tokenizer pre = pre_tokenizer::fallback;
+    // bpe_bytes: the symbol of each byte's mapped character; bpe_text and
+    // spm: the token "<0xAB>" of each byte (else the byte's own, else -1).
+    int32_t byte_symbol[256];
+    std::unique_ptr<pre_tokenizer> pre;
     bool ignore_merges = false; // take a whole word that is a token as is (llama-3)
+
+    // --- SentencePiece ---
+    bool add_space_prefix = false; // a space before the text and after special tokens
 
     // --- special tokens ---
     smol_token bos_id = -1;
     smol_token eos_id = -1;
+    smol_token unk_id = -1;
     bool add_bos = false;
     bool add_eos = false;
     std::vector<bool> eog;
@@ -492,10 +345,11 @@ struct vocab::impl {
     void load_special(const gguf::file & f);
     std::string decode_token_text(const std::string & s, int32_t type) const;
 
-    void pre_tokenize(scratch & s) const;
     void bpe_word(scratch & s, std::string_view bytes, span word,
                   std::vector<smol_token> & out) const;
-    void tokenize_text(scratch & s, std::string_view bytes, std::vector<smol_token> & out) const;
+    void bpe_text(scratch & s, std::string_view bytes, std::vector<smol_token> & out) const;
+    void spm_text(scratch & s, std::string_view bytes, std::vector<smol_token> & out) const;
+    void emit_bytes(std::string_view bytes, std::vector<smol_token> & out) const;
 };
 
 // --- loading ----------------------------------------------------------------
@@ -545,35 +399,38 @@ void vocab::impl::load(const gguf::file & f) {
                         f.path() + ": tokenizer.ggml.model is missing, so the file has "
                                    "no tokenizer; use a GGUF converted with its tokenizer");
         }
-        if (*model != "gpt2") {
+        std::string pre_name = f.get_str("tokenizer.ggml.pre").value_or("default");
+        if (*model == "gpt2") {
+            kind = model_kind::bpe_bytes;
+        } else if (*model == "gemma4") {
+            kind = model_kind::bpe_text;
+            pre_name = "gemma4"; // as llama.cpp: the model implies its pre-tokenizer
+        } else if (*model == "llama") {
+            kind = model_kind::spm;
+            add_space_prefix = true;
+            add_bos = true;
+        } else {
             throw error(SMOL_ERR_UNSUPPORTED,
                         f.path() + ": tokenizer.ggml.model is \"" + *model +
-                            "\"; smol supports only byte-level BPE (\"gpt2\"), the tokenizer of "
-                            "SmolLM2, Llama 3 and GPT-2 style models");
+                            "\", a tokenizer smol does not run; smol runs byte-level BPE "
+                            "(\"gpt2\": SmolLM2, Llama 3, Qwen, GPT-2 and the like), "
+                            "SentencePiece BPE (\"llama\": Llama 2, Mistral, Phi-3) and "
+                            "Gemma 4's BPE (\"gemma4\")");
         }
-        const std::string pre_name = f.get_str("tokenizer.ggml.pre").value_or("default");
-        bool known = false;
-        for (const auto & p : k_pre_names) {
-            if (pre_name == p.name) {
-                pre = p.kind;
-                known = true;
+        if (kind != model_kind::spm) {
+            try {
+                pre = std::make_unique<pre_tokenizer>(pre_tokenizer::find(pre_name));
+            } catch (const error & e) {
+                throw error(e.status, f.path() + ": " + e.what());
             }
+            ignore_merges = pre->ignore_merges();
+            // llama.cpp's default for these; the file may say otherwise.
+            add_bos = pre->add_bos();
         }
-        if (!known) {
-            std::string names;
-            for (const auto & p : k_pre_names)
-                names += std::string(names.empty() ? "" : ", ") + p.name;
-            throw error(SMOL_ERR_UNSUPPORTED,
-                        f.path() + ": tokenizer.ggml.pre is \"" + pre_name +
-                            "\", a pre-tokenizer smol does not know (it knows " + names + ")");
-        }
-        if (pre == pre_tokenizer::llama3) {
-            ignore_merges = true;
-            add_bos = true; // llama.cpp's default for these; the file may say otherwise
-        }
+        add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(add_space_prefix);
 
         load_tokens(f);
-        load_merges(f);
+        if (kind != model_kind::spm) load_merges(f);
         load_special(f);
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, std::string(e.what()) +
@@ -601,6 +458,26 @@ void vocab::impl::load_tokens(const gguf::file & f) {
                                          " tokens; convert the model again");
     }
 
+    // SentencePiece merges by these; llama.cpp takes float32 or int32 ones.
+    const gguf::value * scores = f.find("tokenizer.ggml.scores");
+    if (scores) {
+        const bool ok = scores->t == gguf::type::ARRAY &&
+                        (scores->elem == gguf::type::FLOAT32 || scores->elem == gguf::type::INT32);
+        if (!ok || scores->arr.size() < tokens->arr.size()) {
+            throw error(SMOL_ERR_FORMAT, f.path() +
+                                             ": tokenizer.ggml.scores must be an array of "
+                                             "float32 or int32, one per token (" +
+                                             std::to_string(n_tokens) +
+                                             "); convert the model again");
+        }
+    }
+    score.assign(n_tokens, 0.0f);
+    if (scores) {
+        for (int32_t i = 0; i < n_tokens; i++) {
+            const gguf::value & v = scores->arr[i];
+            score[i] = scores->elem == gguf::type::FLOAT32 ? float(v.f) : float(v.i);
+        }
+    }
     text.resize(n_tokens);
     type.resize(n_tokens);
     text_to_id.reserve(size_t(n_tokens) + 1024);
@@ -641,6 +518,7 @@ void vocab::impl::load_merges(const gguf::file & f) {
         const int32_t ib = intern(b);
         merges.insert(ia, ib, {int32_t(rank), intern(joined)});
     }
+    if (kind != model_kind::bpe_bytes) return;
     for (int i = 0; i < 256; i++) {
         std::string s;
         uc::append_utf8(s, uc::byte_to_cpt(uint8_t(i)));
@@ -656,6 +534,17 @@ std::string vocab::impl::decode_token_text(const std::string & s, int32_t t) con
         return s; // stored as the text they stand for
     case TOKEN_NORMAL: {
         std::string out;
+        if (kind != model_kind::bpe_bytes) { // U+2581 stands for a space
+            for (size_t i = 0; i < s.size();) {
+                if (s.compare(i, k_space_mark.size(), k_space_mark) == 0) {
+                    out += ' ';
+                    i += k_space_mark.size();
+                } else {
+                    out += s[i++];
+                }
+            }
+            return out;
+        }
         for (size_t i = 0; i < s.size();) {
             const auto d = uc::decode_utf8(s.data() + i, s.size() - i);
             const int byte = uc::byte_from_cpt(d.cpt);
@@ -692,6 +581,7 @@ void vocab::impl::load_special(const gguf::file & f) {
     };
     bos_id = read_id("tokenizer.ggml.bos_token_id");
     eos_id = read_id("tokenizer.ggml.eos_token_id");
+    unk_id = read_id("tokenizer.ggml.unknown_token_id");
     const smol_token eot_id = read_id("tokenizer.ggml.eot_token_id");
     const smol_token eom_id = read_id("tokenizer.ggml.eom_token_id");
     add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(add_bos);
@@ -735,11 +625,33 @@ void vocab::impl::load_special(const gguf::file & f) {
     if (eot_id >= 0) eog[eot_id] = true;
     if (eom_id >= 0) eog[eom_id] = true;
 
+    if (kind != model_kind::bpe_bytes) {
+        static const char * hex = "0123456789ABCDEF";
+        for (int b = 0; b < 256; b++) {
+            const char name[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
+            byte_symbol[b] = token_id(name);
+            if (byte_symbol[b] < 0) byte_symbol[b] = token_id(std::string(1, char(b)));
+        }
+    }
+
     piece.resize(n_tokens);
+    strip.assign(n_tokens, 0);
     for (int32_t i = 0; i < n_tokens; i++) {
         piece[i] = decode_token_text(text[i], type[i]);
         if (type[i] == TOKEN_CONTROL || type[i] == TOKEN_USER_DEFINED || type[i] == TOKEN_UNKNOWN) {
             special_by_length.push_back(i);
+        }
+    }
+    // Phi-3's special tokens take the spaces after them, as llama.cpp sets
+    // by the model's name (its tokenizer strips them).
+    std::string name = f.get_str("general.name").value_or("");
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](char c) { return char(std::tolower(uint8_t(c))); });
+    if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+        for (const smol_token t : special_by_length) strip[t] |= STRIP_RIGHT;
+        if (const smol_token t = token_id("</s>"); t >= 0) strip[t] |= STRIP_RIGHT;
+        for (const char * keep : {"<unk>", "<s>", "<|endoftext|>"}) {
+            if (const smol_token t = token_id(keep); t >= 0) strip[t] &= uint8_t(~STRIP_RIGHT);
         }
     }
     // Longest first, so that a special token containing another wins.
@@ -748,56 +660,6 @@ void vocab::impl::load_special(const gguf::file & f) {
 }
 
 // --- tokenizing ---------------------------------------------------------------
-
-void vocab::impl::pre_tokenize(scratch & s) const {
-    const decoded_text & t = s.text;
-    std::vector<span> & a = s.pieces;
-    std::vector<span> & b = s.pieces2;
-    a.assign(1, span{0, t.size()});
-    const auto is_number = [&](uint32_t pos, uint32_t) -> uint32_t {
-        return (t.flg[pos] & uc::NUMBER) ? 1 : 0;
-    };
-    switch (pre) {
-    case pre_tokenizer::gpt2:
-        split_gpt2(t, a, b);
-        std::swap(a, b);
-        break;
-    case pre_tokenizer::smollm:
-        split_matches(a, b, is_number);
-        split_gpt2(t, b, a);
-        break;
-    case pre_tokenizer::llama3:
-        split_llama3(t, a, b);
-        std::swap(a, b);
-        break;
-    case pre_tokenizer::fallback: {
-        // [\p{P}\$\+<=>\^~\|]+
-        const auto punct = [&](uint32_t c, uint16_t fl) {
-            return (fl & uc::PUNCTUATION) || c == '$' || c == '+' || c == '<' || c == '=' ||
-                   c == '>' || c == '^' || c == '~' || c == '|';
-        };
-        split_matches(a, b, [&](uint32_t pos, uint32_t end) -> uint32_t {
-            uint32_t i = pos;
-            while (i < end && punct(t.cpt[i], t.flg[i])) i++;
-            return i - pos;
-        });
-        split_gpt2(t, b, a);
-        split_matches(a, b, [&](uint32_t pos, uint32_t end) -> uint32_t { // \p{N}+
-            uint32_t i = pos;
-            while (i < end && (t.flg[i] & uc::NUMBER)) i++;
-            return i - pos;
-        });
-        split_matches(b, a, [&](uint32_t pos, uint32_t end) -> uint32_t { // [0-9]{3}
-            if (end - pos < 3) return 0;
-            for (uint32_t i = pos; i < pos + 3; i++) {
-                if (t.cpt[i] < '0' || t.cpt[i] > '9') return 0;
-            }
-            return 3;
-        });
-        break;
-    }
-    }
-}
 
 void vocab::impl::bpe_word(scratch & s, std::string_view bytes, span word,
                            std::vector<smol_token> & out) const {
@@ -810,33 +672,44 @@ void vocab::impl::bpe_word(scratch & s, std::string_view bytes, span word,
     const auto emit = [&](int32_t id, uint32_t from, uint32_t to) {
         if (id >= 0 && id < n_tokens) {
             out.push_back(id);
-            return;
-        }
-        for (uint32_t i = from; i < to; i++) {
-            const int32_t bt = byte_symbol[uint8_t(bytes[i])];
-            if (bt >= 0 && bt < n_tokens) out.push_back(bt);
+        } else {
+            emit_bytes(bytes.substr(from, to - from), out);
         }
     };
 
-    if (b1 - b0 == 1) {
+    const bool byte_level = kind == model_kind::bpe_bytes;
+    if (byte_level && b1 - b0 == 1) {
         emit(byte_symbol[uint8_t(bytes[b0])], b0, b1);
         return;
     }
-    if (ignore_merges) {
-        std::string mapped;
-        for (uint32_t i = b0; i < b1; i++)
-            uc::append_utf8(mapped, uc::byte_to_cpt(uint8_t(bytes[i])));
-        if (const int32_t id = token_id(mapped); id >= 0) {
+    const std::string_view word_bytes = bytes.substr(b0, b1 - b0);
+    // Gemma 4 takes a run of newlines whole when it is a token.
+    const bool newlines = !byte_level && word_bytes.find_first_not_of('\n') == std::string::npos;
+    if (ignore_merges || newlines) {
+        int32_t id = -1;
+        if (byte_level) {
+            std::string mapped;
+            for (const char c : word_bytes) uc::append_utf8(mapped, uc::byte_to_cpt(uint8_t(c)));
+            id = token_id(mapped);
+        } else {
+            id = token_id(word_bytes);
+        }
+        if (id >= 0) {
             out.push_back(id);
             return;
         }
     }
 
+    // The first symbols: bytes (byte-level) or characters.
     auto & sym = s.symbols;
     sym.clear();
-    for (uint32_t i = b0; i < b1; i++) {
+    for (uint32_t i = b0; i < b1;) {
+        const uint32_t len = byte_level ? 1 : std::min(utf8_len(uint8_t(bytes[i])), b1 - i);
+        const int32_t id =
+            byte_level ? byte_symbol[uint8_t(bytes[i])] : text_to_id.find(bytes.substr(i, len));
         const int32_t n = int32_t(sym.size());
-        sym.push_back({byte_symbol[uint8_t(bytes[i])], n - 1, i + 1 < b1 ? n + 1 : -1, i, i + 1});
+        sym.push_back({id, n - 1, i + len < b1 ? n + 1 : -1, i, i + len});
+        i += len;
     }
     auto & heap = s.heap;
     heap.clear();
@@ -872,11 +745,78 @@ void vocab::impl::bpe_word(scratch & s, std::string_view bytes, span word,
         emit(sym[i].id, sym[i].byte_begin, sym[i].byte_end);
 }
 
-void vocab::impl::tokenize_text(scratch & s, std::string_view bytes,
-                                std::vector<smol_token> & out) const {
+void vocab::impl::emit_bytes(std::string_view bytes, std::vector<smol_token> & out) const {
+    for (const char c : bytes) {
+        const int32_t bt = byte_symbol[uint8_t(c)];
+        if (bt >= 0 && bt < n_tokens) {
+            out.push_back(bt);
+        } else if (kind == model_kind::spm && unk_id >= 0) {
+            out.push_back(unk_id);
+        }
+    }
+}
+
+void vocab::impl::bpe_text(scratch & s, std::string_view bytes,
+                           std::vector<smol_token> & out) const {
+    if (kind == model_kind::bpe_text) {
+        escape_spaces(bytes, s.escaped);
+        bytes = s.escaped;
+    }
     s.text.decode(bytes);
-    pre_tokenize(s);
+    pre->split(s.text, s.pieces, s.pieces2);
     for (const span & w : s.pieces) bpe_word(s, bytes, w, out);
+}
+
+// SentencePiece's BPE as llama.cpp runs it: characters merged pairwise,
+// the pair whose joined text is the token of highest score first, until no
+// adjacent pair is a token; what is left and no token goes out as bytes.
+void vocab::impl::spm_text(scratch & s, std::string_view text,
+                           std::vector<smol_token> & out) const {
+    escape_spaces(text, s.escaped);
+    const std::string_view t = s.escaped;
+    auto & sym = s.spm_symbols;
+    sym.clear();
+    for (uint32_t i = 0; i < t.size();) {
+        const uint32_t len = std::min(utf8_len(uint8_t(t[i])), uint32_t(t.size()) - i);
+        const int32_t n = int32_t(sym.size());
+        sym.push_back({i, len, n - 1, i + len < t.size() ? n + 1 : -1});
+        i += len;
+    }
+    auto & heap = s.spm_heap;
+    heap.clear();
+    const auto consider = [&](int32_t left, int32_t right) {
+        if (left < 0 || right < 0) return;
+        const uint32_t size = sym[left].n + sym[right].n;
+        const int32_t id = token_id(t.substr(sym[left].begin, size));
+        if (id < 0) return;
+        heap.push_back({score[id], left, right, size});
+        std::push_heap(heap.begin(), heap.end());
+    };
+    for (int32_t i = 1; i < int32_t(sym.size()); i++) consider(i - 1, i);
+    while (!heap.empty()) {
+        std::pop_heap(heap.begin(), heap.end());
+        const spm_candidate c = heap.back();
+        heap.pop_back();
+        spm_symbol & l = sym[c.left];
+        spm_symbol & r = sym[c.right];
+        if (l.n == 0 || r.n == 0 || l.n + r.n != c.size) continue;
+        l.n += r.n;
+        r.n = 0;
+        l.next = r.next;
+        if (r.next >= 0) sym[r.next].prev = c.left;
+        consider(l.prev, c.left);
+        consider(c.left, l.next);
+    }
+    if (sym.empty()) return;
+    for (int32_t i = 0; i >= 0; i = sym[i].next) {
+        const std::string_view piece = t.substr(sym[i].begin, sym[i].n);
+        const int32_t id = token_id(piece);
+        if (id >= 0) {
+            out.push_back(id);
+        } else {
+            emit_bytes(piece, out);
+        }
+    }
 }
 
 // --- the public class ---------------------------------------------------------
@@ -964,13 +904,21 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
                 next.push_back(fr);
                 continue;
             }
+            const auto space = [&](size_t i) { return std::isspace(uint8_t(text[i])) != 0; };
             size_t pos = fr.begin;
             while (pos < fr.end) {
                 const size_t at = text.substr(0, fr.end).find(needle, pos);
                 if (at == std::string_view::npos) break;
-                if (at > pos) next.push_back({-1, pos, at});
+                size_t left_end = at;
+                if (v.strip[sp] & STRIP_LEFT) {
+                    while (left_end > pos && space(left_end - 1)) left_end--;
+                }
+                if (left_end > pos) next.push_back({-1, pos, left_end});
                 next.push_back({sp, at, at + needle.size()});
                 pos = at + needle.size();
+                if (v.strip[sp] & STRIP_RIGHT) {
+                    while (pos < fr.end && space(pos)) pos++;
+                }
             }
             if (pos < fr.end) next.push_back({-1, pos, fr.end});
         }
@@ -978,11 +926,21 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
     }
 
     scratch s;
+    // SentencePiece puts a space before the text and after each special token.
+    bool after_special = true;
+    std::string spaced;
     for (const fragment & fr : frags) {
+        const std::string_view part = text.substr(fr.begin, fr.end - fr.begin);
         if (fr.token >= 0) {
             out.push_back(fr.token);
+            after_special = true;
+        } else if (v.kind == model_kind::spm) {
+            spaced.assign(v.add_space_prefix && after_special ? " " : "");
+            spaced.append(part);
+            v.spm_text(s, spaced, out);
+            after_special = false;
         } else {
-            v.tokenize_text(s, text.substr(fr.begin, fr.end - fr.begin), out);
+            v.bpe_text(s, part, out);
         }
     }
     if (add_special && v.add_eos) out.push_back(v.eos_id);
@@ -1001,10 +959,15 @@ std::string vocab::token_to_piece(smol_token t, bool special) const {
 }
 
 std::string vocab::detokenize(const std::vector<smol_token> & tokens, bool special) const {
-    loaded(impl_);
-    // No clean-up of spaces: the bytes come back as they went in.
+    const impl & v = loaded(impl_);
+    // No clean-up of spaces: the bytes come back as they went in, less the
+    // space SentencePiece put before the text (llama.cpp drops it too).
     std::string out;
-    for (const smol_token t : tokens) out += token_to_piece(t, special);
+    for (size_t i = 0; i < tokens.size(); i++) {
+        std::string p = token_to_piece(tokens[i], special);
+        if (i == 0 && v.add_space_prefix && !p.empty() && p[0] == ' ') p.erase(0, 1);
+        out += p;
+    }
     return out;
 }
 

@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -480,13 +481,129 @@ TEST_CASE("the gpt-2, default and llama-bpe pre-tokenizers are accepted") {
     }
 }
 
-TEST_CASE("a tokenizer model other than byte-level BPE is refused") {
-    tiny_vocab t;
-    t.w.set("tokenizer.ggml.model", gguf::value::make_str("llama"));
-    const smol::error e = load_error(t);
-    CHECK(e.status == SMOL_ERR_UNSUPPORTED);
-    CHECK(contains(e.what(), "tokenizer.ggml.model"));
-    CHECK(contains(e.what(), "llama"));
+TEST_CASE("a tokenizer model smol does not run is refused, naming it") {
+    for (const char * model : {"bert", "t5", "rwkv"}) {
+        tiny_vocab t;
+        t.w.set("tokenizer.ggml.model", gguf::value::make_str(model));
+        const smol::error e = load_error(t);
+        INFO(model);
+        CHECK(e.status == SMOL_ERR_UNSUPPORTED);
+        CHECK(contains(e.what(), "tokenizer.ggml.model"));
+        CHECK(contains(e.what(), model));
+    }
+}
+
+// --- llama.cpp's tokenizer suite ----------------------------------------------------
+
+// The vocabularies of llama.cpp's suite (models/ggml-vocab-*.gguf with .inp
+// and .out) that smol claims: every text model's. bert-bge is an embedding
+// model's WordPiece, which smol refuses.
+const char * const k_suite_claimed[] = {
+    "command-r", "deepseek-coder", "deepseek-llm", "falcon",    "gemma-4",
+    "gpt-2",     "llama-bpe",      "llama-spm",    "mpt",       "phi-3",
+    "qwen2",     "qwen35",         "refact",       "starcoder",
+};
+
+struct suite_case {
+    std::string text;
+    ids expected;
+};
+
+// As llama.cpp's test-tokenizer-0 reads the files: inputs separated by
+// "\n__ggml_vocab_test__\n", one line of ids per input.
+std::vector<suite_case> read_suite(const std::string & base) {
+    std::ifstream inp(base + ".inp", std::ios::binary);
+    std::ifstream outf(base + ".out", std::ios::binary);
+    REQUIRE(inp.good());
+    REQUIRE(outf.good());
+    const std::string raw((std::istreambuf_iterator<char>(inp)), std::istreambuf_iterator<char>());
+    std::vector<std::string> texts;
+    const std::string sep = "\n__ggml_vocab_test__\n";
+    for (size_t pos = 0; pos < raw.size();) {
+        const size_t next = raw.find(sep, pos);
+        if (next == std::string::npos) {
+            texts.push_back(raw.substr(pos));
+            break;
+        }
+        texts.push_back(raw.substr(pos, next - pos));
+        pos = next + sep.size();
+    }
+    std::vector<suite_case> cases;
+    std::string line;
+    for (const std::string & t : texts) {
+        REQUIRE(std::getline(outf, line));
+        suite_case c{t, {}};
+        std::istringstream in(line);
+        for (smol_token id; in >> id;) c.expected.push_back(id);
+        cases.push_back(std::move(c));
+    }
+    return cases;
+}
+
+std::string suite_dir() {
+    return std::string(SMOL_LLAMA_CPP_SOURCE) + "/models";
+}
+
+// The suite is read from llama.cpp's sources (scripts/peers.sh --sources);
+// without them its cases are skipped and counted so.
+bool suite_absent() {
+    return !std::filesystem::exists(suite_dir() + "/ggml-vocab-llama-spm.gguf");
+}
+
+TEST_CASE("llama.cpp's tokenizer suite: every vocabulary smol claims gives its ids" *
+          doctest::skip(suite_absent())) {
+    int n_vocabs = 0;
+    int n_cases = 0;
+    for (const char * name : k_suite_claimed) {
+        const std::string base = suite_dir() + "/ggml-vocab-" + name + ".gguf";
+        INFO("vocabulary " << std::string(name));
+        const auto f = gguf::file::open(base);
+        smol::vocab v;
+        v.load(*f);
+        int ok = 0;
+        const auto cases = read_suite(base);
+        for (const suite_case & c : cases) {
+            const ids got = v.tokenize(c.text, false, false);
+            INFO("text \"" << c.text << "\"");
+            CHECK(got == c.expected);
+            ok += got == c.expected;
+        }
+        MESSAGE(std::string(name) << ": " << ok << " of " << cases.size() << " cases");
+        n_vocabs++;
+        n_cases += int(cases.size());
+    }
+    MESSAGE(n_vocabs << " vocabularies, " << n_cases << " cases");
+}
+
+TEST_CASE("a vocabulary of llama.cpp's suite that smol does not claim is refused by name" *
+          doctest::skip(suite_absent())) {
+    const std::string path = suite_dir() + "/ggml-vocab-bert-bge.gguf";
+    const auto f = gguf::file::open(path);
+    smol::vocab v;
+    try {
+        v.load(*f);
+        FAIL("bert-bge's WordPiece vocabulary was accepted");
+    } catch (const smol::error & e) {
+        CHECK(e.status == SMOL_ERR_UNSUPPORTED);
+        CHECK(contains(e.what(), "\"bert\""));
+    }
+}
+
+TEST_CASE("SentencePiece text comes back from detokenize, its added space dropped" *
+          doctest::skip(suite_absent())) {
+    const std::string path = suite_dir() + "/ggml-vocab-llama-spm.gguf";
+    const auto f = gguf::file::open(path);
+    smol::vocab v;
+    v.load(*f);
+    CHECK(v.add_bos());
+    const ids with_bos = v.tokenize("Hello world", true, false);
+    REQUIRE(!with_bos.empty());
+    CHECK(with_bos[0] == v.bos());
+    for (const std::string text :
+         {"Hello world", " two  spaces", "tabs\tand\nnewlines", "caf\xc3\xa9 \xf0\x9f\xa6\x99"}) {
+        INFO(text);
+        CHECK(v.detokenize(v.tokenize(text, false, false), false) == text);
+    }
 }
 
 TEST_CASE("inconsistent tokenizer arrays are format errors naming the key") {

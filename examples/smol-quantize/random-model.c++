@@ -152,7 +152,19 @@ uint32_t llama_ftype(smol_type t) {
 }
 
 void write(const std::string & path, const options & o) {
-    const shape & s = o.s;
+    shape s = o.s;
+    // A vocabulary from a file brings its size: the shape's other
+    // dimensions with another model family's tokenizer.
+    const std::vector<gguf::value> * vocab_tokens = nullptr;
+    if (o.vocab_from) {
+        vocab_tokens = o.vocab_from->get_array("tokenizer.ggml.tokens", gguf::type::STRING);
+        if (!vocab_tokens || vocab_tokens->empty()) {
+            throw std::invalid_argument(o.vocab_from->path() +
+                                        " has no tokenizer.ggml.tokens; --vocab-from needs a "
+                                        "GGUF file with a tokenizer");
+        }
+        s.n_vocab = int64_t(vocab_tokens->size());
+    }
     if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_embd % s.n_head != 0 ||
         s.n_head % s.n_head_kv != 0 || (s.n_embd / s.n_head) % 2 != 0) {
         throw std::invalid_argument("shape " + s.name + ": n_embd " + std::to_string(s.n_embd) +
@@ -185,13 +197,6 @@ void write(const std::string & path, const options & o) {
     w.set("smol.random_shape", value::make_str(s.name));
     w.set("smol.random_seed", value::make_u64(o.seed));
     if (o.vocab_from) {
-        const auto * tokens = o.vocab_from->get_array("tokenizer.ggml.tokens", gguf::type::STRING);
-        if (!tokens || int64_t(tokens->size()) != s.n_vocab) {
-            throw std::invalid_argument(
-                o.vocab_from->path() + " has " +
-                (tokens ? std::to_string(tokens->size()) : std::string("no")) +
-                " tokens; the shape " + s.name + " needs " + std::to_string(s.n_vocab));
-        }
         for (const gguf::kv & kv : o.vocab_from->metadata()) {
             if (kv.key.rfind("tokenizer.", 0) == 0) w.set(kv.key, kv.val);
         }

@@ -192,7 +192,7 @@ int main(int argc, char ** argv) {
                  "with --random: every matmul weight of the type (f16 where its rows do not "
                  "fit), not llama.cpp's mix");
     app.add_option("--vocab-from", ra.vocab_from,
-                   "with --random: a GGUF file whose tokenizer metadata is copied");
+                   "with --random: a GGUF file whose tokenizer (and vocabulary size) is copied");
     app.add_option("--seed", ra.seed, "with --random: the seed of the weights")
         ->capture_default_str();
     app.add_option("--std", ra.std, "with --random: the weights' standard deviation")
