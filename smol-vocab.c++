@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -476,6 +477,11 @@ void vocab::impl::load_tokens(const gguf::file & f) {
         for (int32_t i = 0; i < n_tokens; i++) {
             const gguf::value & v = scores->arr[i];
             score[i] = scores->elem == gguf::type::FLOAT32 ? float(v.f) : float(v.i);
+            if (std::isnan(score[i])) {
+                throw error(SMOL_ERR_FORMAT, f.path() + ": tokenizer.ggml.scores[" +
+                                                 std::to_string(i) +
+                                                 "] is NaN; convert the model again");
+            }
         }
     }
     text.resize(n_tokens);

@@ -1,7 +1,7 @@
-// smol-vocab.h - the tokenizer: byte-level BPE read from a GGUF file's
-// tokenizer.ggml.* metadata (tokens, merges, token types, bos/eos/eot), the
-// pre-tokenizer the file names (SmolLM2's "smollm", GPT-2's, llama-bpe's),
-// special-token parsing and detokenization that round-trips bytes.
+// smol-vocab.h - the tokenizer read from a GGUF file's tokenizer.ggml.*
+// metadata (tokens, scores, merges, token types, bos/eos/eot): byte-level
+// BPE after the pre-tokenizer the file names, SentencePiece BPE, Gemma 4's
+// BPE; special-token parsing and detokenization that round-trips bytes.
 
 #ifndef SMOL_VOCAB_H
 #define SMOL_VOCAB_H
@@ -21,7 +21,8 @@ class vocab {
   public:
     // Reads the tokenizer from GGUF metadata. Throws smol::error
     // (SMOL_ERR_UNSUPPORTED for a tokenizer model or pre-tokenizer smol does
-    // not know, SMOL_ERR_FORMAT for inconsistent arrays), naming the key.
+    // not know, SMOL_ERR_FORMAT for inconsistent arrays or scores), naming
+    // the key.
     void load(const gguf::file & f);
 
     int32_t n_tokens() const;

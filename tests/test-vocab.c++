@@ -9,6 +9,7 @@
 #include "smol-vocab.h"
 #include "test-seed.h"
 
+#include <cmath>
 #include <cstdio>
 #include <doctest/doctest.h>
 #include <filesystem>
@@ -493,6 +494,62 @@ TEST_CASE("a tokenizer model smol does not run is refused, naming it") {
     }
 }
 
+// A SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then the
+// pieces given with their scores.
+std::unique_ptr<smol::vocab> tiny_spm(const std::vector<std::pair<std::string, float>> & pieces) {
+    tiny_vocab t;
+    t.tokens = {"<unk>", "<s>", "</s>"};
+    t.types = {2, 3, 3};
+    std::vector<gguf::value> sc(3, gguf::value::make_f32(0));
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        std::snprintf(name, sizeof name, "<0x%02X>", b);
+        t.tokens.push_back(name);
+        t.types.push_back(6);
+        sc.push_back(gguf::value::make_f32(0));
+    }
+    for (const auto & [text, score] : pieces) {
+        t.tokens.push_back(text);
+        t.types.push_back(1);
+        sc.push_back(gguf::value::make_f32(score));
+    }
+    t.w.set("tokenizer.ggml.model", gguf::value::make_str("llama"));
+    t.w.set("tokenizer.ggml.scores", gguf::value::make_array(gguf::type::FLOAT32, sc));
+    t.w.set("tokenizer.ggml.bos_token_id", gguf::value::make_u32(1));
+    t.w.set("tokenizer.ggml.unknown_token_id", gguf::value::make_u32(0));
+    return t.load();
+}
+
+const std::string k_sp = "\xe2\x96\x81"; // U+2581
+
+TEST_CASE("SentencePiece merges the pair whose token scores highest first") {
+    // "ab" is read as "\u2581ab": the pairs "\u2581a" and "ab" compete.
+    const smol_token first = 259;
+    {
+        const auto v = tiny_spm({{k_sp, 0}, {"a", 0}, {"b", 0}, {k_sp + "a", -1}, {"ab", -2}});
+        CHECK(v->tokenize("ab", false, false) == ids{first + 3, first + 2});
+    }
+    {
+        const auto v = tiny_spm({{k_sp, 0}, {"a", 0}, {"b", 0}, {k_sp + "a", -2}, {"ab", -1}});
+        CHECK(v->tokenize("ab", false, false) == ids{first, first + 4});
+    }
+}
+
+TEST_CASE("SentencePiece spells a character it has no token for in byte tokens") {
+    const auto v = tiny_spm({{k_sp, 0}, {"a", 0}});
+    // "a\xc3\xa9": \u2581, a, then the bytes 0xC3 0xA9 as <0xC3> <0xA9>.
+    CHECK(v->tokenize("a\xc3\xa9", false, false) == ids{259, 260, 3 + 0xC3, 3 + 0xA9});
+    CHECK(v->detokenize(v->tokenize("a\xc3\xa9", false, false), false) == "a\xc3\xa9");
+}
+
+TEST_CASE("SentencePiece puts a space before the text and after each special token") {
+    const auto v = tiny_spm({{k_sp, 0}, {"a", 0}, {k_sp + "a", 1}});
+    const smol_token sa = 261; // "\u2581a"
+    CHECK(v->tokenize("a", true, false) == ids{1, sa});
+    CHECK(v->tokenize("a</s>a", false, true) == ids{sa, 2, sa});
+    CHECK(v->tokenize("a a", false, false) == ids{sa, sa});
+}
+
 // --- llama.cpp's tokenizer suite ----------------------------------------------------
 
 // The vocabularies of llama.cpp's suite (models/ggml-vocab-*.gguf with .inp
@@ -613,6 +670,23 @@ TEST_CASE("inconsistent tokenizer arrays are format errors naming the key") {
         const smol::error e = load_error(t);
         CHECK(e.status == SMOL_ERR_FORMAT);
         CHECK(contains(e.what(), "tokenizer.ggml.token_type"));
+    }
+    SUBCASE("scores shorter than the tokens") {
+        tiny_vocab t;
+        t.w.set("tokenizer.ggml.scores",
+                gguf::value::make_array(gguf::type::FLOAT32, {gguf::value::make_f32(0)}));
+        const smol::error e = load_error(t);
+        CHECK(e.status == SMOL_ERR_FORMAT);
+        CHECK(contains(e.what(), "tokenizer.ggml.scores"));
+    }
+    SUBCASE("a score that is NaN") {
+        tiny_vocab t;
+        std::vector<gguf::value> sc(t.tokens.size(), gguf::value::make_f32(0));
+        sc[7] = gguf::value::make_f32(std::nanf(""));
+        t.w.set("tokenizer.ggml.scores", gguf::value::make_array(gguf::type::FLOAT32, sc));
+        const smol::error e = load_error(t);
+        CHECK(e.status == SMOL_ERR_FORMAT);
+        CHECK(contains(e.what(), "tokenizer.ggml.scores[7]"));
     }
     SUBCASE("a token listed twice") {
         tiny_vocab t;
