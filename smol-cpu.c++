@@ -280,17 +280,47 @@ void run_get_rows(tensor * t, const op_args & a) {
 void run_rms_norm(tensor * t, const op_args & a) {
     const tensor * x = t->src[0];
     const float * w = static_cast<const float *>(t->src[1]->data);
-    const int64_t n = x->ne[0];
+    // A row, or each group of a row (a head, for Gemma's q and k norms).
+    const int64_t n = t->iparams[0] > 0 ? t->iparams[0] : x->ne[0];
+    const int64_t groups = x->ne[0] / n;
     int64_t i0, i1;
     split(x->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const float * src = row_f32(x, i);
-        float * dst = row_f32(t, i);
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += double(src[j]) * double(src[j]);
-        const float mean = float(sum / double(n));
-        a.k.scale(dst, src, 1.0f / std::sqrt(mean + t->fparams[0]), n);
-        a.k.mul(dst, dst, w, n);
+        for (int64_t gr = 0; gr < groups; ++gr) {
+            const float * src = row_f32(x, i) + gr * n;
+            float * dst = row_f32(t, i) + gr * n;
+            double sum = 0;
+            for (int64_t j = 0; j < n; ++j) sum += double(src[j]) * double(src[j]);
+            const float mean = float(sum / double(n));
+            a.k.scale(dst, src, 1.0f / std::sqrt(mean + t->fparams[0]), n);
+            a.k.mul(dst, dst, w, n);
+        }
+    }
+}
+
+void run_scale(tensor * t, const op_args & a) {
+    int64_t i0, i1;
+    split(t->nrows(), a.ith, a.nth, i0, i1);
+    for (int64_t i = i0; i < i1; ++i)
+        a.k.scale(row_f32(t, i), row_f32(t->src[0], i), t->fparams[0], t->ne[0]);
+}
+
+// GELU in its tanh form (Gemma's gelu_pytorch_tanh), computed in f32.
+void run_geglu(tensor * t, const op_args & a) {
+    int64_t i0, i1;
+    split(t->nrows(), a.ith, a.nth, i0, i1);
+    const int64_t n = t->ne[0];
+    constexpr float k_sqrt_2_over_pi = 0.79788456080286535588f;
+    for (int64_t i = i0; i < i1; ++i) {
+        const float * g = row_f32(t->src[0], i);
+        const float * u = row_f32(t->src[1], i);
+        float * d = row_f32(t, i);
+        for (int64_t j = 0; j < n; ++j) {
+            const float x = g[j];
+            const float gelu =
+                0.5f * x * (1.0f + std::tanh(k_sqrt_2_over_pi * x * (1.0f + 0.044715f * x * x)));
+            d[j] = gelu * u[j];
+        }
     }
 }
 
@@ -371,6 +401,7 @@ void run_rope(tensor * t, const op_args & a) {
     const tensor * x = t->src[0];
     const int32_t * pos = static_cast<const int32_t *>(t->src[1]->data);
     const int n_head = t->iparams[0], hd = t->iparams[1];
+    const bool neox = t->iparams[2] != 0;
     const float theta_scale = std::pow(t->fparams[0], -2.0f / float(hd));
     int64_t i0, i1;
     split(x->ne[1], a.ith, a.nth, i0, i1);
@@ -384,13 +415,15 @@ void run_rope(tensor * t, const op_args & a) {
         }
         const float * src = row_f32(x, i);
         float * dst = row_f32(t, i);
+        // Pair j's two elements: adjacent, or half a head apart (neox).
+        const int stride = neox ? 1 : 2, other = neox ? hd / 2 : 1;
         for (int h = 0; h < n_head; ++h) {
             const float * s = src + h * hd;
             float * d = dst + h * hd;
             for (int j = 0; j < hd / 2; ++j) {
-                const float x0 = s[2 * j], x1 = s[2 * j + 1];
-                d[2 * j] = x0 * cs[j] - x1 * sn[j];
-                d[2 * j + 1] = x0 * sn[j] + x1 * cs[j];
+                const float x0 = s[stride * j], x1 = s[stride * j + other];
+                d[stride * j] = x0 * cs[j] - x1 * sn[j];
+                d[stride * j + other] = x0 * sn[j] + x1 * cs[j];
             }
         }
     }
@@ -434,7 +467,9 @@ void run_attention(tensor * t, const op_args & a) {
     const int n_head = t->iparams[1], n_head_kv = t->iparams[2], hd = t->iparams[3];
     const int group = n_head / n_head_kv;
     const int n_kv = view.h1 - view.h0;
-    const float scale = 1.0f / std::sqrt(float(hd));
+    const float scale = t->fparams[0] != 0 ? t->fparams[0] : 1.0f / std::sqrt(float(hd));
+    // A sliding window: a query at p sees keys at p - window + 1 .. p.
+    const int32_t window = t->iparams[4];
     const int64_t n_tok = q->ne[1];
     const int64_t ld = kv.n_cells;
     float * scores = a.scratch;                                               // group x n_cells
@@ -464,10 +499,18 @@ void run_attention(tensor * t, const op_args & a) {
             cells = list;
             n_vis = 0;
             while (n_vis < n_list && kv.cell_pos[list[n_vis]] <= p) ++n_vis;
+            if (window > 0) {
+                int32_t first = 0;
+                while (first < n_vis && p - kv.cell_pos[list[first]] >= window) ++first;
+                cells += first;
+                n_vis -= first;
+            }
         } else if (listed != i) {
             n_vis = 0;
             for (int32_t c = 0; c < kv.n_used; ++c) {
-                if (kv_cell_visible(kv.cell_pos[c], kv.cell_seqs[c], s, p)) own[n_vis++] = c;
+                if (kv_cell_visible(kv.cell_pos[c], kv.cell_seqs[c], s, p) &&
+                    (window <= 0 || p - kv.cell_pos[c] < window))
+                    own[n_vis++] = c;
             }
             cells = own;
             listed = i;
@@ -511,8 +554,8 @@ void run_copy(tensor * t, const op_args & a) {
 
 using op_fn = void (*)(tensor *, const op_args &);
 const op_fn op_table[OP_COUNT] = {
-    nullptr,  run_get_rows, run_rms_norm,  run_mul_mat, run_add,
-    run_rope, run_kv_store, run_attention, run_swiglu,  run_copy,
+    nullptr,      run_get_rows,  run_rms_norm, run_mul_mat, run_add,   run_rope,
+    run_kv_store, run_attention, run_swiglu,   run_copy,    run_scale, run_geglu,
 };
 
 } // namespace

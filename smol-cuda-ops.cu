@@ -306,6 +306,8 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         copy_on(t, stream_);
         return;
     case OP_MUL_MAT:
+    case OP_SCALE:
+    case OP_GEGLU:
     case OP_COUNT:
         break;
     }

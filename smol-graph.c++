@@ -27,10 +27,10 @@ const char * placement_name(placement p) {
 }
 
 const char * const op_names[OP_COUNT] = {
-    "NONE", "GET_ROWS", "RMS_NORM",  "MUL_MAT", "ADD",
-    "ROPE", "KV_STORE", "ATTENTION", "SWIGLU",  "COPY",
+    "NONE",     "GET_ROWS",  "RMS_NORM", "MUL_MAT", "ADD",   "ROPE",
+    "KV_STORE", "ATTENTION", "SWIGLU",   "COPY",    "SCALE", "GEGLU",
 };
-static_assert(OP_COUNT == 10, "op_names must list every op");
+static_assert(OP_COUNT == 12, "op_names must list every op");
 
 void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1, int64_t ne2,
                       int64_t ne3) {
@@ -102,9 +102,13 @@ tensor * op_get_rows(graph & g, tensor * table, tensor * ids) {
     return node(g, OP_GET_ROWS, table->ne[0], ids->ne[0], table, ids);
 }
 
-tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps) {
+tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps, int32_t group) {
+    SMOL_ASSERT_MSG(group == 0 ? weight->ne[0] == x->ne[0]
+                               : weight->ne[0] == group && x->ne[0] % group == 0,
+                    "rms_norm: the weight does not fit the rows or groups");
     tensor * t = elementwise(g, OP_RMS_NORM, x, weight);
     t->fparams[0] = eps;
+    t->iparams[0] = group;
     return t;
 }
 
@@ -118,10 +122,11 @@ tensor * op_add(graph & g, tensor * a, tensor * b) {
 }
 
 tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t head_dim,
-                 float freq_base) {
+                 float freq_base, bool neox) {
     tensor * t = elementwise(g, OP_ROPE, x, pos);
     t->iparams[0] = n_head;
     t->iparams[1] = head_dim;
+    t->iparams[2] = neox ? 1 : 0;
     t->fparams[0] = freq_base;
     return t;
 }
@@ -134,17 +139,29 @@ tensor * op_kv_store(graph & g, tensor * k, tensor * v, int32_t layer) {
 }
 
 tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
-                      int32_t n_head_kv, int32_t head_dim) {
+                      int32_t n_head_kv, int32_t head_dim, attn_opts opts) {
     tensor * t = elementwise(g, OP_ATTENTION, q, after);
     t->iparams[0] = layer;
     t->iparams[1] = n_head;
     t->iparams[2] = n_head_kv;
     t->iparams[3] = head_dim;
+    t->iparams[4] = opts.window;
+    t->fparams[0] = opts.scale;
     return t;
 }
 
 tensor * op_swiglu(graph & g, tensor * gate, tensor * up) {
     return elementwise(g, OP_SWIGLU, gate, up);
+}
+
+tensor * op_geglu(graph & g, tensor * gate, tensor * up) {
+    return elementwise(g, OP_GEGLU, gate, up);
+}
+
+tensor * op_scale(graph & g, tensor * x, float c) {
+    tensor * t = elementwise(g, OP_SCALE, x, nullptr);
+    t->fparams[0] = c;
+    return t;
 }
 
 tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, const kv_view & view,
@@ -157,8 +174,8 @@ tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, con
 
 tensor * op_attention_heads(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
                             int32_t n_head_kv, int32_t head_dim, const kv_view & view,
-                            tensor * into) {
-    tensor * t = op_attention(g, q, after, layer, n_head, n_head_kv, head_dim);
+                            tensor * into, attn_opts opts) {
+    tensor * t = op_attention(g, q, after, layer, n_head, n_head_kv, head_dim, opts);
     t->kv = view;
     t->src[2] = into;
     t->view_of = into;

@@ -41,6 +41,8 @@ enum op : uint8_t {
     OP_ATTENTION, // causal, masked by sequence, over the cache (GQA)
     OP_SWIGLU,    // dst = silu(src0) * src1
     OP_COPY,      // dst = src0, across placements (prefetch / offload)
+    OP_SCALE,     // dst = src0 * fparams[0]
+    OP_GEGLU,     // dst = gelu(src0) * src1, GELU's tanh form
     OP_COUNT,
 };
 extern const char * const op_names[OP_COUNT];
@@ -66,7 +68,7 @@ struct tensor {
 
     op kind = OP_NONE;
     tensor * src[max_src] = {nullptr, nullptr, nullptr};
-    int32_t iparams[4] = {0, 0, 0, 0};
+    int32_t iparams[6] = {0, 0, 0, 0, 0, 0};
     float fparams[2] = {0, 0};
     const char * name = "";
     int32_t node_index = -1; // position in its graph's node list
@@ -143,15 +145,28 @@ uint64_t fresh_number();
 
 // Op builders: they only record op, sources and parameters.
 tensor * op_get_rows(graph & g, tensor * table, tensor * ids);
-tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps);
+// group > 0: each run of `group` elements (a head) is normalised on its own
+// and weight has `group` elements.
+tensor * op_rms_norm(graph & g, tensor * x, tensor * weight, float eps, int32_t group = 0);
 tensor * op_mul_mat(graph & g, tensor * weight, tensor * x);
 tensor * op_add(graph & g, tensor * a, tensor * b);
+// neox: the pairs are (i, i + head_dim / 2), as GPT-NeoX and Gemma rotate;
+// else adjacent (2i, 2i + 1), as GGUF stores Llama's Q and K.
 tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t head_dim,
-                 float freq_base);
+                 float freq_base, bool neox = false);
+// Attention's options beyond the heads: a sliding window (a query at p sees
+// keys at p - window + 1 .. p; 0: all) and the scale of q.k (0:
+// 1 / sqrt(head_dim)).
+struct attn_opts {
+    int32_t window = 0;
+    float scale = 0;
+};
 tensor * op_kv_store(graph & g, tensor * k, tensor * v, int32_t layer);
 tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
-                      int32_t n_head_kv, int32_t head_dim);
+                      int32_t n_head_kv, int32_t head_dim, attn_opts opts = {});
 tensor * op_swiglu(graph & g, tensor * gate, tensor * up);
+tensor * op_geglu(graph & g, tensor * gate, tensor * up);
+tensor * op_scale(graph & g, tensor * x, float c);
 // KV_STORE of the heads of `view` (k and v rows hold every kv head); `after`
 // (may be null) orders it behind a copy that fills the view's memory.
 tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, const kv_view & view,
@@ -161,7 +176,7 @@ tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, con
 // node completes in place.
 tensor * op_attention_heads(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,
                             int32_t n_head_kv, int32_t head_dim, const kv_view & view,
-                            tensor * into);
+                            tensor * into, attn_opts opts = {});
 // A copy of a strided block between memory spaces (PREFETCH host -> device,
 // OFFLOAD device -> host); it runs after `dep0` and `dep1` (may be null).
 tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src,
