@@ -117,50 +117,95 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, e.what());
     }
-    if (arch != "llama") {
+    llama_hparams & hp = m->hp;
+    if (arch == "llama") {
+        hp.arch = llama_arch::llama;
+    } else if (arch == "gemma3") {
+        hp.arch = llama_arch::gemma3;
+    } else {
         throw error(SMOL_ERR_UNSUPPORTED,
                     path + ": architecture '" + arch +
-                        "' is not supported; smol runs llama-architecture models (SmolLM2, "
-                        "Llama 2/3 shapes)");
+                        "' is not supported; smol runs the llama (SmolLM2, Llama 2/3 shapes) "
+                        "and gemma3 (Gemma 3) architectures");
     }
-
-    llama_hparams & hp = m->hp;
+    const bool gemma = hp.arch == llama_arch::gemma3;
+    const std::string a = arch + ".";
     try {
-        hp.n_layer = ld.req_int("llama.block_count");
-        hp.n_ctx_train = ld.req_int("llama.context_length");
-        hp.n_embd = ld.req_int("llama.embedding_length");
-        hp.n_ff = ld.req_int("llama.feed_forward_length");
-        hp.n_head = ld.req_int("llama.attention.head_count");
-        hp.n_head_kv = f.get_i64("llama.attention.head_count_kv")
-                           ? ld.req_int("llama.attention.head_count_kv")
+        hp.n_layer = ld.req_int(a + "block_count");
+        hp.n_ctx_train = ld.req_int(a + "context_length");
+        hp.n_embd = ld.req_int(a + "embedding_length");
+        hp.n_ff = ld.req_int(a + "feed_forward_length");
+        hp.n_head = ld.req_int(a + "attention.head_count");
+        hp.n_head_kv = f.get_i64(a + "attention.head_count_kv")
+                           ? ld.req_int(a + "attention.head_count_kv")
                            : hp.n_head;
-        hp.rope_base = float(f.get_f64("llama.rope.freq_base").value_or(10000.0));
-        hp.rms_eps = float(f.get_f64("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
-        if (const auto scaling = f.get_str("llama.rope.scaling.type");
+        hp.rope_base = float(f.get_f64(a + "rope.freq_base").value_or(10000.0));
+        hp.rms_eps = float(f.get_f64(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+        if (const auto scaling = f.get_str(a + "rope.scaling.type");
             scaling && *scaling != "none" && *scaling != "") {
             throw error(SMOL_ERR_UNSUPPORTED,
                         path + ": RoPE scaling '" + *scaling + "' is not supported yet");
         }
+        hp.head_dim = f.get_i64(a + "attention.key_length") ? ld.req_int(a + "attention.key_length")
+                                                            : hp.n_embd / hp.n_head;
+        if (const auto vl = f.get_i64(a + "attention.value_length"); vl && *vl != hp.head_dim) {
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        path + ": value heads of " + std::to_string(*vl) + " and key heads of " +
+                            std::to_string(hp.head_dim) + " differ; smol needs them equal");
+        }
+        if (gemma) {
+            if (const auto cap = f.get_f64(a + "final_logit_softcapping"); cap && *cap != 0) {
+                throw error(SMOL_ERR_UNSUPPORTED,
+                            path + ": final logit soft-capping is not supported yet");
+            }
+            hp.embd_scale = std::sqrt(float(hp.n_embd));
+            // As llama.cpp: 1/sqrt(head size), but for the 62-layer 27B model.
+            hp.attn_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(float(hp.n_embd / hp.n_head))
+                                             : 1.0f / std::sqrt(float(hp.head_dim));
+            hp.n_swa = int32_t(f.get_i64(a + "attention.sliding_window").value_or(0));
+            hp.rope_base_swa = float(f.get_f64(a + "rope.freq_base_swa").value_or(10000.0));
+            if (hp.n_swa < 0) {
+                throw error(SMOL_ERR_FORMAT, path + ": " + a + "attention.sliding_window is " +
+                                                 std::to_string(hp.n_swa));
+            }
+            // Five local layers, then a global one, unless the file says
+            // otherwise (a period, or a list of flags).
+            hp.swa.assign(size_t(hp.n_layer), false);
+            const auto * flags =
+                f.get_array(a + "attention.sliding_window_pattern", gguf::type::BOOL);
+            const int64_t period = f.get_i64(a + "attention.sliding_window_pattern").value_or(6);
+            if (flags && int64_t(flags->size()) != hp.n_layer) {
+                throw error(SMOL_ERR_FORMAT, path + ": " + a +
+                                                 "attention.sliding_window_pattern lists " +
+                                                 std::to_string(flags->size()) + " layers of " +
+                                                 std::to_string(hp.n_layer));
+            }
+            for (int32_t l = 0; hp.n_swa > 0 && l < hp.n_layer; ++l) {
+                hp.swa[size_t(l)] =
+                    flags ? (*flags)[size_t(l)].b : period == 0 || (l % period < period - 1);
+            }
+        }
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, e.what());
     }
+    const size_t layer_tensors = gemma ? 13 : llama_layer_tensors;
     // Memory is sized from the layer count below: check it against what the
     // file holds first, since each layer needs tensors of its own.
     if (const size_t n_tensors = f.tensors().size();
-        size_t(hp.n_layer) > n_tensors / llama_layer_tensors) {
-        throw error(SMOL_ERR_FORMAT, path + ": llama.block_count is " + std::to_string(hp.n_layer) +
-                                         ", but the file holds " + std::to_string(n_tensors) +
+        size_t(hp.n_layer) > n_tensors / layer_tensors) {
+        throw error(SMOL_ERR_FORMAT, path + ": " + a + "block_count is " +
+                                         std::to_string(hp.n_layer) + ", but the file holds " +
+                                         std::to_string(n_tensors) +
                                          " tensors, too few for that many layers of " +
-                                         std::to_string(llama_layer_tensors) +
+                                         std::to_string(layer_tensors) +
                                          " each; the file is truncated or its metadata is wrong");
     }
-    if (hp.n_embd % hp.n_head != 0 || hp.n_head % hp.n_head_kv != 0) {
+    if (hp.n_head % hp.n_head_kv != 0 || (!gemma && hp.n_embd % hp.n_head != 0)) {
         throw error(SMOL_ERR_FORMAT, path + ": " + std::to_string(hp.n_head) + " heads over " +
                                          std::to_string(hp.n_head_kv) + " kv heads and width " +
                                          std::to_string(hp.n_embd) + " do not divide evenly");
     }
-    hp.head_dim = hp.n_embd / hp.n_head;
-    const int64_t rope_dims = f.get_i64("llama.rope.dimension_count").value_or(hp.head_dim);
+    const int64_t rope_dims = f.get_i64(a + "rope.dimension_count").value_or(hp.head_dim);
     if (rope_dims != hp.head_dim || hp.head_dim % 2 != 0 || hp.head_dim > 1024) {
         throw error(SMOL_ERR_UNSUPPORTED, path + ": rotary dimension " + std::to_string(rope_dims) +
                                               " with head size " + std::to_string(hp.head_dim) +
@@ -176,7 +221,8 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
     }
     hp.n_vocab = m->vocab.n_tokens();
 
-    const int64_t E = hp.n_embd, KV = int64_t(hp.n_head_kv) * hp.head_dim;
+    const int64_t E = hp.n_embd, Q = int64_t(hp.n_head) * hp.head_dim,
+                  KV = int64_t(hp.n_head_kv) * hp.head_dim;
     m->tok_embd = ld.get("token_embd.weight", E, hp.n_vocab);
     m->output_norm = ld.get("output_norm.weight", E, 1, true);
     m->output =
@@ -187,14 +233,20 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
         const std::string p = "blk." + std::to_string(l) + ".";
         llama_layer & L = m->layers[size_t(l)];
         L.attn_norm = ld.get(p + "attn_norm.weight", E, 1, true);
-        L.wq = ld.get(p + "attn_q.weight", E, E);
+        L.wq = ld.get(p + "attn_q.weight", E, Q);
         L.wk = ld.get(p + "attn_k.weight", E, KV);
         L.wv = ld.get(p + "attn_v.weight", E, KV);
-        L.wo = ld.get(p + "attn_output.weight", E, E);
+        L.wo = ld.get(p + "attn_output.weight", Q, E);
         L.ffn_norm = ld.get(p + "ffn_norm.weight", E, 1, true);
         L.w_gate = ld.get(p + "ffn_gate.weight", E, hp.n_ff);
         L.w_up = ld.get(p + "ffn_up.weight", E, hp.n_ff);
         L.w_down = ld.get(p + "ffn_down.weight", hp.n_ff, E);
+        if (gemma) {
+            L.q_norm = ld.get(p + "attn_q_norm.weight", hp.head_dim, 1, true);
+            L.k_norm = ld.get(p + "attn_k_norm.weight", hp.head_dim, 1, true);
+            L.post_attn_norm = ld.get(p + "post_attention_norm.weight", E, 1, true);
+            L.post_ffw_norm = ld.get(p + "post_ffw_norm.weight", E, 1, true);
+        }
         for (const weight * w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
             ++type_count[w->type];
     }
@@ -309,15 +361,10 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     {
         std::vector<std::pair<std::string, const weight *>> ws = {
             {"token_embd", &m.tok_embd}, {"output_norm", &m.output_norm}, {"output", &m.output}};
-        static const char * const names[] = {"attn_norm", "attn_q",      "attn_k",
-                                             "attn_v",    "attn_output", "ffn_norm",
-                                             "ffn_gate",  "ffn_up",      "ffn_down"};
         for (size_t l = 0; l < m.layers.size(); ++l) {
-            const llama_layer & L = m.layers[l];
-            const weight * lw[] = {&L.attn_norm, &L.wq,     &L.wk,   &L.wv,    &L.wo,
-                                   &L.ffn_norm,  &L.w_gate, &L.w_up, &L.w_down};
-            for (size_t i = 0; i < std::size(lw); ++i)
-                ws.push_back({"blk." + std::to_string(l) + "." + names[i], lw[i]});
+            m.layers[l].each([&](const char * name, const weight & w) {
+                ws.push_back({"blk." + std::to_string(l) + "." + name, &w});
+            });
         }
         for (const auto & [what, w] : ws) {
             if (be_->supports_weights(w->type)) continue;
@@ -338,11 +385,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     if (on_device) {
         weight_bytes += bytes_of(m.tok_embd) + bytes_of(m.output_norm);
         if (m.output.data != m.tok_embd.data) weight_bytes += bytes_of(m.output);
-        for (const llama_layer & L : m.layers) {
-            for (const weight * w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm,
-                                     &L.w_gate, &L.w_up, &L.w_down})
-                weight_bytes += bytes_of(*w);
-        }
+        for (const llama_layer & L : m.layers)
+            L.each([&](const char *, const weight & w) { weight_bytes += bytes_of(w); });
     }
     tok_embd_ = m.tok_embd;
     output_norm_ = m.output_norm;
@@ -394,8 +438,9 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     output_norm_ = place(m.output_norm);
     output_ = m.output.data == m.tok_embd.data ? tok_embd_ : place(m.output);
     for (const llama_layer & L : m.layers) {
-        layers_.push_back({place(L.attn_norm), place(L.wq), place(L.wk), place(L.wv), place(L.wo),
-                           place(L.ffn_norm), place(L.w_gate), place(L.w_up), place(L.w_down)});
+        llama_layer P = L;
+        P.each([&](const char *, weight & w) { w = place(w); });
+        layers_.push_back(P);
     }
     kv_place_.alloc(*be_);
     // Plan the largest graph once so the arena is sized before the first
@@ -461,28 +506,43 @@ void llama_context::build_graph(const step_shape & shape) {
     tensor * tok = ints(tokens_, n);
     tensor * pos = ints(positions_, n);
     kv_place_.begin(g, shape.copies);
+    const bool gemma = hp.arch == llama_arch::gemma3;
     tensor * x = op_get_rows(g, W(tok_embd_), tok);
+    if (hp.embd_scale != 1.0f) x = op_scale(g, x, hp.embd_scale);
     for (int l = 0; l < hp.n_layer; ++l) {
         const llama_layer & L = layers_[size_t(l)];
+        const bool local = !hp.swa.empty() && hp.swa[size_t(l)];
+        const float base = local ? hp.rope_base_swa : hp.rope_base;
         tensor * cur = op_rms_norm(g, x, W(L.attn_norm), hp.rms_eps);
         tensor * q = op_mul_mat(g, W(L.wq), cur);
         tensor * k = op_mul_mat(g, W(L.wk), cur);
         tensor * v = op_mul_mat(g, W(L.wv), cur);
-        q = op_rope(g, q, pos, hp.n_head, hp.head_dim, hp.rope_base);
-        k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, hp.rope_base);
+        if (gemma) {
+            q = op_rms_norm(g, q, W(L.q_norm), hp.rms_eps, hp.head_dim);
+            k = op_rms_norm(g, k, W(L.k_norm), hp.rms_eps, hp.head_dim);
+        }
+        q = op_rope(g, q, pos, hp.n_head, hp.head_dim, base, gemma);
+        k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, base, gemma);
+        const attn_opts opts{local ? hp.n_swa : 0, hp.attn_scale};
         tensor * att = nullptr;
         for (int32_t gr = 0; gr < plan.n_group; ++gr) {
             const kv_placement::group_io io = kv_place_.group(l, gr);
             tensor * stored = op_kv_store_heads(g, k, v, l, io.view, io.ready);
             kv_place_.after_store(l, gr);
             att = op_attention_heads(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim, io.view,
-                                     att);
+                                     att, opts);
             kv_place_.after_attention(l, gr, att, stored);
         }
-        x = op_add(g, x, op_mul_mat(g, W(L.wo), att));
+        tensor * o = op_mul_mat(g, W(L.wo), att);
+        if (gemma) o = op_rms_norm(g, o, W(L.post_attn_norm), hp.rms_eps);
+        x = op_add(g, x, o);
         cur = op_rms_norm(g, x, W(L.ffn_norm), hp.rms_eps);
-        tensor * h = op_swiglu(g, op_mul_mat(g, W(L.w_gate), cur), op_mul_mat(g, W(L.w_up), cur));
-        x = op_add(g, x, op_mul_mat(g, W(L.w_down), h));
+        tensor * gate = op_mul_mat(g, W(L.w_gate), cur);
+        tensor * up = op_mul_mat(g, W(L.w_up), cur);
+        tensor * d =
+            op_mul_mat(g, W(L.w_down), gemma ? op_geglu(g, gate, up) : op_swiglu(g, gate, up));
+        if (gemma) d = op_rms_norm(g, d, W(L.post_ffw_norm), hp.rms_eps);
+        x = op_add(g, x, d);
     }
     if (n_out == 0) return;
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));

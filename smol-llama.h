@@ -22,7 +22,14 @@
 
 namespace smol {
 
+// The families smol runs: Llama (SmolLM2, Llama 2/3 shapes) and Gemma 3,
+// whose graph adds an embedding scale, q and k norms per head, norms after
+// attention and the MLP, GeGLU, NeoX RoPE, and local sliding-window layers
+// with their own RoPE base between the global ones.
+enum class llama_arch { llama, gemma3 };
+
 struct llama_hparams {
+    llama_arch arch = llama_arch::llama;
     int32_t n_vocab = 0;
     int32_t n_ctx_train = 0;
     int32_t n_embd = 0;
@@ -33,6 +40,12 @@ struct llama_hparams {
     int32_t head_dim = 0;
     float rope_base = 10000.0f;
     float rms_eps = 1e-5f;
+    // Gemma 3: local layers see the last n_swa positions; swa[l] says which.
+    int32_t n_swa = 0;
+    std::vector<bool> swa;
+    float rope_base_swa = 10000.0f;
+    float attn_scale = 0;    // 0: 1 / sqrt(head_dim)
+    float embd_scale = 1.0f; // the embeddings' factor (Gemma: sqrt(n_embd))
 };
 
 // A weight as it lies in the file: no copy is made.
@@ -45,6 +58,35 @@ struct weight {
 struct llama_layer {
     weight attn_norm, wq, wk, wv, wo;
     weight ffn_norm, w_gate, w_up, w_down;
+    // Gemma 3 only (no data otherwise): q and k norms, norms after attention
+    // and after the MLP.
+    weight q_norm, k_norm, post_attn_norm, post_ffw_norm;
+
+    // Calls f(name, weight) for each weight the layer has.
+    template <typename F> void each(F && f) {
+        const std::pair<const char *, weight *> all[] = {
+            {"attn_norm", &attn_norm},
+            {"attn_q", &wq},
+            {"attn_k", &wk},
+            {"attn_v", &wv},
+            {"attn_output", &wo},
+            {"ffn_norm", &ffn_norm},
+            {"ffn_gate", &w_gate},
+            {"ffn_up", &w_up},
+            {"ffn_down", &w_down},
+            {"attn_q_norm", &q_norm},
+            {"attn_k_norm", &k_norm},
+            {"post_attention_norm", &post_attn_norm},
+            {"post_ffw_norm", &post_ffw_norm},
+        };
+        for (const auto & [name, w] : all) {
+            if (w->data) f(name, *w);
+        }
+    }
+    template <typename F> void each(F && f) const {
+        const_cast<llama_layer *>(this)->each(
+            [&](const char * name, weight & w) { f(name, static_cast<const weight &>(w)); });
+    }
 };
 
 // Immutable once loaded; any number of contexts share it.

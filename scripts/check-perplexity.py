@@ -19,7 +19,9 @@ Two uses:
         scripts/check-perplexity.py test --fixture tests/fixtures/perplexity.json
     rebuilds each file with smol-quantize (byte for byte llama-quantize's,
     which test-requant shows), runs smol-perplexity on it and fails when it
-    is more than 1% from the recorded llama.cpp value. When this machine's
+    is more than 1% from the recorded llama.cpp value. Gemma 3 270M's Q4_K_M
+    file (scripts/fetch-model.sh gemma3-270m), a second family, is held to
+    its recorded value the same way. When this machine's
     Python ships other documentation topics (another version), the text
     differs and the test reports a skip (exit 77).
 
@@ -126,6 +128,17 @@ def compare(args):
             print(f"{t}: smol {s:.4f}, llama.cpp {l:.4f} ({100 * (s - l) / l:+.2f}%)"
                   + (f"; llama.cpp on smol-quantize's file {row['llama_on_smol_file']:.4f}"
                      if ours else ""), flush=True)
+        gemma = None
+        if os.path.exists(args.gemma):
+            s, s_err = smol_ppl(args.build, args.gemma, text)
+            l, l_err = llama_ppl(args.llama_bin, args.gemma, text)
+            gemma = {"file": os.path.basename(args.gemma), "llama": l}
+            worst = max(worst, rel(s, l))
+            rows.append({"type": "Gemma 3 270M Q4_K_M", "bpw": bits_per_weight(args.gemma),
+                         "mib": os.path.getsize(args.gemma) / 2**20, "smol": s,
+                         "smol_err": s_err, "llama": l, "llama_err": l_err})
+            print(f"Gemma 3 270M: smol {s:.4f}, llama.cpp {l:.4f} ({100 * (s - l) / l:+.2f}%)",
+                  flush=True)
         print()
         print("| type | bits/weight | file MiB | smol PPL | llama.cpp PPL | smol vs llama.cpp "
               "| llama.cpp on smol-quantize's file |")
@@ -143,7 +156,7 @@ def compare(args):
                            "notes": ["llama: llama-perplexity's final estimate on the model "
                                      "(Q4_1) and on llama-quantize --allow-requantize's file "
                                      "of each type"],
-                           "llama": fixture}, f, indent=1)
+                           "llama": fixture, "gemma3": gemma}, f, indent=1)
                 f.write("\n")
             print(f"wrote {args.write_fixture}")
         print(f"largest difference: {100 * worst:.2f}% (allowed {100 * TOLERANCE:.0f}%)")
@@ -177,6 +190,17 @@ def test(args):
                   f"{'' if ok else '  FAILED'}", flush=True)
             if path != args.model:
                 os.remove(path)
+        if fx.get("gemma3"):
+            if not os.path.exists(args.gemma):
+                print(f"{args.gemma} is missing: run scripts/fetch-model.sh gemma3-270m")
+                return 1
+            want = fx["gemma3"]["llama"]
+            got, err = smol_ppl(args.build, args.gemma, text)
+            ok = rel(got, want) <= TOLERANCE
+            failed += not ok
+            print(f"Gemma 3 270M Q4_K_M: smol {got:.4f} ± {err:.4f}, llama.cpp {want:.4f} "
+                  f"({100 * (got - want) / want:+.2f}%, allowed ±{100 * TOLERANCE:.0f}%)"
+                  f"{'' if ok else '  FAILED'}", flush=True)
         return 1 if failed else 0
 
 
@@ -186,6 +210,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models",
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--gemma", default=os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf"))
     ap.add_argument("--llama-bin", default="/work/peers/build-cpu/bin")
     ap.add_argument("--write-fixture")
     ap.add_argument("--fixture", default=os.path.join(ROOT, "tests", "fixtures",

@@ -623,3 +623,53 @@ TEST_CASE("the real model reports its shape and tokenizes a chat prompt as llama
         CHECK(ids == cs["prompt_ids"].get<std::vector<smol_token>>());
     }
 }
+
+// --- Gemma 3 270M against llama.cpp ----------------------------------------------
+
+namespace {
+
+model_ptr load_gemma() {
+    INFO("Gemma 3 270M is missing: run scripts/fetch-model.sh gemma3-270m (looked for "
+         << SMOL_GEMMA_MODEL << ")");
+    REQUIRE(std::filesystem::exists(SMOL_GEMMA_MODEL));
+    return load(SMOL_GEMMA_MODEL);
+}
+
+// Gemma 3's fixtures (scripts/llama-fixtures.c++ on the same file) hold a
+// prompt of 652 tokens: its later positions see only the last 512 in the
+// local layers, as the sliding window says.
+constexpr double gemma_logit_tol = 1.0;
+
+} // namespace
+
+TEST_CASE("Gemma 3 270M tokenizes its prompts as llama.cpp does") {
+    const nlohmann::json fx = read_fixture("gemma3/logits.json");
+    model_ptr m = load_gemma();
+    for (const auto & pr : fx["prompts"]) {
+        const std::string text = pr["text"];
+        const bool special = pr["name"] == "turns";
+        std::vector<smol_token> ids(text.size() + 16);
+        int32_t n = 0;
+        REQUIRE(smol_tokenize(m.get(), text.data(), text.size(), true, special, ids.data(),
+                              int32_t(ids.size()), &n) == SMOL_OK);
+        ids.resize(size_t(n));
+        CAPTURE(pr["name"].get<std::string>());
+        CHECK(ids == pr["ids"].get<std::vector<smol_token>>());
+    }
+}
+
+TEST_CASE("Gemma 3 270M logits match llama.cpp's, within and past the sliding window") {
+    const nlohmann::json fx = read_fixture("gemma3/logits.json");
+    model_ptr m = load_gemma();
+    smol_model_info info;
+    smol_model_get_info(m.get(), &info);
+    CHECK(info.n_layer == 18);
+    CHECK(info.n_vocab == 262144);
+    test::check_logits(m.get(), fx, gemma_logit_tol);
+}
+
+TEST_CASE("Gemma 3 270M picks llama.cpp's greedy token at every decisive step") {
+    const nlohmann::json fx = read_fixture("gemma3/greedy.json");
+    model_ptr m = load_gemma();
+    CHECK(test::check_greedy(m.get(), fx, 2 * gemma_logit_tol) >= 40); // of 128 steps
+}
