@@ -52,6 +52,7 @@ void cuda_backend::structure(const graph & g) {
         }
         put(uint64_t(uint32_t(t->iparams[0])) | uint64_t(uint32_t(t->iparams[1])) << 32);
         put(uint64_t(uint32_t(t->iparams[2])) | uint64_t(uint32_t(t->iparams[3])) << 32);
+        put(uint64_t(uint32_t(t->iparams[4])) | uint64_t(uint32_t(t->iparams[5])) << 32);
         uint64_t f;
         std::memcpy(&f, t->fparams, sizeof(f));
         put(f);
