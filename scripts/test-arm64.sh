@@ -10,7 +10,9 @@
 # Left out under emulation: test-requant (llama-quantize's byte-exact files
 # and their logits, about 20 minutes under qemu; the same code runs it on
 # x86), the perplexity check (llama.cpp's recorded values, minutes of
-# prefill), and the host-side checks (format, install-find-package).
+# prefill), test-model's Gemma 3 cases (a 262,144-token vocabulary's logits
+# over 700-token prompts: over ten minutes under qemu; the same kernels run
+# them on x86), and the host-side checks (format, install-find-package).
 #
 #   scripts/test-arm64.sh            build and test
 #   scripts/test-arm64.sh --build    build only
@@ -30,7 +32,9 @@ cmake --build build-arm64 -j"$(nproc)"
 
 qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 ctest --test-dir build-arm64 --output-on-failure -j"$(nproc)" --timeout 1200 \
-    -E '^(test-requant|perplexity-matches-llama|format|install-find-package)$'
+    -E '^(test-requant|perplexity-matches-llama|format|install-find-package|test-model)$'
+echo "test-arm64: test-model, less its Gemma 3 cases"
+"${qemu[@]}" build-arm64/tests/test-model -tce='Gemma*'
 
 # qemu's default CPU has every feature (the i8mm variant runs); a Neoverse
 # N1 (ARMv8.2) has dotprod and no i8mm; a Cortex-A53 (ARMv8.0) has neither
