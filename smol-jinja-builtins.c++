@@ -260,32 +260,6 @@ int64_t cp_index(const std::string & s, size_t byte) {
     return int64_t(utf8_length(std::string_view(s).substr(0, byte)));
 }
 
-std::string html_escape(const std::string & s) {
-    std::string out;
-    for (const char c : s) {
-        switch (c) {
-        case '&':
-            out += "&amp;";
-            break;
-        case '<':
-            out += "&lt;";
-            break;
-        case '>':
-            out += "&gt;";
-            break;
-        case '"':
-            out += "&#34;";
-            break;
-        case '\'':
-            out += "&#39;";
-            break;
-        default:
-            out += c;
-        }
-    }
-    return out;
-}
-
 value str_list(const std::vector<std::string> & parts) {
     list_data out;
     for (const auto & p : parts) out.emplace_back(p);
@@ -560,6 +534,9 @@ int64_t length_of(const value & v) {
         return int64_t(v.items().size());
     case value::kind::dict:
         return int64_t(v.entries().items.size());
+    case value::kind::iterator:
+        if (v.is_view()) return int64_t(v.items().size());
+        [[fallthrough]];
     default:
         throw failure(std::string("object of type '") + v.type_name() + "' has no len()");
     }
@@ -671,23 +648,29 @@ value f_length(render_host &, const value & v, call_args &) {
     return value(length_of(v));
 }
 
+// A filter's text result, Markup when its input was (jinja2's soft_str
+// keeps Markup, whose methods return Markup).
+value like(const value & in, std::string s) {
+    return in.is_markup() ? value::markup(std::move(s)) : value(std::move(s));
+}
+
 value f_string(render_host &, const value & v, call_args &) {
-    return value(v.to_str());
+    return like(v, v.to_str());
 }
 
 value f_trim(render_host &, const value & v, call_args & a) {
     const value chars = a.get(0, "chars");
-    return value(strip(v.to_str(), chars.is_string() ? &chars.str() : nullptr, true, true));
+    return like(v, strip(v.to_str(), chars.is_string() ? &chars.str() : nullptr, true, true));
 }
 
 value f_upper(render_host &, const value & v, call_args &) {
-    return value(upper(v.to_str()));
+    return like(v, upper(v.to_str()));
 }
 value f_lower(render_host &, const value & v, call_args &) {
-    return value(lower(v.to_str()));
+    return like(v, lower(v.to_str()));
 }
 value f_capitalize(render_host &, const value & v, call_args &) {
-    return value(capitalize(v.to_str()));
+    return like(v, capitalize(v.to_str()));
 }
 
 // Jinja's title filter (not str.title): words begin after -, space, (, {, [ or <.
@@ -740,17 +723,19 @@ value f_list(render_host & h, const value & v, call_args &) {
 }
 
 value f_first(render_host &, const value & v, call_args &) {
-    const list_data items = iterate(v);
+    const list_data items = v.is_iterator() ? v.consume(1) : iterate(v);
     return items.empty() ? value::undefined("No first item, sequence was empty.") : items.front();
 }
 
 value f_last(render_host &, const value & v, call_args &) {
+    if (v.is_iterator() && !v.is_view())
+        throw failure(std::string("'") + v.type_name() + "' object is not reversible");
     const list_data items = iterate(v);
     return items.empty() ? value::undefined("No last item, sequence was empty.") : items.back();
 }
 
 value f_items(render_host &, const value & v, call_args &) {
-    return items_of(v);
+    return value::iterator(items_of(v).items(), "generator", false);
 }
 
 value f_dictsort(render_host & h, const value & v, call_args & a) {
@@ -778,11 +763,11 @@ value f_tojson(render_host &, const value & v, call_args & a) {
 }
 
 value f_safe(render_host &, const value & v, call_args &) {
-    return value(v.to_str());
+    return value::markup(v.to_str());
 }
 
 value f_escape(render_host &, const value & v, call_args &) {
-    return value(html_escape(v.to_str()));
+    return v.is_markup() ? v : value::markup(html_escape(v.to_str()));
 }
 
 value f_indent(render_host &, const value & v, call_args & a) {
@@ -815,7 +800,7 @@ value f_indent(render_host &, const value & v, call_args & a) {
         }
     }
     if (first) rv = ind + rv;
-    return value(rv);
+    return like(v, rv);
 }
 
 value f_int(render_host &, const value & v, call_args & a) {
@@ -932,7 +917,7 @@ value f_unique(render_host & h, const value & v, call_args & a) {
         seen.push_back(k);
         out.push_back(x);
     }
-    return value::list(std::move(out));
+    return value::iterator(std::move(out), "generator", false);
 }
 
 value f_sort(render_host & h, const value & v, call_args & a) {
@@ -947,9 +932,14 @@ value f_reverse(render_host &, const value & v, call_args &) {
         for (size_t i = chars.size(); i-- > 0;) out += chars[i];
         return value(out);
     }
+    // reversed() of a list is an iterator; of a generator it fails, and
+    // jinja2 falls back to a reversed list.
+    const bool lazy = v.is_iterator() && !v.is_view();
     list_data items = iterate(v);
     std::reverse(items.begin(), items.end());
-    return value::list(std::move(items));
+    if (lazy) return value::list(std::move(items));
+    return value::iterator(std::move(items),
+                           v.is_dict() ? "dict_reversekeyiterator" : "list_reverseiterator", false);
 }
 
 value f_map(render_host & h, const value & v, call_args & a) {
@@ -973,7 +963,7 @@ value f_map(render_host & h, const value & v, call_args & a) {
             if (r.is_undefined() && !dflt.is_undefined()) r = dflt;
             out.push_back(r);
         }
-        return value::list(std::move(out));
+        return value::iterator(std::move(out), "generator", false);
     }
     if (a.pos.empty()) throw failure("map requires a filter argument");
     const std::string name = a.pos[0].to_str();
@@ -985,7 +975,7 @@ value f_map(render_host & h, const value & v, call_args & a) {
         call_args r = rest;
         out.push_back(apply_filter(h, name, x, r));
     }
-    return value::list(std::move(out));
+    return value::iterator(std::move(out), "generator", false);
 }
 
 value select_common(render_host & h, const value & v, call_args & a, bool attr, bool keep) {
@@ -1017,7 +1007,7 @@ value select_common(render_host & h, const value & v, call_args & a, bool attr, 
         }
         if (ok == keep) out.push_back(x);
     }
-    return value::list(std::move(out));
+    return value::iterator(std::move(out), "generator", false);
 }
 
 value f_select(render_host & h, const value & v, call_args & a) {
@@ -1052,7 +1042,7 @@ value f_batch(render_host & h, const value & v, call_args & a) {
         while (fill && int64_t(cur.size()) < n) cur.push_back(with);
         out.push_back(value::list(std::move(cur)));
     }
-    return value::list(std::move(out));
+    return value::iterator(std::move(out), "generator", false);
 }
 
 value f_wordcount(render_host &, const value & v, call_args &) {
@@ -1073,11 +1063,11 @@ value f_center(render_host &, const value & v, call_args & a) {
     const int64_t width = w.is_undefined() ? 80 : int_arg(w, "center");
     const std::string s = v.to_str();
     const int64_t len = int64_t(utf8_length(s));
-    if (width <= len) return value(s);
+    if (width <= len) return like(v, s);
     const int64_t pad = width - len;
-    // Python's str.center puts the odd space on the left when len is odd... as CPython does:
+    // CPython's rule for where the odd space goes.
     const int64_t left = pad / 2 + (pad & width & 1);
-    return value(std::string(size_t(left), ' ') + s + std::string(size_t(pad - left), ' '));
+    return like(v, std::string(size_t(left), ' ') + s + std::string(size_t(pad - left), ' '));
 }
 
 value f_striptags(render_host &, const value & v, call_args &) {
@@ -1207,10 +1197,11 @@ bool t_mapping(render_host &, const value & v, call_args &) {
 }
 // Jinja's undefined has __iter__, __len__ and __getitem__.
 bool t_iterable(render_host &, const value & v, call_args &) {
-    return v.is_string() || v.is_sequence() || v.is_dict() || v.is_undefined();
+    return v.is_string() || v.is_sequence() || v.is_dict() || v.is_undefined() || v.is_iterator();
 }
-bool t_sequence(render_host & h, const value & v, call_args & a) {
-    return t_iterable(h, v, a);
+// A sequence has a len and items by index; iterators and views have not.
+bool t_sequence(render_host &, const value & v, call_args &) {
+    return v.is_string() || v.is_sequence() || v.is_dict() || v.is_undefined();
 }
 bool t_callable(render_host &, const value & v, call_args &) {
     return v.is_function() || v.is_undefined();
@@ -1328,11 +1319,6 @@ const std::unordered_map<std::string_view, test_fn> & tests() {
 }
 
 // --- methods -----------------------------------------------------------------------
-
-value method(const value & self, std::string name, native_fn fn) {
-    (void)self;
-    return value::function(std::move(name), std::move(fn));
-}
 
 // ImmutableSandboxedEnvironment refuses the methods that modify a list or
 // dict; jinja2 raises SecurityError on the call.
@@ -1507,14 +1493,16 @@ value str_method(const value & self, const std::string & name) {
 
 value dict_method(const value & self, const std::string & name) {
     if (name == "items")
-        return value::function("dict.items", [self](call_args &) { return items_of(self); });
+        return value::function("dict.items", [self](call_args &) {
+            return value::iterator(items_of(self).items(), "dict_items", true);
+        });
     if (name == "keys" || name == "values") {
         const bool keys = name == "keys";
         return value::function("dict." + name, [self, keys](call_args &) {
             list_data out;
             for (const auto & kv : self.entries().items)
                 out.push_back(keys ? value(kv.first) : kv.second);
-            return value::list(std::move(out));
+            return value::iterator(std::move(out), keys ? "dict_keys" : "dict_values", true);
         });
     }
     if (name == "get") {
@@ -1626,6 +1614,32 @@ std::string percent_format(const std::string & fmt, const value & args) {
 
 // --- the interface -----------------------------------------------------------------
 
+std::string html_escape(const std::string & s) {
+    std::string out;
+    for (const char c : s) {
+        switch (c) {
+        case '&':
+            out += "&amp;";
+            break;
+        case '<':
+            out += "&lt;";
+            break;
+        case '>':
+            out += "&gt;";
+            break;
+        case '"':
+            out += "&#34;";
+            break;
+        case '\'':
+            out += "&#39;";
+            break;
+        default:
+            out += c;
+        }
+    }
+    return out;
+}
+
 bool has_filter(std::string_view name) {
     return filters().count(name) != 0;
 }
@@ -1663,6 +1677,8 @@ list_data iterate(const value & v) {
         for (const auto c : utf8_chars(v.str())) out.emplace_back(c);
         return out;
     }
+    case value::kind::iterator:
+        return v.consume();
     default:
         throw failure(std::string("'") + v.type_name() + "' object is not iterable");
     }
@@ -1673,6 +1689,14 @@ value get_attr(const value & obj, const std::string & name) {
     case value::kind::undefined:
         throw failure(obj.str());
     case value::kind::string:
+        if (obj.is_markup()) {
+            // Markup's methods escape their arguments; smol does not model that.
+            return value::function(name, [name](call_args &) -> value {
+                unsupported("method '" + name +
+                            "' of a Markup string (from |safe or |escape) "
+                            "is not supported");
+            });
+        }
         return str_method(obj, name);
     case value::kind::dict: {
         value m = dict_method(obj, name);
@@ -1684,6 +1708,9 @@ value get_attr(const value & obj, const std::string & name) {
         if (const value * v = obj.entries().find(name)) return *v;
         return value::undefined("'Namespace object' has no attribute '" + name + "'");
     }
+    case value::kind::iterator:
+        return value::undefined("'" + std::string(obj.type_name()) + " object' has no attribute '" +
+                                name + "'");
     case value::kind::list:
     case value::kind::tuple: {
         value m = list_method(obj, name);
@@ -1720,7 +1747,7 @@ value get_item(const value & obj, const value & key) {
                 const auto chars = utf8_chars(obj.str());
                 const int64_t n = int64_t(chars.size());
                 if (i < 0) i += n;
-                if (i >= 0 && i < n) return value(chars[size_t(i)]);
+                if (i >= 0 && i < n) return like(obj, std::string(chars[size_t(i)]));
             } else {
                 const int64_t n = int64_t(obj.items().size());
                 if (i < 0) i += n;

@@ -64,6 +64,28 @@ value value::function(std::string name, native_fn fn) {
     return v;
 }
 
+value value::markup(std::string s) {
+    value v(std::move(s));
+    v.markup_ = true;
+    return v;
+}
+
+value value::iterator(list_data items, std::string python_type, bool is_view) {
+    value v = list(std::move(items));
+    v.k_ = kind::iterator;
+    v.s_ = std::move(python_type);
+    v.i_ = is_view;
+    if (!is_view) v.consumed_ = std::make_shared<size_t>(0);
+    return v;
+}
+
+list_data value::consume(size_t most) const {
+    const size_t from = consumed_ ? *consumed_ : 0;
+    const size_t n = std::min(most, l_->size() - from);
+    if (consumed_) *consumed_ = from + n;
+    return list_data(l_->begin() + long(from), l_->begin() + long(from + n));
+}
+
 const value * dict_data::find(std::string_view key) const {
     for (const auto & kv : items) {
         if (kv.first == key) return &kv.second;
@@ -200,7 +222,7 @@ std::string float_repr(double d) {
     if (out.empty()) {
         out = digits.substr(0, 1);
         if (digits.size() > 1) out += "." + digits.substr(1);
-        char eb[8];
+        char eb[16];
         std::snprintf(eb, sizeof eb, "e%c%02d", exp < 0 ? '-' : '+', std::abs(exp));
         out += eb;
     }
@@ -276,6 +298,8 @@ bool value::truthy() const {
     case kind::ns:
     case kind::function:
         return true;
+    case kind::iterator:
+        return i_ ? !l_->empty() : true;
     }
     return false;
 }
@@ -304,7 +328,7 @@ std::string value::repr() const {
     case kind::real:
         return float_repr(d_);
     case kind::string:
-        return string_repr(s_);
+        return markup_ ? "Markup(" + string_repr(s_) + ")" : string_repr(s_);
     case kind::list:
     case kind::tuple: {
         std::string out = k_ == kind::list ? "[" : "(";
@@ -328,6 +352,17 @@ std::string value::repr() const {
     }
     case kind::function:
         return "<function " + f_->name + ">";
+    case kind::iterator:
+        if (i_) {
+            std::string out = s_ + "([";
+            for (size_t i = 0; i < l_->size(); i++) out += (i ? ", " : "") + (*l_)[i].repr();
+            return out + "])";
+        }
+        // Python prints the object's address, which no template means to.
+        throw failure("printing a " + s_ +
+                          " (what map, select, reverse and the like give) is not supported: "
+                          "Python would print a memory address (add |list)",
+                      true);
     }
     return "";
 }
@@ -356,6 +391,8 @@ const char * value::type_name() const {
         return "Namespace";
     case kind::function:
         return "function";
+    case kind::iterator:
+        return s_.c_str();
     }
     return "?";
 }
@@ -395,6 +432,8 @@ bool equals(const value & a, const value & b) {
         return &a.entries() == &b.entries();
     case k::function:
         return &a.fn() == &b.fn();
+    case k::iterator:
+        return &a.items() == &b.items();
     default:
         return false;
     }

@@ -7,6 +7,7 @@
 #ifndef SMOL_JINJA_VALUE_H
 #define SMOL_JINJA_VALUE_H
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,6 +54,10 @@ class value {
         dict,
         ns, // namespace(): a dict whose attributes a template may assign
         function,
+        // What Python gives as an iterator, not a list: a generator (map,
+        // select, ...: always true, no len, iterated once) or a dict view
+        // (d.items(): a len, true when not empty); never JSON.
+        iterator,
     };
 
     value() = default; // undefined
@@ -74,6 +79,10 @@ class value {
     static value dict(std::shared_ptr<dict_data> d);
     static value make_namespace(std::shared_ptr<dict_data> d);
     static value function(std::string name, native_fn fn);
+    // A Markup string (|safe, |escape): `+` escapes the other operand.
+    static value markup(std::string s);
+    // python_type: "generator", "dict_items", ... as Python names it.
+    static value iterator(list_data items, std::string python_type, bool is_view);
 
     kind type() const { return k_; }
     bool is_undefined() const { return k_ == kind::undefined; }
@@ -91,6 +100,12 @@ class value {
     bool is_dict() const { return k_ == kind::dict; }
     bool is_namespace() const { return k_ == kind::ns; }
     bool is_function() const { return k_ == kind::function; }
+    bool is_markup() const { return k_ == kind::string && markup_; }
+    bool is_iterator() const { return k_ == kind::iterator; }
+    bool is_view() const { return k_ == kind::iterator && i_ != 0; }
+    // An iterator's items not yet consumed, at most `most`; a generator
+    // gives each item once, as Python's do.
+    list_data consume(size_t most = SIZE_MAX) const;
 
     bool as_bool() const { return i_ != 0; }
     int64_t as_int() const { return i_; } // integer or boolean
@@ -117,6 +132,8 @@ class value {
     std::shared_ptr<const list_data> l_;
     std::shared_ptr<dict_data> m_;
     std::shared_ptr<const function_data> f_;
+    std::shared_ptr<size_t> consumed_; // a generator's position
+    bool markup_ = false;
 };
 
 // A dict: keys in insertion order, as Python's.

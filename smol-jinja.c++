@@ -1197,7 +1197,8 @@ class parser {
         std::string n = expect_name();
         while (is_op(".") && peek().t == tok::name) {
             p_++;
-            n += "." + expect_name();
+            n += '.';
+            n += expect_name();
         }
         return n;
     }
@@ -1383,6 +1384,12 @@ bool contains(const value & container, const value & item) {
     if (container.is_dict() || container.is_namespace()) {
         return item.is_string() && container.entries().find(item.str()) != nullptr;
     }
+    if (container.is_iterator()) {
+        for (const value & x : iterate(container)) {
+            if (equals(x, item)) return true;
+        }
+        return false;
+    }
     if (container.is_undefined()) return false;
     throw failure(std::string("argument of type '") + container.type_name() + "' is not iterable");
 }
@@ -1527,7 +1534,7 @@ value renderer::eval_slice(const expr & e, const frame_ptr & f) {
     if (obj.is_string()) {
         std::string out;
         for (size_t i : idx) out += chars[i];
-        return value(std::move(out));
+        return obj.is_markup() ? value::markup(std::move(out)) : value(std::move(out));
     }
     list_data out;
     for (size_t i : idx) out.push_back(obj.items()[i]);
@@ -1545,6 +1552,12 @@ value renderer::eval_call(const expr & e, const frame_ptr & f) {
                       "joiner and cycler");
     }
     return call(fn, a);
+}
+
+[[noreturn]] void unsupported_markup(const char * op) {
+    throw failure(std::string("'") + op + "' on a Markup string (from |safe or |escape) is not " +
+                      "supported",
+                  true);
 }
 
 void overflow(bool happened) {
@@ -1627,6 +1640,11 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
                 throw failure("a string passed the limit of " + std::to_string(o_.max_output) +
                               " bytes");
             }
+            // Markup escapes a plain str it is added to (markupsafe).
+            if (a.is_markup() || b.is_markup()) {
+                return value::markup((a.is_markup() ? a.str() : html_escape(a.str())) +
+                                     (b.is_markup() ? b.str() : html_escape(b.str())));
+            }
             return value(a.str() + b.str());
         }
         if (a.is_sequence() && a.type() == b.type()) {
@@ -1646,7 +1664,7 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
             }
             std::string out;
             for (int64_t i = 0; i < n; i++) out += seq.str();
-            return value(std::move(out));
+            return seq.is_markup() ? value::markup(std::move(out)) : value(std::move(out));
         }
         if (seq.is_sequence()) {
             if (uint64_t(n) * seq.items().size() > o_.max_output) {
@@ -1660,7 +1678,10 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
             return seq.is_list() ? value::list(std::move(out)) : value::tuple(std::move(out));
         }
     }
-    if (e.op == bop::mod && a.is_string()) return value(percent_format(a.str(), b));
+    if (e.op == bop::mod && a.is_string()) {
+        if (a.is_markup()) unsupported_markup("%");
+        return value(percent_format(a.str(), b));
+    }
     throw type_error();
 }
 
