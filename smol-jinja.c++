@@ -315,7 +315,11 @@ class lexer {
             } else if (t.s == ")" || t.s == "]" || t.s == "}") {
                 const char open = t.s == ")" ? '(' : t.s == "]" ? '[' : '{';
                 if (brackets.empty() || brackets.back() != open)
-                    fail("unexpected '" + t.s + "'", pos_ - 1);
+                    fail("unexpected '" + t.s + "'" +
+                             (brackets.empty()
+                                  ? std::string()
+                                  : std::string(": '") + brackets.back() + "' is not closed"),
+                         pos_ - 1);
                 brackets.pop_back();
             }
         }
@@ -1269,7 +1273,8 @@ class renderer final : public render_host {
     renderer(const std::string & name, const render_options & o) : name_(name), o_(o) {}
 
     int line = 0;
-    const char * construct = "template";
+    // What is running, for the budget's and the depth limit's messages.
+    std::string construct = "the template";
 
     value call(const value & fn, call_args & args) override {
         if (fn.is_function()) return fn.fn().fn(args);
@@ -1280,7 +1285,7 @@ class renderer final : public render_host {
         steps_ += int64_t(n);
         if (steps_ > o_.max_steps) {
             throw failure("rendering stopped after " + std::to_string(o_.max_steps) +
-                          " steps in a '" + construct + "' (a loop too long or without end?)");
+                          " steps, in " + construct + " (a loop too long or without end?)");
         }
     }
     std::time_t now() const override { return o_.now ? o_.now : std::time(nullptr); }
@@ -1288,11 +1293,11 @@ class renderer final : public render_host {
 
     struct deeper {
         renderer & r;
-        explicit deeper(renderer & rr, const char * what) : r(rr) {
+        explicit deeper(renderer & rr) : r(rr) {
             if (++r.depth_ > r.o_.max_depth) {
-                throw failure(std::string("evaluation nested more than ") +
-                              std::to_string(r.o_.max_depth) + " levels deep in a '" + what +
-                              "' (a macro calling itself without end?)");
+                throw failure("evaluation nested more than " + std::to_string(r.o_.max_depth) +
+                              " levels deep, in " + r.construct +
+                              " (a macro calling itself without end?)");
             }
         }
         ~deeper() { --r.depth_; }
@@ -1395,7 +1400,7 @@ bool contains(const value & container, const value & item) {
 }
 
 value renderer::eval(const expr & e, const frame_ptr & f) {
-    deeper d(*this, construct);
+    deeper d(*this);
     charge(1);
     line = e.line;
     switch (e.k) {
@@ -1740,7 +1745,7 @@ value renderer::make_macro(const stmt & s, const frame_ptr & f, const std::strin
     renderer * r = this;
     frame_ptr closure = f;
     return value::function("macro '" + name + "'", [r, m, closure, name](call_args & a) {
-        deeper d(*r, "macro");
+        deeper d(*r);
         auto mf = std::make_shared<frame>(closure);
         const size_t first_default = m->k == st::call_block ? 1 : 0;
         const size_t n = m->names.size();
@@ -1776,14 +1781,14 @@ value renderer::make_macro(const stmt & s, const frame_ptr & f, const std::strin
         }
         list_data extra;
         for (size_t i = n; i < a.pos.size(); i++) extra.push_back(a.pos[i]);
-        mf->set("varargs", value::list(std::move(extra)));
+        mf->set("varargs", value::tuple(std::move(extra)));
         mf->set("kwargs", value::dict(kwargs));
         if (m->uses_caller) mf->set("caller", caller);
         std::string out;
-        const char * saved = r->construct;
-        r->construct = "macro";
+        std::string saved = std::move(r->construct);
+        r->construct = "macro '" + name + "'";
         r->exec(m->bodies[0], mf, out);
-        r->construct = saved;
+        r->construct = std::move(saved);
         return value(std::move(out));
     });
 }
@@ -1838,7 +1843,7 @@ flow renderer::exec_for(const stmt & s, const frame_ptr & f, std::string & out) 
 }
 
 flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, std::string & out) {
-    deeper d(*this, construct);
+    deeper d(*this);
     charge(1);
     line = s.line;
     switch (s.k) {
@@ -1857,10 +1862,10 @@ flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, std::string & out)
         if (s.bodies.size() > s.exprs.size()) return exec(s.bodies.back(), f, out);
         break;
     case st::for_: {
-        const char * saved = construct;
-        construct = "for";
+        std::string saved = construct;
+        construct = "a 'for' loop";
         const flow fl = exec_for(s, f, out);
-        construct = saved;
+        construct = std::move(saved);
         return fl;
     }
     case st::set:
