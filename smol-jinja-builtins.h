@@ -38,12 +38,6 @@ value get_item(const value & obj, const value & key);
 // The global of that name, or undefined.
 value global(render_host & h, std::string_view name);
 
-// markupsafe's escape: & < > " ' as HTML entities.
-std::string html_escape(const std::string & s);
-
-// Python's printf-style `fmt % args` (a tuple: several arguments).
-std::string percent_format(const std::string & fmt, const value & args);
-
 // A Python iteration over v (list, tuple, dict keys, str code points,
 // undefined: nothing); anything else fails as Python does.
 list_data iterate(const value & v);
