@@ -110,8 +110,7 @@ value items_of(const value & v) {
     if (v.is_undefined()) return value::list({});
     if (!v.is_dict()) throw failure("Can only get item pairs from a mapping.");
     list_data out;
-    for (const auto & kv : v.entries().items)
-        out.push_back(value::tuple({value(kv.first), kv.second}));
+    for (const auto & kv : v.entries().items) out.push_back(value::tuple({kv.first, kv.second}));
     return value::list(std::move(out));
 }
 
@@ -1092,15 +1091,14 @@ value dict_method(const value & self, const std::string & name) {
         const bool keys = name == "keys";
         return value::function("dict." + name, [self, keys](call_args &) {
             list_data out;
-            for (const auto & kv : self.entries().items)
-                out.push_back(keys ? value(kv.first) : kv.second);
+            for (const auto & kv : self.entries().items) out.push_back(keys ? kv.first : kv.second);
             return value::iterator(std::move(out), keys ? "dict_keys" : "dict_values", true);
         });
     }
     if (name == "get") {
         return value::function("dict.get", [self](call_args & a) {
             const value k = a.get(0, "key");
-            const value * v = k.is_string() ? self.entries().find(k.str()) : nullptr;
+            const value * v = self.entries().find(k);
             if (v) return *v;
             return a.has(1, "default") ? a.get(1, "default") : value::none();
         });
@@ -1176,7 +1174,7 @@ list_data iterate(const value & v) {
         return v.items();
     case value::kind::dict: {
         list_data out;
-        for (const auto & kv : v.entries().items) out.emplace_back(kv.first);
+        for (const auto & kv : v.entries().items) out.push_back(kv.first);
         return out;
     }
     case value::kind::string: {
@@ -1237,8 +1235,8 @@ value get_item(const value & obj, const value & key) {
         throw failure(obj.str());
     case value::kind::dict:
     case value::kind::ns:
+        if (const value * v = obj.entries().find(key)) return *v;
         if (key.is_string()) {
-            if (const value * v = obj.entries().find(key.str())) return *v;
             if (obj.is_dict()) {
                 value m = dict_method(obj, key.str());
                 if (!m.is_undefined()) return m;
@@ -1310,9 +1308,9 @@ value global(render_host & h, std::string_view name) {
                 } else {
                     for (const value & pair : iterate(p)) {
                         const list_data kv = iterate(pair);
-                        if (kv.size() != 2 || !kv[0].is_string())
-                            throw failure("dict(): each element must be a (str, value) pair");
-                        d->set(kv[0].str(), kv[1]);
+                        if (kv.size() != 2 || !hashable(kv[0]))
+                            throw failure("dict(): each element must be a (key, value) pair");
+                        d->set(kv[0], kv[1]);
                     }
                 }
             }

@@ -88,19 +88,37 @@ list_data value::consume(size_t most) const {
 
 const value * dict_data::find(std::string_view key) const {
     for (const auto & kv : items) {
-        if (kv.first == key) return &kv.second;
+        if (kv.first.is_string() && kv.first.str() == key) return &kv.second;
     }
     return nullptr;
 }
 
-void dict_data::set(const std::string & key, value v) {
+const value * dict_data::find(const value & key) const {
+    if (key.is_string()) return find(std::string_view(key.str()));
+    for (const auto & kv : items) {
+        if (!kv.first.is_string() && equals(kv.first, key)) return &kv.second;
+    }
+    return nullptr;
+}
+
+void dict_data::set(const value & key, value v) {
     for (auto & kv : items) {
-        if (kv.first == key) {
+        if (kv.first.is_string() == key.is_string() && equals(kv.first, key)) {
             kv.second = std::move(v);
             return;
         }
     }
     items.emplace_back(key, std::move(v));
+}
+
+bool hashable(const value & v) {
+    if (v.is_tuple()) {
+        for (const value & x : v.items()) {
+            if (!hashable(x)) return false;
+        }
+        return true;
+    }
+    return v.is_none() || v.is_number() || v.is_string();
 }
 
 value call_args::get(size_t index, std::string_view name) const {
@@ -346,7 +364,7 @@ std::string value::repr() const {
         for (const auto & kv : m_->items) {
             if (!first) out += ", ";
             first = false;
-            out += string_repr(kv.first) + ": " + kv.second.repr();
+            out += kv.first.repr() + ": " + kv.second.repr();
         }
         return out + (k_ == kind::ns ? "}>" : "}");
     }
@@ -524,6 +542,25 @@ void json_string(std::string & out, const std::string & s, bool ensure_ascii) {
     out += '"';
 }
 
+// json.dumps turns the keys it accepts into strings.
+std::string json_key(const value & k) {
+    switch (k.type()) {
+    case value::kind::string:
+        return k.str();
+    case value::kind::integer:
+        return int_str(k.as_int());
+    case value::kind::boolean:
+        return k.as_bool() ? "true" : "false";
+    case value::kind::none:
+        return "null";
+    case value::kind::real:
+        return float_repr(k.as_double());
+    default:
+        throw failure(std::string("keys must be str, int, float, bool or None, not ") +
+                      k.type_name());
+    }
+}
+
 void json_write(std::string & out, const value & v, const json_style & st, int level) {
     using k = value::kind;
     const bool indented = st.indent >= 0 || !st.indent_text.empty();
@@ -581,11 +618,11 @@ void json_write(std::string & out, const value & v, const json_style & st, int l
             out += "{}";
             return;
         }
-        std::vector<const std::pair<std::string, value> *> items;
+        std::vector<const std::pair<value, value> *> items;
         for (const auto & kv : v.entries().items) items.push_back(&kv);
         if (st.sort_keys) {
             std::stable_sort(items.begin(), items.end(),
-                             [](auto * a, auto * b) { return a->first < b->first; });
+                             [](auto * a, auto * b) { return compare(a->first, b->first) < 0; });
         }
         out += '{';
         bool first = true;
@@ -593,7 +630,7 @@ void json_write(std::string & out, const value & v, const json_style & st, int l
             if (!first) out += st.item_sep;
             first = false;
             if (indented) newline(level + 1);
-            json_string(out, kv->first, st.ensure_ascii);
+            json_string(out, json_key(kv->first), st.ensure_ascii);
             out += st.key_sep;
             json_write(out, kv->second, st, level + 1);
         }

@@ -136,12 +136,23 @@ class value {
     bool markup_ = false;
 };
 
-// A dict: keys in insertion order, as Python's.
+// A dict: keys in insertion order, as Python's. Keys are strings for
+// everything smol builds; a template's dict literal may use any hashable
+// value (an int, a tuple), matched with Python's equality (1 == 1.0 == True).
 struct dict_data {
-    std::vector<std::pair<std::string, value>> items;
+    std::vector<std::pair<value, value>> items;
     const value * find(std::string_view key) const;
-    void set(const std::string & key, value v);
+    const value * find(const std::string & key) const { return find(std::string_view(key)); }
+    const value * find(const char * key) const { return find(std::string_view(key)); }
+    const value * find(const value & key) const;
+    void set(const std::string & key, value v) { set(value(key), std::move(v)); }
+    void set(const char * key, value v) { set(value(key), std::move(v)); }
+    void set(const value & key, value v);
 };
+
+// Whether v may be a dict key (Python's hashable: None, bool, int, float,
+// str, tuples of them).
+bool hashable(const value & v);
 
 struct call_args {
     std::vector<value> pos;

@@ -161,7 +161,9 @@ bool contains(const value & container, const value & item) {
         return false;
     }
     if (container.is_dict() || container.is_namespace()) {
-        return item.is_string() && container.entries().find(item.str()) != nullptr;
+        if (!hashable(item))
+            throw failure(std::string("unhashable type: '") + item.type_name() + "'");
+        return container.entries().find(item) != nullptr;
     }
     if (container.is_iterator()) {
         for (const value & x : iterate(container)) {
@@ -193,12 +195,9 @@ value renderer::eval(const expr & e, const frame_ptr & f) {
         auto d = std::make_shared<dict_data>();
         for (size_t i = 0; i + 1 < e.kids.size(); i += 2) {
             const value k = eval(*e.kids[i], f);
-            if (!k.is_string()) {
-                throw failure(std::string("dict keys of type '") + k.type_name() +
-                                  "' are not supported (smol's dicts take str keys)",
-                              true);
-            }
-            d->set(k.str(), eval(*e.kids[i + 1], f));
+            if (!hashable(k))
+                throw failure(std::string("unhashable type: '") + k.type_name() + "'");
+            d->set(k, eval(*e.kids[i + 1], f));
         }
         return value::dict(d);
     }

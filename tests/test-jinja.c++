@@ -91,6 +91,15 @@ TEST_CASE("a conditional expression without else gives undefined, which prints e
     CHECK(render("[{{ 'a' if false }}][{{ 'a' if xs else 'b' }}]") == "[][a]");
 }
 
+TEST_CASE("dict literals take any hashable key, matched as Python matches keys") {
+    CHECK(render("{% set d2 = {1: \"a\", 2.0: \"b\", True: \"c\", (1, 2): \"t\", none: "
+                 "\"n\"} %}{{ d2 }}|{{ d2[1] }}{{ d2[2] }}{{ d2[(1,2)] }}{{ d2[none] }}|{{ {3: "
+                 "1, 1: 2}|dictsort }}|{{ {1: \"x\", \"a\": [1]}|tojson }}|{{ 1 in d2 }}|{{ "
+                 "d2.get(2) }}") == "{1: 'c', 2.0: 'b', (1, 2): 't', None: 'n'}|cbtn|[(1, 2), (3, "
+                                    "1)]|{\"1\": \"x\", \"a\": [1]}|True|b");
+    CHECK(contains(render_error("{{ {[1]: 2} }}").what(), "unhashable type: 'list'"));
+}
+
 TEST_CASE("undefined values print empty, are false, and fail on attribute access") {
     CHECK(render("[{{ nope }}]{{ nope is defined }}{{ nope|default(\"dflt\") }}{{ nope|length "
                  "}}{% if not nope %}F{% endif %}{{ d.missing is defined }}[{{ d.missing }}]") ==
