@@ -1300,7 +1300,7 @@ value global(render_host & h, std::string_view name) {
     }
     if (name == "namespace" || name == "dict") {
         const bool ns = name == "namespace";
-        return value::function(std::string(name), [ns](call_args & a) {
+        return value::function(std::string(name), [ns, &h](call_args & a) {
             auto d = std::make_shared<dict_data>();
             for (const value & p : a.pos) {
                 if (p.is_dict() || p.is_namespace()) {
@@ -1315,7 +1315,9 @@ value global(render_host & h, std::string_view name) {
                 }
             }
             for (const auto & kv : a.kw) d->set(kv.first, kv.second);
-            return ns ? value::make_namespace(d) : value::dict(d);
+            if (!ns) return value::dict(d);
+            h.keep_namespace(d);
+            return value::make_namespace(d);
         });
     }
     if (name == "raise_exception") {

@@ -22,6 +22,9 @@ struct render_host {
     virtual void charge(size_t n) = 0;
     virtual std::time_t now() const = 0;
     virtual size_t max_output() const = 0;
+    // A namespace made during the render: emptied at its end, since a
+    // namespace may hold itself (ns.self = ns) and would never be freed.
+    virtual void keep_namespace(const std::shared_ptr<dict_data> & d) = 0;
 };
 
 bool has_filter(std::string_view name);

@@ -502,7 +502,10 @@ class parser {
     const std::string & name_;
     int depth_ = 0;
     std::vector<stmt *> macros_; // macros being parsed (varargs, kwargs, caller)
-    static constexpr int k_max_depth = 200;
+    // Nesting of the tree: recursion (parentheses, blocks) and the left
+    // spines that loops build (a + b + c ...) both count, so that neither
+    // parsing, nor evaluation, nor freeing the tree can run out of stack.
+    static constexpr int k_max_depth = 400;
 
     struct nest {
         parser & p;
@@ -513,6 +516,20 @@ class parser {
             }
         }
         ~nest() { --p.depth_; }
+    };
+    // One more node on a left spine, for as long as the loop building it runs.
+    struct spine {
+        parser & p;
+        int n = 0;
+        explicit spine(parser & pp) : p(pp) {}
+        void grow() {
+            if (++p.depth_ > k_max_depth) {
+                p.fail("an expression nests more than " + std::to_string(k_max_depth) +
+                       " levels deep (operators, filters or subscripts in a row)");
+            }
+            n++;
+        }
+        ~spine() { p.depth_ -= n; }
     };
 
     const token & cur() const { return t_[p_]; }
@@ -829,7 +846,9 @@ class parser {
 
     expr_ptr parse_or() {
         expr_ptr e = parse_and();
+        spine sp(*this);
         while (is_name("or")) {
+            sp.grow();
             const int line = cur().line;
             p_++;
             e = binary(ex::or_, std::move(e), parse_and(), line);
@@ -838,7 +857,9 @@ class parser {
     }
     expr_ptr parse_and() {
         expr_ptr e = parse_not();
+        spine sp(*this);
         while (is_name("and")) {
+            sp.grow();
             const int line = cur().line;
             p_++;
             e = binary(ex::and_, std::move(e), parse_not(), line);
@@ -892,7 +913,9 @@ class parser {
     }
     expr_ptr parse_math1() {
         expr_ptr e = parse_concat();
+        spine sp(*this);
         while (is_op("+") || is_op("-")) {
+            sp.grow();
             const bop op = cur().s == "+" ? bop::add : bop::sub;
             const int line = cur().line;
             p_++;
@@ -902,7 +925,9 @@ class parser {
     }
     expr_ptr parse_concat() {
         expr_ptr e = parse_math2();
+        spine sp(*this);
         while (is_op("~")) {
+            sp.grow();
             const int line = cur().line;
             p_++;
             e = arith(bop::concat, std::move(e), parse_math2(), line);
@@ -911,7 +936,9 @@ class parser {
     }
     expr_ptr parse_math2() {
         expr_ptr e = parse_pow();
+        spine sp(*this);
         while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+            sp.grow();
             const std::string & s = cur().s;
             const bop op = s == "*"    ? bop::mul
                            : s == "/"  ? bop::div
@@ -925,7 +952,9 @@ class parser {
     }
     expr_ptr parse_pow() {
         expr_ptr e = parse_unary(true);
+        spine sp(*this);
         while (is_op("**")) {
+            sp.grow();
             const int line = cur().line;
             p_++;
             e = arith(bop::pow, std::move(e), parse_unary(true), line);
@@ -1019,7 +1048,9 @@ class parser {
         fail("unexpected " + describe(c));
     }
     expr_ptr parse_postfix(expr_ptr e) {
+        spine sp(*this);
         while (true) {
+            sp.grow();
             const int line = cur().line;
             if (skip_op(".")) {
                 if (cur().t == tok::name) {
@@ -1097,7 +1128,9 @@ class parser {
         return e;
     }
     expr_ptr parse_filter_expr(expr_ptr e) {
+        spine sp(*this);
         while (true) {
+            sp.grow();
             if (is_op("|")) {
                 e = parse_filter_chain(std::move(e), false);
             } else if (is_name("is")) {
@@ -1119,7 +1152,9 @@ class parser {
         return n;
     }
     expr_ptr parse_filter_chain(expr_ptr subject, bool start_inline) {
+        spine sp(*this);
         while (is_op("|") || start_inline) {
+            sp.grow();
             if (!start_inline) p_++;
             start_inline = false;
             const int line = cur().line;

@@ -27,11 +27,39 @@ value value::undefined(std::string why) {
     return v;
 }
 
+namespace {
+
+uint32_t nested(uint32_t depth) {
+    if (depth > k_max_nesting) {
+        throw failure("a value nested more than " + std::to_string(k_max_nesting) + " levels deep");
+    }
+    return depth;
+}
+
+} // namespace
+
 value value::list(list_data items) {
     value v;
     v.k_ = kind::list;
+    uint32_t deepest = 0;
+    for (const value & x : items) deepest = std::max(deepest, x.depth());
+    v.nest_ = nested(deepest + 1);
     v.l_ = std::make_shared<const list_data>(std::move(items));
     return v;
+}
+
+uint32_t value::depth() const {
+    switch (k_) {
+    case kind::list:
+    case kind::tuple:
+    case kind::iterator:
+        return nest_;
+    case kind::dict:
+    case kind::ns:
+        return m_->nest + 1;
+    default:
+        return 0;
+    }
 }
 
 value value::tuple(list_data items) {
@@ -101,7 +129,13 @@ const value * dict_data::find(const value & key) const {
     return nullptr;
 }
 
+void dict_data::push(value key, value v) {
+    nest = std::max(nest, nested(v.depth()));
+    items.emplace_back(std::move(key), std::move(v));
+}
+
 void dict_data::set(const value & key, value v) {
+    nest = std::max(nest, nested(v.depth()));
     for (auto & kv : items) {
         if (kv.first.is_string() == key.is_string() && equals(kv.first, key)) {
             kv.second = std::move(v);
@@ -334,6 +368,20 @@ std::string value::to_str() const {
 }
 
 std::string value::repr() const {
+    // A namespace may hold itself; the nesting limit bounds every other value.
+    thread_local uint32_t level = 0;
+    struct deeper {
+        deeper() {
+            if (++level > k_max_nesting + 1) {
+                level = 0;
+                throw failure("a value that holds itself (or nests too deep) cannot be printed",
+                              true);
+            }
+        }
+        ~deeper() {
+            if (level) --level;
+        }
+    } d;
     switch (k_) {
     case kind::undefined:
         return "";

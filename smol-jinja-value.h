@@ -31,6 +31,10 @@ struct failure : std::runtime_error {
 
 class value;
 struct dict_data;
+
+// How deep lists and dicts may nest: deeper values would overflow the
+// stack when printed, compared or freed.
+constexpr uint32_t k_max_nesting = 1000;
 struct call_args;
 using list_data = std::vector<value>;
 using native_fn = std::function<value(call_args &)>;
@@ -121,6 +125,8 @@ class value {
     // Python's str() and repr().
     std::string to_str() const;
     std::string repr() const;
+    // Levels of lists and dicts in this value (0 for a scalar).
+    uint32_t depth() const;
     // The type's name as Python's error messages give it.
     const char * type_name() const;
 
@@ -133,6 +139,7 @@ class value {
     std::shared_ptr<dict_data> m_;
     std::shared_ptr<const function_data> f_;
     std::shared_ptr<size_t> consumed_; // a generator's position
+    uint32_t nest_ = 0;                // a list's depth()
     bool markup_ = false;
 };
 
@@ -141,6 +148,7 @@ class value {
 // value (an int, a tuple), matched with Python's equality (1 == 1.0 == True).
 struct dict_data {
     std::vector<std::pair<value, value>> items;
+    uint32_t nest = 0; // the deepest value held (only grows)
     const value * find(std::string_view key) const;
     const value * find(const std::string & key) const { return find(std::string_view(key)); }
     const value * find(const char * key) const { return find(std::string_view(key)); }
@@ -148,6 +156,8 @@ struct dict_data {
     void set(const std::string & key, value v) { set(value(key), std::move(v)); }
     void set(const char * key, value v) { set(value(key), std::move(v)); }
     void set(const value & key, value v);
+    // Appends a key known to be new.
+    void push(value key, value v);
 };
 
 // Whether v may be a dict key (Python's hashable: None, bool, int, float,

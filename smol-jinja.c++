@@ -45,6 +45,12 @@ enum class flow : uint8_t { normal, break_, continue_ };
 class renderer final : public render_host {
   public:
     renderer(const std::string & name, const render_options & o) : name_(name), o_(o) {}
+    // A macro holds the frame it was defined in, which holds the macro; a
+    // namespace may hold itself. Emptying them frees what the render made.
+    ~renderer() override {
+        for (const auto & f : macro_frames_) f->vars.clear();
+        for (const auto & d : namespaces_) d->items.clear();
+    }
 
     int line = 0;
     // What is running, for the budget's and the depth limit's messages.
@@ -64,6 +70,7 @@ class renderer final : public render_host {
     }
     std::time_t now() const override { return o_.now ? o_.now : std::time(nullptr); }
     size_t max_output() const override { return o_.max_output; }
+    void keep_namespace(const std::shared_ptr<dict_data> & d) override { namespaces_.push_back(d); }
 
     struct deeper {
         renderer & r;
@@ -104,6 +111,8 @@ class renderer final : public render_host {
   private:
     const std::string & name_;
     const render_options & o_;
+    std::vector<frame_ptr> macro_frames_;
+    std::vector<std::shared_ptr<dict_data>> namespaces_;
     int64_t steps_ = 0;
     int depth_ = 0;
 
@@ -348,7 +357,10 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
     line = e.line;
     if (e.op == bop::concat) {
         std::string s = a.to_str() + b.to_str();
-        if (s.size() > o_.max_output) grow(s);
+        if (s.size() > o_.max_output) {
+            throw failure("a string passed the limit of " + std::to_string(o_.max_output) +
+                          " bytes");
+        }
         return value(std::move(s));
     }
     if (a.is_undefined()) throw failure(a.str());
@@ -590,24 +602,24 @@ flow renderer::exec_for(const stmt & s, const frame_ptr & f, std::string & out) 
         auto lf = std::make_shared<frame>(f);
         assign(s, lf, items[size_t(i)]);
         auto loop = std::make_shared<dict_data>();
-        loop->items.reserve(13);
-        loop->items.emplace_back("index", value(i + 1));
-        loop->items.emplace_back("index0", value(i));
-        loop->items.emplace_back("revindex", value(n - i));
-        loop->items.emplace_back("revindex0", value(n - i - 1));
-        loop->items.emplace_back("first", value(i == 0));
-        loop->items.emplace_back("last", value(i == n - 1));
-        loop->items.emplace_back("length", value(n));
-        loop->items.emplace_back("depth", value(1));
-        loop->items.emplace_back("depth0", value(0));
-        loop->items.emplace_back("previtem", i > 0 ? items[size_t(i - 1)]
-                                                   : value::undefined("there is no previous item"));
-        loop->items.emplace_back("nextitem", i + 1 < n ? items[size_t(i + 1)]
-                                                       : value::undefined("there is no next item"));
-        loop->items.emplace_back("cycle", value::function("loop.cycle", [i](call_args & a) {
-                                     if (a.pos.empty()) throw failure("no items for cycling given");
-                                     return a.pos[size_t(i) % a.pos.size()];
-                                 }));
+        loop->items.reserve(12);
+        loop->push("index", value(i + 1));
+        loop->push("index0", value(i));
+        loop->push("revindex", value(n - i));
+        loop->push("revindex0", value(n - i - 1));
+        loop->push("first", value(i == 0));
+        loop->push("last", value(i == n - 1));
+        loop->push("length", value(n));
+        loop->push("depth", value(1));
+        loop->push("depth0", value(0));
+        loop->push("previtem",
+                   i > 0 ? items[size_t(i - 1)] : value::undefined("there is no previous item"));
+        loop->push("nextitem",
+                   i + 1 < n ? items[size_t(i + 1)] : value::undefined("there is no next item"));
+        loop->push("cycle", value::function("loop.cycle", [i](call_args & a) {
+                       if (a.pos.empty()) throw failure("no items for cycling given");
+                       return a.pos[size_t(i) % a.pos.size()];
+                   }));
         lf->set("loop", value::dict(loop));
         const flow fl = exec(s.bodies[0], lf, out);
         if (fl == flow::break_) break;
@@ -653,6 +665,7 @@ flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, std::string & out)
         break;
     }
     case st::macro:
+        macro_frames_.push_back(f);
         f->set(s.text, make_macro(s, f, s.text));
         break;
     case st::call_block: {

@@ -248,6 +248,28 @@ TEST_CASE("deeply nested parentheses are a parse error, not a stack overflow") {
     CHECK(contains(e.what(), "line 1"));
 }
 
+TEST_CASE("long chains of operators, filters and attributes are parse errors, not deep trees") {
+    std::string sum = "{{ 1", chain = "{{ 'a'";
+    for (int i = 0; i < 100000; i++) {
+        sum += " + 1";
+        chain += "|trim";
+    }
+    for (const std::string & source : {sum + " }}", chain + " }}"}) {
+        const smol::error e = render_error(source);
+        CHECK(e.status == SMOL_ERR_FORMAT);
+        CHECK(contains(e.what(), "an expression nests more than"));
+    }
+}
+
+TEST_CASE("values nested past the limit are refused, and a namespace holding itself") {
+    CHECK(contains(render_error("{% set ns = namespace(x=none) %}{% for i in range(100000) %}"
+                                "{% set ns.x = [ns.x] %}{% endfor %}")
+                       .what(),
+                   "a value nested more than 1000 levels deep"));
+    CHECK(contains(render_error("{% set ns = namespace() %}{% set ns.s = ns %}{{ ns }}").what(),
+                   "holds itself"));
+}
+
 TEST_CASE("an unknown filter is refused naming it and its line") {
     const smol::error e = render_error("\n\n{{ d|xmlattr }}");
     CHECK(e.status == SMOL_ERR_UNSUPPORTED);
