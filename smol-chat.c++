@@ -1,92 +1,121 @@
-// smol-chat.c++ - chat templates (smol-chat.h).
+// smol-chat.c++ - chat templates (smol-chat.h): the conversation and the
+// tools become the template's variables, as transformers' apply_chat_template
+// and llama.cpp's common/chat.cpp pass them.
 
 #include "smol-chat.h"
 
 #include "smol-error.h"
-
-#include <string_view>
+#include "smol-jinja.h"
 
 namespace smol {
 
 namespace {
 
-bool contains(std::string_view haystack, std::string_view needle) {
-    return haystack.find(needle) != std::string_view::npos;
+// llama.cpp's fallback for a file without a template, as a Jinja template.
+const char * k_chatml =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const char * k_name = "chat template";
+
+jinja::value parse_field(const std::string & text, size_t index, const char * field) {
+    try {
+        return jinja::parse_json(text);
+    } catch (const jinja::failure & f) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, std::string(k_name) + ": message " +
+                                                   std::to_string(index) + "'s " + field +
+                                                   " is not valid JSON: " + f.what());
+    }
 }
 
-// Undoes the escapes of a Jinja string literal.
-std::string jinja_unescape(std::string_view s) {
-    std::string out;
-    for (size_t i = 0; i < s.size(); i++) {
-        if (s[i] == '\\' && i + 1 < s.size()) {
-            const char e = s[++i];
-            out += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
-        } else {
-            out += s[i];
-        }
+// The tool calls as templates read them: each function's arguments an
+// object where the caller gave JSON text, as llama.cpp's
+// func_args_not_string does (templates print them with tojson or walk them).
+jinja::value tool_calls_value(const std::string & text, size_t index) {
+    const jinja::value calls = parse_field(text, index, "tool_calls");
+    if (!calls.is_list()) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, std::string(k_name) + ": message " +
+                                                   std::to_string(index) +
+                                                   "'s tool_calls must be a JSON array");
     }
-    return out;
+    jinja::list_data out;
+    for (const jinja::value & call : calls.items()) {
+        const jinja::value * fn = call.is_dict() ? call.entries().find("function") : nullptr;
+        const jinja::value * args = fn && fn->is_dict() ? fn->entries().find("arguments") : nullptr;
+        if (!args || !args->is_string()) {
+            out.push_back(call);
+            continue;
+        }
+        auto new_fn = std::make_shared<jinja::dict_data>(fn->entries());
+        new_fn->set("arguments",
+                    parse_field(args->str(), index, "tool_calls[].function.arguments"));
+        auto new_call = std::make_shared<jinja::dict_data>(call.entries());
+        new_call->set("function", jinja::value::dict(new_fn));
+        out.push_back(jinja::value::dict(new_call));
+    }
+    return jinja::value::list(std::move(out));
 }
 
 } // namespace
 
-chat_template::chat_template(std::string text, bool given) : text_(std::move(text)) {
-    // llama.cpp falls back to ChatML for a file without a template.
-    chatml_ = !given || (contains(text_, "<|im_start|>") && contains(text_, "<|im_end|>"));
-    if (!chatml_) return;
-    // SmolLM2 (and Qwen) insert a fixed system message when the conversation
-    // does not start with one; its text is the template's literal
-    // '<|im_start|>system\n...<|im_end|>'.
-    const std::string_view t = text_;
-    for (const std::string_view head : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
-        const size_t at = t.find(head);
-        if (at == std::string_view::npos) continue;
-        const size_t from = at + head.size();
-        const size_t to = t.find("<|im_end|>", from);
-        if (to == std::string_view::npos) continue;
-        const std::string_view body = t.substr(from, to - from);
-        // A body that leaves the string literal (template code building the
-        // caller's own system message) is not a default.
-        bool literal = !body.empty();
-        for (size_t i = 0; i < body.size() && literal; i++) {
-            if (body[i] == '\\') {
-                i++;
-            } else if (std::string_view("{}'\"+").find(body[i]) != std::string_view::npos) {
-                literal = false;
-            }
-        }
-        if (!literal) continue;
-        if (!contains(t, "'system'") && !contains(t, "\"system\"")) continue;
-        default_system_ = jinja_unescape(body);
-        break;
+chat_template::chat_template() : chat_template(std::string(), false) {}
+
+chat_template::chat_template(std::string text, bool given, std::string bos_token,
+                             std::string eos_token)
+    : text_(given ? std::move(text) : std::string(k_chatml)), bos_(std::move(bos_token)),
+      eos_(std::move(eos_token)) {
+    try {
+        program_ = std::make_shared<const jinja::template_program>(text_, k_name);
+    } catch (const error & e) {
+        parse_status_ = e.status;
+        parse_error_ = e.what();
     }
 }
 
-std::string chat_template::apply(const std::vector<chat_message> & messages,
-                                 bool add_assistant) const {
-    if (!chatml_) {
-        std::string head = text_.substr(0, 120);
-        throw error(SMOL_ERR_UNSUPPORTED,
-                    "tokenizer.chat_template is not one smol knows: smol formats ChatML "
-                    "templates, recognised by the markers <|im_start|> and <|im_end|>, and "
-                    "this template lacks them (it begins \"" +
-                        head + (text_.size() > head.size() ? "...\")" : "\")") +
-                        "; format the prompt yourself and tokenize it with parse_special");
+chat_template::~chat_template() = default;
+
+std::string chat_template::apply(const std::vector<chat_message> & messages, bool add_assistant,
+                                 const std::string & tools_json, std::time_t now) const {
+    if (!program_) throw error(parse_status_, parse_error_);
+    jinja::list_data msgs;
+    for (size_t i = 0; i < messages.size(); i++) {
+        const chat_message & m = messages[i];
+        auto d = std::make_shared<jinja::dict_data>();
+        d->set("role", jinja::value(m.role));
+        if (!m.content && !m.tool_calls) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        std::string(k_name) + ": message " + std::to_string(i) +
+                            " has no content; only a message with tool_calls may omit it");
+        }
+        d->set("content", jinja::value(m.content.value_or("")));
+        if (m.name) d->set("name", jinja::value(*m.name));
+        if (m.tool_call_id) d->set("tool_call_id", jinja::value(*m.tool_call_id));
+        if (m.tool_calls) d->set("tool_calls", tool_calls_value(*m.tool_calls, i));
+        msgs.push_back(jinja::value::dict(d));
     }
-    std::string out;
-    const auto turn = [&](std::string_view role, std::string_view content) {
-        out += "<|im_start|>";
-        out += role;
-        out += '\n';
-        out += content;
-        out += "<|im_end|>\n";
-    };
-    if (!messages.empty() && !default_system_.empty() && messages[0].role != "system") {
-        turn("system", default_system_);
+    jinja::dict_data vars;
+    vars.set("messages", jinja::value::list(std::move(msgs)));
+    if (!tools_json.empty()) {
+        jinja::value tools;
+        try {
+            tools = jinja::parse_json(tools_json);
+        } catch (const jinja::failure & f) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        std::string(k_name) + ": tools is not valid JSON: " + f.what());
+        }
+        if (!tools.is_list()) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        std::string(k_name) + ": tools must be a JSON array of tool schemas");
+        }
+        vars.set("tools", tools);
     }
-    for (const chat_message & m : messages) turn(m.role, m.content);
-    if (add_assistant) out += "<|im_start|>assistant\n";
-    return out;
+    vars.set("add_generation_prompt", jinja::value(add_assistant));
+    vars.set("bos_token", jinja::value(bos_));
+    vars.set("eos_token", jinja::value(eos_));
+    jinja::render_options o;
+    o.now = now;
+    return program_->render(vars, o);
 }
 
 } // namespace smol

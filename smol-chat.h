@@ -1,38 +1,71 @@
-// smol-chat.h - chat templates: a model's tokenizer.chat_template turned
-// into the text of a conversation. Recognises ChatML (SmolLM2-Instruct's
-// template, with its default system prompt); other templates are refused
-// by name until the template interpreter exists.
+// smol-chat.h - chat templates: a model's tokenizer.chat_template, parsed
+// once by smol's Jinja interpreter (smol-jinja.h), turned into the text of a
+// conversation as Hugging Face's apply_chat_template renders it. A file
+// without a template gets ChatML, as llama.cpp gives it.
 
 #ifndef SMOL_CHAT_H
 #define SMOL_CHAT_H
 
+#include "smol.h"
+
+#include <ctime>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace smol {
 
+namespace jinja {
+class template_program;
+}
+
 struct chat_message {
     std::string role;
-    std::string content;
+    // Absent: a message that only carries tool_calls (the template sees "",
+    // as llama.cpp gives it).
+    std::optional<std::string> content;
+    std::optional<std::string> name;         // a tool's or a participant's name
+    std::optional<std::string> tool_call_id; // the call a tool message answers
+    // JSON text: an array of OpenAI tool calls, [{"id": ..., "type":
+    // "function", "function": {"name": ..., "arguments": ...}}].
+    std::optional<std::string> tool_calls;
 };
 
 class chat_template {
   public:
-    // A file without a template gets ChatML, as llama.cpp gives it.
-    chat_template() : chat_template(std::string(), false) {}
-    // The template text as the file carries it; `given` false: none.
-    chat_template(std::string text, bool given);
+    // ChatML, for a file without a template.
+    chat_template();
+    // The template text as the file carries it (`given` false: none), and
+    // the texts of the model's bos and eos tokens, which templates print.
+    // A template that does not parse still constructs: apply reports why,
+    // so that a model with an unusual template loads.
+    chat_template(std::string text, bool given, std::string bos_token = {},
+                  std::string eos_token = {});
+    ~chat_template();
+    chat_template(const chat_template &) = default;
+    chat_template & operator=(const chat_template &) = default;
+    chat_template(chat_template &&) = default;
+    chat_template & operator=(chat_template &&) = default;
 
     const std::string & text() const { return text_; }
+
     // The conversation as the model reads it, ending with the assistant's
-    // turn opened when add_assistant. Throws smol::error
-    // SMOL_ERR_UNSUPPORTED for a template smol does not know.
-    std::string apply(const std::vector<chat_message> & messages, bool add_assistant) const;
+    // turn opened when add_assistant. tools_json: a JSON array of tool
+    // (function) schemas, or empty for none. now: strftime_now's clock (0:
+    // the current time). Throws smol::error: SMOL_ERR_INVALID_ARGUMENT for
+    // bad JSON or a conversation the template rejects (raise_exception's
+    // message is kept), SMOL_ERR_UNSUPPORTED naming what smol's interpreter
+    // does not implement, SMOL_ERR_FORMAT for a template that does not parse.
+    std::string apply(const std::vector<chat_message> & messages, bool add_assistant,
+                      const std::string & tools_json = {}, std::time_t now = 0) const;
 
   private:
     std::string text_;
-    bool chatml_ = false;
-    std::string default_system_; // ChatML's system prompt when none is given
+    std::string bos_, eos_;
+    std::shared_ptr<const jinja::template_program> program_;
+    smol_status parse_status_ = SMOL_OK;
+    std::string parse_error_;
 };
 
 } // namespace smol

@@ -215,7 +215,13 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
     try {
         m->vocab.load(f);
         const auto tmpl = f.get_str("tokenizer.chat_template");
-        m->chat = chat_template(tmpl.value_or(""), tmpl.has_value());
+        // Templates print the bos and eos tokens' texts (transformers passes
+        // them as bos_token and eos_token).
+        const auto text_of = [&](smol_token t) {
+            return t >= 0 ? m->vocab.token_to_piece(t, true) : std::string();
+        };
+        m->chat = chat_template(tmpl.value_or(""), tmpl.has_value(), text_of(m->vocab.bos()),
+                                text_of(m->vocab.eos()));
     } catch (const gguf::error & e) {
         throw error(SMOL_ERR_FORMAT, e.what());
     }

@@ -316,27 +316,52 @@ smol_status smol_token_to_piece(const smol_model * model, smol_token token, bool
     return copy_out(model->m->vocab.token_to_piece(token, special), buf, size, n_out);
 }
 
-smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_message * messages,
-                                     size_t n, bool add_assistant, char * buf, size_t size,
-                                     size_t * n_out) {
-    if (!model || (!messages && n > 0)) {
-        return invalid("smol_chat_apply_template: model and messages must not be NULL");
+smol_chat_params smol_chat_default_params(void) {
+    smol_chat_params p;
+    p.add_assistant = true;
+    p.tools_json = nullptr;
+    return p;
+}
+
+smol_status smol_chat_apply_template_ex(const smol_model * model,
+                                        const smol_chat_message * messages, size_t n,
+                                        const smol_chat_params * params, char * buf, size_t size,
+                                        size_t * n_out) {
+    if (!model || (!messages && n > 0) || !params) {
+        return invalid("smol_chat_apply_template: model, messages and params must not be NULL");
     }
     std::string text;
     const smol_status st = guard([&] {
         std::vector<smol::chat_message> msgs;
         for (size_t i = 0; i < n; ++i) {
-            if (!messages[i].role || !messages[i].content) {
-                throw smol::error(SMOL_ERR_INVALID_ARGUMENT, "smol_chat_apply_template: message " +
-                                                                 std::to_string(i) +
-                                                                 " has a NULL role or content");
+            const smol_chat_message & m = messages[i];
+            if (!m.role || (!m.content && !m.tool_calls)) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_chat_apply_template: message " + std::to_string(i) +
+                                      " has a NULL role or content (content may be NULL only "
+                                      "beside tool_calls)");
             }
-            msgs.push_back({messages[i].role, messages[i].content});
+            smol::chat_message c;
+            c.role = m.role;
+            if (m.content) c.content = m.content;
+            if (m.name) c.name = m.name;
+            if (m.tool_call_id) c.tool_call_id = m.tool_call_id;
+            if (m.tool_calls) c.tool_calls = m.tool_calls;
+            msgs.push_back(std::move(c));
         }
-        text = model->m->chat.apply(msgs, add_assistant);
+        text = model->m->chat.apply(msgs, params->add_assistant,
+                                    params->tools_json ? params->tools_json : "");
     });
     if (st != SMOL_OK) return st;
     return copy_out(text, buf, size, n_out);
+}
+
+smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_message * messages,
+                                     size_t n, bool add_assistant, char * buf, size_t size,
+                                     size_t * n_out) {
+    smol_chat_params p = smol_chat_default_params();
+    p.add_assistant = add_assistant;
+    return smol_chat_apply_template_ex(model, messages, n, &p, buf, size, n_out);
 }
 
 smol_context_params smol_context_default_params(void) {

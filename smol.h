@@ -165,15 +165,43 @@ SMOL_API smol_status smol_tokenize(const smol_model * model, const char * text, 
 SMOL_API smol_status smol_token_to_piece(const smol_model * model, smol_token token, bool special,
                                          char * buf, size_t size, size_t * n_out);
 
+// One message of a conversation. Every field is text; NULL means absent.
+// The struct grew name, tool_call_id and tool_calls after role and content,
+// so its size changed: a program built against the two-field struct must be
+// rebuilt, and a caller that fills only role and content zero-initialises
+// the rest (smol_chat_message m = {0};).
 typedef struct smol_chat_message {
-    const char * role; // "system", "user", "assistant"
-    const char * content;
+    const char * role;         // "system", "user", "assistant", "tool"
+    const char * content;      // NULL only in an assistant message with tool_calls
+    const char * name;         // a tool's or a participant's name
+    const char * tool_call_id; // in a "tool" message: the call it answers
+    // JSON text: an array of OpenAI tool calls, [{"id": ..., "type": "function",
+    // "function": {"name": ..., "arguments": ...}}]; arguments given as JSON
+    // text reach the template as an object, as llama.cpp passes them.
+    const char * tool_calls;
 } smol_chat_message;
 
-// Formats a conversation with the model's chat template (ChatML for
-// SmolLM2-Instruct); add_assistant opens the assistant's turn. Too small a
-// buffer gives SMOL_ERR_BUFFER_TOO_SMALL with *n_out the bytes needed (the
-// text is NUL-terminated when it fits).
+typedef struct smol_chat_params {
+    bool add_assistant;      // open the assistant's turn (true)
+    const char * tools_json; // JSON array of tool (function) schemas; NULL: none
+} smol_chat_params;
+
+SMOL_API smol_chat_params smol_chat_default_params(void);
+
+// Formats a conversation with the model's chat template, rendered by
+// smol's Jinja interpreter as transformers renders it (ChatML for a file
+// without a template). Too small a buffer gives SMOL_ERR_BUFFER_TOO_SMALL
+// with *n_out the bytes needed (the text is NUL-terminated when it fits).
+// Bad JSON in a message or in tools_json is SMOL_ERR_INVALID_ARGUMENT
+// naming the message and field; so is a conversation the template rejects
+// (its raise_exception message is kept). A template construct smol does not
+// implement is SMOL_ERR_UNSUPPORTED naming it, never rendered approximately.
+SMOL_API smol_status smol_chat_apply_template_ex(const smol_model * model,
+                                                 const smol_chat_message * messages, size_t n,
+                                                 const smol_chat_params * params, char * buf,
+                                                 size_t size, size_t * n_out);
+
+// The simple form: no tools.
 SMOL_API smol_status smol_chat_apply_template(const smol_model * model,
                                               const smol_chat_message * messages, size_t n,
                                               bool add_assistant, char * buf, size_t size,

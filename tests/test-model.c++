@@ -608,8 +608,12 @@ TEST_CASE("the real model reports its shape and tokenizes a chat prompt as llama
             contents.push_back(msg["content"]);
         }
         std::vector<smol_chat_message> msgs;
-        for (size_t i = 0; i < roles.size(); ++i)
-            msgs.push_back({roles[i].c_str(), contents[i].c_str()});
+        for (size_t i = 0; i < roles.size(); ++i) {
+            smol_chat_message msg{};
+            msg.role = roles[i].c_str();
+            msg.content = contents[i].c_str();
+            msgs.push_back(msg);
+        }
         std::vector<char> buf(4096);
         size_t n = 0;
         REQUIRE(smol_chat_apply_template(m.get(), msgs.data(), msgs.size(), true, buf.data(),

@@ -154,6 +154,24 @@ def run(port):
           usage.completion_tokens == chat.usage.completion_tokens,
           "streamed chat ends with finish_reason and usage")
 
+    # --- tools and tool calls reach the template (SmolLM2's ignores tools) -------
+    call = [{"role": "user", "content": "What's the weather in Paris?"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "21 C"}]
+    tools = [{"type": "function", "function": {
+        "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    answer = client.chat.completions.create(model=model, messages=call, tools=tools, max_tokens=8,
+                                            temperature=0)
+    check(answer.usage.prompt_tokens > 0, "a chat with tools and a tool call is answered")
+    call[1]["tool_calls"][0]["function"]["arguments"] = "{not json"
+    try:
+        client.chat.completions.create(model=model, messages=call, tools=tools, max_tokens=8)
+        check(False, "tool call arguments that are not JSON are refused")
+    except openai.BadRequestError as e:
+        check("arguments" in str(e), f"tool call arguments that are not JSON are a 400: {e}")
+
     comp = client.completions.create(model=model, prompt="The capital of France is",
                                      max_tokens=12, temperature=0)
     check(comp.choices[0].text.startswith(" Paris"), f"completion: {comp.choices[0].text!r}")

@@ -187,7 +187,9 @@ std::string apply_template(const smol_model * model, const std::vector<std::stri
     std::vector<smol_chat_message> msgs(roles.size());
     size_t guess = 256;
     for (size_t i = 0; i < roles.size(); i++) {
-        msgs[i] = {roles[i].c_str(), contents[i].c_str()};
+        msgs[i] = smol_chat_message{}; // name, tool_call_id, tool_calls: none
+        msgs[i].role = roles[i].c_str();
+        msgs[i].content = contents[i].c_str();
         guess += contents[i].size() + 64;
     }
     std::string out(guess, '\0');

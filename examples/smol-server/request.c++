@@ -4,6 +4,7 @@
 #include "request.h"
 
 #include <algorithm>
+#include <deque>
 #include <random>
 
 namespace server {
@@ -153,32 +154,66 @@ std::string message_text(const json & content, size_t i) {
     throw bad_request("messages[" + std::to_string(i) + "].content must be a string", "messages");
 }
 
-gen_request parse_chat(const served_model & m, const json & body) {
+gen_request parse_chat(const served_model & m, const json & body, const std::string & text) {
     gen_request g = parse_common(m, body);
     const json & messages = field(body, "messages");
     if (!messages.is_array() || messages.empty())
         throw bad_request("'messages' must be a non-empty array", "messages");
-    std::vector<std::string> roles, contents;
+    const json & tools = field(body, "tools");
+    if (!tools.is_null() && !tools.is_array())
+        throw bad_request("'tools' must be an array", "tools");
+    bool calls = false;
+    for (const json & msg : messages)
+        calls = calls || (msg.is_object() && msg.contains("tool_calls"));
+    // Tools and tool calls reach the template as JSON text in the client's
+    // key order (templates print them with tojson), which json's sorted
+    // objects lose: they are read again, in order, when a request has them.
+    nlohmann::ordered_json ordered;
+    if (!tools.is_null() || calls) ordered = nlohmann::ordered_json::parse(text);
+    // Every string the messages point into, kept still (a deque: no moves).
+    std::deque<std::string> texts;
+    const auto keep = [&](std::string s) { return texts.emplace_back(std::move(s)).c_str(); };
+    std::vector<smol_chat_message> msgs;
     for (size_t i = 0; i < messages.size(); ++i) {
-        const json & m = messages[i];
-        if (!m.is_object() || !field(m, "role").is_string())
+        const json & msg = messages[i];
+        if (!msg.is_object() || !field(msg, "role").is_string())
             throw bad_request("messages[" + std::to_string(i) + "] needs a string 'role'",
                               "messages");
-        roles.push_back(m["role"].get<std::string>());
-        contents.push_back(message_text(field(m, "content"), i));
+        smol_chat_message c{};
+        c.role = keep(msg["role"].get<std::string>());
+        const json & calls_i = field(msg, "tool_calls");
+        if (!calls_i.is_null()) {
+            if (!calls_i.is_array())
+                throw bad_request("messages[" + std::to_string(i) + "].tool_calls must be an array",
+                                  "messages");
+            c.tool_calls = keep(ordered["messages"][i]["tool_calls"].dump());
+        }
+        // An assistant message that only calls tools may have no content.
+        if (!(c.tool_calls && field(msg, "content").is_null()))
+            c.content = keep(message_text(field(msg, "content"), i));
+        for (const char * name : {"name", "tool_call_id"}) {
+            const json & v = field(msg, name);
+            if (v.is_null()) continue;
+            if (!v.is_string())
+                throw bad_request("messages[" + std::to_string(i) + "]." + name +
+                                      " must be a string",
+                                  "messages");
+            (std::string(name) == "name" ? c.name : c.tool_call_id) = keep(v.get<std::string>());
+        }
+        msgs.push_back(c);
     }
-    std::vector<smol_chat_message> msgs;
-    for (size_t i = 0; i < roles.size(); ++i)
-        msgs.push_back({roles[i].c_str(), contents[i].c_str()});
+    smol_chat_params p = smol_chat_default_params();
+    const std::string tools_text = tools.is_null() ? std::string() : ordered["tools"].dump();
+    if (!tools.is_null()) p.tools_json = tools_text.c_str();
     size_t need = 0;
-    smol_chat_apply_template(m.model, msgs.data(), msgs.size(), true, nullptr, 0, &need);
-    std::string text(need + 1, '\0');
-    if (smol_chat_apply_template(m.model, msgs.data(), msgs.size(), true, text.data(), text.size(),
-                                 &need) != SMOL_OK)
+    smol_chat_apply_template_ex(m.model, msgs.data(), msgs.size(), &p, nullptr, 0, &need);
+    std::string prompt(need + 1, '\0');
+    if (smol_chat_apply_template_ex(m.model, msgs.data(), msgs.size(), &p, prompt.data(),
+                                    prompt.size(), &need) != SMOL_OK)
         throw bad_request(std::string("cannot apply the chat template: ") + smol_last_error(),
                           "messages");
-    text.resize(need);
-    g.prompt = tokenize(m, text);
+    prompt.resize(need);
+    g.prompt = tokenize(m, prompt);
     check_length(m, g);
     return g;
 }
@@ -229,7 +264,7 @@ gen_request parse_request(const served_model & m, const std::string & text, bool
         throw bad_request(std::string("the body is not valid JSON: ") + e.what());
     }
     if (!body.is_object()) throw bad_request("the body must be a JSON object");
-    return chat ? parse_chat(m, body) : parse_completion(m, body);
+    return chat ? parse_chat(m, body, text) : parse_completion(m, body);
 }
 
 } // namespace server

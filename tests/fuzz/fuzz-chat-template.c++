@@ -2,9 +2,10 @@
 // and a conversation. The input splits at zero bytes: the template's text
 // (none when the first byte is odd), then roles and contents in turn; the
 // second byte's low bit asks for the assistant's turn. A template is
-// applied or refused as unsupported, nothing else; an applied one holds
-// every message's content, in order. A crash, a sanitizer report or a
-// failed check traps.
+// applied or refused with a smol::error (syntax, unsupported construct,
+// rejected conversation, step budget or depth limit), nothing else; the
+// ChatML default holds every message's content, in order. A crash, a
+// sanitizer report or a failed check traps.
 
 #include "smol-chat.h"
 #include "smol-error.h"
@@ -37,19 +38,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     }
     const smol::chat_template t(parts[0], given);
     std::vector<smol::chat_message> messages;
-    for (size_t i = 1; i + 1 < parts.size(); i += 2) messages.push_back({parts[i], parts[i + 1]});
+    for (size_t i = 1; i + 1 < parts.size(); i += 2) {
+        smol::chat_message m;
+        m.role = parts[i];
+        m.content = parts[i + 1];
+        messages.push_back(std::move(m));
+    }
     std::string out;
     try {
         out = t.apply(messages, add_assistant);
     } catch (const smol::error & e) {
-        if (e.status != SMOL_ERR_UNSUPPORTED) fail("refused with a status other than UNSUPPORTED");
+        if (e.status != SMOL_ERR_UNSUPPORTED && e.status != SMOL_ERR_FORMAT &&
+            e.status != SMOL_ERR_INVALID_ARGUMENT)
+            fail("refused with a status other than UNSUPPORTED, FORMAT or INVALID_ARGUMENT");
+        if (!given) fail("the ChatML default refused a conversation");
         return 0;
     }
+    if (given) return 0;
     size_t at = 0;
     for (const smol::chat_message & m : messages) {
-        const size_t found = out.find(m.content, at);
+        const size_t found = out.find(*m.content, at);
         if (found == std::string::npos) fail("a message's content is missing from the text");
-        at = found + m.content.size();
+        at = found + m.content->size();
     }
     return 0;
 }
