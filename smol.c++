@@ -532,6 +532,10 @@ smol_status smol_decode(smol_context * ctx, const smol_batch * batch) {
     return guard([&] { ctx->c->decode(*batch); });
 }
 
+const smol_model * smol_context_get_model(const smol_context * ctx) {
+    return ctx ? ctx->model : nullptr;
+}
+
 const float * smol_get_logits(smol_context * ctx, int32_t i) {
     return ctx ? ctx->c->logits(i) : nullptr;
 }

@@ -258,6 +258,8 @@ SMOL_API smol_status smol_context_create(smol_model * model, const smol_context_
                                          smol_context ** out);
 SMOL_API void smol_context_free(smol_context * ctx);
 SMOL_API uint32_t smol_context_n_ctx(const smol_context * ctx);
+// The model the context runs.
+SMOL_API const smol_model * smol_context_get_model(const smol_context * ctx);
 SMOL_API uint32_t smol_context_n_batch(const smol_context * ctx);
 
 // Memory of a context by placement, from its KV plan and as measured.
@@ -426,6 +428,49 @@ SMOL_API smol_token smol_sampler_sample(smol_sampler * sampler, const float * lo
                                         int32_t n_vocab);
 SMOL_API void smol_sampler_accept(smol_sampler * sampler, smol_token token);
 SMOL_API void smol_sampler_reset(smol_sampler * sampler);
+
+// --- speculative decoding -------------------------------------------------
+//
+// A greedy generator over one sequence (0) of a target context that lets a
+// proposer guess the next tokens and has the target check all of them in
+// one decode: the tokens that match the target's own argmax are kept, the
+// rest leave the cache, and the first mismatch is replaced by the target's
+// choice. The output is the token sequence plain greedy decoding gives (on
+// the CPU, bit for bit: a token's logits are the same alone and batched).
+// Proposers: n-gram lookup in the prompt and the text so far (draft_model
+// NULL), or a smaller draft model with the same vocabulary, run greedily in
+// a context of its own.
+
+typedef struct smol_spec_params {
+    int32_t draft_max;        // most tokens proposed per step (8)
+    int32_t ngram_min;        // lookup: the shortest suffix matched (2)
+    int32_t ngram_max;        // lookup: the longest suffix tried first (4)
+    smol_model * draft_model; // NULL: n-gram lookup; not owned
+    uint32_t draft_n_threads; // the draft context's threads (0: as the target's default)
+} smol_spec_params;
+
+typedef struct smol_spec_stats {
+    int64_t n_steps;    // target decodes made by smol_spec_next
+    int64_t n_drafted;  // tokens proposed
+    int64_t n_accepted; // of those, kept
+    int64_t n_tokens;   // tokens returned
+} smol_spec_stats;
+
+typedef struct smol_spec smol_spec;
+
+SMOL_API smol_spec_params smol_spec_default_params(void);
+// The target context must be empty. A draft model whose vocabulary differs
+// from the target's is SMOL_ERR_INVALID_ARGUMENT naming the first differing
+// token; draft_max beyond the context's batch is refused too.
+SMOL_API smol_status smol_spec_create(smol_context * target, const smol_spec_params * params,
+                                      smol_spec ** out);
+SMOL_API void smol_spec_free(smol_spec * spec);
+// Decodes the prompt (n >= 1 tokens) into the target (and the draft).
+SMOL_API smol_status smol_spec_prompt(smol_spec * spec, const smol_token * tokens, int32_t n);
+// The next tokens: at least one, at most n_max (one target decode).
+SMOL_API smol_status smol_spec_next(smol_spec * spec, smol_token * out, int32_t n_max,
+                                    int32_t * n_out);
+SMOL_API smol_spec_stats smol_spec_get_stats(const smol_spec * spec);
 
 // --- serving engine -------------------------------------------------------
 //

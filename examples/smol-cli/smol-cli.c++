@@ -102,6 +102,10 @@ struct options {
     bool chat = false;
     bool verbose_prompt = false;
     bool no_display_prompt = false;
+    // Speculative decoding (greedy only): n-gram lookup or a draft model.
+    bool lookup = false;
+    std::string draft_model;
+    int32_t draft_max = 8;
 };
 
 // The default model: models/<name> under the current directory, else beside
@@ -253,6 +257,7 @@ struct session {
     int32_t n_ctx = 0;
     int32_t n_past = 0; // tokens of sequence 0 in the cache
     bool verbose_prompt = false;
+    smol_model * draft = nullptr; // -md
 };
 
 // Decodes tokens after what the cache holds, in chunks of the batch size,
@@ -321,6 +326,60 @@ void report_stop(const generation & g, const session & s) {
 
 // --- modes ----------------------------------------------------------------------
 
+// A completion through smol_spec: the prompt, then the target's greedy
+// tokens several at a time where the proposer guesses them.
+int run_speculative(session & s, const options & o, const std::vector<smol_token> & tokens) {
+    smol_spec_params p = smol_spec_default_params();
+    p.draft_max = o.draft_max;
+    p.draft_model = s.draft;
+    smol_spec * raw = nullptr;
+    check(smol_spec_create(s.ctx, &p, &raw), "speculative decoding");
+    std::unique_ptr<smol_spec, void (*)(smol_spec *)> spec(raw, smol_spec_free);
+    check(smol_spec_prompt(spec.get(), tokens.data(), int32_t(tokens.size())), "decode");
+    s.n_past = int32_t(tokens.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    generation g;
+    g_interrupted = 0;
+    int32_t n = 0;
+    std::vector<smol_token> got(size_t(std::max(2, o.draft_max + 1)));
+    while ((o.n_predict < 0 || n < o.n_predict) && !g.eog && !g_interrupted) {
+        if (s.n_past >= s.n_ctx) {
+            g.full = true;
+            break;
+        }
+        const int32_t want =
+            o.n_predict < 0 ? int32_t(got.size()) : std::min(int32_t(got.size()), o.n_predict - n);
+        int32_t k = 0;
+        check(smol_spec_next(spec.get(), got.data(), want, &k), "decode");
+        s.n_past += k;
+        for (int32_t i = 0; i < k; ++i) {
+            if (smol_token_is_eog(s.model, got[size_t(i)])) {
+                g.eog = true;
+                break;
+            }
+            const std::string piece_text = piece(s.model, got[size_t(i)], false);
+            std::fwrite(piece_text.data(), 1, piece_text.size(), stdout);
+            ++n;
+        }
+        std::fflush(stdout);
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    report_stop(g, s);
+    const smol_spec_stats st = smol_spec_get_stats(spec.get());
+    std::fprintf(stderr,
+                 "smol-cli: speculative (%s): %lld tokens in %.1f ms (%.2f tokens/s), %lld target "
+                 "decodes (%.2f tokens each), %lld of %lld guesses kept (%.1f%%)\n",
+                 s.draft ? "draft model" : "n-gram lookup", (long long)st.n_tokens, ms,
+                 ms > 0 ? 1e3 * double(st.n_tokens) / ms : 0.0, (long long)st.n_steps,
+                 st.n_steps ? double(st.n_tokens) / double(st.n_steps) : 0.0,
+                 (long long)st.n_accepted, (long long)st.n_drafted,
+                 st.n_drafted ? 100.0 * double(st.n_accepted) / double(st.n_drafted) : 0.0);
+    return 0;
+}
+
 int run_completion(session & s, const options & o, const std::string & prompt) {
     const std::vector<smol_token> tokens = tokenize(s.model, prompt, true, false);
     if (tokens.empty()) throw cli_error("the prompt is empty; give some text with -p or -f");
@@ -336,6 +395,7 @@ int run_completion(session & s, const options & o, const std::string & prompt) {
         std::fwrite(prompt.data(), 1, prompt.size(), stdout);
         std::fflush(stdout);
     }
+    if (o.lookup || s.draft) return run_speculative(s, o, tokens);
     decode(s, tokens);
     const generation g = generate(s, o.n_predict, false);
     std::fputc('\n', stdout);
@@ -468,6 +528,13 @@ int run(const options & o, const char * argv0) {
     if (!o.chat && prompt.empty() && !dump_only)
         throw cli_error("no prompt: give one with -p TEXT or -f FILE, or use --chat");
     const std::string path = find_model(o, argv0);
+    const bool speculative = o.lookup || !o.draft_model.empty();
+    if (speculative && (o.chat || o.sampling.temperature > 0))
+        throw cli_error(
+            "--lookup and --model-draft decode greedily with -p only so far; add --temp 0 and "
+            "leave out --chat");
+    if (o.lookup && !o.draft_model.empty())
+        throw cli_error("give --lookup or --model-draft FILE, not both");
 
     progress_bar bar;
     smol_model_params mparams = smol_model_default_params();
@@ -481,6 +548,16 @@ int run(const options & o, const char * argv0) {
     if (bar.last >= 0) std::fputc('\n', stderr);
     check(st, "cannot load " + path);
     model_ptr model(raw_model);
+    model_ptr draft(nullptr);
+    if (!o.draft_model.empty()) {
+        if (!fs::is_regular_file(o.draft_model))
+            throw cli_error("draft model file '" + o.draft_model +
+                            "' (--model-draft) does not exist");
+        smol_model * raw_draft = nullptr;
+        check(smol_model_load(o.draft_model.c_str(), nullptr, &raw_draft),
+              "cannot load the draft model " + o.draft_model + " (--model-draft)");
+        draft.reset(raw_draft);
+    }
     const double load_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
@@ -539,6 +616,7 @@ int run(const options & o, const char * argv0) {
     s.n_vocab = info.n_vocab;
     s.n_ctx = int32_t(smol_context_n_ctx(ctx.get()));
     s.verbose_prompt = o.verbose_prompt;
+    s.draft = draft.get();
     const char * type = smol_type_name(info.ftype);
     std::fprintf(stderr,
                  "smol-cli: %s (%s, %.1f MiB) | n_ctx %d | n_batch %d | kernels %s | seed %llu\n",
@@ -547,7 +625,13 @@ int run(const options & o, const char * argv0) {
 
     std::signal(SIGINT, on_sigint);
     const int rc = o.chat ? run_chat(s, o, prompt, !prompt.empty()) : run_completion(s, o, prompt);
-    print_timings(ctx.get(), load_ms);
+    // A speculative run printed its own rates: its verify batches would
+    // read as prompt tokens here.
+    if (speculative) {
+        std::fprintf(stderr, "smol-cli: load %.1f ms\n", load_ms);
+    } else {
+        print_timings(ctx.get(), load_ms);
+    }
     return rc;
 }
 
@@ -608,6 +692,13 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     app.add_option("-s,--seed", o.seed, "sampling seed (-1: random)")->capture_default_str();
+    app.add_flag("--lookup", o.lookup,
+                 "speculative decoding by n-gram lookup in the text so far (greedy, -p only)");
+    app.add_option("--model-draft,--md", o.draft_model,
+                   "speculative decoding with this draft model (same vocabulary; greedy, -p only)");
+    app.add_option("--draft-max", o.draft_max, "most tokens guessed per target decode")
+        ->check(CLI::Range(1, 256))
+        ->capture_default_str();
     app.add_flag("--chat", o.chat, "chat with the model's template (interactive without -p)");
     app.add_option("--system", o.system, "system message for --chat");
     app.add_flag("--verbose-prompt", o.verbose_prompt, "print the prompt's tokens to stderr");

@@ -1,0 +1,267 @@
+// smol-spec.c++ - speculative greedy decoding (smol.h's smol_spec_*): a
+// proposer guesses the next tokens (n-gram lookup in the text so far, or a
+// draft model), the target decodes the guaranteed token and the guesses in
+// one batch, keeps the guesses its own argmax agrees with and drops the
+// rest from the cache. Built on the public API alone: contexts, batches,
+// logits and smol_kv_seq_rm.
+
+#include "smol-error.h"
+#include "smol.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+smol_token argmax(const float * l, int32_t n) {
+    return smol_token(std::max_element(l, l + n) - l);
+}
+
+std::string piece(const smol_model * m, smol_token t) {
+    char buf[256];
+    size_t n = 0;
+    if (smol_token_to_piece(m, t, true, buf, sizeof buf, &n) != SMOL_OK) return "?";
+    return std::string(buf, std::min(n, sizeof buf));
+}
+
+struct context_free {
+    void operator()(smol_context * c) const { smol_context_free(c); }
+};
+
+} // namespace
+
+struct smol_spec {
+    smol_context * target = nullptr;
+    const smol_model * model = nullptr;
+    smol_spec_params params{};
+    int32_t n_vocab = 0;
+    int32_t n_batch = 0;
+
+    // The text so far; the target's cache holds all of it, and `next` (the
+    // target's argmax after it) is the guaranteed next token.
+    std::vector<smol_token> history;
+    smol_token next = -1;
+
+    std::unique_ptr<smol_context, context_free> draft;
+    int32_t draft_past = 0; // history tokens the draft's cache holds
+
+    smol_batch batch{};
+    smol_spec_stats stats{};
+
+    ~smol_spec() { smol_batch_free(&batch); }
+
+    // Decodes tokens at positions from `pos` into ctx, keeping the logits of
+    // each when all_logits, else of the last only.
+    static void decode(smol_context * ctx, smol_batch & b, int32_t cap, const smol_token * tokens,
+                       int32_t n, int32_t pos, bool all_logits) {
+        for (int32_t i0 = 0; i0 < n; i0 += cap) {
+            b.n_tokens = 0;
+            const int32_t i1 = std::min(n, i0 + cap);
+            for (int32_t i = i0; i < i1; ++i)
+                smol_batch_add(&b, cap, tokens[i], pos + i, 0, all_logits || i == n - 1);
+            const smol_status st = smol_decode(ctx, &b);
+            if (st != SMOL_OK) throw smol::error(st, smol_last_error());
+        }
+    }
+
+    // Up to k tokens to follow history + next, from the n-gram lookup: the
+    // tokens after the latest earlier occurrence of the longest suffix that
+    // occurred before.
+    void lookup(int32_t k, std::vector<smol_token> & out) const {
+        std::vector<smol_token> h = history;
+        h.push_back(next);
+        const int32_t n = int32_t(h.size());
+        for (int32_t len = std::min(params.ngram_max, n - 1); len >= params.ngram_min; --len) {
+            const smol_token * suffix = h.data() + n - len;
+            for (int32_t at = n - len - 1; at >= 0; --at) {
+                if (!std::equal(suffix, suffix + len, h.data() + at)) continue;
+                for (int32_t i = at + len; i < n && int32_t(out.size()) < k; ++i)
+                    out.push_back(h[size_t(i)]);
+                return;
+            }
+        }
+    }
+
+    // Up to k tokens from the draft model, greedily, after history + next.
+    void from_draft(int32_t k, std::vector<smol_token> & out) {
+        smol_context * d = draft.get();
+        // Catch the draft up: the history it lacks, then next.
+        std::vector<smol_token> feed(history.begin() + draft_past, history.end());
+        feed.push_back(next);
+        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        draft_past = int32_t(history.size()) + 1;
+        for (int32_t i = 0; i < k; ++i) {
+            const smol_token t = argmax(smol_get_logits(d, -1), n_vocab);
+            out.push_back(t);
+            if (i + 1 == k) break;
+            decode(d, batch, n_batch, &t, 1, draft_past, false);
+            ++draft_past;
+        }
+    }
+};
+
+smol_spec_params smol_spec_default_params(void) {
+    smol_spec_params p{};
+    p.draft_max = 8;
+    p.ngram_min = 2;
+    p.ngram_max = 4;
+    p.draft_model = nullptr;
+    p.draft_n_threads = 0;
+    return p;
+}
+
+smol_status smol_spec_create(smol_context * target, const smol_spec_params * params,
+                             smol_spec ** out) {
+    if (out) *out = nullptr;
+    if (!target || !out) {
+        smol::set_last_error("smol_spec_create: target and out must not be NULL");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        auto s = std::make_unique<smol_spec>();
+        s->target = target;
+        s->model = smol_context_get_model(target);
+        s->params = params ? *params : smol_spec_default_params();
+        const smol_spec_params & p = s->params;
+        smol_model_info info;
+        smol_model_get_info(s->model, &info);
+        s->n_vocab = info.n_vocab;
+        s->n_batch = int32_t(smol_context_n_batch(target));
+        if (smol_kv_seq_len(target, 0) != 0) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec_create: the target context already holds tokens of "
+                              "sequence 0; start from an empty context");
+        }
+        if (p.draft_max < 1 || p.draft_max + 1 > s->n_batch) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: draft_max " + std::to_string(p.draft_max) +
+                                  " must be 1.." + std::to_string(s->n_batch - 1) +
+                                  " (the target verifies draft_max + 1 tokens in one batch)");
+        }
+        if (p.ngram_min < 1 || p.ngram_max < p.ngram_min) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: the n-gram sizes must satisfy 1 <= ngram_min (" +
+                                  std::to_string(p.ngram_min) + ") <= ngram_max (" +
+                                  std::to_string(p.ngram_max) + ")");
+        }
+        if (p.draft_model) {
+            smol_model_info di;
+            smol_model_get_info(p.draft_model, &di);
+            const int32_t n = std::min(di.n_vocab, info.n_vocab);
+            for (smol_token t = 0; t < n; ++t) {
+                if (piece(p.draft_model, t) != piece(s->model, t)) {
+                    throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                      "smol_spec: the draft model's vocabulary differs from the "
+                                      "target's at token " +
+                                          std::to_string(t) + " (\"" + piece(p.draft_model, t) +
+                                          "\" against \"" + piece(s->model, t) +
+                                          "\"); a draft must share the target's tokenizer");
+                }
+            }
+            if (di.n_vocab != info.n_vocab) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_spec: the draft model has " + std::to_string(di.n_vocab) +
+                                      " tokens and the target " + std::to_string(info.n_vocab) +
+                                      "; a draft must share the target's tokenizer");
+            }
+            smol_context_params cp = smol_context_default_params();
+            cp.n_ctx = smol_context_n_ctx(target);
+            cp.n_batch = uint32_t(s->n_batch);
+            cp.n_threads = p.draft_n_threads;
+            smol_context * d = nullptr;
+            const smol_status st = smol_context_create(p.draft_model, &cp, &d);
+            if (st != SMOL_OK) {
+                throw smol::error(st, std::string("smol_spec: the draft's context: ") +
+                                          smol_last_error());
+            }
+            s->draft.reset(d);
+        }
+        s->batch = smol_batch_init(s->n_batch);
+        *out = s.release();
+    });
+}
+
+void smol_spec_free(smol_spec * spec) {
+    delete spec;
+}
+
+smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n) {
+    if (!s || !tokens || n < 1) {
+        smol::set_last_error("smol_spec_prompt: a prompt of at least one token is needed");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    if (!s->history.empty()) {
+        smol::set_last_error("smol_spec_prompt: the prompt was given already");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
+        s->history.assign(tokens, tokens + n);
+        s->next = argmax(smol_get_logits(s->target, -1), s->n_vocab);
+    });
+}
+
+smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32_t * n_out) {
+    if (n_out) *n_out = 0;
+    if (!s || !out || n_max < 1 || !n_out) {
+        smol::set_last_error("smol_spec_next: spec, out and n_out must be given, n_max >= 1");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    if (s->history.empty()) {
+        smol::set_last_error("smol_spec_next: give the prompt first (smol_spec_prompt)");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        // The room the context has left bounds the guesses too.
+        const int32_t pos = int32_t(s->history.size());
+        const int32_t room = int32_t(smol_context_n_ctx(s->target)) - pos - 1;
+        if (room < 0) {
+            throw smol::error(SMOL_ERR_CONTEXT_FULL, "smol_spec_next: the context is full (" +
+                                                         std::to_string(pos) + " tokens)");
+        }
+        const int32_t k = std::max(0, std::min({s->params.draft_max, n_max - 1, room}));
+        std::vector<smol_token> guess;
+        if (k > 0) {
+            if (s->draft) {
+                s->from_draft(k, guess);
+            } else {
+                s->lookup(k, guess);
+            }
+        }
+        // Verify: next and the guesses in one batch, every logit kept.
+        std::vector<smol_token> tokens{s->next};
+        tokens.insert(tokens.end(), guess.begin(), guess.end());
+        smol_spec::decode(s->target, s->batch, s->n_batch, tokens.data(), int32_t(tokens.size()),
+                          pos, true);
+        int32_t kept = 0; // guesses the target agrees with
+        smol_token after = argmax(smol_get_logits(s->target, 0), s->n_vocab);
+        while (kept < int32_t(guess.size()) && guess[size_t(kept)] == after) {
+            ++kept;
+            after = argmax(smol_get_logits(s->target, kept), s->n_vocab);
+        }
+        // The cache keeps next and the kept guesses; the draft's, what it
+        // decoded of them.
+        const int32_t n_new = 1 + kept;
+        smol_kv_seq_rm(s->target, 0, pos + n_new, -1);
+        if (s->draft) {
+            smol_kv_seq_rm(s->draft.get(), 0, pos + n_new, -1);
+            s->draft_past = std::min(s->draft_past, pos + n_new);
+        }
+        for (int32_t i = 0; i < n_new; ++i) {
+            out[i] = tokens[size_t(i)];
+            s->history.push_back(tokens[size_t(i)]);
+        }
+        s->next = after;
+        *n_out = n_new;
+        s->stats.n_steps++;
+        s->stats.n_drafted += int64_t(guess.size());
+        s->stats.n_accepted += kept;
+        s->stats.n_tokens += n_new;
+    });
+}
+
+smol_spec_stats smol_spec_get_stats(const smol_spec * s) {
+    return s ? s->stats : smol_spec_stats{};
+}
