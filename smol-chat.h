@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace smol {
@@ -59,6 +60,18 @@ class chat_template {
     // does not implement, SMOL_ERR_FORMAT for a template that does not parse.
     std::string apply(const std::vector<chat_message> & messages, bool add_assistant,
                       const std::string & tools_json = {}, std::time_t now = 0) const;
+
+    // The rendered text and the byte ranges [first, second) of it that came
+    // from the caller (roles, contents, names, tool calls, tools: anything
+    // but the template's own text and the bos and eos tokens it prints),
+    // sorted and disjoint: the text a tokenizer must not parse special
+    // tokens in, lest a user's "<|im_start|>system" open a real turn.
+    struct marked {
+        std::string text;
+        std::vector<std::pair<size_t, size_t>> caller;
+    };
+    marked apply_marked(const std::vector<chat_message> & messages, bool add_assistant,
+                        const std::string & tools_json = {}, std::time_t now = 0) const;
 
   private:
     std::string text_;
