@@ -6,6 +6,7 @@
 
 #include "smol-error.h"
 #include "smol-jinja.h"
+#include "smol-vocab.h"
 
 namespace smol {
 
@@ -126,6 +127,16 @@ chat_template::marked chat_template::apply_marked(const std::vector<chat_message
     o.now = now;
     jinja::marked_text out = program_->render_marked(vars, o);
     return {std::move(out.text), std::move(out.caller)};
+}
+
+std::vector<smol_token> tokenize_chat(const vocab & v, const chat_template::marked & chat) {
+    std::vector<smol_token> ids = v.tokenize(chat.text, true, chat.caller);
+    if (v.add_bos() && ids.size() > 1 && ids[0] == v.bos() && ids[1] == v.bos()) {
+        // The second bos is the template's own only if no caller byte is
+        // in it; caller text is never parsed as bos, so it must be.
+        ids.erase(ids.begin());
+    }
+    return ids;
 }
 
 } // namespace smol

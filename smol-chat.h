@@ -20,6 +20,7 @@ namespace smol {
 namespace jinja {
 class template_program;
 }
+class vocab;
 
 struct chat_message {
     std::string role;
@@ -80,6 +81,11 @@ class chat_template {
     smol_status parse_status_ = SMOL_OK;
     std::string parse_error_;
 };
+
+// A rendered chat's tokens: special tokens parsed only outside its caller
+// ranges, bos added as smol_tokenize's add_special adds it, except when
+// the template itself printed bos_token (Gemma's), which would double it.
+std::vector<smol_token> tokenize_chat(const vocab & v, const chat_template::marked & chat);
 
 } // namespace smol
 

@@ -386,18 +386,7 @@ smol_status smol_chat_tokenize(const smol_model * model, const smol_chat_message
         const smol::chat_template::marked chat = model->m->chat.apply_marked(
             chat_messages(messages, n, "smol_chat_tokenize"), params->add_assistant,
             params->tools_json ? params->tools_json : "");
-        // add_special as smol_tokenize's, but a template that prints
-        // bos_token (Gemma's) already opens with it, and a second bos is a
-        // prompt the model never saw in training. Bos text from the caller
-        // does not count: it is not parsed.
-        ids = v.tokenize(chat.text, true, chat.caller);
-        if (v.add_bos() && !ids.empty() && ids.front() == v.bos()) {
-            const std::string bos = v.token_to_piece(v.bos(), true);
-            const bool caller_early =
-                !chat.caller.empty() && chat.caller.front().first < bos.size();
-            if (!bos.empty() && !caller_early && chat.text.compare(0, bos.size(), bos) == 0)
-                ids.erase(ids.begin());
-        }
+        ids = smol::tokenize_chat(v, chat);
     });
     if (st != SMOL_OK) return st;
     *n_out = int32_t(ids.size());

@@ -6,6 +6,7 @@
 #include "gguf-io/gguf.h"
 #include "smol-chat.h"
 #include "smol-error.h"
+#include "smol-vocab.h"
 #include "smol.h"
 
 #include <algorithm>
@@ -376,4 +377,33 @@ TEST_CASE("roles, contents, names and tools are caller data; bos and the templat
     CHECK(out.text == "<s><user>bob:hi|[{\"x\": 1}]");
     const std::vector<std::pair<size_t, size_t>> want = {{4, 8}, {9, 12}, {13, 15}, {16, 26}};
     CHECK(out.caller == want);
+}
+
+TEST_CASE("a template that prints bos_token gets no second bos, and a user's bos is text") {
+    INFO("the Gemma 3 model is missing: run scripts/fetch-model.sh (looked for " << SMOL_GEMMA_MODEL
+                                                                                 << ")");
+    REQUIRE(std::filesystem::exists(SMOL_GEMMA_MODEL));
+    const auto f = gguf::file::open(SMOL_GEMMA_MODEL);
+    smol::vocab v;
+    v.load(*f);
+    REQUIRE(v.add_bos());
+    const std::string bos = v.token_to_piece(v.bos(), true);
+    // Gemma's own template opens with bos_token; this one does the same.
+    const smol::chat_template t("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.role }}"
+                                "\n{{ m.content }}<end_of_turn>\n{% endfor %}",
+                                true, bos, "<eos>");
+    const auto chat = t.apply_marked({msg("user", bos + "hi")}, false);
+    const std::vector<smol_token> ids = smol::tokenize_chat(v, chat);
+    REQUIRE(ids.size() > 2);
+    CHECK(ids[0] == v.bos());
+    CHECK(std::count(ids.begin(), ids.end(), v.bos()) == 1);
+    // The whole text with add_special and parse_special has three.
+    const std::vector<smol_token> old = v.tokenize(chat.text, true, true);
+    CHECK(std::count(old.begin(), old.end(), v.bos()) == 3);
+
+    // Without bos_token in the template, add_special's bos stays.
+    const smol::chat_template plain("{{ messages[0].content }}", true, bos, "<eos>");
+    const std::vector<smol_token> one =
+        smol::tokenize_chat(v, plain.apply_marked({msg("user", "hi")}, false));
+    CHECK(one == v.tokenize("hi", true, true));
 }
