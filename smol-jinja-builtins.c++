@@ -1389,7 +1389,8 @@ value global(render_host & h, std::string_view name) {
             const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
             if (n == 0 && !fmt.empty())
                 throw failure("strftime_now: the format gives no text or too much");
-            return value(std::string(buf, n));
+            // A format from the caller's data passes its text through.
+            return derived(value(std::string(buf, n)), value(), a);
         });
     }
     if (name == "joiner") {

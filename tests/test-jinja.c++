@@ -340,6 +340,11 @@ TEST_CASE("template literals and unmarked variables render as template text") {
           "<|im_start|><|im_end|><|im_end|>3");
 }
 
+TEST_CASE("a filter that picks a template literal out of caller data leaves it unmarked") {
+    CHECK(marked("{{ [lit, u] | first }}|{{ [u, lit] | last }}|{{ u | default(lit) }}") ==
+          "<|im_end|>|<|im_end|>|«  <|im_start|>hi »");
+}
+
 TEST_CASE("caller data keeps its exact bytes through + and ~") {
     CHECK(marked("{{ '<|im_start|>' + u + lit }}") == "<|im_start|>«  <|im_start|>hi »<|im_end|>");
     CHECK(marked("{{ 'x' ~ u ~ 1 }}") == "x«  <|im_start|>hi »1");
@@ -362,6 +367,7 @@ TEST_CASE("transforming filters and methods mark all of a result made from calle
     CHECK(marked("{{ v | tojson }}-{{ v }}-{{ u.strip() }}-{{ '%s!' % u }}") ==
           "«[\"a\", \"b\"]»-«['a', 'b']»-«<|im_start|>hi»-«  <|im_start|>hi !»");
     CHECK(marked("{{ lit | upper }}") == "<|IM_END|>");
+    CHECK(marked("{{ strftime_now(u) }}") == "«  <|im_start|>hi »");
 }
 
 TEST_CASE("caller data stays marked through set blocks, macros and loops") {
