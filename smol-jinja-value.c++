@@ -370,13 +370,6 @@ void add_range(byte_ranges & ranges, size_t begin, size_t end) {
     ranges.emplace_back(begin, end);
 }
 
-bool value::caller_at(size_t i) const {
-    if (!caller_) return false;
-    const auto it = std::upper_bound(caller_->begin(), caller_->end(), i,
-                                     [](size_t x, const auto & r) { return x < r.second; });
-    return it != caller_->end() && it->first <= i;
-}
-
 byte_ranges value::caller_within(size_t begin, size_t end) const {
     byte_ranges out;
     if (!caller_) return out;

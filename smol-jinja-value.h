@@ -137,8 +137,6 @@ class value {
     std::string repr() const;
     // The caller's byte ranges of a string; null when it has none.
     const byte_ranges * caller_ranges() const { return caller_.get(); }
-    // Whether byte i of a string came from the caller.
-    bool caller_at(size_t i) const;
     // The caller ranges inside bytes [begin, end) of a string, counted
     // from begin: what a substring keeps.
     byte_ranges caller_within(size_t begin, size_t end) const;
