@@ -6,6 +6,7 @@
 
 #include "smol-error.h"
 #include "smol-jinja.h"
+#include "smol-vocab.h"
 
 namespace smol {
 
@@ -77,6 +78,13 @@ chat_template::~chat_template() = default;
 
 std::string chat_template::apply(const std::vector<chat_message> & messages, bool add_assistant,
                                  const std::string & tools_json, std::time_t now) const {
+    return apply_marked(messages, add_assistant, tools_json, now).text;
+}
+
+chat_template::marked chat_template::apply_marked(const std::vector<chat_message> & messages,
+                                                  bool add_assistant,
+                                                  const std::string & tools_json,
+                                                  std::time_t now) const {
     if (!program_) throw error(parse_status_, parse_error_);
     jinja::list_data msgs;
     for (size_t i = 0; i < messages.size(); i++) {
@@ -95,7 +103,9 @@ std::string chat_template::apply(const std::vector<chat_message> & messages, boo
         msgs.push_back(jinja::value::dict(d));
     }
     jinja::dict_data vars;
-    vars.set("messages", jinja::value::list(std::move(msgs)));
+    // Everything from the caller is caller data, keys too (a tool schema's
+    // keys are the caller's text); bos and eos are the model's own tokens.
+    vars.set("messages", jinja::value::list(std::move(msgs)).as_caller_data());
     if (!tools_json.empty()) {
         jinja::value tools;
         try {
@@ -108,14 +118,25 @@ std::string chat_template::apply(const std::vector<chat_message> & messages, boo
             throw error(SMOL_ERR_INVALID_ARGUMENT,
                         std::string(k_name) + ": tools must be a JSON array of tool schemas");
         }
-        vars.set("tools", tools);
+        vars.set("tools", tools.as_caller_data());
     }
     vars.set("add_generation_prompt", jinja::value(add_assistant));
     vars.set("bos_token", jinja::value(bos_));
     vars.set("eos_token", jinja::value(eos_));
     jinja::render_options o;
     o.now = now;
-    return program_->render(vars, o);
+    jinja::marked_text out = program_->render_marked(vars, o);
+    return {std::move(out.text), std::move(out.caller)};
+}
+
+std::vector<smol_token> tokenize_chat(const vocab & v, const chat_template::marked & chat) {
+    std::vector<smol_token> ids = v.tokenize(chat.text, true, chat.caller);
+    if (v.add_bos() && ids.size() > 1 && ids[0] == v.bos() && ids[1] == v.bos()) {
+        // The second bos is the template's own only if no caller byte is
+        // in it; caller text is never parsed as bos, so it must be.
+        ids.erase(ids.begin());
+    }
+    return ids;
 }
 
 } // namespace smol

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace smol {
@@ -19,6 +20,7 @@ namespace smol {
 namespace jinja {
 class template_program;
 }
+class vocab;
 
 struct chat_message {
     std::string role;
@@ -60,6 +62,18 @@ class chat_template {
     std::string apply(const std::vector<chat_message> & messages, bool add_assistant,
                       const std::string & tools_json = {}, std::time_t now = 0) const;
 
+    // The rendered text and the byte ranges [first, second) of it that came
+    // from the caller (roles, contents, names, tool calls, tools: anything
+    // but the template's own text and the bos and eos tokens it prints),
+    // sorted and disjoint: the text a tokenizer must not parse special
+    // tokens in, lest a user's "<|im_start|>system" open a real turn.
+    struct marked {
+        std::string text;
+        std::vector<std::pair<size_t, size_t>> caller;
+    };
+    marked apply_marked(const std::vector<chat_message> & messages, bool add_assistant,
+                        const std::string & tools_json = {}, std::time_t now = 0) const;
+
   private:
     std::string text_;
     std::string bos_, eos_;
@@ -67,6 +81,11 @@ class chat_template {
     smol_status parse_status_ = SMOL_OK;
     std::string parse_error_;
 };
+
+// A rendered chat's tokens: special tokens parsed only outside its caller
+// ranges, bos added as smol_tokenize's add_special adds it, except when
+// the template itself printed bos_token (Gemma's), which would double it.
+std::vector<smol_token> tokenize_chat(const vocab & v, const chat_template::marked & chat);
 
 } // namespace smol
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace smol::jinja {
 
@@ -246,12 +247,21 @@ value like(const value & in, std::string s) {
 }
 
 value f_string(render_host &, const value & v, call_args &) {
+    if (v.is_string()) return v; // str(s) is s, its caller ranges kept
     return like(v, v.to_str());
 }
 
 value f_trim(render_host &, const value & v, call_args & a) {
     const value chars = a.get(0, "chars");
-    return like(v, strip(v.to_str(), chars.is_string() ? &chars.str() : nullptr, true, true));
+    const std::string * set = chars.is_string() ? &chars.str() : nullptr;
+    const std::string text = v.to_str();
+    // The stripped text is a substring: keep the caller ranges inside it.
+    const size_t begin = text.size() - strip(text, set, true, false).size();
+    const size_t end = strip(text, set, false, true).size();
+    if (begin >= end) return like(v, std::string());
+    const value out = like(v, text.substr(begin, end - begin));
+    if (!v.is_string()) return out;
+    return out.with_caller(v.caller_within(begin, end));
 }
 
 value f_upper(render_host &, const value & v, call_args &) {
@@ -291,20 +301,21 @@ value f_replace(render_host & h, const value & v, call_args & a) {
 }
 
 value f_join(render_host & h, const value & v, call_args & a) {
-    const std::string sep = a.get(0, "d").to_str();
+    const value d = a.get(0, "d");
+    const value sep_value = d.is_string() ? d : value(d.to_str());
     const value attribute = a.get(1, "attribute");
     const list_data items = iterate(v);
     h.charge(items.size());
-    std::string out;
+    marked_text out;
     for (size_t i = 0; i < items.size(); i++) {
-        if (i) out += sep;
-        out += (attribute.is_undefined() || attribute.is_none()
-                    ? items[i]
-                    : attr_path(items[i], attribute.to_str()))
-                   .to_str();
-        if (out.size() > h.max_output()) throw failure("join: the string passed the size limit");
+        if (i) out.append(sep_value);
+        out.append(attribute.is_undefined() || attribute.is_none()
+                       ? items[i]
+                       : attr_path(items[i], attribute.to_str()));
+        if (out.text.size() > h.max_output())
+            throw failure("join: the string passed the size limit");
     }
-    return value(std::move(out));
+    return out.to_value();
 }
 
 value f_list(render_host & h, const value & v, call_args &) {
@@ -1152,11 +1163,44 @@ bool has_test(std::string_view name) {
     return tests().count(name) != 0;
 }
 
+namespace {
+
+// What a builtin's result is when its inputs held caller data: a result
+// that carries no caller ranges of its own was made from them in ways that
+// do not keep byte positions (replace, upper, tojson, split, format), so all
+// of it is the caller's.
+value derived(const value & out, const value & subject, const call_args & args) {
+    if (out.holds_caller_data()) return out;
+    bool from_caller = subject.holds_caller_data();
+    for (const value & v : args.pos) from_caller = from_caller || v.holds_caller_data();
+    for (const auto & kv : args.kw) from_caller = from_caller || kv.second.holds_caller_data();
+    return from_caller ? out.as_caller_data() : out;
+}
+
+// A str method whose result is marked as derived() marks a filter's.
+value marking(value method, const value & self) {
+    if (!method.is_function()) return method;
+    const std::string name = method.fn().name;
+    return value::function(
+        name, [method, self](call_args & a) { return derived(method.fn().fn(a), self, a); });
+}
+
+} // namespace
+
 value apply_filter(render_host & h, std::string_view name, const value & subject,
                    call_args & args) {
     const auto it = filters().find(name);
     if (it == filters().end()) unsupported("filter '" + std::string(name) + "' is not supported");
-    return it->second(h, subject, args);
+    const value out = it->second(h, subject, args);
+    // Filters that give back their input's own values (or substrings that
+    // iterate marks exactly) need no marking; marking them would turn a
+    // template literal picked from a list into caller data.
+    static const std::unordered_set<std::string_view> passing = {
+        "default", "d",      "first",  "last",       "min",  "max",
+        "list",    "select", "reject", "selectattr", "sort", "rejectattr",
+        "unique",  "map",    "batch",  "dictsort",   "items"};
+    if (passing.count(name)) return out;
+    return derived(out, subject, args);
 }
 
 bool apply_test(render_host & h, std::string_view name, const value & subject, call_args & args) {
@@ -1179,7 +1223,10 @@ list_data iterate(const value & v) {
     }
     case value::kind::string: {
         list_data out;
-        for (const auto c : utf8_chars(v.str())) out.emplace_back(c);
+        for (const auto c : utf8_chars(v.str())) {
+            const size_t at = size_t(c.data() - v.str().data());
+            out.push_back(value(c).with_caller(v.caller_within(at, at + c.size())));
+        }
         return out;
     }
     case value::kind::iterator:
@@ -1202,7 +1249,7 @@ value get_attr(const value & obj, const std::string & name) {
                             "is not supported");
             });
         }
-        return str_method(obj, name);
+        return marking(str_method(obj, name), obj);
     case value::kind::dict: {
         value m = dict_method(obj, name);
         if (!m.is_undefined()) return m;
@@ -1252,7 +1299,12 @@ value get_item(const value & obj, const value & key) {
                 const auto chars = utf8_chars(obj.str());
                 const int64_t n = int64_t(chars.size());
                 if (i < 0) i += n;
-                if (i >= 0 && i < n) return like(obj, std::string(chars[size_t(i)]));
+                if (i >= 0 && i < n) {
+                    const std::string_view c = chars[size_t(i)];
+                    const size_t at = size_t(c.data() - obj.str().data());
+                    return like(obj, std::string(c))
+                        .with_caller(obj.caller_within(at, at + c.size()));
+                }
             } else {
                 const int64_t n = int64_t(obj.items().size());
                 if (i < 0) i += n;
@@ -1337,7 +1389,8 @@ value global(render_host & h, std::string_view name) {
             const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
             if (n == 0 && !fmt.empty())
                 throw failure("strftime_now: the format gives no text or too much");
-            return value(std::string(buf, n));
+            // A format from the caller's data passes its text through.
+            return derived(value(std::string(buf, n)), value(), a);
         });
     }
     if (name == "joiner") {

@@ -44,6 +44,7 @@ value value::list(list_data items) {
     uint32_t deepest = 0;
     for (const value & x : items) deepest = std::max(deepest, x.depth());
     v.nest_ = nested(deepest + 1);
+    for (const value & x : items) v.holds_caller_ = v.holds_caller_ || x.holds_caller_data();
     v.l_ = std::make_shared<const list_data>(std::move(items));
     return v;
 }
@@ -131,11 +132,13 @@ const value * dict_data::find(const value & key) const {
 
 void dict_data::push(value key, value v) {
     nest = std::max(nest, nested(v.depth()));
+    caller = caller || key.holds_caller_data() || v.holds_caller_data();
     items.emplace_back(std::move(key), std::move(v));
 }
 
 void dict_data::set(const value & key, value v) {
     nest = std::max(nest, nested(v.depth()));
+    caller = caller || key.holds_caller_data() || v.holds_caller_data();
     for (auto & kv : items) {
         if (kv.first.is_string() == key.is_string() && equals(kv.first, key)) {
             kv.second = std::move(v);
@@ -354,6 +357,97 @@ bool value::truthy() const {
         return i_ ? !l_->empty() : true;
     }
     return false;
+}
+
+// --- caller data --------------------------------------------------------------------
+
+void add_range(byte_ranges & ranges, size_t begin, size_t end) {
+    if (begin >= end) return;
+    if (!ranges.empty() && ranges.back().second >= begin) {
+        ranges.back().second = std::max(ranges.back().second, end);
+        return;
+    }
+    ranges.emplace_back(begin, end);
+}
+
+byte_ranges value::caller_within(size_t begin, size_t end) const {
+    byte_ranges out;
+    if (!caller_) return out;
+    for (const auto & [b, e] : *caller_) {
+        if (e <= begin) continue;
+        if (b >= end) break;
+        add_range(out, std::max(b, begin) - begin, std::min(e, end) - begin);
+    }
+    return out;
+}
+
+bool value::holds_caller_data() const {
+    switch (k_) {
+    case kind::string:
+        return caller_ != nullptr;
+    case kind::list:
+    case kind::tuple:
+    case kind::iterator:
+        return holds_caller_;
+    case kind::dict:
+    case kind::ns:
+        return m_->caller;
+    default:
+        return false;
+    }
+}
+
+value value::with_caller(byte_ranges ranges) const {
+    value v = *this;
+    if (ranges.empty()) {
+        v.caller_.reset();
+    } else {
+        v.caller_ = std::make_shared<const byte_ranges>(std::move(ranges));
+    }
+    return v;
+}
+
+value value::as_caller_data() const {
+    switch (k_) {
+    case kind::string:
+        return s_.empty() ? *this : with_caller({{0, s_.size()}});
+    case kind::list:
+    case kind::tuple: {
+        list_data items;
+        items.reserve(l_->size());
+        for (const value & x : *l_) items.push_back(x.as_caller_data());
+        return k_ == kind::list ? list(std::move(items)) : tuple(std::move(items));
+    }
+    case kind::dict: {
+        auto d = std::make_shared<dict_data>();
+        for (const auto & kv : m_->items)
+            d->push(kv.first.as_caller_data(), kv.second.as_caller_data());
+        return dict(d);
+    }
+    default:
+        return *this;
+    }
+}
+
+void marked_text::append(std::string_view s, bool from_caller) {
+    if (from_caller) add_range(caller, text.size(), text.size() + s.size());
+    text += s;
+}
+
+void marked_text::append(const value & v) {
+    if (v.is_string()) {
+        const size_t base = text.size();
+        if (const byte_ranges * r = v.caller_ranges()) {
+            for (const auto & [b, e] : *r) add_range(caller, base + b, base + e);
+        }
+        text += v.str();
+        return;
+    }
+    append(v.to_str(), v.holds_caller_data());
+}
+
+value marked_text::to_value() const {
+    return value(text).with_caller(caller);
 }
 
 std::string value::to_str() const {

@@ -3,6 +3,8 @@
 // keys), Jinja's undefined, namespaces and callables; how Python prints them
 // (str and repr), compares them and writes them as JSON (json.dumps), and a
 // small JSON parser for the tools and tool calls callers pass as text.
+// Strings carry the byte ranges that came from the caller's data, so that
+// the tokenizer never reads a user's "<|im_start|>" as a control token.
 
 #ifndef SMOL_JINJA_VALUE_H
 #define SMOL_JINJA_VALUE_H
@@ -38,6 +40,14 @@ constexpr uint32_t k_max_nesting = 1000;
 struct call_args;
 using list_data = std::vector<value>;
 using native_fn = std::function<value(call_args &)>;
+
+// Byte ranges [first, second) of a string that hold the caller's data (the
+// messages, the tools) rather than the template's own text: sorted, disjoint
+// and not touching. Only the template's text may become special tokens.
+using byte_ranges = std::vector<std::pair<size_t, size_t>>;
+
+// Appends [begin, end) to ranges that all end at or before begin.
+void add_range(byte_ranges & ranges, size_t begin, size_t end);
 
 struct function_data {
     std::string name; // for messages: "macro 'm'", "range"
@@ -125,6 +135,20 @@ class value {
     // Python's str() and repr().
     std::string to_str() const;
     std::string repr() const;
+    // The caller's byte ranges of a string; null when it has none.
+    const byte_ranges * caller_ranges() const { return caller_.get(); }
+    // The caller ranges inside bytes [begin, end) of a string, counted
+    // from begin: what a substring keeps.
+    byte_ranges caller_within(size_t begin, size_t end) const;
+    // Whether any string in this value (items, keys, values) holds caller
+    // data: what a conversion to text must then mark.
+    bool holds_caller_data() const;
+    // This string (Markup stays Markup) with `ranges` as its caller data.
+    value with_caller(byte_ranges ranges) const;
+    // This value with every string in it, keys too, wholly caller data: how
+    // the render's variables are marked.
+    value as_caller_data() const;
+
     // Levels of lists and dicts in this value (0 for a scalar).
     uint32_t depth() const;
     // The type's name as Python's error messages give it.
@@ -138,9 +162,22 @@ class value {
     std::shared_ptr<const list_data> l_;
     std::shared_ptr<dict_data> m_;
     std::shared_ptr<const function_data> f_;
-    std::shared_ptr<size_t> consumed_; // a generator's position
-    uint32_t nest_ = 0;                // a list's depth()
+    std::shared_ptr<size_t> consumed_;          // a generator's position
+    std::shared_ptr<const byte_ranges> caller_; // a string's; never empty
+    uint32_t nest_ = 0;                         // a list's depth()
     bool markup_ = false;
+    bool holds_caller_ = false; // a list's holds_caller_data()
+};
+
+// Text with its caller ranges, as a render or a string operation builds it.
+struct marked_text {
+    std::string text;
+    byte_ranges caller;
+    void append(std::string_view s, bool from_caller);
+    // v as str() gives it: a string with its ranges; any other value wholly
+    // caller data when it holds some (its repr prints the caller's strings).
+    void append(const value & v);
+    value to_value() const;
 };
 
 // A dict: keys in insertion order, as Python's. Keys are strings for
@@ -148,7 +185,8 @@ class value {
 // value (an int, a tuple), matched with Python's equality (1 == 1.0 == True).
 struct dict_data {
     std::vector<std::pair<value, value>> items;
-    uint32_t nest = 0; // the deepest value held (only grows)
+    uint32_t nest = 0;   // the deepest value held (only grows)
+    bool caller = false; // holds caller data (only grows; a namespace may hold itself)
     const value * find(std::string_view key) const;
     const value * find(const std::string & key) const { return find(std::string_view(key)); }
     const value * find(const char * key) const { return find(std::string_view(key)); }

@@ -84,7 +84,7 @@ class renderer final : public render_host {
         ~deeper() { --r.depth_; }
     };
 
-    flow exec(const node_body & b, const frame_ptr & f, std::string & out) {
+    flow exec(const node_body & b, const frame_ptr & f, marked_text & out) {
         for (const auto & s : b.stmts) {
             const flow fl = exec_stmt(*s, f, out);
             if (fl != flow::normal) return fl;
@@ -116,15 +116,15 @@ class renderer final : public render_host {
     int64_t steps_ = 0;
     int depth_ = 0;
 
-    void grow(std::string & out) const {
-        if (out.size() > o_.max_output) {
+    void grow(const marked_text & out) const {
+        if (out.text.size() > o_.max_output) {
             throw failure("the rendered text passed the limit of " + std::to_string(o_.max_output) +
                           " bytes");
         }
     }
 
-    flow exec_stmt(const stmt & s, const frame_ptr & f, std::string & out);
-    flow exec_for(const stmt & s, const frame_ptr & f, std::string & out);
+    flow exec_stmt(const stmt & s, const frame_ptr & f, marked_text & out);
+    flow exec_for(const stmt & s, const frame_ptr & f, marked_text & out);
     void assign(const stmt & s, const frame_ptr & f, value v);
     value make_macro(const stmt & s, const frame_ptr & f, const std::string & name);
     value eval_call(const expr & e, const frame_ptr & f);
@@ -320,8 +320,15 @@ value renderer::eval_slice(const expr & e, const frame_ptr & f) {
     charge(idx.size());
     if (obj.is_string()) {
         std::string out;
-        for (size_t i : idx) out += chars[i];
-        return obj.is_markup() ? value::markup(std::move(out)) : value(std::move(out));
+        byte_ranges caller;
+        for (size_t i : idx) {
+            const size_t at = size_t(chars[i].data() - obj.str().data());
+            for (const auto & [b, e] : obj.caller_within(at, at + chars[i].size()))
+                add_range(caller, out.size() + b, out.size() + e);
+            out += chars[i];
+        }
+        const value v = obj.is_markup() ? value::markup(std::move(out)) : value(std::move(out));
+        return v.with_caller(std::move(caller));
     }
     list_data out;
     for (size_t i : idx) out.push_back(obj.items()[i]);
@@ -356,13 +363,20 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
     const value b = eval(*e.kids[1], f);
     line = e.line;
     if (e.op == bop::concat) {
-        std::string s = a.to_str() + b.to_str();
-        if (s.size() > o_.max_output) {
+        marked_text s;
+        s.append(a);
+        s.append(b);
+        if (s.text.size() > o_.max_output) {
             throw failure("a string passed the limit of " + std::to_string(o_.max_output) +
                           " bytes");
         }
-        return value(std::move(s));
+        return s.to_value();
     }
+    // What a string operation that does not keep byte positions gives: all
+    // of it the caller's when any input held the caller's data.
+    const auto derived = [&](value v) {
+        return a.holds_caller_data() || b.holds_caller_data() ? v.as_caller_data() : v;
+    };
     if (a.is_undefined()) throw failure(a.str());
     if (b.is_undefined()) throw failure(b.str());
     static const char * symbols[] = {"+", "-", "*", "/", "//", "%", "**", "~"};
@@ -432,10 +446,13 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
             }
             // Markup escapes a plain str it is added to (markupsafe).
             if (a.is_markup() || b.is_markup()) {
-                return value::markup((a.is_markup() ? a.str() : html_escape(a.str())) +
-                                     (b.is_markup() ? b.str() : html_escape(b.str())));
+                return derived(value::markup((a.is_markup() ? a.str() : html_escape(a.str())) +
+                                             (b.is_markup() ? b.str() : html_escape(b.str()))));
             }
-            return value(a.str() + b.str());
+            marked_text s;
+            s.append(a);
+            s.append(b);
+            return s.to_value();
         }
         if (a.is_sequence() && a.type() == b.type()) {
             list_data out = a.items();
@@ -452,9 +469,10 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
                 throw failure("a string passed the limit of " + std::to_string(o_.max_output) +
                               " bytes");
             }
-            std::string out;
-            for (int64_t i = 0; i < n; i++) out += seq.str();
-            return seq.is_markup() ? value::markup(std::move(out)) : value(std::move(out));
+            marked_text out;
+            for (int64_t i = 0; i < n; i++) out.append(seq);
+            const value v = seq.is_markup() ? value::markup(out.text) : value(out.text);
+            return v.with_caller(std::move(out.caller));
         }
         if (seq.is_sequence()) {
             if (uint64_t(n) * seq.items().size() > o_.max_output) {
@@ -470,7 +488,7 @@ value renderer::eval_binop(const expr & e, const frame_ptr & f) {
     }
     if (e.op == bop::mod && a.is_string()) {
         if (a.is_markup()) unsupported_markup("%");
-        return value(percent_format(a.str(), b));
+        return derived(value(percent_format(a.str(), b)));
     }
     throw type_error();
 }
@@ -569,16 +587,16 @@ value renderer::make_macro(const stmt & s, const frame_ptr & f, const std::strin
         mf->set("varargs", value::tuple(std::move(extra)));
         mf->set("kwargs", value::dict(kwargs));
         if (m->uses_caller) mf->set("caller", caller);
-        std::string out;
+        marked_text out;
         std::string saved = std::move(r->construct);
         r->construct = "macro '" + name + "'";
         r->exec(m->bodies[0], mf, out);
         r->construct = std::move(saved);
-        return value(std::move(out));
+        return out.to_value();
     });
 }
 
-flow renderer::exec_for(const stmt & s, const frame_ptr & f, std::string & out) {
+flow renderer::exec_for(const stmt & s, const frame_ptr & f, marked_text & out) {
     const value seq = eval(*s.exprs[0], f);
     line = s.line;
     if (seq.is_none()) throw failure("'NoneType' object is not iterable");
@@ -627,17 +645,17 @@ flow renderer::exec_for(const stmt & s, const frame_ptr & f, std::string & out) 
     return flow::normal;
 }
 
-flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, std::string & out) {
+flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, marked_text & out) {
     deeper d(*this);
     charge(1);
     line = s.line;
     switch (s.k) {
     case st::text:
-        out += s.text;
+        out.append(s.text, false);
         break;
     case st::output: {
         const value v = eval(*s.exprs[0], f);
-        out += v.to_str();
+        out.append(v);
         break;
     }
     case st::if_:
@@ -657,9 +675,9 @@ flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, std::string & out)
         assign(s, f, eval(*s.exprs[0], f));
         break;
     case st::set_block: {
-        std::string text;
+        marked_text text;
         exec(s.bodies[0], f, text);
-        value v(std::move(text));
+        value v = text.to_value();
         if (s.exprs[0]) v = apply_filters(*s.exprs[0], v, f);
         f->set(s.text, std::move(v));
         break;
@@ -675,13 +693,13 @@ flow renderer::exec_stmt(const stmt & s, const frame_ptr & f, std::string & out)
         eval_args(c, 1, f, a);
         a.kw.emplace_back("caller", make_macro(s, f, "caller"));
         line = s.line;
-        out += call(fn, a).to_str();
+        out.append(call(fn, a));
         break;
     }
     case st::filter_block: {
-        std::string text;
+        marked_text text;
         exec(s.bodies[0], f, text);
-        out += apply_filters(*s.exprs[0], value(std::move(text)), f).to_str();
+        out.append(apply_filters(*s.exprs[0], text.to_value(), f));
         break;
     }
     case st::break_:
@@ -712,10 +730,15 @@ template_program::template_program(const std::string & source, std::string name)
 template_program::~template_program() = default;
 
 std::string template_program::render(const dict_data & vars, const render_options & options) const {
+    return render_marked(vars, options).text;
+}
+
+marked_text template_program::render_marked(const dict_data & vars,
+                                            const render_options & options) const {
     renderer r(name_, options);
     auto root = std::make_shared<frame>(nullptr);
     root->root = &vars;
-    std::string out;
+    marked_text out;
     try {
         r.exec(*body_, root, out);
     } catch (const failure & f) {

@@ -46,6 +46,13 @@ class template_program {
     // message is kept) or failed on these inputs, SMOL_ERR_UNSUPPORTED for
     // what smol does not implement.
     std::string render(const dict_data & vars, const render_options & options = {}) const;
+    // As render, with the byte ranges of the text that came from the
+    // caller's strings (those marked by value::as_caller_data): the text a
+    // tokenizer must not parse special tokens in. Whatever a template makes
+    // from a marked string stays marked: exactly where bytes are only moved
+    // (+, ~, slices, trim, join, printing), all of a result where they are
+    // transformed (replace, upper, format, tojson, repr, string methods).
+    marked_text render_marked(const dict_data & vars, const render_options & options = {}) const;
 
   private:
     std::string name_;

@@ -870,6 +870,12 @@ bool vocab::is_control(smol_token t) const {
 
 std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
                                         bool parse_special) const {
+    if (parse_special || text.empty()) return tokenize(text, add_special, byte_ranges{});
+    return tokenize(text, add_special, byte_ranges{{0, text.size()}});
+}
+
+std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
+                                        const byte_ranges & plain) const {
     const impl & v = loaded(impl_);
     if (text.size() >= UINT32_MAX) {
         // Offsets inside a text are 32-bit; 4 GiB is far past any context.
@@ -882,22 +888,39 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
     if (add_special && v.add_bos) out.push_back(v.bos_id);
 
     // Cut the text at special tokens, longest first, as llama.cpp does; text
-    // parts have token -1. Without parse_special only user-defined tokens cut.
+    // parts have token -1. Inside the plain ranges only user-defined tokens
+    // cut, as without parse_special. Each plain range starts as a fragment
+    // of its own, so a special token never spans a range's edge.
     struct fragment {
         smol_token token;
         size_t begin;
         size_t end;
+        bool special; // special tokens are parsed here
     };
     std::vector<fragment> frags;
-    if (!text.empty()) frags.push_back({-1, 0, text.size()});
+    size_t edge = 0;
+    for (const auto & [b, e] : plain) {
+        if (b >= e || e > text.size() || b < edge) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        "tokenize: the plain text ranges must be sorted, disjoint and inside "
+                        "the text of " +
+                            std::to_string(text.size()) + " bytes");
+        }
+        if (b > edge) frags.push_back({-1, edge, b, true});
+        frags.push_back({-1, b, e, false});
+        edge = e;
+    }
+    if (edge < text.size()) frags.push_back({-1, edge, text.size(), true});
     std::vector<fragment> next;
     for (const smol_token sp : v.special_by_length) {
         const int32_t ty = v.type[sp];
-        if (!parse_special && ty != TOKEN_USER_DEFINED) continue;
+        const auto cuts = [&](const fragment & fr) {
+            return fr.token < 0 && (fr.special || ty == TOKEN_USER_DEFINED);
+        };
         const std::string_view needle = v.text[sp];
         bool any = false;
         for (const fragment & fr : frags) {
-            if (fr.token < 0 &&
+            if (cuts(fr) &&
                 text.substr(fr.begin, fr.end - fr.begin).find(needle) != std::string_view::npos) {
                 any = true;
                 break;
@@ -906,7 +929,7 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
         if (!any) continue;
         next.clear();
         for (const fragment & fr : frags) {
-            if (fr.token >= 0) {
+            if (!cuts(fr)) {
                 next.push_back(fr);
                 continue;
             }
@@ -919,17 +942,29 @@ std::vector<smol_token> vocab::tokenize(std::string_view text, bool add_special,
                 if (v.strip[sp] & STRIP_LEFT) {
                     while (left_end > pos && space(left_end - 1)) left_end--;
                 }
-                if (left_end > pos) next.push_back({-1, pos, left_end});
-                next.push_back({sp, at, at + needle.size()});
+                if (left_end > pos) next.push_back({-1, pos, left_end, fr.special});
+                next.push_back({sp, at, at + needle.size(), fr.special});
                 pos = at + needle.size();
                 if (v.strip[sp] & STRIP_RIGHT) {
                     while (pos < fr.end && space(pos)) pos++;
                 }
             }
-            if (pos < fr.end) next.push_back({-1, pos, fr.end});
+            if (pos < fr.end) next.push_back({-1, pos, fr.end, fr.special});
         }
         std::swap(frags, next);
     }
+    // Text between two special tokens is one text again, whichever side of a
+    // range's edge it came from: the plain ranges decide only where special
+    // tokens are found, and an ordinary chat tokenizes as its whole text.
+    next.clear();
+    for (const fragment & fr : frags) {
+        if (fr.token < 0 && !next.empty() && next.back().token < 0 && next.back().end == fr.begin) {
+            next.back().end = fr.end;
+        } else {
+            next.push_back(fr);
+        }
+    }
+    std::swap(frags, next);
 
     scratch s;
     // SentencePiece puts a space before the text and after each special token.

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace smol {
@@ -36,6 +37,16 @@ class vocab {
     // parse_special matches the text of control/user-defined tokens.
     std::vector<smol_token> tokenize(std::string_view text, bool add_special,
                                      bool parse_special) const;
+    // Byte ranges [first, second) of a text, sorted and disjoint.
+    using byte_ranges = std::vector<std::pair<size_t, size_t>>;
+    // As tokenize with parse_special, except inside the `plain` ranges (a
+    // chat's caller data), which are tokenized as without it: a user's
+    // "<|im_start|>" stays text. A special token is found only wholly
+    // outside them; the text between special tokens is then tokenized as
+    // one, so text without special tokens in its ranges tokenizes exactly
+    // as with parse_special.
+    std::vector<smol_token> tokenize(std::string_view text, bool add_special,
+                                     const byte_ranges & plain) const;
     // The bytes of a token; control tokens give "" unless special.
     std::string token_to_piece(smol_token t, bool special) const;
     std::string detokenize(const std::vector<smol_token> & tokens, bool special) const;

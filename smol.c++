@@ -323,6 +323,32 @@ smol_chat_params smol_chat_default_params(void) {
     return p;
 }
 
+namespace {
+
+std::vector<smol::chat_message> chat_messages(const smol_chat_message * messages, size_t n,
+                                              const char * fn) {
+    std::vector<smol::chat_message> msgs;
+    for (size_t i = 0; i < n; ++i) {
+        const smol_chat_message & m = messages[i];
+        if (!m.role || (!m.content && !m.tool_calls)) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              std::string(fn) + ": message " + std::to_string(i) +
+                                  " has a NULL role or content (content may be NULL only "
+                                  "beside tool_calls)");
+        }
+        smol::chat_message c;
+        c.role = m.role;
+        if (m.content) c.content = m.content;
+        if (m.name) c.name = m.name;
+        if (m.tool_call_id) c.tool_call_id = m.tool_call_id;
+        if (m.tool_calls) c.tool_calls = m.tool_calls;
+        msgs.push_back(std::move(c));
+    }
+    return msgs;
+}
+
+} // namespace
+
 smol_status smol_chat_apply_template_ex(const smol_model * model,
                                         const smol_chat_message * messages, size_t n,
                                         const smol_chat_params * params, char * buf, size_t size,
@@ -332,24 +358,8 @@ smol_status smol_chat_apply_template_ex(const smol_model * model,
     }
     std::string text;
     const smol_status st = guard([&] {
-        std::vector<smol::chat_message> msgs;
-        for (size_t i = 0; i < n; ++i) {
-            const smol_chat_message & m = messages[i];
-            if (!m.role || (!m.content && !m.tool_calls)) {
-                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                                  "smol_chat_apply_template: message " + std::to_string(i) +
-                                      " has a NULL role or content (content may be NULL only "
-                                      "beside tool_calls)");
-            }
-            smol::chat_message c;
-            c.role = m.role;
-            if (m.content) c.content = m.content;
-            if (m.name) c.name = m.name;
-            if (m.tool_call_id) c.tool_call_id = m.tool_call_id;
-            if (m.tool_calls) c.tool_calls = m.tool_calls;
-            msgs.push_back(std::move(c));
-        }
-        text = model->m->chat.apply(msgs, params->add_assistant,
+        text = model->m->chat.apply(chat_messages(messages, n, "smol_chat_apply_template"),
+                                    params->add_assistant,
                                     params->tools_json ? params->tools_json : "");
     });
     if (st != SMOL_OK) return st;
@@ -362,6 +372,32 @@ smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_m
     smol_chat_params p = smol_chat_default_params();
     p.add_assistant = add_assistant;
     return smol_chat_apply_template_ex(model, messages, n, &p, buf, size, n_out);
+}
+
+smol_status smol_chat_tokenize(const smol_model * model, const smol_chat_message * messages,
+                               size_t n, const smol_chat_params * params, smol_token * tokens,
+                               int32_t n_max, int32_t * n_out) {
+    if (!model || (!messages && n > 0) || !params || !n_out) {
+        return invalid("smol_chat_tokenize: model, messages, params and n_out must not be NULL");
+    }
+    std::vector<smol_token> ids;
+    const smol_status st = guard([&] {
+        const smol::vocab & v = model->m->vocab;
+        const smol::chat_template::marked chat = model->m->chat.apply_marked(
+            chat_messages(messages, n, "smol_chat_tokenize"), params->add_assistant,
+            params->tools_json ? params->tools_json : "");
+        ids = smol::tokenize_chat(v, chat);
+    });
+    if (st != SMOL_OK) return st;
+    *n_out = int32_t(ids.size());
+    if (int64_t(ids.size()) > n_max || (!tokens && !ids.empty())) {
+        smol::set_last_error("smol_chat_tokenize: the conversation has " +
+                             std::to_string(ids.size()) + " tokens, the buffer holds " +
+                             std::to_string(n_max));
+        return SMOL_ERR_BUFFER_TOO_SMALL;
+    }
+    std::copy(ids.begin(), ids.end(), tokens);
+    return SMOL_OK;
 }
 
 smol_context_params smol_context_default_params(void) {

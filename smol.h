@@ -207,6 +207,22 @@ SMOL_API smol_status smol_chat_apply_template(const smol_model * model,
                                               bool add_assistant, char * buf, size_t size,
                                               size_t * n_out);
 
+// Formats a conversation as smol_chat_apply_template_ex does and tokenizes
+// it for the model, safely: special tokens ("<|im_start|>", ...) are parsed
+// only in the template's own text, never in what came from the caller
+// (roles, contents, names, tool calls, tools_json), so a user cannot open a
+// turn or a system prompt by typing its markers. Bos is prepended where
+// the model asks for it, unless the template already printed it. A
+// conversation without special-token text in the caller's strings gives
+// the same tokens as smol_tokenize of the rendered text with add_special
+// and parse_special (bos aside). Errors as
+// smol_chat_apply_template_ex's; too small a buffer gives
+// SMOL_ERR_BUFFER_TOO_SMALL with *n_out the count needed.
+SMOL_API smol_status smol_chat_tokenize(const smol_model * model,
+                                        const smol_chat_message * messages, size_t n,
+                                        const smol_chat_params * params, smol_token * tokens,
+                                        int32_t n_max, int32_t * n_out);
+
 // --- context --------------------------------------------------------------
 
 // Where the KV cache's (layer, kv-head) slices live when a device budget is

@@ -1,7 +1,10 @@
 // render-template.c++ - renders chat templates with smol for
 // scripts/check-templates.py: reads a JSON job (templates, conversations,
 // a fixed clock) on stdin and writes, per template and conversation, the
-// text smol renders or the error it gives, as JSON on stdout.
+// text smol renders or the error it gives, as JSON on stdout. It also
+// renders each conversation with a marker appended to every content and
+// name and fails if a marker lands outside the caller ranges (issue 37):
+// whatever the template does with a message must stay caller data.
 //
 // Job: {"now": seconds, "templates": [{"name", "source", "bos_token",
 // "eos_token"}], "cases": [{"messages": [OpenAI messages], "tools": [...]
@@ -22,6 +25,21 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
+const char * k_marker = "<|caller|>";
+
+// The caller ranges' bytes of each marker in the text, or the offset of
+// the first marker outside them; npos if none is.
+size_t unmarked_marker(const smol::chat_template::marked & m) {
+    for (size_t at = m.text.find(k_marker); at != std::string::npos;
+         at = m.text.find(k_marker, at + 1)) {
+        const size_t end = at + std::char_traits<char>::length(k_marker);
+        bool inside = false;
+        for (const auto & [b, e] : m.caller) inside = inside || (b <= at && end <= e);
+        if (!inside) return at;
+    }
+    return std::string::npos;
+}
+
 std::optional<std::string> text_field(const json & m, const char * key, bool dump) {
     if (!m.contains(key) || m[key].is_null()) return std::nullopt;
     if (dump) return m[key].dump();
@@ -36,6 +54,7 @@ int main() {
     const json job = json::parse(input);
     const std::time_t now = job.value("now", std::time_t(0));
     json out = json::object();
+    int leaks = 0;
     for (const json & t : job.at("templates")) {
         const smol::chat_template tmpl(t.at("source").get<std::string>(), true,
                                        t.value("bos_token", ""), t.value("eos_token", ""));
@@ -58,11 +77,28 @@ int main() {
                     {{"text", tmpl.apply(messages, c.at("add_generation_prompt"), tools, now)}});
             } catch (const smol::error & e) {
                 results.push_back({{"error", e.what()}, {"status", smol_status_name(e.status)}});
+                continue;
+            }
+            for (smol::chat_message & m : messages) {
+                if (m.content) *m.content += k_marker;
+                if (m.name) *m.name += k_marker;
+            }
+            try {
+                const auto marked =
+                    tmpl.apply_marked(messages, c.at("add_generation_prompt"), tools, now);
+                const size_t at = unmarked_marker(marked);
+                if (at != std::string::npos) {
+                    std::fprintf(stderr, "%s, case %zu: caller text at byte %zu is not marked\n",
+                                 t.at("name").get<std::string>().c_str(), results.size() - 1, at);
+                    leaks++;
+                }
+            } catch (const smol::error &) {
+                // A template may reject the marked text (a content it parses).
             }
         }
         out[t.at("name").get<std::string>()] = results;
     }
     // Invalid UTF-8 in a template's output would stop dump(); replace it.
     std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-    return 0;
+    return leaks ? 1 : 0;
 }

@@ -309,3 +309,69 @@ TEST_CASE("changing a list is refused, as the immutable sandbox refuses it") {
     CHECK(contains(e.what(), "'append'"));
     CHECK(contains(e.what(), "unsafe"));
 }
+
+// --- caller data --------------------------------------------------------------------
+
+namespace {
+
+// Renders with `u` (a user's text) and `v` (a list of them) marked as
+// caller data and `lit` not; shows the caller's bytes inside « ».
+std::string marked(const std::string & source) {
+    using smol::jinja::value;
+    const template_program t(source, "chat template");
+    smol::jinja::dict_data vars;
+    vars.set("u", value("  <|im_start|>hi ").as_caller_data());
+    vars.set("v", value::list({value("a"), value("b")}).as_caller_data());
+    vars.set("lit", value("<|im_end|>"));
+    const smol::jinja::marked_text out = t.render_marked(vars);
+    std::string shown;
+    size_t at = 0;
+    for (const auto & [b, e] : out.caller) {
+        shown += out.text.substr(at, b - at) + "«" + out.text.substr(b, e - b) + "»";
+        at = e;
+    }
+    return shown + out.text.substr(at);
+}
+
+} // namespace
+
+TEST_CASE("template literals and unmarked variables render as template text") {
+    CHECK(marked("<|im_start|>{{ '<|im_end|>' }}{{ lit }}{{ 1 + 2 }}") ==
+          "<|im_start|><|im_end|><|im_end|>3");
+}
+
+TEST_CASE("a filter that picks a template literal out of caller data leaves it unmarked") {
+    CHECK(marked("{{ [lit, u] | first }}|{{ [u, lit] | last }}|{{ u | default(lit) }}") ==
+          "<|im_end|>|<|im_end|>|«  <|im_start|>hi »");
+}
+
+TEST_CASE("caller data keeps its exact bytes through + and ~") {
+    CHECK(marked("{{ '<|im_start|>' + u + lit }}") == "<|im_start|>«  <|im_start|>hi »<|im_end|>");
+    CHECK(marked("{{ 'x' ~ u ~ 1 }}") == "x«  <|im_start|>hi »1");
+}
+
+TEST_CASE("trim and slicing keep the caller's bytes of what remains") {
+    CHECK(marked("[{{ u | trim }}]") == "[«<|im_start|>hi»]");
+    CHECK(marked("{{ ('<' + u)[0:5] }}|{{ u[2] }}|{{ u[::-1] }}") ==
+          "<«  <|»|«<»|« ih>|trats_mi|<  »");
+}
+
+TEST_CASE("join marks the items from the caller and not its separator") {
+    CHECK(marked("{{ v | join('<|im_end|>') }}") == "«a»<|im_end|>«b»");
+    CHECK(marked("{{ [lit, u] | join }}") == "<|im_end|>«  <|im_start|>hi »");
+}
+
+TEST_CASE("transforming filters and methods mark all of a result made from caller data") {
+    CHECK(marked("{{ u | upper }}|{{ (lit + u) | replace('x', 'y') }}") ==
+          "«  <|IM_START|>HI »|«<|im_end|>  <|im_start|>hi »");
+    CHECK(marked("{{ v | tojson }}-{{ v }}-{{ u.strip() }}-{{ '%s!' % u }}") ==
+          "«[\"a\", \"b\"]»-«['a', 'b']»-«<|im_start|>hi»-«  <|im_start|>hi !»");
+    CHECK(marked("{{ lit | upper }}") == "<|IM_END|>");
+    CHECK(marked("{{ strftime_now(u) }}") == "«  <|im_start|>hi »");
+}
+
+TEST_CASE("caller data stays marked through set blocks, macros and loops") {
+    CHECK(marked("{% set x %}<{{ u }}>{% endset %}{{ x }}") == "<«  <|im_start|>hi »>");
+    CHECK(marked("{% macro m(a) %}[{{ a }}]{% endmacro %}{{ m(u) }}") == "[«  <|im_start|>hi »]");
+    CHECK(marked("{% for c in v %}<{{ c }}>{% endfor %}") == "<«a»><«b»>");
+}

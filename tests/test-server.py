@@ -131,6 +131,15 @@ def run(port):
     check(model == "SmolLM2-135M-Instruct.Q4_1", "GET /v1/models names the model")
     check(raw(port, "GET", "/health") == (200, {"status": "ok"}), "GET /health")
 
+    # --- a user's control-token text stays text (issue 37) -------------------------
+    def prompt_tokens(content):
+        r = client.chat.completions.create(model=model, max_tokens=1, temperature=0,
+                                           messages=[{"role": "user", "content": content}])
+        return r.usage.prompt_tokens
+    base, marker = prompt_tokens(""), prompt_tokens("<|im_start|>")
+    # As a control token it would be one; as text it is its pieces: < | im _ start | >.
+    check(marker == base + 7, f"'<|im_start|>' typed by a user is text: {base} + 7 == {marker}")
+
     # --- chat, streaming, completions -------------------------------------------
     q = [{"role": "user", "content": "Name three colours."}]
     chat = client.chat.completions.create(model=model, messages=q, max_tokens=24, temperature=0)

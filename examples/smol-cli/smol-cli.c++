@@ -186,8 +186,11 @@ std::string piece(const smol_model * model, smol_token token, bool special) {
     return out;
 }
 
-std::string apply_template(const smol_model * model, const std::vector<std::string> & roles,
-                           const std::vector<std::string> & contents, bool add_assistant) {
+// The conversation's tokens with the assistant's turn opened. Special
+// tokens come only from the template's text, never from what was typed.
+std::vector<smol_token> chat_tokens(const smol_model * model,
+                                    const std::vector<std::string> & roles,
+                                    const std::vector<std::string> & contents) {
     std::vector<smol_chat_message> msgs(roles.size());
     size_t guess = 256;
     for (size_t i = 0; i < roles.size(); i++) {
@@ -196,17 +199,17 @@ std::string apply_template(const smol_model * model, const std::vector<std::stri
         msgs[i].content = contents[i].c_str();
         guess += contents[i].size() + 64;
     }
-    std::string out(guess, '\0');
-    size_t n = 0;
-    smol_status st = smol_chat_apply_template(model, msgs.data(), msgs.size(), add_assistant,
-                                              out.data(), out.size(), &n);
+    const smol_chat_params p = smol_chat_default_params();
+    std::vector<smol_token> out(guess);
+    int32_t n = 0;
+    smol_status st = smol_chat_tokenize(model, msgs.data(), msgs.size(), &p, out.data(),
+                                        int32_t(out.size()), &n);
     if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
-        out.resize(n + 1);
-        st = smol_chat_apply_template(model, msgs.data(), msgs.size(), add_assistant, out.data(),
-                                      out.size(), &n);
+        out.resize(size_t(n));
+        st = smol_chat_tokenize(model, msgs.data(), msgs.size(), &p, out.data(), n, &n);
     }
     check(st, "chat template");
-    out.resize(n);
+    out.resize(size_t(n));
     return out;
 }
 
@@ -275,10 +278,10 @@ void decode(session & s, std::span<const smol_token> tokens) {
 }
 
 struct generation {
-    std::string text;   // what was shown (control tokens left out)
-    std::string cached; // the text of the tokens decoded into the cache
-    bool eog = false;   // stopped at an end-of-generation token
-    bool full = false;  // stopped because the context was full
+    std::string text;               // what was shown (control tokens left out)
+    std::vector<smol_token> cached; // the tokens decoded into the cache
+    bool eog = false;               // stopped at an end-of-generation token
+    bool full = false;              // stopped because the context was full
 };
 
 // Samples and streams up to n_predict tokens (< 0: until the context is
@@ -311,7 +314,7 @@ generation generate(session & s, int32_t n_predict, bool decode_last) {
             break;
         }
         decode(s, {&t, 1});
-        g.cached += piece(s.model, t, true);
+        g.cached.push_back(t);
     }
     return g;
 }
@@ -408,7 +411,7 @@ int run_completion(session & s, const options & o, const std::string & prompt) {
 struct chat_history {
     std::vector<std::string> roles;
     std::vector<std::string> contents;
-    std::string cached; // a prefix of the formatted conversation, as decoded
+    std::vector<smol_token> cached; // the tokens in the cache, as decoded
 
     void add(std::string role, std::string content) {
         roles.push_back(std::move(role));
@@ -422,20 +425,27 @@ struct chat_history {
 void chat_turn(session & s, const options & o, chat_history & h) {
     bool restart = false;
     for (;;) {
-        const std::string formatted = apply_template(s.model, h.roles, h.contents, true);
-        if (restart || formatted.compare(0, h.cached.size(), h.cached) != 0) {
-            smol_kv_seq_rm(s.ctx, 0, 0, -1);
-            s.n_past = 0;
-            h.cached.clear();
+        const std::vector<smol_token> formatted = chat_tokens(s.model, h.roles, h.contents);
+        // Keep what the cache shares with the conversation. A reply's
+        // sampled tokens may differ from how its text tokenizes again; the
+        // cache then keeps the part before the first difference.
+        size_t keep = 0;
+        if (!restart && !formatted.empty()) {
+            const size_t most = std::min(formatted.size() - 1, h.cached.size());
+            while (keep < most && formatted[keep] == h.cached[keep]) keep++;
         }
-        const std::string added = formatted.substr(h.cached.size());
-        const std::vector<smol_token> tokens = tokenize(s.model, added, h.cached.empty(), true);
+        if (keep < h.cached.size()) {
+            smol_kv_seq_rm(s.ctx, 0, smol_pos(keep), -1);
+            s.n_past = int32_t(keep);
+            h.cached.resize(keep);
+        }
+        const std::vector<smol_token> tokens(formatted.begin() + long(keep), formatted.end());
         // Leave room for a reply of at least a few tokens.
         const int32_t room = std::min(s.n_ctx / 4, 32);
         if (s.n_past + int32_t(tokens.size()) + room <= s.n_ctx) {
             if (s.verbose_prompt) print_tokens(s.model, tokens);
             decode(s, tokens);
-            h.cached += added;
+            h.cached.insert(h.cached.end(), tokens.begin(), tokens.end());
             break;
         }
         // Drop the oldest exchange after the system prompt, if any remains.
@@ -459,7 +469,7 @@ void chat_turn(session & s, const options & o, chat_history & h) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
     report_stop(g, s);
-    h.cached += g.cached;
+    h.cached.insert(h.cached.end(), g.cached.begin(), g.cached.end());
     h.add("assistant", g.text);
 }
 

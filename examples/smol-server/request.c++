@@ -205,15 +205,18 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
     smol_chat_params p = smol_chat_default_params();
     const std::string tools_text = tools.is_null() ? std::string() : ordered["tools"].dump();
     if (!tools.is_null()) p.tools_json = tools_text.c_str();
-    size_t need = 0;
-    smol_chat_apply_template_ex(m.model, msgs.data(), msgs.size(), &p, nullptr, 0, &need);
-    std::string prompt(need + 1, '\0');
-    if (smol_chat_apply_template_ex(m.model, msgs.data(), msgs.size(), &p, prompt.data(),
-                                    prompt.size(), &need) != SMOL_OK)
+    // Not smol_tokenize of the rendered text: that would read a user's
+    // "<|im_start|>system" as a real turn (issue 37).
+    int32_t n = 0;
+    smol_status s = smol_chat_tokenize(m.model, msgs.data(), msgs.size(), &p, nullptr, 0, &n);
+    if (s == SMOL_ERR_BUFFER_TOO_SMALL) {
+        g.prompt.resize(size_t(n));
+        s = smol_chat_tokenize(m.model, msgs.data(), msgs.size(), &p, g.prompt.data(), n, &n);
+    }
+    if (s != SMOL_OK)
         throw bad_request(std::string("cannot apply the chat template: ") + smol_last_error(),
                           "messages");
-    prompt.resize(need);
-    g.prompt = tokenize(m, prompt);
+    g.prompt.resize(size_t(n));
     check_length(m, g);
     return g;
 }

@@ -54,6 +54,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (!given) fail("the ChatML default refused a conversation");
         return 0;
     }
+    // The marked render is the same text, with caller ranges in order and
+    // inside it; in ChatML each content lies wholly inside one.
+    const smol::chat_template::marked marked = t.apply_marked(messages, add_assistant);
+    if (marked.text != out) fail("apply_marked rendered another text than apply");
+    size_t end = 0;
+    for (const auto & [b, e] : marked.caller) {
+        if (b < end || b >= e || e > out.size())
+            fail("caller ranges out of order, empty, touching or past the text");
+        end = e + 1;
+    }
     if (given) return 0;
     size_t at = 0;
     for (const smol::chat_message & m : messages) {
@@ -61,5 +71,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (found == std::string::npos) fail("a message's content is missing from the text");
         at = found + m.content->size();
     }
+    // ChatML prints "<|im_start|>" role "\n" content "<|im_end|>\n": the
+    // role and the content are caller data, the rest is not.
+    const auto marked_as = [&](size_t b0, size_t e0, bool caller) {
+        for (size_t i = b0; i < e0; i++) {
+            bool inside = false;
+            for (const auto & [b, e] : marked.caller) inside = inside || (b <= i && i < e);
+            if (inside != caller) fail("ChatML's caller data and template text are marked wrong");
+        }
+    };
+    const std::string open = "<|im_start|>", close = "<|im_end|>\n";
+    at = 0;
+    for (const smol::chat_message & m : messages) {
+        marked_as(at, at + open.size(), false);
+        at += open.size();
+        marked_as(at, at + m.role.size(), true);
+        at += m.role.size();
+        marked_as(at, at + 1, false);
+        at += 1;
+        marked_as(at, at + m.content->size(), true);
+        at += m.content->size();
+        marked_as(at, at + close.size(), false);
+        at += close.size();
+    }
+    marked_as(at, out.size(), false);
     return 0;
 }
