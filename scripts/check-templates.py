@@ -172,9 +172,10 @@ def render_jinja2(env, source, case):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--render", required=True, nargs="+",
-                    help="the render-template program (after an emulator and its arguments, "
-                         "for a cross-built one)")
+    ap.add_argument("--render", required=True, help="the render-template program")
+    ap.add_argument("--emulator", default="",
+                    help="a cross-built renderer's emulator and its arguments, ';'-separated "
+                         "(CMake's CMAKE_CROSSCOMPILING_EMULATOR)")
     ap.add_argument("--templates", default=os.path.join(
         os.environ.get("SMOL_LLAMA_CPP_SOURCE", DEFAULT_TEMPLATES.rsplit("/models/", 1)[0]), "models/templates"))
     ap.add_argument("--only", help="check only templates whose file name contains this")
@@ -204,10 +205,11 @@ def main():
     all_cases = cases()
     job = {"now": NOW, "cases": all_cases,
            "templates": [{"name": n, "source": sources[n], "bos_token": BOS, "eos_token": EOS} for n in names]}
-    proc = subprocess.run(args.render, input=json.dumps(job), capture_output=True, text=True,
+    render = [a for a in args.emulator.split(";") if a] + [args.render]
+    proc = subprocess.run(render, input=json.dumps(job), capture_output=True, text=True,
                           env=dict(os.environ, TZ="UTC"))
     if proc.returncode != 0:
-        print(f"{' '.join(args.render)} failed ({proc.returncode}):\n{proc.stderr}")
+        print(f"{' '.join(render)} failed ({proc.returncode}):\n{proc.stderr}")
         return 1
     smol = json.loads(proc.stdout)
 
