@@ -1,4 +1,4 @@
-// smol.h - the public C API of smol: load a Llama-architecture GGUF model,
+// smol.h - the public C API of smol: load a GGUF model (Llama, Gemma 3),
 // tokenize, decode batches of tokens from one or more sequences, read logits
 // and sample. Plain C: opaque handles, fixed-width integers, status codes.
 // Every call that can fail returns a smol_status; smol_last_error() then

@@ -649,7 +649,7 @@ int run(const options & o, const char * argv0) {
 
 int main(int argc, char ** argv) {
     options o;
-    CLI::App app{"smol-cli: generate text with a Llama-architecture GGUF model.\n"
+    CLI::App app{"smol-cli: generate text with a GGUF model (Llama, Gemma 3).\n"
                  "  -p TEXT            complete TEXT (raw, no chat template)\n"
                  "  --chat -p TEXT     answer TEXT as one chat turn, then exit\n"
                  "  --chat             chat interactively (reads stdin)",
