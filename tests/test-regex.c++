@@ -139,8 +139,10 @@ TEST_CASE("the regex engine cuts random text exactly as the GPT-2 and Llama 3 sc
         "\xcc\x81",
         "\x01", // the rest
     };
-    for (const auto & [name, pattern] :
+    for (const auto & named :
          {std::pair<std::string, std::string>{"gpt-2", k_gpt2}, {"llama-bpe", k_llama3}}) {
+        const std::string & name = named.first;
+        const std::string & pattern = named.second;
         const smol::pre_tokenizer fast = smol::pre_tokenizer::find(name);
         REQUIRE(contains(fast.describe(), "scanner"));
         // The same pattern in a group: the same language, but no scanner.
@@ -187,7 +189,9 @@ TEST_CASE("constructs outside the subset are refused, naming them") {
         {"a{5,2}", "m < n"},
         {"\\w+", "\\w"},
     };
-    for (const auto & [pattern, what] : cases) {
+    for (const auto & c : cases) {
+        const char * pattern = c.first;
+        const char * what = c.second;
         INFO(pattern);
         const smol::error e = compile_error(pattern);
         CHECK(e.status == SMOL_ERR_UNSUPPORTED);
