@@ -1000,7 +1000,8 @@ value str_method(const value & self, const std::string & name) {
         return m([s, name](call_args & a) {
             if (a.pos.size() > 1)
                 unsupported("str." + name + " with start or end is not supported");
-            const std::string & sub = str_arg(a.get(0, "sub"), name.c_str());
+            const value sub_arg = a.get(0, "sub"); // str_arg refers into it
+            const std::string & sub = str_arg(sub_arg, name.c_str());
             if (name == "count") {
                 if (sub.empty()) return value(int64_t(utf8_length(s) + 1));
                 int64_t n = 0;
@@ -1040,7 +1041,8 @@ value str_method(const value & self, const std::string & name) {
     if (name == "removeprefix" || name == "removesuffix") {
         const bool prefix = name == "removeprefix";
         return m([s, prefix](call_args & a) {
-            const std::string & x = str_arg(a.get(0, "prefix"), "removeprefix");
+            const value arg = a.get(0, "prefix"); // str_arg refers into it
+            const std::string & x = str_arg(arg, "removeprefix");
             if (x.size() <= s.size()) {
                 if (prefix && s.compare(0, x.size(), x) == 0) return value(s.substr(x.size()));
                 if (!prefix && s.compare(s.size() - x.size(), x.size(), x) == 0)
