@@ -171,9 +171,15 @@ std::unique_ptr<llama_model> llama_model::load(const std::string & path,
             // Five local layers, then a global one, unless the file says
             // otherwise (a period, or a list of flags).
             hp.swa.assign(size_t(hp.n_layer), false);
-            const auto * flags =
-                f.get_array(a + "attention.sliding_window_pattern", gguf::type::BOOL);
-            const int64_t period = f.get_i64(a + "attention.sliding_window_pattern").value_or(6);
+            const std::string pattern = a + "attention.sliding_window_pattern";
+            const gguf::value * pv = f.find(pattern);
+            const bool listed = pv && pv->t == gguf::type::ARRAY;
+            const auto * flags = listed ? f.get_array(pattern, gguf::type::BOOL) : nullptr;
+            const int64_t period = listed ? 0 : f.get_i64(pattern).value_or(6);
+            if (period < 0) {
+                throw error(SMOL_ERR_FORMAT,
+                            path + ": " + pattern + " is " + std::to_string(period));
+            }
             if (flags && int64_t(flags->size()) != hp.n_layer) {
                 throw error(SMOL_ERR_FORMAT, path + ": " + a +
                                                  "attention.sliding_window_pattern lists " +
