@@ -126,6 +126,33 @@ TEST_CASE("logits of random quantized llamas match a float64 reference of their 
     }
 }
 
+TEST_CASE("logits of a random Gemma 3 match a float64 reference, past its sliding window") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("gemma.gguf");
+    tiny::shape s;
+    s.gemma = true;
+    s.n_layer = 3; // local, global, local
+    s.n_head = 4;
+    s.n_head_kv = 1;
+    s.head_dim = 32; // q is wider than the embeddings, as in Gemma 3 270M
+    s.window = 8;
+    s.rope_base = 1000000.0f;
+    const tiny::model ref = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
+    const auto want = tiny::reference(ref, ids);
+    // A prompt in chunks of 16 and single tokens: windows that start inside
+    // a chunk and before it.
+    context_ptr c = make_context(m.get(), 128);
+    const auto got = decode_all(c.get(), ids, s.n_vocab, 16, 24);
+    for (size_t t = 0; t < ids.size(); ++t) {
+        CAPTURE(t);
+        CHECK(rel_err(got[t], want[t]) < 5e-3);
+    }
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("a prompt decoded in one batch or token by token gives the same logits") {
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("chunks.gguf");

@@ -1,5 +1,6 @@
-// tiny-model.h - writes small llama GGUF files with fresh random weights for
-// tests, and runs the same model in float64 as an independent reference.
+// tiny-model.h - writes small llama (or Gemma 3) GGUF files with fresh random
+// weights for tests, and runs the same model in float64 as an independent
+// reference.
 
 #ifndef SMOL_TESTS_TINY_MODEL_H
 #define SMOL_TESTS_TINY_MODEL_H
@@ -7,6 +8,7 @@
 #include "gguf.h"
 #include "smol-cpu-kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -26,6 +28,17 @@ struct shape {
     float rope_base = 10000.0f;
     float eps = 1e-5f;
     smol_type wtype = SMOL_TYPE_F32;
+    // Gemma 3 (architecture gemma3): the embeddings scaled by sqrt(n_embd),
+    // q and k normed per head, norms after attention and the MLP, GeGLU,
+    // NeoX-style rope, and every layer of an even index local: a sliding
+    // window of `window` positions and its own rope base.
+    bool gemma = false;
+    int head_dim = 0; // 0: n_embd / n_head
+    int window = 0;
+    float rope_base_swa = 10000.0f;
+
+    int hd() const { return head_dim ? head_dim : n_embd / n_head; }
+    bool local(int layer) const { return gemma && window > 0 && layer % 2 == 0; }
 };
 
 struct model {
@@ -33,6 +46,7 @@ struct model {
     std::vector<float> tok_embd, out_norm;
     struct layer {
         std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+        std::vector<float> q_norm, k_norm, post_attn_norm, post_ffw_norm; // Gemma 3
     };
     std::vector<layer> layers;
     // What the file holds for each matmul weight (after rounding to wtype).
@@ -82,16 +96,19 @@ inline std::vector<float> through(smol_type t, const std::vector<float> & w, int
 }
 
 // Makes a model with fresh random weights and writes it as GGUF to path.
+// arch names the architecture in the file (a wrong one, for tests of
+// refusals); empty: llama, or gemma3 for a Gemma shape.
 inline model write(const std::string & path, const shape & s, uint32_t seed,
-                   const std::string & arch = "llama") {
+                   std::string arch = "") {
     std::mt19937 rng(seed);
     model m;
     m.s = s;
-    const int hd = s.n_embd / s.n_head, kvd = hd * s.n_head_kv;
+    if (arch.empty()) arch = s.gemma ? "gemma3" : "llama";
+    const int hd = s.hd(), qd = hd * s.n_head, kvd = hd * s.n_head_kv;
     gguf::writer w;
     using gguf::value;
     w.set("general.architecture", value::make_str(arch));
-    w.set("general.name", value::make_str("tiny random llama"));
+    w.set("general.name", value::make_str(s.gemma ? "tiny random gemma3" : "tiny random llama"));
     w.set(arch + ".block_count", value::make_u32(uint32_t(s.n_layer)));
     w.set(arch + ".context_length", value::make_u32(uint32_t(s.n_ctx)));
     w.set(arch + ".embedding_length", value::make_u32(uint32_t(s.n_embd)));
@@ -100,6 +117,16 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
     w.set(arch + ".attention.head_count_kv", value::make_u32(uint32_t(s.n_head_kv)));
     w.set(arch + ".rope.freq_base", value::make_f32(s.rope_base));
     w.set(arch + ".attention.layer_norm_rms_epsilon", value::make_f32(s.eps));
+    if (s.gemma) {
+        w.set(arch + ".attention.key_length", value::make_u32(uint32_t(hd)));
+        w.set(arch + ".attention.value_length", value::make_u32(uint32_t(hd)));
+        w.set(arch + ".attention.sliding_window", value::make_u32(uint32_t(s.window)));
+        w.set(arch + ".rope.freq_base_swa", value::make_f32(s.rope_base_swa));
+        std::vector<value> flags;
+        for (int l = 0; l < s.n_layer; ++l) flags.push_back(value::make_bool(s.local(l)));
+        w.set(arch + ".attention.sliding_window_pattern",
+              value::make_array(gguf::type::BOOL, std::move(flags)));
+    }
     std::vector<std::string> tokens;
     std::vector<gguf::value> types;
     for (int b = 0; b < 256; ++b) tokens.push_back(byte_token(b));
@@ -126,7 +153,7 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
     w.set("tokenizer.ggml.eos_token_id", value::make_u32(262));
 
     const float ws = 1.0f / std::sqrt(float(s.n_embd));
-    m.blobs.reserve(size_t(3 + 9 * s.n_layer));
+    m.blobs.reserve(size_t(3 + 13 * s.n_layer));
     auto add_f32 = [&](const std::string & name, const std::vector<float> & v) {
         m.blobs.emplace_back(reinterpret_cast<const uint8_t *>(v.data()),
                              reinterpret_cast<const uint8_t *>(v.data()) + v.size() * 4);
@@ -149,14 +176,15 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
         model::layer L;
         L.attn_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
         add_f32(p + "attn_norm.weight", L.attn_norm);
-        L.wq = add_mat(p + "attn_q.weight", random_vec(rng, size_t(s.n_embd) * s.n_embd, ws),
-                       s.n_embd, s.wtype);
+        L.wq = add_mat(p + "attn_q.weight", random_vec(rng, size_t(qd) * s.n_embd, ws), s.n_embd,
+                       s.wtype);
         L.wk = add_mat(p + "attn_k.weight", random_vec(rng, size_t(kvd) * s.n_embd, ws), s.n_embd,
                        s.wtype);
         L.wv = add_mat(p + "attn_v.weight", random_vec(rng, size_t(kvd) * s.n_embd, ws), s.n_embd,
                        s.wtype);
-        L.wo = add_mat(p + "attn_output.weight", random_vec(rng, size_t(s.n_embd) * s.n_embd, ws),
-                       s.n_embd, s.wtype);
+        L.wo = add_mat(p + "attn_output.weight",
+                       random_vec(rng, size_t(s.n_embd) * qd, 1.0f / std::sqrt(float(qd))), qd,
+                       s.wtype);
         L.ffn_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
         add_f32(p + "ffn_norm.weight", L.ffn_norm);
         L.gate = add_mat(p + "ffn_gate.weight", random_vec(rng, size_t(s.n_ff) * s.n_embd, ws),
@@ -167,6 +195,16 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
             add_mat(p + "ffn_down.weight",
                     random_vec(rng, size_t(s.n_embd) * s.n_ff, 1.0f / std::sqrt(float(s.n_ff))),
                     s.n_ff, s.wtype);
+        if (s.gemma) {
+            L.q_norm = random_vec(rng, size_t(hd), 0.1f, 1.0f);
+            add_f32(p + "attn_q_norm.weight", L.q_norm);
+            L.k_norm = random_vec(rng, size_t(hd), 0.1f, 1.0f);
+            add_f32(p + "attn_k_norm.weight", L.k_norm);
+            L.post_attn_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
+            add_f32(p + "post_attention_norm.weight", L.post_attn_norm);
+            L.post_ffw_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
+            add_f32(p + "post_ffw_norm.weight", L.post_ffw_norm);
+        }
         m.layers.push_back(std::move(L));
     }
     w.write(path);
@@ -176,14 +214,18 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
 // The model in float64, one sequence, all positions: logits[t][vocab].
 inline std::vector<std::vector<double>> reference(const model & m, const std::vector<int> & ids) {
     const shape & s = m.s;
-    const int E = s.n_embd, hd = E / s.n_head, T = int(ids.size()), group = s.n_head / s.n_head_kv;
+    const int E = s.n_embd, hd = s.hd(), T = int(ids.size()), group = s.n_head / s.n_head_kv;
     using vec = std::vector<double>;
+    // Over runs of n elements (a head each for Gemma's q and k norms).
     auto rmsnorm = [&](const vec & x, const std::vector<float> & w) {
-        double ss = 0;
-        for (double v : x) ss += v * v;
-        const double r = 1.0 / std::sqrt(ss / double(x.size()) + s.eps);
+        const size_t n = w.size();
         vec y(x.size());
-        for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
+        for (size_t g = 0; g < x.size(); g += n) {
+            double ss = 0;
+            for (size_t i = 0; i < n; ++i) ss += x[g + i] * x[g + i];
+            const double r = 1.0 / std::sqrt(ss / double(n) + s.eps);
+            for (size_t i = 0; i < n; ++i) y[g + i] = x[g + i] * r * w[i];
+        }
         return y;
     };
     auto matvec = [](const std::vector<float> & W, const vec & x, int rows) {
@@ -193,38 +235,52 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
             for (size_t k = 0; k < K; ++k) y[size_t(r)] += double(W[size_t(r) * K + k]) * x[k];
         return y;
     };
-    auto rope = [&](vec & x, int heads, int pos) {
+    // Llama's pairs are adjacent in GGUF's order, Gemma's half a head apart.
+    auto rope = [&](vec & x, int heads, int pos, double base) {
+        const int stride = s.gemma ? 1 : 2, other = s.gemma ? hd / 2 : 1;
         for (int h = 0; h < heads; ++h)
             for (int j = 0; j < hd / 2; ++j) {
-                const double th = pos * std::pow(double(s.rope_base), -2.0 * j / hd);
-                double & a = x[size_t(h * hd + 2 * j)];
-                double & b = x[size_t(h * hd + 2 * j + 1)];
+                const double th = pos * std::pow(base, -2.0 * j / hd);
+                double & a = x[size_t(h * hd + stride * j)];
+                double & b = x[size_t(h * hd + stride * j + other)];
                 const double a0 = a, b0 = b;
                 a = a0 * std::cos(th) - b0 * std::sin(th);
                 b = a0 * std::sin(th) + b0 * std::cos(th);
             }
     };
     std::vector<vec> x(static_cast<size_t>(T));
-    for (int t = 0; t < T; ++t)
+    for (int t = 0; t < T; ++t) {
         x[size_t(t)] = vec(m.tok_embd.begin() + long(ids[size_t(t)]) * E,
                            m.tok_embd.begin() + long(ids[size_t(t)] + 1) * E);
-    for (const auto & L : m.layers) {
+        if (s.gemma)
+            for (double & e : x[size_t(t)]) e *= double(std::sqrt(float(E)));
+    }
+    for (size_t l = 0; l < m.layers.size(); ++l) {
+        const model::layer & L = m.layers[l];
+        const bool local = s.local(int(l));
+        const double base = local ? s.rope_base_swa : s.rope_base;
         std::vector<vec> q(static_cast<size_t>(T)), k(q), v(q);
         for (int t = 0; t < T; ++t) {
             const vec h = rmsnorm(x[size_t(t)], L.attn_norm);
-            q[size_t(t)] = matvec(L.wq, h, E);
+            q[size_t(t)] = matvec(L.wq, h, hd * s.n_head);
             k[size_t(t)] = matvec(L.wk, h, hd * s.n_head_kv);
             v[size_t(t)] = matvec(L.wv, h, hd * s.n_head_kv);
-            rope(q[size_t(t)], s.n_head, t);
-            rope(k[size_t(t)], s.n_head_kv, t);
+            if (s.gemma) {
+                q[size_t(t)] = rmsnorm(q[size_t(t)], L.q_norm);
+                k[size_t(t)] = rmsnorm(k[size_t(t)], L.k_norm);
+            }
+            rope(q[size_t(t)], s.n_head, t, base);
+            rope(k[size_t(t)], s.n_head_kv, t, base);
         }
         for (int t = 0; t < T; ++t) {
-            vec att(size_t(E), 0.0);
+            // A local layer's query sees the last `window` positions.
+            const int first = local ? std::max(0, t - s.window + 1) : 0;
+            vec att(size_t(hd * s.n_head), 0.0);
             for (int h = 0; h < s.n_head; ++h) {
                 const int hk = h / group;
                 vec sc(size_t(t + 1));
                 double mx = -1e300;
-                for (int u = 0; u <= t; ++u) {
+                for (int u = first; u <= t; ++u) {
                     double d = 0;
                     for (int j = 0; j < hd; ++j)
                         d += q[size_t(t)][size_t(h * hd + j)] * k[size_t(u)][size_t(hk * hd + j)];
@@ -232,20 +288,29 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
                     mx = std::max(mx, sc[size_t(u)]);
                 }
                 double sum = 0;
-                for (auto & z : sc) sum += (z = std::exp(z - mx));
-                for (int u = 0; u <= t; ++u)
+                for (int u = first; u <= t; ++u)
+                    sum += (sc[size_t(u)] = std::exp(sc[size_t(u)] - mx));
+                for (int u = first; u <= t; ++u)
                     for (int j = 0; j < hd; ++j)
                         att[size_t(h * hd + j)] +=
                             sc[size_t(u)] / sum * v[size_t(u)][size_t(hk * hd + j)];
             }
-            const vec o = matvec(L.wo, att, E);
+            vec o = matvec(L.wo, att, E);
+            if (s.gemma) o = rmsnorm(o, L.post_attn_norm);
             for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += o[size_t(i)];
             const vec h = rmsnorm(x[size_t(t)], L.ffn_norm);
             const vec g = matvec(L.gate, h, s.n_ff), up = matvec(L.up, h, s.n_ff);
             vec a(size_t(s.n_ff));
-            for (int i = 0; i < s.n_ff; ++i)
-                a[size_t(i)] = g[size_t(i)] / (1.0 + std::exp(-g[size_t(i)])) * up[size_t(i)];
-            const vec d = matvec(L.down, a, E);
+            for (int i = 0; i < s.n_ff; ++i) {
+                const double z = g[size_t(i)];
+                const double act =
+                    s.gemma ? 0.5 * z *
+                                  (1.0 + std::tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)))
+                            : z / (1.0 + std::exp(-z));
+                a[size_t(i)] = act * up[size_t(i)];
+            }
+            vec d = matvec(L.down, a, E);
+            if (s.gemma) d = rmsnorm(d, L.post_ffw_norm);
             for (int i = 0; i < E; ++i) x[size_t(t)][size_t(i)] += d[size_t(i)];
         }
     }
