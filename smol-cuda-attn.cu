@@ -61,7 +61,8 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             const int c = base + lane;
             bool vis = false;
             if (c < c_end) {
-                vis = kv_cell_visible(p.cell_pos[c], cell_mask(p, c), my_seq, my_pos);
+                vis = kv_cell_visible(p.cell_pos[c], cell_mask(p, c), my_seq, my_pos) &&
+                      (p.window <= 0 || my_pos - p.cell_pos[c] < p.window);
             }
             float sc = -INFINITY;
             if (vis) {
@@ -776,8 +777,9 @@ size_t cuda_backend::attn_splits(const tensor * t, int & Q, int & W) const {
 int cuda_backend::flash_splits(const tensor * t) const {
 #if defined(SMOL_FLASH_ATTENTION)
     const int n_tok = int(t->ne[1]), n_head = t->iparams[1], hd = t->iparams[3];
-    const bool flash = hd == 64 && (attn_ == attn_kernel::flash ||
-                                    (attn_ == attn_kernel::automatic && n_tok >= fa_min_tok));
+    const bool flash =
+        hd == 64 && t->iparams[4] <= 0 &&
+        (attn_ == attn_kernel::flash || (attn_ == attn_kernel::automatic && n_tok >= fa_min_tok));
     if (!flash) return 0;
     // Four blocks an SM keep enough loads in flight for a decode-sized batch
     // at long contexts.
@@ -808,7 +810,7 @@ int cuda_backend::decode_splits(const tensor * t) const {
     // batch whose tokens are of different sequences: each then reads only
     // its own sequence's pages, where the flash kernel's tile of queries
     // would read every page for one of them.
-    const bool dec = t->iparams[3] == 64 &&
+    const bool dec = t->iparams[3] == 64 && t->iparams[4] <= 0 &&
                      (attn_ == attn_kernel::decode || attn_ == attn_kernel::decode_warps ||
                       (attn_ == attn_kernel::automatic &&
                        ((n_tok <= dec_max_tok && blocks <= dec_slots_) || seqs_apart_)));
@@ -834,7 +836,8 @@ int cuda_backend::decode_blocks(const tensor * t) const {
 
 // The kernel an attention node takes, with its launch shape: the decode
 // kernel for decode-sized batches, tensor cores for the rest of head size
-// 64 (SMOL_ATTN=classic takes neither), the classic kernel otherwise. Over
+// 64 (SMOL_ATTN=classic takes neither), the classic kernel otherwise and
+// for a sliding window. Over
 // a cache of several sequences the decode kernel gives each warp a kv head
 // where a block each would not fit the GPU at once (SMOL_ATTN=decode-warps:
 // always); whether the cache holds several is known when a graph is staged.
@@ -874,7 +877,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.group = t->iparams[1] / t->iparams[2];
     p.hd = t->iparams[3];
     p.n_tok = int(t->ne[1]);
-    p.scale = 1.0f / std::sqrt(float(p.hd));
+    p.scale = t->fparams[0] != 0 ? t->fparams[0] : 1.0f / std::sqrt(float(p.hd));
+    p.window = t->iparams[4];
     p.pos = d_pos_;
     p.seq = d_seq_;
     p.cell = d_cell_;

@@ -34,7 +34,7 @@ void plan_steps(const graph & g, const fusion_rules & r, std::vector<step> & ste
         return uses[size_t(x->node_index)] == n_uses && !steps[size_t(x->node_index)].skip;
     };
     auto fold_norm = [&](step & s, tensor * x, int n_uses) {
-        if (is(x, OP_RMS_NORM) && only_use(x, n_uses) && !x->data &&
+        if (is(x, OP_RMS_NORM) && x->iparams[0] == 0 && only_use(x, n_uses) && !x->data &&
             x->src[0]->ne[0] == s.mm[0]->src[0]->ne[0] && x->src[0]->nb[1] % 16 == 0) {
             s.norm = x;
             steps[size_t(x->node_index)].skip = true;
@@ -49,9 +49,9 @@ void plan_steps(const graph & g, const fusion_rules & r, std::vector<step> & ste
         step & s = steps[i];
         if (t->src[2]) continue;
         if ((t->kind == OP_KV_STORE || t->kind == OP_ATTENTION) && is(t->src[0], OP_ROPE) &&
-            only_use(t->src[0], 1) && !t->src[0]->data) {
+            t->src[0]->iparams[2] == 0 && only_use(t->src[0], 1) && !t->src[0]->data) {
             // kv_store rotates k on its way into the cache, attention rotates
-            // q as it loads it.
+            // q as it loads it (adjacent pairs: a NeoX-style rope runs alone).
             s.kind = t->kind == OP_KV_STORE ? step_kind::kv_store : step_kind::attention;
             s.rope = t->src[0];
             s.extra = s.rope->src[0];

@@ -1,6 +1,7 @@
 // smol-cuda-ops.cu - the GPU backend's small ops: get_rows, the RMS norm
-// (with a residual add folded in), add, SwiGLU, rope (and the run's table of
-// rope angles) and the KV store into the cache's cells, their kernels and
+// (with a residual add folded in, or per head), add, scale, SwiGLU and
+// GeGLU, rope (adjacent or NeoX-style pairs, and the run's table of rope
+// angles) and the KV store into the cache's cells, their kernels and
 // launches, and the backend's launch of a step that is none of the fused
 // ones (cuda_backend::launch).
 
@@ -102,14 +103,31 @@ __global__ void add_kernel(const float * a, const float * b, float * dst, size_t
     }
 }
 
+// dst = x * c over rows of n (a block row y takes rows y, y + gridDim.y, ...).
+__global__ void scale_kernel(const float * x, size_t ldx, float c, float * dst, size_t ld_dst,
+                             int n, int rows) {
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < n; e += gridDim.x * blockDim.x)
+            dst[size_t(r) * ld_dst + e] = x[size_t(r) * ldx + e] * c;
+    }
+}
+
+// GELU in its tanh form times u, in f32 as the CPU computes it.
+__device__ __forceinline__ float gelu_mul(float g, float u) {
+    constexpr float k_sqrt_2_over_pi = 0.79788456080286535588f;
+    return 0.5f * g * (1.0f + tanhf(k_sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * u;
+}
+
 // silu(g) * u of M rows of K (g's and u's rows ld apart; with lo, each of
 // their elements is the sum of it and the one lo further: a cuBLAS step's
 // results over bf16_hl pairs, added here in place of blas_pair_sum_kernel),
 // four at a time where K and the pointers' alignment allow. Block row y
 // takes rows y, y + gridDim.y, ...
-template <typename Out>
+// With GELU, the GeGLU gelu(g) * u instead.
+template <typename Out, bool GELU = false>
 __global__ void swiglu_kernel(const float * g, const float * u, size_t ld, size_t lo, Out * dst,
                               int K, int M) {
+    const auto glu = [](float a, float b) { return GELU ? gelu_mul(a, b) : silu_mul(a, b); };
     constexpr bool hl = std::is_same_v<Out, bf16_hl>;
     const size_t ld_dst = hl ? 2 * size_t(K) : size_t(K);
     const int e0 = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
@@ -128,14 +146,13 @@ __global__ void swiglu_kernel(const float * g, const float * u, size_t ld, size_
                     a = add4(a, *reinterpret_cast<const float4 *>(gr + lo + e));
                     b = add4(b, *reinterpret_cast<const float4 *>(ur + lo + e));
                 }
-                store4_at(d, e, K, silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z),
-                          silu_mul(a.w, b.w));
+                store4_at(d, e, K, glu(a.x, b.x), glu(a.y, b.y), glu(a.z, b.z), glu(a.w, b.w));
             }
         } else {
             for (int e = e0; e < K; e += stride) {
                 const float a = lo ? gr[e] + gr[lo + e] : gr[e];
                 const float b = lo ? ur[e] + ur[lo + e] : ur[e];
-                store_at(d, e, K, silu_mul(a, b));
+                store_at(d, e, K, glu(a, b));
             }
         }
     }
@@ -144,20 +161,21 @@ dim3 swiglu_grid(int K, int M) {
     return dim3(unsigned((K + 1023) / 1024), unsigned(std::min(M, 65535)));
 }
 
-// One block per token; pairs (2j, 2j+1) of every head.
+// One block per token; pairs (2j, 2j+1) of every head, or with neox
+// (j, j + hd / 2).
 __global__ void rope_kernel(const float * x, size_t ldx, const rope_params r, float * dst,
-                            size_t ld_dst, int n_head, int hd) {
-    const int half = hd / 2;
+                            size_t ld_dst, int n_head, int hd, bool neox) {
+    const int half = hd / 2, stride = neox ? 1 : 2, other = neox ? half : 1;
     const float * src = x + blockIdx.x * ldx;
     float * d = dst + blockIdx.x * ld_dst;
     for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
-        const int h = e / half, j = e % half;
+        const int h = e / half, j = e % half, at = h * hd + stride * j;
         float c, s;
         rope_get(r, int(blockIdx.x), j, c, s);
-        float x0 = src[h * hd + 2 * j], x1 = src[h * hd + 2 * j + 1];
+        float x0 = src[at], x1 = src[at + other];
         rope_pair(x0, x1, c, s);
-        d[h * hd + 2 * j] = x0;
-        d[h * hd + 2 * j + 1] = x1;
+        d[at] = x0;
+        d[at + other] = x1;
     }
 }
 
@@ -268,13 +286,22 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         check_launch("get_rows");
         return;
     }
-    case OP_RMS_NORM:
-        rms_norm_kernel<float><<<unsigned(t->nrows()), 256, 0, stream_>>>(
-            data_of<const float>(a), nullptr, 0, 0, nullptr, a->nb[1] / 4,
-            data_of<const float>(t->src[1]), data_of<float>(t), t->nb[1] / 4, int(a->ne[0]),
+    case OP_RMS_NORM: {
+        // Per head (iparams[0] elements a group): each head a row of its own.
+        const int n = t->iparams[0] > 0 ? t->iparams[0] : int(a->ne[0]);
+        const bool whole = n == a->ne[0];
+        if (!whole && (a->nb[1] != size_t(a->ne[0]) * 4 || t->nb[1] != size_t(t->ne[0]) * 4)) {
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        name_ + ": an RMS norm per head needs rows without gaps");
+        }
+        const unsigned rows = unsigned(whole ? t->nrows() : t->nrows() * (a->ne[0] / n));
+        rms_norm_kernel<float><<<rows, whole ? 256 : 128, 0, stream_>>>(
+            data_of<const float>(a), nullptr, 0, 0, nullptr, whole ? a->nb[1] / 4 : size_t(n),
+            data_of<const float>(t->src[1]), data_of<float>(t), whole ? t->nb[1] / 4 : size_t(n), n,
             t->fparams[0]);
         check_launch("rms_norm");
         return;
+    }
     case OP_ADD: {
         const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
         add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
@@ -293,9 +320,25 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     case OP_ROPE:
         rope_kernel<<<unsigned(t->ne[1]), 128, 0, stream_>>>(
             data_of<const float>(a), a->nb[1] / 4, rope_for(t), data_of<float>(t), t->nb[1] / 4,
-            t->iparams[0], t->iparams[1]);
+            t->iparams[0], t->iparams[1], t->iparams[2] != 0);
         check_launch("rope");
         return;
+    case OP_SCALE: {
+        const int n = int(t->ne[0]), rows = int(t->nrows());
+        scale_kernel<<<dim3(unsigned((n + 255) / 256), unsigned(std::min(rows, 65535))), 256, 0,
+                       stream_>>>(data_of<const float>(a), a->nb[1] / 4, t->fparams[0],
+                                  data_of<float>(t), t->nb[1] / 4, n, rows);
+        check_launch("scale");
+        return;
+    }
+    case OP_GEGLU: {
+        const int K = int(t->ne[0]), M = int(t->nrows());
+        swiglu_kernel<float, true><<<swiglu_grid(K, M), 256, 0, stream_>>>(
+            data_of<const float>(a), data_of<const float>(t->src[1]), size_t(K), 0,
+            data_of<float>(t), K, M);
+        check_launch("geglu");
+        return;
+    }
     case OP_KV_STORE:
         run_kv_store(s, b);
         return;
@@ -306,8 +349,6 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         copy_on(t, stream_);
         return;
     case OP_MUL_MAT:
-    case OP_SCALE:
-    case OP_GEGLU:
     case OP_COUNT:
         break;
     }

@@ -22,25 +22,7 @@ bool seqs_apart(const batch_info & b) {
 // the attention steps among them will launch.
 // The ops and options of Gemma 3's graph the GPU kernels do not run yet:
 // refused before any step is planned, so nothing runs approximately.
-static void check_runnable(const graph & g, const char * backend_name) {
-    for (const tensor * t : g.nodes()) {
-        const char * what = nullptr;
-        if (t->kind == OP_SCALE || t->kind == OP_GEGLU) what = op_names[t->kind];
-        if (t->kind == OP_RMS_NORM && t->iparams[0] > 0) what = "RMS_NORM per head";
-        if (t->kind == OP_ROPE && t->iparams[2] != 0) what = "NeoX-style ROPE";
-        if (t->kind == OP_ATTENTION && (t->iparams[4] > 0 || t->fparams[0] != 0))
-            what = "ATTENTION with a sliding window or its own scale";
-        if (what) {
-            throw error(SMOL_ERR_UNSUPPORTED,
-                        std::string(backend_name) + " has no kernel for " + what +
-                            " yet (Gemma 3's graph needs it); run this model on the CPU "
-                            "(device \"cpu\")");
-        }
-    }
-}
-
 void cuda_backend::make_steps(graph & g) {
-    check_runnable(g, name_.c_str());
     prepared_ = false; // steps_ are remade for g
     fusion_rules r;
     r.fuse = fuse_;

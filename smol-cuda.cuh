@@ -141,6 +141,7 @@ struct attn_params {
     int hd, n_head, group, n_tok;
     int h0; // the view's first kv head; block y serves query head h0 * group + y
     float scale;
+    int window = 0;      // > 0: a query at p sees the cells at p - window + 1 .. p
     const int32_t * pos; // per token
     const int32_t * seq;
     const int32_t * cell;     // per token: the cell its k and v went to in this step

@@ -259,16 +259,18 @@ TEST_CASE("get_rows dequantizes rows of every type as the CPU does") {
     }
 }
 
-TEST_CASE("rms_norm, add and swiglu match the CPU to float rounding") {
+TEST_CASE("rms_norm (whole rows and per head), add, scale, swiglu and geglu match the CPU to "
+          "float rounding") {
     auto g_be = gpu();
     auto c_be = cpu();
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
-    const int64_t n = 1536, rows = 7;
+    const int64_t n = 1536, rows = 7, head = 256;
     const auto a = random_floats(rng, size_t(n * rows)), b = random_floats(rng, size_t(n * rows));
     const auto w = random_floats(rng, size_t(n));
-    for (int which = 0; which < 3; ++which) {
-        CAPTURE(which);
+    const char * names[] = {"rms_norm", "add", "swiglu", "rms_norm per head", "scale", "geglu"};
+    for (int which = 0; which < 6; ++which) {
+        CAPTURE(names[which]);
         auto run = [&](backend & be) {
             side s(be);
             tensor * x = s.leaf(SMOL_TYPE_F32, a.data(), n, rows);
@@ -276,7 +278,11 @@ TEST_CASE("rms_norm, add and swiglu match the CPU to float rounding") {
             tensor * out =
                 which == 0   ? smol::op_rms_norm(s.g, x, s.leaf(SMOL_TYPE_F32, w.data(), n), 1e-5f)
                 : which == 1 ? smol::op_add(s.g, x, y)
-                             : smol::op_swiglu(s.g, x, y);
+                : which == 2 ? smol::op_swiglu(s.g, x, y)
+                : which == 3
+                    ? smol::op_rms_norm(s.g, x, s.leaf(SMOL_TYPE_F32, w.data(), head), 1e-6f, head)
+                : which == 4 ? smol::op_scale(s.g, x, 25.3f)
+                             : smol::op_geglu(s.g, x, y);
             s.poison(out);
             be.run(s.g);
             return s.read(out);
@@ -285,27 +291,30 @@ TEST_CASE("rms_norm, add and swiglu match the CPU to float rounding") {
     }
 }
 
-TEST_CASE("rope turns adjacent pairs by the CPU's angles") {
+TEST_CASE("rope turns adjacent pairs, or NeoX's pairs, by the CPU's angles") {
     auto g_be = gpu();
     auto c_be = cpu();
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
-    for (int hd : {16, 64, 128}) {
-        CAPTURE(hd);
-        const int n_head = 9, n_tok = 7;
-        const auto x = random_floats(rng, size_t(n_head * hd * n_tok));
-        std::vector<int32_t> pos(n_tok);
-        for (auto & p : pos) p = int32_t(rng() % 9000);
-        auto run = [&](backend & be) {
-            side s(be);
-            tensor * out = smol::op_rope(s.g, s.leaf(SMOL_TYPE_F32, x.data(), n_head * hd, n_tok),
-                                         s.ints(pos), n_head, hd, 10000.0f);
-            s.poison(out);
-            be.run(s.g);
-            return s.read(out);
-        };
-        CHECK(rel_err(run(*g_be), run(*c_be)) <= 1e-5);
-    }
+    for (int hd : {16, 64, 128, 256})
+        for (bool neox : {false, true}) {
+            CAPTURE(hd);
+            CAPTURE(neox);
+            const int n_head = 9, n_tok = 7;
+            const auto x = random_floats(rng, size_t(n_head * hd * n_tok));
+            std::vector<int32_t> pos(n_tok);
+            for (auto & p : pos) p = int32_t(rng() % 9000);
+            auto run = [&](backend & be) {
+                side s(be);
+                tensor * out =
+                    smol::op_rope(s.g, s.leaf(SMOL_TYPE_F32, x.data(), n_head * hd, n_tok),
+                                  s.ints(pos), n_head, hd, 10000.0f, neox);
+                s.poison(out);
+                be.run(s.g);
+                return s.read(out);
+            };
+            CHECK(rel_err(run(*g_be), run(*c_be)) <= 1e-5);
+        }
 }
 
 namespace {
@@ -492,8 +501,9 @@ struct attn_setup {
         std::vector<float> out;
         std::vector<uint16_t> K, V;
     };
-    // G > 0: the kv heads in groups of G (n_head_kv a multiple of G).
-    result run(backend & be, bool rope, int G = 0) {
+    // G > 0: the kv heads in groups of G (n_head_kv a multiple of G); opts:
+    // a sliding window and a scale; neox: the rope's pairs half a head apart.
+    result run(backend & be, bool rope, int G = 0, smol::attn_opts opts = {}, bool neox = false) {
         side s(be);
         smol::kv_cache c = kv;
         c.k = static_cast<uint16_t *>(s.copy(k_hist.data(), kv.bytes_per_tensor()));
@@ -503,13 +513,13 @@ struct attn_setup {
         tensor * tv = s.leaf(SMOL_TYPE_F32, v.data(), n_head_kv * hd, n_tok);
         if (rope) {
             tensor * tp = s.ints(pos);
-            tq = smol::op_rope(s.g, tq, tp, n_head, hd, 10000.0f);
-            tk = smol::op_rope(s.g, tk, tp, n_head_kv, hd, 10000.0f);
+            tq = smol::op_rope(s.g, tq, tp, n_head, hd, 10000.0f, neox);
+            tk = smol::op_rope(s.g, tk, tp, n_head_kv, hd, 10000.0f, neox);
         }
         tensor * out = nullptr;
         if (G == 0) {
             tensor * stored = smol::op_kv_store(s.g, tk, tv, 1);
-            out = smol::op_attention(s.g, tq, stored, 1, n_head, n_head_kv, hd);
+            out = smol::op_attention(s.g, tq, stored, 1, n_head, n_head_kv, hd, opts);
             s.poison(out);
         } else {
             // The layer's kv heads in groups of G, a store and an attention
@@ -524,7 +534,8 @@ struct attn_setup {
                 v.h0 = h0;
                 v.h1 = h0 + G;
                 tensor * stored = smol::op_kv_store_heads(s.g, tk, tv, 1, v, nullptr);
-                out = smol::op_attention_heads(s.g, tq, stored, 1, n_head, n_head_kv, hd, v, out);
+                out = smol::op_attention_heads(s.g, tq, stored, 1, n_head, n_head_kv, hd, v, out,
+                                               opts);
             }
         }
         s.g.batch = smol::batch_info{pos.data(), seq.data(), cell.data(), n_tok, &c};
@@ -576,6 +587,42 @@ TEST_CASE("kv_store and attention match the CPU for decode and prefill shapes") 
             // The CPU rounds the softmax weights to f16 (as llama.cpp does);
             // the GPU keeps them in f32.
             CHECK(rel_err(got.out, want.out) <= 2e-3);
+        }
+    }
+}
+
+TEST_CASE("attention over a sliding window with its own scale, after a NeoX rope, matches the "
+          "CPU") {
+    SMOL_TEST_DRAW_SEED(case_seed);
+    uint32_t draws = 0; // the seeds of its runs, derived from case_seed
+    auto g_be = gpu();
+    auto c_be = cpu();
+    struct shape {
+        int n_head, n_head_kv, hd, n_cells, n_tok;
+    };
+    // Gemma 3 270M's heads (4 over 1 of 256) for decode and a prompt chunk;
+    // SmolLM2-135M's, whose head size the faster kernels take without a
+    // window.
+    const shape shapes[] = {
+        {4, 1, 256, 300, 1}, {4, 1, 256, 700, 40}, {9, 3, 64, 700, 1}, {9, 3, 64, 700, 64}};
+    for (const shape & sh : shapes) {
+        for (int window : {1, 16, 150}) {
+            const uint32_t seed = test::derived_seed(case_seed, draws++);
+            CAPTURE(sh.hd);
+            CAPTURE(sh.n_tok);
+            CAPTURE(window);
+            std::mt19937 rng(seed);
+            attn_setup a(rng, sh.n_head, sh.n_head_kv, sh.hd, sh.n_cells, sh.n_tok);
+            const smol::attn_opts opts{window, 0.3f / std::sqrt(float(sh.hd))};
+            const auto want = a.run(*c_be, true, 0, opts, true);
+            const auto got = a.run(*g_be, true, 0, opts, true);
+            CHECK(got.V == want.V);
+            CHECK(f16_err(got.K, want.K) <= 1e-3);
+            CHECK(rel_err(got.out, want.out) <= 2e-3);
+            // The window and the scale change the result: a run without them
+            // is far from it (so neither was dropped on the way).
+            const auto plain = a.run(*g_be, true, 0, {}, true);
+            CHECK(rel_err(plain.out, want.out) > 1e-2);
         }
     }
 }
@@ -1411,6 +1458,61 @@ TEST_CASE("random llamas of every weight type decode on the GPU to the float64 l
         // f16 K/V bound everything near 1e-3 of the logits' scale; prompts of
         // more than 32 tokens take f16 activations into the tensor cores
         // (over bf16 weights, bf16 hi and lo up to bf16_pair_max_m tokens).
+        for (size_t i = 0; i < ids.size(); ++i) {
+            CAPTURE(i);
+            CHECK(rel_err(got[i], want[i]) < 5e-3);
+        }
+        std::filesystem::remove(path);
+    }
+}
+
+TEST_CASE("random Gemma 3 models decode on the GPU to the float64 logits, past the window") {
+    SMOL_TEST_DRAW_SEED(case_seed);
+    uint32_t draws = 0; // the seeds of its runs, derived from case_seed
+    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_BF16, SMOL_TYPE_Q4_K}) {
+        const uint32_t seed = test::derived_seed(case_seed, draws++);
+        const std::string type = smol_type_name(t);
+        CAPTURE(type);
+        const std::string path = temp_path("gemma.gguf");
+        // Gemma 3 270M's heads (4 query heads of 256 over one kv head), q
+        // wider than the embeddings; local, global, local layers.
+        tiny::shape s;
+        s.gemma = true;
+        s.wtype = t;
+        s.n_embd = 256;
+        s.n_ff = 512;
+        s.n_head = 4;
+        s.n_head_kv = 1;
+        s.head_dim = 256;
+        s.n_layer = 3;
+        s.window = 24;
+        s.rope_base = 1000000.0f;
+        const tiny::model ref = tiny::write(path, s, seed);
+        model_ptr m = load(path);
+        std::mt19937 rng(seed);
+        const std::vector<int> ids = random_ids(rng, 112, s.n_vocab);
+        const auto want = tiny::reference(ref, ids);
+        context_ptr c = make_context(m.get(), "cuda:0", 128);
+        // A 40-token prompt, a 16-token chunk, single tokens (captured and
+        // replayed graphs), then a 40-token chunk: windows that start before
+        // a chunk and inside it.
+        auto got =
+            decode_all(c.get(), std::vector<int>(ids.begin(), ids.begin() + 40), s.n_vocab, 40);
+        smol_batch b = smol_batch_init(40);
+        for (size_t i = 40; i < ids.size(); ++i) {
+            const size_t n = i < 56 ? 16 : i < 72 ? 1 : 40;
+            b.n_tokens = 0;
+            for (size_t j = i; j < i + n; ++j) smol_batch_add(&b, 40, ids[j], smol_pos(j), 0, true);
+            REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+            for (int j = 0; j < b.n_tokens; ++j) {
+                const float * l = smol_get_logits(c.get(), j);
+                REQUIRE(l);
+                got.emplace_back(l, l + s.n_vocab);
+            }
+            i += n - 1;
+        }
+        smol_batch_free(&b);
+        REQUIRE(got.size() == ids.size());
         for (size_t i = 0; i < ids.size(); ++i) {
             CAPTURE(i);
             CHECK(rel_err(got[i], want[i]) < 5e-3);
