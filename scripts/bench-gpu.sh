@@ -51,7 +51,8 @@
 # Environment: SMOL_GPU_DEPS=DIR (default .gpu-deps when it exists): packed
 # CMake packages, the gguf wheel and llama.cpp-src.tar.gz; REPS (default 3);
 # MODELS_1_7B=0 leaves the 1.7B out; MODELS="135M:f16,1.7B:q4_k_m" writes
-# and benches only those (beside the real 135M); DEADLINE=EPOCH-SECONDS: phases that would not end before it are
+# and benches only those (beside the real 135M; gemma3-270m is Gemma 3
+# 270M's shape); DEADLINE=EPOCH-SECONDS: phases that would not end before it are
 # skipped and say so (a 10-minute call).
 # Serving: SERVE_TOKENS (generated tokens per request, a comma list; default
 # 128), SERVE_RUNS (runs of each server, alternating; default 2),
@@ -265,7 +266,14 @@ if [ ! -s "$real" ]; then
     real=$models/smollm2-135M-random-q4_1.gguf
     want_models=("135M q4_1" "${want_models[@]}")
 fi
-model_path() { echo "$models/smollm2-$1-random-$2.gguf"; }
+# SmolLM2's shapes take its tokenizer; Gemma 3's shape keeps its own
+# vocabulary size (a made-up vocabulary of that many tokens).
+model_path() {
+    case $1 in
+        gemma*) echo "$models/$1-random-$2.gguf" ;;
+        *) echo "$models/smollm2-$1-random-$2.gguf" ;;
+    esac
+}
 write_models() {
     mkdir -p "$models"
     df -h "$models" | tail -1
@@ -274,7 +282,9 @@ write_models() {
         local f
         f=$(model_path "$1" "$2")
         if [ -s "$f" ]; then echo "$f exists"; continue; fi
-        "$quantize" --random "$1" --type "$2" --vocab-from "$vocab" -t "$(nproc)" "$f" | tail -3 || return 1
+        local from=(--vocab-from "$vocab")
+        case $1 in gemma*) from=() ;; esac
+        "$quantize" --random "$1" --type "$2" "${from[@]}" -t "$(nproc)" "$f" | tail -3 || return 1
     done
     ls -la "$models"
 }

@@ -61,7 +61,8 @@ using model_ptr = std::unique_ptr<smol_model, model_deleter>;
 
 } // namespace
 
-TEST_CASE("SmolLM2's three shapes are known by name with their published sizes") {
+TEST_CASE("SmolLM2's three shapes and Gemma 3 270M's are known by name with their published "
+          "sizes") {
     const rm::shape * s = rm::find_shape("360M");
     REQUIRE(s);
     CHECK(s->n_embd == 960);
@@ -80,8 +81,55 @@ TEST_CASE("SmolLM2's three shapes are known by name with their published sizes")
     REQUIRE(s);
     CHECK(s->n_embd == 576);
     CHECK(s->rope_base == 100000.0f);
+    s = rm::find_shape("gemma3-270m");
+    REQUIRE(s);
+    CHECK(s->gemma);
+    CHECK(s->n_vocab == 262144);
+    CHECK(s->n_embd == 640);
+    CHECK(s->n_layer == 18);
+    CHECK(s->n_head == 4);
+    CHECK(s->n_head_kv == 1);
+    CHECK(s->head_dim == 256);
+    CHECK(s->n_ff == 2048);
+    CHECK(s->n_swa == 512);
+    CHECK(s->rope_base == 1000000.0f);
     CHECK(rm::find_shape("7B") == nullptr);
-    CHECK(rm::shape_names() == "135M, 360M, 1.7B");
+    CHECK(rm::shape_names() == "135M, 360M, 1.7B, gemma3-270m");
+}
+
+TEST_CASE("a random Gemma 3 of a small shape loads as gemma3 and decodes to finite logits") {
+    rm::options o;
+    o.s = tiny_shape();
+    o.s.gemma = true;
+    o.s.head_dim = 32; // q wider than the embeddings, as Gemma 3's
+    o.s.n_swa = 4;
+    o.s.n_layer = 6;
+    o.type = SMOL_TYPE_Q8_0;
+    const std::string path = temp_path("gemma.gguf");
+    rm::write(path, o);
+    const auto f = gguf::file::open(path);
+    CHECK(f->get_str("general.architecture") == "gemma3");
+    REQUIRE(f->find_tensor("blk.5.post_ffw_norm.weight"));
+    CHECK(f->find_tensor("blk.0.attn_q.weight")->ne[1] == 4 * 32);
+    CHECK(f->find_tensor("blk.0.attn_output.weight")->ne[0] == 4 * 32);
+    smol_model * raw = nullptr;
+    REQUIRE(smol_model_load(path.c_str(), nullptr, &raw) == SMOL_OK);
+    model_ptr m(raw);
+    CHECK(meta(m.get(), "gemma3.attention.sliding_window") == "4");
+    smol_context_params cp = smol_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 2;
+    smol_context * ctx = nullptr;
+    REQUIRE(smol_context_create(m.get(), &cp, &ctx) == SMOL_OK);
+    smol_batch b = smol_batch_init(12);
+    for (int i = 0; i < 12; ++i) smol_batch_add(&b, 12, 10 + 20 * i, i, 0, i == 11);
+    REQUIRE(smol_decode(ctx, &b) == SMOL_OK);
+    const float * l = smol_get_logits(ctx, -1);
+    REQUIRE(l);
+    for (int i = 0; i < o.s.n_vocab; ++i) REQUIRE(std::isfinite(l[i]));
+    smol_batch_free(&b);
+    smol_context_free(ctx);
+    std::filesystem::remove(path);
 }
 
 TEST_CASE("a random model of every weight type loads in smol with its shape and metadata") {

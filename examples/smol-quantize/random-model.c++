@@ -21,10 +21,16 @@ namespace {
 // config.json): hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads, intermediate_size, rope_theta; vocabulary 49152,
 // rms_norm_eps 1e-5, 8192 positions, tied embeddings, head size 64.
+// Gemma 3 270M (google/gemma-3-270m, config.json): vocabulary 262144,
+// hidden_size 640, 18 layers, 4 heads of 256 over one kv head,
+// intermediate_size 2048, 32768 positions, rope_theta 1e6 (10000 on the
+// sliding-window layers), sliding_window 512, rms_norm_eps 1e-6.
 const shape known[] = {
     {"135M", 49152, 576, 30, 9, 3, 1536, 8192, 100000.0f, 1e-5f},
     {"360M", 49152, 960, 32, 15, 5, 2560, 8192, 100000.0f, 1e-5f},
     {"1.7B", 49152, 2048, 24, 32, 32, 8192, 8192, 130000.0f, 1e-5f},
+    {"gemma3-270m", 262144, 640, 18, 4, 1, 2048, 32768, 1000000.0f, 1e-6f, true, 256, 512,
+     10000.0f},
 };
 
 uint64_t splitmix64(uint64_t & x) {
@@ -165,31 +171,41 @@ void write(const std::string & path, const options & o) {
         }
         s.n_vocab = int64_t(vocab_tokens->size());
     }
-    if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_embd % s.n_head != 0 ||
-        s.n_head % s.n_head_kv != 0 || (s.n_embd / s.n_head) % 2 != 0) {
+    const int hd = s.head_dim > 0 ? s.head_dim : s.n_head > 0 ? s.n_embd / s.n_head : 0;
+    if (s.n_head <= 0 || s.n_head_kv <= 0 || (s.head_dim <= 0 && s.n_embd % s.n_head != 0) ||
+        s.n_head % s.n_head_kv != 0 || hd % 2 != 0) {
         throw std::invalid_argument("shape " + s.name + ": n_embd " + std::to_string(s.n_embd) +
                                     " must split into n_head " + std::to_string(s.n_head) +
                                     " heads of even size, grouped over n_head_kv " +
                                     std::to_string(s.n_head_kv));
     }
-    const int hd = s.n_embd / s.n_head, kvd = hd * s.n_head_kv;
+    const int qd = hd * s.n_head, kvd = hd * s.n_head_kv;
     using gguf::value;
     gguf::writer w;
-    w.set("general.architecture", value::make_str("llama"));
+    const std::string arch = s.gemma ? "gemma3" : "llama", a = arch + ".";
+    w.set("general.architecture", value::make_str(arch));
     w.set("general.type", value::make_str("model"));
-    w.set("general.name", value::make_str("SmolLM2-" + s.name + " shape, random weights (seed " +
-                                          std::to_string(o.seed) + ")"));
+    w.set("general.name",
+          value::make_str((s.gemma ? "" : "SmolLM2-") + s.name + " shape, random weights (seed " +
+                          std::to_string(o.seed) + ")"));
     w.set("general.size_label", value::make_str(s.name));
-    w.set("llama.block_count", value::make_u32(uint32_t(s.n_layer)));
-    w.set("llama.context_length", value::make_u32(uint32_t(s.n_ctx)));
-    w.set("llama.embedding_length", value::make_u32(uint32_t(s.n_embd)));
-    w.set("llama.feed_forward_length", value::make_u32(uint32_t(s.n_ff)));
-    w.set("llama.attention.head_count", value::make_u32(uint32_t(s.n_head)));
-    w.set("llama.attention.head_count_kv", value::make_u32(uint32_t(s.n_head_kv)));
-    w.set("llama.rope.freq_base", value::make_f32(s.rope_base));
-    w.set("llama.attention.layer_norm_rms_epsilon", value::make_f32(s.eps));
-    w.set("llama.vocab_size", value::make_u32(uint32_t(s.n_vocab)));
-    w.set("llama.rope.dimension_count", value::make_u32(uint32_t(hd)));
+    w.set(a + "block_count", value::make_u32(uint32_t(s.n_layer)));
+    w.set(a + "context_length", value::make_u32(uint32_t(s.n_ctx)));
+    w.set(a + "embedding_length", value::make_u32(uint32_t(s.n_embd)));
+    w.set(a + "feed_forward_length", value::make_u32(uint32_t(s.n_ff)));
+    w.set(a + "attention.head_count", value::make_u32(uint32_t(s.n_head)));
+    w.set(a + "attention.head_count_kv", value::make_u32(uint32_t(s.n_head_kv)));
+    w.set(a + "rope.freq_base", value::make_f32(s.rope_base));
+    w.set(a + "attention.layer_norm_rms_epsilon", value::make_f32(s.eps));
+    if (s.gemma) {
+        w.set(a + "attention.key_length", value::make_u32(uint32_t(hd)));
+        w.set(a + "attention.value_length", value::make_u32(uint32_t(hd)));
+        w.set(a + "attention.sliding_window", value::make_u32(uint32_t(s.n_swa)));
+        w.set(a + "rope.freq_base_swa", value::make_f32(s.rope_base_swa));
+    } else {
+        w.set(a + "vocab_size", value::make_u32(uint32_t(s.n_vocab)));
+        w.set(a + "rope.dimension_count", value::make_u32(uint32_t(hd)));
+    }
     const smol_type base = o.mix ? o.mix->base : o.type;
     w.set("general.file_type", value::make_u32(o.mix ? o.mix->ftype : llama_ftype(o.type)));
     if (cpu::block_elems(base) > 1) w.set("general.quantization_version", value::make_u32(2));
@@ -216,14 +232,20 @@ void write(const std::string & path, const options & o) {
         const std::string p = "blk." + std::to_string(l) + ".";
         const int64_t E = s.n_embd, F = s.n_ff;
         plan.push_back({p + "attn_norm.weight", {E}, SMOL_TYPE_F32, true});
-        plan.push_back({p + "attn_q.weight", {E, E}, mat_type(E), false});
+        plan.push_back({p + "attn_q.weight", {E, qd}, mat_type(E), false});
         plan.push_back({p + "attn_k.weight", {E, kvd}, mat_type(E), false});
         plan.push_back({p + "attn_v.weight", {E, kvd}, mat_type(E), false});
-        plan.push_back({p + "attn_output.weight", {E, E}, mat_type(E), false});
+        if (s.gemma) {
+            plan.push_back({p + "attn_q_norm.weight", {hd}, SMOL_TYPE_F32, true});
+            plan.push_back({p + "attn_k_norm.weight", {hd}, SMOL_TYPE_F32, true});
+        }
+        plan.push_back({p + "attn_output.weight", {qd, E}, mat_type(qd), false});
+        if (s.gemma) plan.push_back({p + "post_attention_norm.weight", {E}, SMOL_TYPE_F32, true});
         plan.push_back({p + "ffn_norm.weight", {E}, SMOL_TYPE_F32, true});
         plan.push_back({p + "ffn_gate.weight", {E, F}, mat_type(E), false});
         plan.push_back({p + "ffn_up.weight", {E, F}, mat_type(E), false});
         plan.push_back({p + "ffn_down.weight", {F, E}, mat_type(F), false});
+        if (s.gemma) plan.push_back({p + "post_ffw_norm.weight", {E}, SMOL_TYPE_F32, true});
     }
     if (o.mix) {
         // The recipe's choice for each weight, from the model's shape.

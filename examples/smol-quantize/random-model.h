@@ -1,6 +1,7 @@
-// random-model.h - writes Llama GGUF files with seeded random weights of
-// SmolLM2's exact shapes (135M, 360M, 1.7B), for benchmarks of sizes that
-// cannot be downloaded here. The tokenizer metadata is copied from a real
+// random-model.h - writes GGUF files with seeded random weights of
+// SmolLM2's exact shapes (135M, 360M, 1.7B, architecture llama) and Gemma 3
+// 270M's (gemma3-270m), for benchmarks of sizes and machines the real
+// weights cannot reach. The tokenizer metadata is copied from a real
 // file (or, without one, a small byte-level vocabulary is made up), so
 // smol, llama.cpp and HF transformers load the result like a real model.
 // The data is produced row by row while the file is written: a 3.4 GB f16
@@ -31,10 +32,16 @@ struct shape {
     int n_ctx = 8192;
     float rope_base = 100000.0f;
     float eps = 1e-5f;
+    // Gemma 3 (architecture gemma3): heads of their own size, a sliding
+    // window on five layers of six with their own rope base.
+    bool gemma = false;
+    int head_dim = 0; // 0: n_embd / n_head
+    int n_swa = 0;
+    float rope_base_swa = 10000.0f;
 };
 
-// SmolLM2-135M, -360M and -1.7B as their config.json files give them (all
-// with tied embeddings); nullptr for another name.
+// SmolLM2-135M, -360M and -1.7B and Gemma 3 270M as their config.json
+// files give them (all with tied embeddings); nullptr for another name.
 const shape * find_shape(std::string_view name);
 std::string shape_names(); // "135M, 360M, 1.7B"
 

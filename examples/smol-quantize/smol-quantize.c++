@@ -5,10 +5,10 @@
 // llama.cpp as well as in smol.
 //
 // With --random SHAPE it writes instead a model of SmolLM2's exact shape
-// (135M, 360M, 1.7B) with seeded random weights of the file type asked for
-// (--pure: every matmul weight of that type) and the tokenizer of
-// --vocab-from: the way to benchmark sizes whose weights cannot be
-// downloaded here. It lives in this tool because it is the same job (a GGUF
+// (135M, 360M, 1.7B) or Gemma 3 270M's (gemma3-270m) with seeded random
+// weights of the file type asked for (--pure: every matmul weight of that
+// type) and the tokenizer of --vocab-from: the way to benchmark sizes whose
+// weights cannot be downloaded here. It lives in this tool because it is the same job (a GGUF
 // file of a chosen type that llama.cpp loads), with the same type names.
 
 #include "gguf-io/gguf.h"
