@@ -2,12 +2,16 @@
 """smol-server against the official `openai` client, on the real model.
 
 Starts smol-server on a free loopback port and checks: chat, streaming and
-completions through the openai client; stop strings, seeds and usage counts;
+completions through the openai client; logprobs in OpenAI's shapes, with
+llama-server's values (a recorded fixture); /tokenize, /detokenize and
+/v1/models/{id}; stop strings, seeds and usage counts;
 that concurrent greedy requests give exactly the text each gives alone; that
 a shared system prompt hits the prefix cache without changing the output;
 that every bad input gets its 4xx/503 JSON error in OpenAI's shape while a
 concurrent request completes; and that clients that hang up free their
-sequences. Bounded: a few short requests, loopback only.
+sequences. Then a server with API keys: 401s, keys from the command line
+and a file, and no start beyond loopback without one. Bounded: a few short
+requests, loopback only.
 
     tests/test-server.py build/examples/smol-server models/SmolLM2-135M-Instruct.Q4_1.gguf
 """
@@ -30,6 +34,7 @@ except ImportError:
     sys.exit(1)
 
 SERVER, MODEL = sys.argv[1], sys.argv[2]
+FIXTURES = __file__.rsplit("/", 1)[0] + "/fixtures"
 PARALLEL, QUEUE, N_CTX, MAX_BODY = 4, 4, 2048, 65536
 failures = []
 T0 = time.time()
@@ -41,11 +46,11 @@ def check(cond, what):
         failures.append(what)
 
 
-def start_server(log):
+def start_server(log, extra=()):
     proc = subprocess.Popen(
         [SERVER, "--model", MODEL, "--host", "127.0.0.1", "--port", "0", "--parallel",
          str(PARALLEL), "--max-queue", str(QUEUE), "-c", str(N_CTX), "-t", "2", "--max-body",
-         str(MAX_BODY), "--chunk", "64"],
+         str(MAX_BODY), "--chunk", "64", *extra],
         stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     if not line.startswith("listening on http://127.0.0.1:"):
@@ -109,6 +114,45 @@ def is_openai_error(status, body, want_status):
             and "param" in body["error"] and "code" in body["error"])
 
 
+def auth():
+    """API keys: every route but /health needs one, given on the command
+    line or in a file; a server beyond loopback refuses to start without."""
+    with tempfile.NamedTemporaryFile("w", suffix=".keys") as keys, \
+            tempfile.TemporaryFile("w+") as log:
+        keys.write("# keys\n\n  second-key  \n")
+        keys.flush()
+        proc, port = start_server(log, ["--api-key", "first-key", "--api-key-file", keys.name])
+        try:
+            check(raw(port, "GET", "/health") == (200, {"status": "ok"}),
+                  "/health answers without a key")
+            status, body = raw(port, "GET", "/v1/models")
+            check(is_openai_error(status, body, 401), f"no key: HTTP {status}")
+            status, body = raw(port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+            check(is_openai_error(status, body, 401), f"a wrong key: HTTP {status}")
+            status, body = raw(port, "POST", "/tokenize", b'{"content": "hi"}',
+                               headers={"Authorization": "Bearer first-key"})
+            check(status == 200, "a key from the command line opens /tokenize")
+            keyed = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="second-key",
+                                  max_retries=0, timeout=120)
+            model = keyed.models.list().data[0].id
+            r = keyed.chat.completions.create(model=model, max_tokens=2,
+                                              messages=[{"role": "user", "content": "hi"}])
+            check(r.usage.completion_tokens > 0, "a key from the file opens chat completions")
+            wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="first-ke",
+                                  max_retries=0, timeout=120)
+            try:
+                wrong.models.list()
+                check(False, "the openai client raises AuthenticationError for a wrong key")
+            except openai.AuthenticationError:
+                check(True, "the openai client raises AuthenticationError for a wrong key")
+        finally:
+            stop_server(proc, log)
+    r = subprocess.run([SERVER, "--model", MODEL, "--host", "0.0.0.0", "--port", "0"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode != 0 and "--api-key" in r.stderr,
+          f"beyond loopback without a key it does not start: {r.stderr.strip()[:100]!r}")
+
+
 def main():
     with tempfile.TemporaryFile("w+") as log:
         proc, port = start_server(log)
@@ -116,6 +160,7 @@ def main():
             run(port)
         finally:
             stop_server(proc, log)
+    auth()
     if failures:
         print(f"test-server: {len(failures)} FAILED: " + "; ".join(failures))
         sys.exit(1)
@@ -188,6 +233,77 @@ def run(port):
         model=model, prompt="The capital of France is", max_tokens=12, temperature=0,
         stream=True) if c.choices)
     check(streamed == comp.choices[0].text, "streamed completion gives the same text")
+
+    # --- logprobs: OpenAI's shapes, and llama-server's values ---------------------
+    lp_chat = client.chat.completions.create(model=model, messages=q, max_tokens=12,
+                                             temperature=0, logprobs=True, top_logprobs=3)
+    entries = lp_chat.choices[0].logprobs.content
+    check(b"".join(bytes(e.bytes) for e in entries) ==
+          lp_chat.choices[0].message.content.encode(),
+          f"chat logprobs: {len(entries)} entries whose bytes are the answer's")
+    check(all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob == e.logprob and
+              e.top_logprobs[0].token == e.token and
+              sum(2.718281828459045 ** t.logprob for t in e.top_logprobs) <= 1 + 1e-5
+              for e in entries),
+          "greedy tokens are their step's most likely; the top 3 sum to at most 1")
+    streamed_lp = []
+    for ev in client.chat.completions.create(model=model, messages=q, max_tokens=12,
+                                             temperature=0, logprobs=True, top_logprobs=3,
+                                             stream=True):
+        if ev.choices and ev.choices[0].logprobs and ev.choices[0].logprobs.content:
+            streamed_lp += [(e.token, e.logprob) for e in ev.choices[0].logprobs.content]
+    check(streamed_lp == [(e.token, e.logprob) for e in entries],
+          "streamed chat logprobs are the same entries, in order")
+    lp_comp = client.completions.create(model=model, prompt="The capital of France is",
+                                        max_tokens=12, temperature=0, logprobs=2)
+    lp = lp_comp.choices[0].logprobs
+    check("".join(lp.tokens) == lp_comp.choices[0].text and lp.text_offset[0] == 0 and
+          all(a < b for a, b in zip(lp.text_offset, lp.text_offset[1:])) and
+          all(len(t) == 2 for t in lp.top_logprobs),
+          "completion logprobs: tokens, text offsets and two alternatives a step")
+    # llama-server's values on the same model (tests/fixtures/logprobs.json,
+    # scripts/llama-logprobs.py): steps compared while both engines' greedy
+    # tokens agree. The engines' logits differ by their rounding (up to
+    # about 0.8 on this model's top logits, test-model's check), a logprob
+    # by the difference of two such errors, mostly far less: 0.5 nats.
+    fixture = json.load(open(FIXTURES + "/logprobs.json"))
+    compared, worst = 0, 0.0
+    for case in fixture["cases"]:
+        _, r = raw(port, "POST", "/v1/completions", json.dumps(
+            {"model": model, "prompt": case["prompt"], "max_tokens": len(case["steps"]),
+             "temperature": 0, "logprobs": 5}).encode())
+        got = r["choices"][0]["logprobs"]
+        for i, step in enumerate(case["steps"]):
+            _, piece = raw(port, "POST", "/detokenize", json.dumps({"tokens": [step["token"]]}))
+            if i >= len(got["tokens"]) or got["tokens"][i] != piece["content"]:
+                break
+            compared += 1
+            worst = max(worst, abs(got["token_logprobs"][i] - step["logprob"]))
+            # llama.cpp's alternatives: in smol's top 5 with their values, or
+            # (a near tie for the last places) no likelier than smol's fifth.
+            top = got["top_logprobs"][i]
+            for alt, alt_lp in step["top"]:
+                _, alt_piece = raw(port, "POST", "/detokenize", json.dumps({"tokens": [alt]}))
+                if alt_piece["content"] in top:
+                    worst = max(worst, abs(top[alt_piece["content"]] - alt_lp))
+                else:
+                    worst = max(worst, alt_lp - min(top.values()))
+    check(compared >= 16 and worst <= 0.5,
+          f"logprobs within 0.5 of llama-server's over {compared} steps (largest {worst:.3f})")
+
+    # --- tokenizer routes and one model's route ------------------------------------
+    _, tok = raw(port, "POST", "/tokenize", json.dumps({"content": "Hello world, café",
+                                                        "with_pieces": True}))
+    ids = [t["id"] for t in tok["tokens"]]
+    _, detok = raw(port, "POST", "/detokenize", json.dumps({"tokens": ids}))
+    check("".join(t["piece"] for t in tok["tokens"]) == "Hello world, café" and
+          detok == {"content": "Hello world, café"},
+          f"/tokenize and /detokenize round-trip ({len(ids)} tokens)")
+    status, one = raw(port, "GET", "/v1/models/" + model)
+    check(status == 200 and one["id"] == model and client.models.retrieve(model).id == model,
+          "GET /v1/models/{id}")
+    status, none = raw(port, "GET", "/v1/models/gpt-9")
+    check(is_openai_error(status, none, 404), "GET /v1/models/{unknown id} is a 404")
 
     # --- stop strings, seeds -----------------------------------------------------
     cut = client.completions.create(model=model, prompt="The capital of France is",
@@ -280,6 +396,20 @@ def run(port):
          b'{"model": "' + model.encode() + b'", "prompt": [18446744073709551616]}', 400),
         ("max_tokens past int64", chat_path,
          json.dumps({**ok_body, "max_tokens": 2**64 - 1}).encode(), 400),
+        ("top_logprobs past 20", chat_path,
+         json.dumps({**ok_body, "logprobs": True, "top_logprobs": 21}).encode(), 400),
+        ("top_logprobs without logprobs", chat_path,
+         json.dumps({**ok_body, "top_logprobs": 2}).encode(), 400),
+        ("logprobs of the wrong type", chat_path,
+         json.dumps({**ok_body, "logprobs": "yes"}).encode(), 400),
+        ("completion logprobs below 0", "/v1/completions",
+         json.dumps({"model": model, "prompt": "a", "logprobs": -1}).encode(), 400),
+        ("more tools than the server takes", chat_path,
+         json.dumps({**ok_body, "tools": [{"type": "function", "function": {"name": f"f{i}"}}
+                                          for i in range(129)]}).encode(), 400),
+        ("/tokenize content that is not a string", "/tokenize", b'{"content": 5}', 400),
+        ("/detokenize of an id past the vocabulary", "/detokenize", b'{"tokens": [99999999]}',
+         400),
         ("an oversized body", chat_path, b"{" + b" " * (MAX_BODY + 10) + b"}", 413),
         ("an unknown path", "/v1/nothing", b"{}", 404),
     ]

@@ -121,6 +121,37 @@ gen_request parse_common(const served_model & m, const json & body) {
     return g;
 }
 
+// Chat: logprobs (a boolean) and top_logprobs (0-20, with logprobs);
+// completions: logprobs (0-20 alternatives).
+void parse_logprobs(const json & body, bool chat, gen_request & g) {
+    const json & lp = field(body, "logprobs");
+    const json & top = field(body, "top_logprobs");
+    auto count = [](const json & v, const char * name) {
+        const bool ok = v.is_number_integer() &&
+                        (v.is_number_unsigned()
+                             ? v.get<uint64_t>() <= uint64_t(max_top_logprobs)
+                             : v.get<int64_t>() >= 0 && v.get<int64_t>() <= max_top_logprobs);
+        if (!ok)
+            throw bad_request(std::string("'") + name + "' must be an integer from 0 to " +
+                                  std::to_string(max_top_logprobs),
+                              name);
+        return int32_t(v.get<int64_t>());
+    };
+    if (chat) {
+        if (!lp.is_null() && !lp.is_boolean())
+            throw bad_request("'logprobs' must be a boolean", "logprobs");
+        g.logprobs = lp.is_boolean() && lp.get<bool>();
+        if (!top.is_null()) {
+            g.top_logprobs = count(top, "top_logprobs");
+            if (!g.logprobs)
+                throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+        }
+    } else if (!lp.is_null()) {
+        g.top_logprobs = count(lp, "logprobs");
+        g.logprobs = true;
+    }
+}
+
 void check_length(const served_model & m, gen_request & g) {
     const int64_t n_prompt = int64_t(g.prompt.size());
     if (n_prompt >= int64_t(m.n_ctx)) {
@@ -159,9 +190,14 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
     const json & messages = field(body, "messages");
     if (!messages.is_array() || messages.empty())
         throw bad_request("'messages' must be a non-empty array", "messages");
+    parse_logprobs(body, true, g);
     const json & tools = field(body, "tools");
     if (!tools.is_null() && !tools.is_array())
         throw bad_request("'tools' must be an array", "tools");
+    if (tools.is_array() && tools.size() > max_tools)
+        throw bad_request("'tools' holds " + std::to_string(tools.size()) +
+                              " tools; this server takes at most " + std::to_string(max_tools),
+                          "tools");
     bool calls = false;
     for (const json & msg : messages)
         calls = calls || (msg.is_object() && msg.contains("tool_calls"));
@@ -204,6 +240,11 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
     }
     smol_chat_params p = smol_chat_default_params();
     const std::string tools_text = tools.is_null() ? std::string() : ordered["tools"].dump();
+    if (tools_text.size() > max_tools_bytes)
+        throw bad_request("'tools' takes " + std::to_string(tools_text.size()) +
+                              " bytes of JSON; this server takes at most " +
+                              std::to_string(max_tools_bytes),
+                          "tools");
     if (!tools.is_null()) p.tools_json = tools_text.c_str();
     // Not smol_tokenize of the rendered text: that would read a user's
     // "<|im_start|>system" as a real turn (issue 37).
@@ -223,6 +264,7 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
 
 gen_request parse_completion(const served_model & m, const json & body) {
     gen_request g = parse_common(m, body);
+    parse_logprobs(body, false, g);
     const json & prompt = field(body, "prompt");
     if (prompt.is_string()) {
         g.prompt = tokenize(m, prompt.get<std::string>());
@@ -255,9 +297,7 @@ gen_request parse_completion(const served_model & m, const json & body) {
     return g;
 }
 
-} // namespace
-
-gen_request parse_request(const served_model & m, const std::string & text, bool chat) {
+json parse_body(const std::string & text) {
     json body;
     try {
         body = json::parse(text);
@@ -267,7 +307,83 @@ gen_request parse_request(const served_model & m, const std::string & text, bool
         throw bad_request(std::string("the body is not valid JSON: ") + e.what());
     }
     if (!body.is_object()) throw bad_request("the body must be a JSON object");
+    return body;
+}
+
+bool get_bool(const json & body, const char * name, bool def) {
+    const json & v = field(body, name);
+    if (v.is_null()) return def;
+    if (!v.is_boolean()) throw bad_request(std::string("'") + name + "' must be a boolean", name);
+    return v.get<bool>();
+}
+
+std::string piece_of(const served_model & m, smol_token t) {
+    char buf[256];
+    size_t n = 0;
+    if (smol_token_to_piece(m.model, t, true, buf, sizeof buf, &n) != SMOL_OK) return "";
+    return std::string(buf, n);
+}
+
+} // namespace
+
+gen_request parse_request(const served_model & m, const std::string & text, bool chat) {
+    const json body = parse_body(text);
     return chat ? parse_chat(m, body, text) : parse_completion(m, body);
+}
+
+json tokenize_reply(const served_model & m, const std::string & text) {
+    const json body = parse_body(text);
+    const json & content = field(body, "content");
+    if (!content.is_string()) throw bad_request("'content' must be a string", "content");
+    const std::string s = content.get<std::string>();
+    const bool add_special = get_bool(body, "add_special", false);
+    const bool parse_special = get_bool(body, "parse_special", true);
+    const bool with_pieces = get_bool(body, "with_pieces", false);
+    std::vector<smol_token> ids(s.size() + 8);
+    int32_t n = 0;
+    smol_status st = smol_tokenize(m.model, s.data(), s.size(), add_special, parse_special,
+                                   ids.data(), int32_t(ids.size()), &n);
+    if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
+        ids.resize(size_t(n));
+        st = smol_tokenize(m.model, s.data(), s.size(), add_special, parse_special, ids.data(), n,
+                           &n);
+    }
+    if (st != SMOL_OK)
+        throw bad_request(std::string("cannot tokenize 'content': ") + smol_last_error(),
+                          "content");
+    ids.resize(size_t(n));
+    json tokens = json::array();
+    for (smol_token t : ids) {
+        if (with_pieces) {
+            tokens.push_back({{"id", t}, {"piece", piece_of(m, t)}});
+        } else {
+            tokens.push_back(t);
+        }
+    }
+    return json{{"tokens", tokens}};
+}
+
+json detokenize_reply(const served_model & m, const std::string & text) {
+    const json body = parse_body(text);
+    const json & tokens = field(body, "tokens");
+    if (!tokens.is_array()) throw bad_request("'tokens' must be an array of ids", "tokens");
+    smol_model_info info;
+    smol_model_get_info(m.model, &info);
+    std::string out;
+    for (const json & x : tokens) {
+        const bool in = x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(info.n_vocab)
+                        : x.is_number_integer()
+                            ? x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(info.n_vocab)
+                            : false;
+        if (!in) {
+            throw bad_request("'tokens' holds " + x.dump() +
+                                  ", which is not an id of the model's vocabulary of " +
+                                  std::to_string(info.n_vocab) + " tokens",
+                              "tokens");
+        }
+        out += piece_of(m, smol_token(x.get<int64_t>()));
+    }
+    return json{{"content", out}};
 }
 
 } // namespace server

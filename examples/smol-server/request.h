@@ -45,11 +45,28 @@ struct gen_request {
     bool stream = false;
     bool include_usage = false;
     bool ignore_eos = false; // llama-server's extension: generate max_tokens tokens
+    // Log-probabilities of the tokens returned, from the model's own
+    // distribution (the raw logits, before temperature and penalties), with
+    // the top_logprobs most likely alternatives at each step.
+    bool logprobs = false;
+    int32_t top_logprobs = 0;
 };
+
+// The most alternatives a token's logprobs may list (OpenAI's limit).
+constexpr int32_t max_top_logprobs = 20;
+// The most tools a request may offer, and the largest JSON text of them.
+constexpr size_t max_tools = 128;
+constexpr size_t max_tools_bytes = 256 * 1024;
 
 // The body of POST /v1/chat/completions (chat) or /v1/completions: a
 // request, or an api_error thrown with a 4xx status saying what is wrong.
 gen_request parse_request(const served_model & m, const std::string & body, bool chat);
+
+// The bodies of POST /tokenize ({"content": text, "add_special": bool,
+// "parse_special": bool, "with_pieces": bool}) and /detokenize ({"tokens":
+// [ids]}), as llama-server's: the JSON answer, or an api_error thrown.
+json tokenize_reply(const served_model & m, const std::string & body);
+json detokenize_reply(const served_model & m, const std::string & body);
 
 } // namespace server
 

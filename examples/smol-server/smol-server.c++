@@ -1,10 +1,13 @@
 // smol-server.c++ - an OpenAI-compatible HTTP server over smol's engine:
 // POST /v1/chat/completions and /v1/completions (streamed as server-sent
-// events or not), GET /v1/models, /health and Prometheus /metrics. Requests
-// run through one smol_engine (continuous batching, prefix cache) on its
-// worker thread; each HTTP request waits on its own queue of tokens. Bad
-// requests get a 4xx JSON error in OpenAI's shape, a full queue a 503, and a
-// client that goes away has its request cancelled. Loopback by default.
+// events or not, with logprobs when asked), GET /v1/models and
+// /v1/models/{id}, POST /tokenize and /detokenize, /health and Prometheus
+// /metrics. Requests run through one smol_engine (continuous batching,
+// prefix cache) on its worker thread; each HTTP request waits on its own
+// queue of tokens. Bad requests get a 4xx JSON error in OpenAI's shape, a
+// full queue a 503, and a client that goes away has its request
+// cancelled. Loopback by default; with API keys every route but /health
+// needs one, and listening beyond loopback needs keys (or --no-auth).
 
 #include "request.h"
 #include "smol.h"
@@ -14,6 +17,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -21,11 +25,13 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <httplib.h>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,7 +61,56 @@ struct options {
     std::string device = "cpu";
     std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
+    std::vector<std::string> api_keys;
+    std::string api_key_file;
+    bool no_auth = false;
 };
+
+// --- API keys -----------------------------------------------------------------
+
+// Whether a and b are equal, in a time that depends on their lengths only.
+bool same_secret(const std::string & a, const std::string & b) {
+    unsigned diff = unsigned(a.size() ^ b.size());
+    const size_t n = std::max(a.size(), b.size());
+    for (size_t i = 0; i < n; ++i) {
+        const unsigned char x = a.empty() ? 0 : static_cast<unsigned char>(a[i % a.size()]);
+        const unsigned char y = b.empty() ? 0 : static_cast<unsigned char>(b[i % b.size()]);
+        diff |= unsigned(x ^ y);
+    }
+    return diff == 0;
+}
+
+// Whether the Authorization header carries one of the keys ("Bearer KEY").
+// Every key is compared, whichever matches.
+bool authorized(const std::vector<std::string> & keys, const std::string & header) {
+    const std::string bearer = "Bearer ";
+    if (header.compare(0, bearer.size(), bearer) != 0) return false;
+    const std::string given = header.substr(bearer.size());
+    bool ok = false;
+    for (const std::string & k : keys) ok = same_secret(given, k) || ok;
+    return ok;
+}
+
+// The keys of a file: one a line, blank lines and lines starting with #
+// skipped, spaces around a key dropped.
+std::vector<std::string> read_keys(const std::string & path) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read the API key file '" + path + "'");
+    std::vector<std::string> keys;
+    std::string line;
+    while (std::getline(in, line)) {
+        const size_t a = line.find_first_not_of(" \t\r");
+        if (a == std::string::npos || line[a] == '#') continue;
+        const size_t b = line.find_last_not_of(" \t\r");
+        keys.push_back(line.substr(a, b - a + 1));
+    }
+    if (keys.empty()) throw std::runtime_error("the API key file '" + path + "' holds no key");
+    return keys;
+}
+
+bool is_loopback(const std::string & host) {
+    return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
 
 // --- errors in OpenAI's shape --------------------------------------------------
 
@@ -81,12 +136,41 @@ struct server_state {
     std::atomic<uint64_t> next_id{1};
 };
 
+// A generated token's log-probability under the model's distribution (its
+// raw logits), with the most likely alternatives, best first.
+struct token_logprob {
+    float logprob = 0;
+    std::vector<std::pair<smol_token, float>> top;
+};
+
+token_logprob logprob_of(const float * logits, int32_t n_vocab, smol_token t, int32_t n_top) {
+    const float mx = *std::max_element(logits, logits + n_vocab);
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - double(mx));
+    const double log_z = double(mx) + std::log(sum);
+    token_logprob r;
+    r.logprob = float(double(logits[t]) - log_z);
+    if (n_top > 0) {
+        std::vector<int32_t> idx(static_cast<size_t>(n_vocab));
+        std::iota(idx.begin(), idx.end(), 0);
+        const auto k = std::min<size_t>(size_t(n_top), idx.size());
+        std::partial_sort(idx.begin(), idx.begin() + long(k), idx.end(), [&](int32_t a, int32_t b) {
+            return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+        });
+        for (size_t i = 0; i < k; ++i)
+            r.top.emplace_back(idx[i], float(double(logits[idx[i]]) - log_z));
+    }
+    return r;
+}
+
 // What the engine has produced for one HTTP request, handed from the
 // engine's thread to the request's.
 struct stream_state {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<smol_token> tokens;
+    int32_t n_top = -1; // logprobs with this many alternatives; -1: none (set before submission)
+    std::deque<token_logprob> logprobs; // one a token of `tokens`, when asked
     smol_finish_reason finish = SMOL_FINISH_NONE;
     std::string error;
     int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
@@ -99,6 +183,11 @@ struct stream_state {
 bool on_event(const smol_engine_event * ev, void * user) {
     auto * ref = static_cast<std::shared_ptr<stream_state> *>(user);
     stream_state * s = ref->get();
+    // An end-of-generation or stop token ends the text; it is not part of it.
+    const bool kept = ev->token >= 0 && ev->finish != SMOL_FINISH_STOP;
+    token_logprob lp;
+    if (kept && s->n_top >= 0 && ev->logits)
+        lp = logprob_of(ev->logits, ev->n_vocab, ev->token, s->n_top);
     {
         std::lock_guard<std::mutex> lock(s->mu);
         s->n_prompt = ev->n_prompt;
@@ -115,8 +204,10 @@ bool on_event(const smol_engine_event * ev, void * user) {
                          static_cast<long long>(ev->id),
                          ev->message ? ev->message : "(no message)");
         }
-        // An end-of-generation or stop token ends the text; it is not part of it.
-        if (ev->token >= 0 && ev->finish != SMOL_FINISH_STOP) s->tokens.push_back(ev->token);
+        if (kept) {
+            s->tokens.push_back(ev->token);
+            if (s->n_top >= 0) s->logprobs.push_back(std::move(lp));
+        }
     }
     s->cv.notify_all();
     const bool go_on = !s->client_gone.load();
@@ -147,10 +238,12 @@ struct detokenizer {
     std::string text; // everything decoded so far
     size_t sent = 0;  // bytes of text already handed out
     bool stopped = false;
+    std::vector<size_t> starts; // where each token's text starts in text
 
     void add(smol_token t) {
         char buf[256];
         size_t n = 0;
+        starts.push_back(text.size());
         if (smol_token_to_piece(model, t, false, buf, sizeof buf, &n) == SMOL_OK)
             text.append(buf, n);
     }
@@ -207,6 +300,12 @@ struct job {
     bool stream = false, include_usage = false;
     bool finished = false;
     smol_finish_reason finish = SMOL_FINISH_NONE;
+    // Logprobs: those of the tokens received, and how many of them are
+    // released (their text was handed out), all and by the last poll.
+    bool logprobs = false;
+    std::vector<smol_token> got_tokens;
+    std::vector<token_logprob> got_lps;
+    size_t released = 0, released_before = 0;
 
     job(server_state & s, bool is_chat) : st(s), chat(is_chat) {
         text.model = s.served.model;
@@ -220,6 +319,8 @@ struct job {
         text.stops = g.stops;
         stream = g.stream;
         include_usage = g.include_usage;
+        logprobs = g.logprobs;
+        state->n_top = g.logprobs ? g.top_logprobs : -1;
         smol_request_params p = smol_request_default_params();
         p.prompt = g.prompt.data();
         p.n_prompt = int32_t(g.prompt.size());
@@ -252,6 +353,7 @@ struct job {
     // send. Sets finished when the engine is done with the request.
     std::string poll(std::chrono::milliseconds wait) {
         std::deque<smol_token> got;
+        std::deque<token_logprob> lps;
         smol_finish_reason fin;
         {
             std::unique_lock<std::mutex> lock(state->mu);
@@ -259,11 +361,28 @@ struct job {
                 return !state->tokens.empty() || state->finish != SMOL_FINISH_NONE;
             });
             got.swap(state->tokens);
+            lps.swap(state->logprobs);
             fin = state->finish;
         }
         for (smol_token t : got) text.add(t);
+        if (logprobs) {
+            got_tokens.insert(got_tokens.end(), got.begin(), got.end());
+            for (token_logprob & lp : lps) got_lps.push_back(std::move(lp));
+        }
         const bool was_stopped = text.stopped;
         std::string out = text.take(fin != SMOL_FINISH_NONE);
+        // A token's logprob goes out with the piece of text that completes
+        // its own (at the end: that holds any of it; none past a stop string).
+        released_before = released;
+        const size_t n_lp = std::min(got_tokens.size(), got_lps.size());
+        while (released < n_lp) {
+            const size_t end =
+                released + 1 < text.starts.size() ? text.starts[released + 1] : text.text.size();
+            const bool whole = end <= text.sent;
+            const bool part = fin != SMOL_FINISH_NONE && text.starts[released] < text.sent;
+            if (!whole && !part) break;
+            ++released;
+        }
         if (text.stopped && !was_stopped && fin == SMOL_FINISH_NONE) {
             // A stop string: the engine need not go on.
             smol_engine_cancel(st.engine, id);
@@ -294,15 +413,66 @@ struct job {
                     {"prompt_tokens_details", {{"cached_tokens", state->n_cached}}}};
     }
 
+    // Logprobs of tokens [from, to) in OpenAI's shape: chat's list of
+    // entries, or completions' parallel lists (text_offset: bytes into the
+    // returned text); null when not asked for.
+    json logprobs_json(size_t from, size_t to) const {
+        if (!logprobs) return nullptr;
+        auto piece = [&](smol_token t) {
+            char buf[256];
+            size_t n = 0;
+            if (smol_token_to_piece(st.served.model, t, true, buf, sizeof buf, &n) != SMOL_OK)
+                n = 0;
+            return std::string(buf, n);
+        };
+        auto bytes = [](const std::string & p) {
+            json b = json::array();
+            for (unsigned char c : p) b.push_back(int(c));
+            return b;
+        };
+        if (chat) {
+            json content = json::array();
+            for (size_t i = from; i < to; ++i) {
+                const std::string p = piece(got_tokens[i]);
+                json top = json::array();
+                for (const auto & alt : got_lps[i].top) {
+                    const std::string q = piece(alt.first);
+                    top.push_back({{"token", q}, {"logprob", alt.second}, {"bytes", bytes(q)}});
+                }
+                content.push_back({{"token", p},
+                                   {"logprob", got_lps[i].logprob},
+                                   {"bytes", bytes(p)},
+                                   {"top_logprobs", top}});
+            }
+            return json{{"content", content}, {"refusal", nullptr}};
+        }
+        json tokens = json::array(), lps = json::array(), tops = json::array(),
+             offsets = json::array();
+        for (size_t i = from; i < to; ++i) {
+            tokens.push_back(piece(got_tokens[i]));
+            lps.push_back(got_lps[i].logprob);
+            json top = json::object();
+            for (const auto & alt : got_lps[i].top) top[piece(alt.first)] = alt.second;
+            tops.push_back(top);
+            offsets.push_back(text.starts[i]);
+        }
+        return json{{"tokens", tokens},
+                    {"token_logprobs", lps},
+                    {"top_logprobs", tops},
+                    {"text_offset", offsets}};
+    }
+
     json chunk(const std::string & delta, const char * finish_reason, bool first) const {
         json choice;
+        const json lp =
+            first || finish_reason ? json(nullptr) : logprobs_json(released_before, released);
         if (chat) {
             json d = json::object();
             if (first) d["role"] = "assistant";
             if (!delta.empty() || first) d["content"] = delta;
-            choice = {{"index", 0}, {"delta", d}, {"logprobs", nullptr}};
+            choice = {{"index", 0}, {"delta", d}, {"logprobs", lp}};
         } else {
-            choice = {{"index", 0}, {"text", delta}, {"logprobs", nullptr}};
+            choice = {{"index", 0}, {"text", delta}, {"logprobs", lp}};
         }
         choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
         return json{{"id", oid},
@@ -317,9 +487,9 @@ struct job {
         if (chat) {
             choice = {{"index", 0},
                       {"message", {{"role", "assistant"}, {"content", all}}},
-                      {"logprobs", nullptr}};
+                      {"logprobs", logprobs_json(0, released)}};
         } else {
-            choice = {{"index", 0}, {"text", all}, {"logprobs", nullptr}};
+            choice = {{"index", 0}, {"text", all}, {"logprobs", logprobs_json(0, released)}};
         }
         choice["finish_reason"] = finish_reason();
         return json{{"id", oid},
@@ -387,8 +557,10 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
                 if (!send(j->chunk("", nullptr, true))) return gone();
             }
             const std::string delta = j->poll(std::chrono::milliseconds(200));
-            if (!delta.empty() && !send(j->chunk(delta, nullptr, false))) return gone();
-            if (delta.empty() && !j->finished) {
+            // Text, or tokens whose logprobs go out though their text is empty.
+            const bool news = !delta.empty() || j->released > j->released_before;
+            if (news && !send(j->chunk(delta, nullptr, false))) return gone();
+            if (!news && !j->finished) {
                 // Nothing new: a comment line keeps the connection probed.
                 if (!sink.write(": \n\n", 4)) return gone();
                 return true;
@@ -569,7 +741,37 @@ int main(int argc, char ** argv) {
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->check(CLI::IsMember({"auto", "none", "all"}));
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
+    app.add_option("--api-key", o.api_keys,
+                   "a key every request but /health must carry (Authorization: Bearer KEY); "
+                   "may be given several times");
+    app.add_option("--api-key-file", o.api_key_file,
+                   "a file of keys, one a line (# starts a comment)");
+    app.add_flag("--no-auth", o.no_auth,
+                 "serve beyond loopback without keys (by default that needs --api-key)");
     CLI11_PARSE(app, argc, argv);
+
+    std::vector<std::string> keys = o.api_keys;
+    try {
+        if (!o.api_key_file.empty()) {
+            const std::vector<std::string> more = read_keys(o.api_key_file);
+            keys.insert(keys.end(), more.begin(), more.end());
+        }
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "smol-server: %s\n", e.what());
+        return 1;
+    }
+    if (std::any_of(keys.begin(), keys.end(), [](const std::string & k) { return k.empty(); })) {
+        std::fprintf(stderr, "smol-server: --api-key: a key may not be empty\n");
+        return 1;
+    }
+    if (keys.empty() && !o.no_auth && !is_loopback(o.host)) {
+        std::fprintf(stderr,
+                     "smol-server: listening on %s reaches beyond this machine; give it "
+                     "--api-key KEY (or --api-key-file FILE), or --no-auth to serve without "
+                     "keys\n",
+                     o.host.c_str());
+        return 1;
+    }
 
     server_state st;
     std::string path;
@@ -637,16 +839,56 @@ int main(int argc, char ** argv) {
             }
         };
     };
+    // Every route but /health needs a key when keys are given: a 401 in
+    // OpenAI's shape otherwise, before the request is looked at.
+    svr.set_pre_routing_handler([&keys](const httplib::Request & req, httplib::Response & res) {
+        if (keys.empty() || req.path == "/health" ||
+            authorized(keys, req.get_header_value("Authorization"))) {
+            return httplib::Server::HandlerResponse::Unhandled;
+        }
+        res.set_header("WWW-Authenticate", "Bearer");
+        send_error(res, {401, "a valid API key is required: send it as 'Authorization: Bearer KEY'",
+                         "invalid_request_error", "", "invalid_api_key"});
+        return httplib::Server::HandlerResponse::Handled;
+    });
     svr.Post("/v1/chat/completions", guarded(true));
     svr.Post("/v1/completions", guarded(false));
-    svr.Get("/v1/models", [&st](const httplib::Request &, httplib::Response & res) {
-        json m = {{"id", st.served.id},
-                  {"object", "model"},
-                  {"created", st.started},
-                  {"owned_by", "smol"}};
-        res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+    const auto model_json = [&st] {
+        return json{{"id", st.served.id},
+                    {"object", "model"},
+                    {"created", st.started},
+                    {"owned_by", "smol"}};
+    };
+    svr.Get("/v1/models", [model_json](const httplib::Request &, httplib::Response & res) {
+        res.set_content(json{{"object", "list"}, {"data", json::array({model_json()})}}.dump(),
                         "application/json");
     });
+    svr.Get(R"(/v1/models/(.+))",
+            [&st, model_json](const httplib::Request & req, httplib::Response & res) {
+                const std::string id = req.matches[1];
+                if (id != st.served.id) {
+                    send_error(res, {404,
+                                     "The model '" + id + "' does not exist; this server has '" +
+                                         st.served.id + "'",
+                                     "invalid_request_error", "model", "model_not_found"});
+                    return;
+                }
+                res.set_content(model_json().dump(), "application/json");
+            });
+    // llama-server's tokenizer routes.
+    const auto tokens_route = [&st](bool to_ids) {
+        return [&st, to_ids](const httplib::Request & req, httplib::Response & res) {
+            try {
+                const json out = to_ids ? tokenize_reply(st.served, req.body)
+                                        : detokenize_reply(st.served, req.body);
+                res.set_content(dump(out), "application/json");
+            } catch (const api_error & e) {
+                send_error(res, e);
+            }
+        };
+    };
+    svr.Post("/tokenize", tokens_route(true));
+    svr.Post("/detokenize", tokens_route(false));
     svr.Get("/health", [](const httplib::Request &, httplib::Response & res) {
         res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -707,9 +949,10 @@ int main(int argc, char ** argv) {
         smol_model_free(st.model);
         return 1;
     }
-    std::fprintf(stderr, "smol-server: %s on http://%s:%d (%u slots, %u cells, %s)\n",
-                 st.served.id.c_str(), o.host.c_str(), port, o.parallel, o.n_ctx,
-                 smol_cpu_kernels_name());
+    std::fprintf(
+        stderr, "smol-server: %s on http://%s:%d (%u slots, %u cells, %s; %s)\n",
+        st.served.id.c_str(), o.host.c_str(), port, o.parallel, o.n_ctx, smol_cpu_kernels_name(),
+        keys.empty() ? "no API key" : (std::to_string(keys.size()) + " API key(s)").c_str());
     std::printf("listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);
     svr.listen_after_bind();

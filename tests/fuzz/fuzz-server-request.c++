@@ -1,6 +1,7 @@
 // fuzz-server-request.c++ - libFuzzer target: any bytes as the body of a
 // POST to smol-server's /v1/chat/completions (first byte even) or
-// /v1/completions (odd), through the server's own request parsing
+// /v1/completions (odd), and to /tokenize and /detokenize, through the
+// server's own request parsing
 // (examples/smol-server/request.c++) over a tiny random llama with a
 // ChatML vocabulary. Every body is either a request the engine can run (a
 // prompt of ids in the vocabulary, 1 <= max_tokens, prompt and max_tokens
@@ -64,9 +65,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (!(sp.temperature >= 0 && sp.temperature <= 2) || !(sp.top_p >= 0 && sp.top_p <= 1) ||
             !(sp.min_p >= 0 && sp.min_p <= 1) || sp.top_k < 0)
             fail("a sampling parameter out of its range");
+        if (g.top_logprobs < 0 || g.top_logprobs > server::max_top_logprobs ||
+            (g.top_logprobs > 0 && !g.logprobs))
+            fail("top_logprobs out of its range");
     } catch (const server::api_error & e) {
         if (e.status < 400 || e.status > 499) fail("an error outside 4xx");
         if (e.message.empty()) fail("an error without a message");
+    }
+    for (bool to_ids : {true, false}) {
+        try {
+            const server::json out = to_ids ? server::tokenize_reply(served, body)
+                                            : server::detokenize_reply(served, body);
+            if (!out.is_object()) fail("a tokenizer route answered something else than an object");
+        } catch (const server::api_error & e) {
+            if (e.status < 400 || e.status > 499) fail("an error outside 4xx");
+            if (e.message.empty()) fail("an error without a message");
+        }
     }
     return 0;
 }
