@@ -3,7 +3,7 @@
 
 Starts smol-server on a free loopback port and checks: chat, streaming and
 completions through the openai client; logprobs in OpenAI's shapes, with
-llama-server's values (a recorded fixture); /tokenize, /detokenize and
+llama-server's values (a recorded fixture); n choices; /tokenize, /detokenize and
 /v1/models/{id}; stop strings, seeds and usage counts;
 that concurrent greedy requests give exactly the text each gives alone; that
 a shared system prompt hits the prefix cache without changing the output;
@@ -291,6 +291,32 @@ def run(port):
     check(compared >= 16 and worst <= 0.5,
           f"logprobs within 0.5 of llama-server's over {compared} steps (largest {worst:.3f})")
 
+    # --- n choices: one prompt's KV for all, a seed stream each ----------------------
+    story = [{"role": "user", "content": f"Tell me a one-line story about a fox. {time.time()}"}]
+    m0 = metrics(port)
+    many = client.chat.completions.create(model=model, messages=story, max_tokens=12,
+                                          temperature=0.9, seed=77, n=3)
+    m1 = metrics(port)
+    texts = [ch.message.content for ch in sorted(many.choices, key=lambda ch: ch.index)]
+    check(sorted(ch.index for ch in many.choices) == [0, 1, 2] and
+          many.usage.completion_tokens == sum(
+              len(client.chat.completions.create(model=model, messages=story, max_tokens=12,
+                                                 temperature=0.9, seed=77 + i, logprobs=True)
+                  .choices[0].logprobs.content) for i in range(3)),
+          "n=3 gives choices 0, 1, 2 and counts the tokens of all")
+    alone_i = [client.chat.completions.create(model=model, messages=story, max_tokens=12,
+                                              temperature=0.9, seed=77 + i).choices[0].message.content
+               for i in range(3)]
+    check(texts == alone_i, "choice i is the answer of seed + i asked alone")
+    hits = m1["smol_prefix_cache_hit_tokens_total"] - m0["smol_prefix_cache_hit_tokens_total"]
+    check(hits >= 2 * 16, f"choices 1 and 2 take the prompt's KV from choice 0 (+{hits:.0f} hits)")
+    by_index = {}
+    for ev in client.chat.completions.create(model=model, messages=story, max_tokens=12,
+                                             temperature=0.9, seed=77, n=3, stream=True):
+        for ch in ev.choices:
+            by_index[ch.index] = by_index.get(ch.index, "") + (ch.delta.content or "")
+    check([by_index.get(i) for i in range(3)] == texts, "streamed choices carry their index")
+
     # --- tokenizer routes and one model's route ------------------------------------
     _, tok = raw(port, "POST", "/tokenize", json.dumps({"content": "Hello world, café",
                                                         "with_pieces": True}))
@@ -396,6 +422,8 @@ def run(port):
          b'{"model": "' + model.encode() + b'", "prompt": [18446744073709551616]}', 400),
         ("max_tokens past int64", chat_path,
          json.dumps({**ok_body, "max_tokens": 2**64 - 1}).encode(), 400),
+        ("n of 0", chat_path, json.dumps({**ok_body, "n": 0}).encode(), 400),
+        ("n past 16", chat_path, json.dumps({**ok_body, "n": 17}).encode(), 400),
         ("top_logprobs past 20", chat_path,
          json.dumps({**ok_body, "logprobs": True, "top_logprobs": 21}).encode(), 400),
         ("top_logprobs without logprobs", chat_path,

@@ -69,8 +69,17 @@ gen_request parse_common(const served_model & m, const json & body) {
                         "invalid_request_error", "model", "model_not_found"};
     }
     const json & n = field(body, "n");
-    if (!n.is_null() && (!n.is_number_integer() || n.get<int64_t>() != 1))
-        throw bad_request("only n = 1 is supported", "n");
+    if (!n.is_null()) {
+        const bool ok =
+            n.is_number_integer() &&
+            (n.is_number_unsigned() ? n.get<uint64_t>() <= uint64_t(max_choices)
+                                    : n.get<int64_t>() >= 1 && n.get<int64_t>() <= max_choices);
+        if (!ok)
+            throw bad_request("'n' must be an integer from 1 to " + std::to_string(max_choices),
+                              "n");
+        g.n = int32_t(n.get<int64_t>());
+        if (g.n == 0) throw bad_request("'n' must be at least 1", "n");
+    }
     g.sampler.temperature = float(get_number(body, "temperature", 1.0, 0.0, 2.0));
     g.sampler.top_p = float(get_number(body, "top_p", 1.0, 0.0, 1.0));
     g.sampler.top_k = int32_t(get_number(body, "top_k", 0, 0, 1e6));

@@ -50,7 +50,11 @@ struct gen_request {
     // the top_logprobs most likely alternatives at each step.
     bool logprobs = false;
     int32_t top_logprobs = 0;
+    int32_t n = 1; // choices, each with its own seed stream
 };
+
+// The most choices one request may ask for.
+constexpr int32_t max_choices = 16;
 
 // The most alternatives a token's logprobs may list (OpenAI's limit).
 constexpr int32_t max_top_logprobs = 20;

@@ -302,6 +302,7 @@ struct job {
     smol_finish_reason finish = SMOL_FINISH_NONE;
     // Logprobs: those of the tokens received, and how many of them are
     // released (their text was handed out), all and by the last poll.
+    int index = 0; // the choice it is, of a request's n
     bool logprobs = false;
     std::vector<smol_token> got_tokens;
     std::vector<token_logprob> got_lps;
@@ -405,12 +406,10 @@ struct job {
                            "server_error", "", "generation_failed"});
     }
 
-    json usage() const {
+    // (prompt tokens, cached prompt tokens, generated tokens)
+    std::array<int32_t, 3> counts() const {
         std::lock_guard<std::mutex> lock(state->mu);
-        return json{{"prompt_tokens", state->n_prompt},
-                    {"completion_tokens", state->n_generated},
-                    {"total_tokens", state->n_prompt + state->n_generated},
-                    {"prompt_tokens_details", {{"cached_tokens", state->n_cached}}}};
+        return {state->n_prompt, state->n_cached, state->n_generated};
     }
 
     // Logprobs of tokens [from, to) in OpenAI's shape: chat's list of
@@ -470,9 +469,9 @@ struct job {
             json d = json::object();
             if (first) d["role"] = "assistant";
             if (!delta.empty() || first) d["content"] = delta;
-            choice = {{"index", 0}, {"delta", d}, {"logprobs", lp}};
+            choice = {{"index", index}, {"delta", d}, {"logprobs", lp}};
         } else {
-            choice = {{"index", 0}, {"text", delta}, {"logprobs", lp}};
+            choice = {{"index", index}, {"text", delta}, {"logprobs", lp}};
         }
         choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
         return json{{"id", oid},
@@ -482,22 +481,17 @@ struct job {
                     {"choices", json::array({choice})}};
     }
 
-    json whole(const std::string & all) const {
+    json choice_whole(const std::string & all) const {
         json choice;
         if (chat) {
-            choice = {{"index", 0},
+            choice = {{"index", index},
                       {"message", {{"role", "assistant"}, {"content", all}}},
                       {"logprobs", logprobs_json(0, released)}};
         } else {
-            choice = {{"index", 0}, {"text", all}, {"logprobs", logprobs_json(0, released)}};
+            choice = {{"index", index}, {"text", all}, {"logprobs", logprobs_json(0, released)}};
         }
         choice["finish_reason"] = finish_reason();
-        return json{{"id", oid},
-                    {"object", chat ? "chat.completion" : "text_completion"},
-                    {"created", created},
-                    {"model", st.served.id},
-                    {"choices", json::array({choice})},
-                    {"usage", usage()}};
+        return choice;
     }
 };
 
@@ -505,79 +499,146 @@ std::string dump(const json & j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The n choices of one request. The first is submitted alone; the others
+// once its prompt is in the cache (its first token), so that with the
+// prefix cache they take its KV instead of computing the prompt again.
+// Choice i samples with seed + i.
+struct choices {
+    std::vector<std::shared_ptr<job>> jobs;
+
+    choices(server_state & st, bool chat, const gen_request & g) {
+        for (int32_t i = 0; i < g.n; ++i) {
+            jobs.push_back(std::make_shared<job>(st, chat));
+            jobs.back()->index = int(i);
+            jobs.back()->oid = jobs.front()->oid;
+        }
+        jobs[0]->submit(g);
+        if (g.n == 1) return;
+        {
+            stream_state & s0 = *jobs[0]->state;
+            std::unique_lock<std::mutex> lock(s0.mu);
+            s0.cv.wait(lock, [&] { return s0.n_generated > 0 || s0.finish != SMOL_FINISH_NONE; });
+        }
+        for (size_t i = 1; i < jobs.size(); ++i) {
+            gen_request gi = g;
+            gi.sampler.seed = g.sampler.seed + i;
+            jobs[i]->submit(gi);
+        }
+    }
+    const job & front() const { return *jobs.front(); }
+    bool finished() const {
+        return std::all_of(jobs.begin(), jobs.end(), [](const auto & j) { return j->finished; });
+    }
+    const job * failed() const {
+        for (const auto & j : jobs)
+            if (j->finish == SMOL_FINISH_ERROR) return j.get();
+        return nullptr;
+    }
+    void client_gone() {
+        for (const auto & j : jobs) j->state->client_gone = true;
+        front().st.n_disconnects++;
+    }
+    // The prompt counted once, the tokens of every choice.
+    json usage() const {
+        const std::array<int32_t, 3> c0 = front().counts();
+        int32_t generated = 0;
+        for (const auto & j : jobs) generated += j->counts()[2];
+        return json{{"prompt_tokens", c0[0]},
+                    {"completion_tokens", generated},
+                    {"total_tokens", c0[0] + generated},
+                    {"prompt_tokens_details", {{"cached_tokens", c0[1]}}}};
+    }
+    json whole(const std::vector<std::string> & texts) const {
+        json list = json::array();
+        for (size_t i = 0; i < jobs.size(); ++i) list.push_back(jobs[i]->choice_whole(texts[i]));
+        const job & j = front();
+        return json{
+            {"id", j.oid},          {"object", j.chat ? "chat.completion" : "text_completion"},
+            {"created", j.created}, {"model", j.st.served.id},
+            {"choices", list},      {"usage", usage()}};
+    }
+};
+
 void handle_generate(server_state & st, const httplib::Request & req, httplib::Response & res,
                      bool chat) {
     const gen_request g = parse_request(st.served, req.body, chat);
-    auto j = std::make_shared<job>(st, chat);
-    j->submit(g);
+    auto c = std::make_shared<choices>(st, chat, g);
+    const std::chrono::milliseconds wait(std::max<int64_t>(20, 200 / int64_t(c->jobs.size())));
 
-    if (!j->stream) {
+    if (!g.stream) {
         // Chunked, so that a client that hangs up is noticed: while waiting,
         // a space (JSON allows it before the value) now and then probes the
         // connection.
-        res.set_chunked_content_provider("application/json", [j](size_t, httplib::DataSink & sink) {
-            std::string all;
-            auto last = std::chrono::steady_clock::now();
-            while (!j->finished) {
-                all += j->poll(std::chrono::milliseconds(100));
-                if (std::chrono::steady_clock::now() - last > std::chrono::milliseconds(500)) {
-                    last = std::chrono::steady_clock::now();
-                    if (!sink.write(" ", 1)) {
-                        j->state->client_gone = true;
-                        j->st.n_disconnects++;
-                        return false;
+        res.set_chunked_content_provider(
+            "application/json", [c, wait](size_t, httplib::DataSink & sink) {
+                std::vector<std::string> texts(c->jobs.size());
+                auto last = std::chrono::steady_clock::now();
+                while (!c->finished()) {
+                    for (size_t i = 0; i < c->jobs.size(); ++i)
+                        if (!c->jobs[i]->finished) texts[i] += c->jobs[i]->poll(wait / 2);
+                    if (std::chrono::steady_clock::now() - last > std::chrono::milliseconds(500)) {
+                        last = std::chrono::steady_clock::now();
+                        if (!sink.write(" ", 1)) {
+                            c->client_gone();
+                            return false;
+                        }
                     }
                 }
-            }
-            const bool failed = j->finish == SMOL_FINISH_ERROR;
-            const std::string out = dump(failed ? j->failure() : j->whole(all));
-            if (failed) j->st.n_http_errors++;
-            sink.write(out.data(), out.size());
-            sink.done();
-            return true;
-        });
+                const job * failed = c->failed();
+                const std::string out = dump(failed ? failed->failure() : c->whole(texts));
+                if (failed) c->front().st.n_http_errors++;
+                sink.write(out.data(), out.size());
+                sink.done();
+                return true;
+            });
         return;
     }
 
     res.set_header("Cache-Control", "no-cache");
     auto first = std::make_shared<bool>(true);
     res.set_chunked_content_provider(
-        "text/event-stream", [j, first](size_t, httplib::DataSink & sink) {
+        "text/event-stream", [c, first, wait](size_t, httplib::DataSink & sink) {
             auto send = [&](const json & x) {
                 const std::string line = "data: " + dump(x) + "\n\n";
                 return sink.write(line.data(), line.size());
             };
             auto gone = [&] {
-                j->state->client_gone = true;
-                j->st.n_disconnects++;
+                c->client_gone();
                 return false;
             };
             if (*first) {
                 *first = false;
-                if (!send(j->chunk("", nullptr, true))) return gone();
+                for (const auto & j : c->jobs)
+                    if (!send(j->chunk("", nullptr, true))) return gone();
             }
-            const std::string delta = j->poll(std::chrono::milliseconds(200));
-            // Text, or tokens whose logprobs go out though their text is empty.
-            const bool news = !delta.empty() || j->released > j->released_before;
-            if (news && !send(j->chunk(delta, nullptr, false))) return gone();
-            if (!news && !j->finished) {
-                // Nothing new: a comment line keeps the connection probed.
-                if (!sink.write(": \n\n", 4)) return gone();
-                return true;
+            bool any_news = false;
+            for (const auto & j : c->jobs) {
+                if (j->finished) continue;
+                const std::string delta = j->poll(wait);
+                // Text, or tokens whose logprobs go out though their text is empty.
+                const bool news = !delta.empty() || j->released > j->released_before;
+                if (news && !send(j->chunk(delta, nullptr, false))) return gone();
+                any_news = any_news || news;
+                if (j->finished && j->finish != SMOL_FINISH_ERROR &&
+                    !send(j->chunk("", j->finish_reason(), false)))
+                    return gone();
             }
-            if (!j->finished) return true;
-            if (j->finish == SMOL_FINISH_ERROR) {
+            if (const job * failed = c->failed()) {
                 // The stream ends with the error, as OpenAI's streams do.
-                j->st.n_http_errors++;
-                send(j->failure());
+                failed->st.n_http_errors++;
+                send(failed->failure());
                 sink.done();
                 return true;
             }
-            if (!send(j->chunk("", j->finish_reason(), false))) return gone();
-            if (j->include_usage) {
-                json u = j->chunk("", nullptr, false);
+            if (!c->finished()) {
+                // Nothing new: a comment line keeps the connection probed.
+                if (!any_news && !sink.write(": \n\n", 4)) return gone();
+                return true;
+            }
+            if (c->front().include_usage) {
+                json u = c->front().chunk("", nullptr, false);
                 u["choices"] = json::array();
-                u["usage"] = j->usage();
+                u["usage"] = c->usage();
                 if (!send(u)) return gone();
             }
             const std::string done = "data: [DONE]\n\n";
