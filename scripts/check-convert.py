@@ -10,9 +10,12 @@ and the same tensors (names, order, types, shapes, bytes).
         writes random HF checkpoints (scripts/make-hf-checkpoint.py, a fresh
         seed, printed; SMOL_TEST_SEED replays one) in f32, bf16 and f16,
         sharded and not, converts each with both tools to f32, f16, bf16 and
-        q8_0, and compares. PY runs convert_hf_to_gguf.py (it needs torch,
-        transformers, sentencepiece, safetensors); where they are missing,
-        or the sources are, the test is skipped (exit status 77).
+        q8_0, and compares. Where LLAMA_BIN has llama-quantize, smol-convert's
+        K-quant and legacy types are compared too, with llama-quantize's
+        requantization of convert_hf_to_gguf.py's f32 file. PY runs
+        convert_hf_to_gguf.py (it needs torch, transformers, sentencepiece,
+        safetensors); where they are missing, or the sources are, the test
+        is skipped (exit status 77).
 """
 
 import argparse
@@ -121,13 +124,26 @@ def test(a):
     tmp = tempfile.mkdtemp(prefix="smol-check-convert-")
     failures = 0
     try:
-        cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"]), ("bf16", 2, ["f32", "f16", "bf16"]),
-                 ("f16", 1, ["f32", "f16", "bf16"])]
-        for i, (dtype, shards, types) in enumerate(cases):
-            model = os.path.join(tmp, f"tiny-{dtype}")
+        quantize = os.path.join(a.llama_bin, "llama-quantize")
+        requant = ["Q4_K_M", "Q5_K_M", "Q6_K", "Q4_0", "Q5_1"] if os.access(quantize, os.X_OK) \
+            else []
+        if not requant:
+            print(f"check-convert: {quantize} is absent: the quantized types are not compared "
+                  "(scripts/peers.sh builds it)")
+        # The last checkpoint's rows (256, 512) fill K-quant blocks, so
+        # its weights get the recipes' K-quants rather than their fallbacks.
+        cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"], []),
+                 ("bf16", 2, ["f32", "f16", "bf16"], []),
+                 ("f16", 1, ["f32", "f16", "bf16"], []),
+                 ("f32", 1, [], requant)]
+        for i, (dtype, shards, types, qtypes) in enumerate(cases):
+            if not types and not qtypes:
+                continue
+            model = os.path.join(tmp, f"tiny-{i}-{dtype}")
+            shape = ["--hidden", "256", "--ff", "512"] if qtypes else []
             r = subprocess.run([sys.executable, os.path.join(HERE, "make-hf-checkpoint.py"), model,
                                 "--vocab-from", a.vocab_from, "--seed", str(seed + i),
-                                "--dtype", dtype, "--shards", str(shards)],
+                                "--dtype", dtype, "--shards", str(shards)] + shape,
                                capture_output=True, text=True)
             if r.returncode == 77:
                 print(r.stdout.strip())
@@ -148,6 +164,24 @@ def test(a):
                 for d in diffs:
                     print("    " + d)
                 failures += bool(diffs)
+            if qtypes:
+                f32 = os.path.join(tmp, f"llama-{i}-f32.gguf")
+                run([a.python, convert, model, "--outfile", f32, "--outtype", "f32",
+                     "--model-name", "tiny"], cwd=tmp)
+            for t in qtypes:
+                ours = os.path.join(tmp, f"smol-{i}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-{i}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                env = dict(os.environ, LD_LIBRARY_PATH=a.llama_bin)
+                run([quantize, f32, theirs, t], env=env)
+                diffs, same, n, n_keys = compare(ours, theirs)
+                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
+                print(f"check-convert: {dtype} checkpoint (rows 256, 512) -> {t}: {same}/{n} "
+                      f"tensors byte-identical to llama-quantize's of convert_hf_to_gguf's f32, "
+                      f"{n_keys} keys; {status}")
+                for d in diffs:
+                    print("    " + d)
+                failures += bool(diffs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"check-convert: {'FAILED' if failures else 'passed'}")
@@ -165,6 +199,8 @@ def main():
     t.add_argument("--vocab-from", required=True)
     t.add_argument("--llama-cpp", required=True)
     t.add_argument("--python", default=sys.executable)
+    t.add_argument("--llama-bin", default="/work/peers/build-cpu/bin",
+                   help="where llama-quantize is (scripts/peers.sh builds it)")
     a = ap.parse_args()
     if a.cmd == "compare":
         diffs, same, n, n_keys = compare(a.smol, a.llama)

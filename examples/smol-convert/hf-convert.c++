@@ -1,8 +1,10 @@
 // hf-convert.c++ - see hf-convert.h. Tensors are written in
 // convert_hf_to_gguf's order (shards by file name, tensors by name within
-// each), metadata in its order; each tensor's rows are produced while the
-// file is written (read from the mapping, permuted, converted), so a model
-// never sits in memory twice.
+// each), metadata in its order, for the types it writes (f32, f16, bf16,
+// q8_0); the other quantized types are laid out as llama-quantize lays out
+// its requantization of an f32 file. Each tensor's rows are produced while
+// the file is written (read from the mapping, permuted, converted), so a
+// model never sits in memory twice.
 
 #include "hf-convert.h"
 
@@ -349,6 +351,15 @@ summary convert_model(const options & o) {
     }
     sum.n_tensors = plan.size();
 
+    // The types convert_hf_to_gguf writes itself come in its layout; the
+    // others in the layout of its f32 file requantized by llama-quantize,
+    // which moves general.quantization_version and general.file_type to
+    // the end and writes tensors in its own order.
+    const bool requantized = traits_of(to.base)->quantized && to.base != SMOL_TYPE_Q8_0;
+    std::vector<size_t> order(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) order[i] = i;
+    if (requantized) order = smol::quantize_order(descs);
+
     // Metadata, in convert_hf_to_gguf's order.
     using gguf::value;
     gguf::writer w;
@@ -370,11 +381,15 @@ summary convert_model(const options & o) {
     w.set("llama.attention.layer_norm_rms_epsilon", value::make_f32(float(m.eps)));
     w.set("llama.attention.key_length", value::make_u32(uint32_t(m.head_dim)));
     w.set("llama.attention.value_length", value::make_u32(uint32_t(m.head_dim)));
-    w.set("general.file_type", value::make_u32(to.ftype));
+    if (!requantized) w.set("general.file_type", value::make_u32(to.ftype));
     w.set("llama.vocab_size", value::make_u32(uint32_t(m.n_vocab)));
     w.set("llama.rope.dimension_count", value::make_u32(uint32_t(m.head_dim)));
-    w.set("general.quantization_version", value::make_u32(2));
+    if (!requantized) w.set("general.quantization_version", value::make_u32(2));
     add_tokenizer(w, dir, config, m.n_vocab, o.pre);
+    if (requantized) {
+        w.set("general.quantization_version", value::make_u32(2));
+        w.set("general.file_type", value::make_u32(to.ftype));
+    }
 
     // Tensors: rows read, permuted, converted while the file is written.
     const fs::path out_dir = fs::absolute(o.out_path).parent_path();
@@ -387,8 +402,9 @@ summary convert_model(const options & o) {
             throw convert_error(o.out_path + ": the output would overwrite the input " + s->path());
     }
     const int n_threads = std::max(1, o.n_threads);
-    for (size_t i = 0; i < plan.size(); ++i) {
-        const planned p = plan[i];
+    for (size_t n = 0; n < order.size(); ++n) {
+        const planned p = plan[order[n]];
+        const size_t i = n;
         const int64_t cols = p.want.ne[0];
         const int64_t rows = p.src->n_elements() / std::max<int64_t>(cols, 1);
         const size_t in_row = size_t(cols) * st_dtype_size(p.src->dtype);

@@ -5,7 +5,9 @@
 // convert_hf_to_gguf.py writes them, Llama's Q and K rows permuted from
 // HF's half-split RoPE to GGUF's interleaved one, and every matmul weight
 // written in the type a llama.cpp file type gives it (smol-recipe.h), in the
-// same pass. Everything is read and checked before the output is written
+// same pass: f32, f16, bf16 and q8_0 files as convert_hf_to_gguf.py writes
+// them, the other types as llama-quantize writes its requantization of
+// convert_hf_to_gguf.py's f32 file. Everything is read and checked before the output is written
 // (through a temporary file), so a bad input never leaves a file behind.
 
 #ifndef SMOL_CONVERT_HF_CONVERT_H
