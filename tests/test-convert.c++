@@ -8,6 +8,7 @@
 // file left behind.
 
 #include "decode-all.h"
+#include "gguf.h"
 #include "hf-convert.h"
 #include "smol.h"
 #include "test-handles.h"
@@ -16,9 +17,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -120,10 +123,15 @@ struct st_entry {
     std::vector<int64_t> shape;
 };
 
-// A safetensors file of the given entries (data zero-filled), its header
-// passed through edit before it is written, and cut to `keep` bytes if set.
+// The value of element i of an F32 tensor of a hand-made file.
+using fill_fn = std::function<float(const st_entry &, int64_t i)>;
+
+// A safetensors file of the given entries (F32 data from fill, else zeros),
+// its header passed through edit before it is written, and cut to `keep`
+// bytes if set.
 void write_safetensors(const fs::path & p, const std::vector<st_entry> & entries,
-                       const std::function<void(json &)> & edit = nullptr, size_t keep = 0) {
+                       const std::function<void(json &)> & edit = nullptr, size_t keep = 0,
+                       const fill_fn & fill = nullptr) {
     json h = json::object();
     uint64_t off = 0;
     for (const st_entry & e : entries) {
@@ -140,7 +148,19 @@ void write_safetensors(const fs::path & p, const std::vector<st_entry> & entries
     const uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char((n >> (8 * i)) & 0xff);
     bytes += text;
+    const size_t data_start = bytes.size();
     bytes += std::string(off, '\0');
+    if (fill) {
+        size_t at = data_start;
+        for (const st_entry & e : entries) {
+            int64_t n = 1;
+            for (int64_t d : e.shape) n *= d;
+            for (int64_t i = 0; i < n && e.dtype == "F32"; ++i, at += 4) {
+                const float v = fill(e, i);
+                std::memcpy(&bytes[at], &v, 4);
+            }
+        }
+    }
     if (keep) bytes.resize(keep);
     std::ofstream(p, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
 }
@@ -233,7 +253,61 @@ TEST_CASE("the tiny hand-made checkpoint converts, so each hostile case breaks o
           "part") {
     tiny_dir d("convert-ok");
     convert(d.path, d.out(), "F16");
-    CHECK(fs::exists(d.out()));
+    const auto f = gguf::file::open(d.out().string());
+    CHECK(f->get_str("tokenizer.ggml.pre") == "gpt-2");
+    const auto * merges = f->get_array("tokenizer.ggml.merges", gguf::type::STRING);
+    REQUIRE(merges);
+    REQUIRE(merges->size() == 1);
+    CHECK((*merges)[0].str == "a b");
+    const auto * types = f->get_array("tokenizer.ggml.token_type", gguf::type::INT32);
+    REQUIRE(types);
+    CHECK((*types)[0].i == 3); // special added tokens are CONTROL
+    CHECK((*types)[2].i == 1);
+    CHECK(f->get_u64("tokenizer.ggml.bos_token_id") == 1); // tokenizer_config's "<|im_start|>"
+    CHECK(f->get_u64("tokenizer.ggml.eos_token_id") == 1); // config.json's eos_token_id
+    CHECK(f->find_tensor("output.weight") == nullptr);     // tied: the embeddings serve
+}
+
+TEST_CASE("merges given as pairs are joined with a space, spaces inside written as U+0120") {
+    tiny_dir d("convert-merge-pairs");
+    json t = tiny_tokenizer();
+    t["model"]["merges"] = json::array({json::array({"a", "b"}), json::array({"a b", "c"})});
+    write_json(d.path / "tokenizer.json", t);
+    convert(d.path, d.out(), "F16");
+    const auto f = gguf::file::open(d.out().string());
+    const auto * merges = f->get_array("tokenizer.ggml.merges", gguf::type::STRING);
+    REQUIRE(merges);
+    REQUIRE(merges->size() == 2);
+    CHECK((*merges)[0].str == "a b");
+    CHECK((*merges)[1].str == "a\xC4\xA0"
+                              "b c");
+}
+
+TEST_CASE("Q and K rows go from HF's half-split heads to GGUF's interleaved pairs") {
+    // Each row of q_proj and k_proj holds its own row number. Heads of 4:
+    // HF keeps a head's pairs (x0, x2), (x1, x3); GGUF's Llama wants
+    // (x0, x1), (x2, x3), so a head's rows come out as 0, 2, 1, 3.
+    tiny_dir d("convert-permute");
+    write_safetensors(d.path / "model.safetensors", tiny_tensors(), nullptr, 0,
+                      [](const st_entry & e, int64_t i) {
+                          return e.shape.size() == 2 ? float(i / e.shape[1]) : 1.0f;
+                      });
+    convert(d.path, d.out(), "F32");
+    const auto f = gguf::file::open(d.out().string());
+    auto rows = [&](const char * name) {
+        const gguf::tensor_info * t = f->find_tensor(name);
+        REQUIRE(t);
+        std::vector<int> out;
+        for (int64_t r = 0; r < t->ne[1]; ++r) {
+            float v;
+            std::memcpy(&v, static_cast<const char *>(t->data) + size_t(r * t->ne[0]) * 4, 4);
+            out.push_back(int(v));
+        }
+        return out;
+    };
+    CHECK(rows("blk.0.attn_q.weight") == std::vector<int>{0, 2, 1, 3, 4, 6, 5, 7});
+    CHECK(rows("blk.0.attn_k.weight") == std::vector<int>{0, 2, 1, 3});
+    CHECK(rows("blk.0.attn_v.weight") == std::vector<int>{0, 1, 2, 3});
 }
 
 TEST_CASE("a converted random HF Llama gives the logits of a float64 forward pass in HF's "

@@ -6,6 +6,7 @@
 #include "safetensors.h"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -13,6 +14,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+// safetensors is little-endian and values are read straight from the mapping.
+static_assert(std::endian::native == std::endian::little,
+              "the safetensors reader assumes a little-endian host");
 
 namespace smol::convert {
 
