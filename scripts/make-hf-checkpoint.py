@@ -6,8 +6,9 @@ The directory holds config.json, the weights as safetensors (one file, or
 shards with model.safetensors.index.json) in HF's layout (q_proj and k_proj
 rows half-split for rotate_half RoPE, as transformers stores them),
 tokenizer.json (a `tokenizers` BPE built from the vocabulary and merges of a
-real SmolLM2 GGUF, with SmolLM2's pre-tokenizer and special tokens) and
-tokenizer_config.json (SmolLM2's chat template and special tokens).
+real SmolLM2 GGUF, with SmolLM2's pre-tokenizer and special tokens),
+tokenizer_config.json (SmolLM2's chat template and special tokens) and
+generation_config.json (sampling settings).
 
 reference.json beside them gives, for a few texts, the ids the HF
 `tokenizers` library gives, and for a few token sequences the logits of an
@@ -229,6 +230,9 @@ def main():
     }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
+    with open(os.path.join(a.out, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.2, "top_p": 0.9,
+                   "repetition_penalty": 1.1, "transformers_version": "4.42.3"}, f, indent=2)
 
     rng = np.random.default_rng(a.seed)
     shapes = {"model.embed_tokens.weight": (n_vocab, E), "model.norm.weight": (E,)}

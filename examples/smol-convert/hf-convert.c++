@@ -242,6 +242,51 @@ std::string size_label(uint64_t n) {
     return buf;
 }
 
+// generation_config.json's sampling settings as general.sampling.*, in
+// gguf-py's order and types (Metadata.load, set_gguf_meta_model).
+void add_sampling(gguf::writer & w, const std::string & path) {
+    const json g = read_json(path, false);
+    if (!g.is_object()) return;
+    struct field {
+        const char * json_key;
+        const char * alt; // a second name for the same setting, or null
+        const char * gguf_key;
+        char kind; // 's' string, 'i' int32, 'f' float32
+    };
+    static const field fields[] = {
+        {"sequence", nullptr, "general.sampling.sequence", 's'},
+        {"top_k", nullptr, "general.sampling.top_k", 'i'},
+        {"top_p", nullptr, "general.sampling.top_p", 'f'},
+        {"min_p", nullptr, "general.sampling.min_p", 'f'},
+        {"xtc_probability", nullptr, "general.sampling.xtc_probability", 'f'},
+        {"xtc_threshold", nullptr, "general.sampling.xtc_threshold", 'f'},
+        {"temperature", nullptr, "general.sampling.temp", 'f'},
+        {"penalty_last_n", nullptr, "general.sampling.penalty_last_n", 'i'},
+        {"penalty_repeat", "repetition_penalty", "general.sampling.penalty_repeat", 'f'},
+        {"mirostat", nullptr, "general.sampling.mirostat", 'i'},
+        {"mirostat_tau", nullptr, "general.sampling.mirostat_tau", 'f'},
+        {"mirostat_eta", nullptr, "general.sampling.mirostat_eta", 'f'},
+    };
+    for (const field & f : fields) {
+        const char * key = f.json_key;
+        if ((!g.contains(key) || g[key].is_null()) && f.alt) key = f.alt;
+        if (!g.contains(key) || g[key].is_null()) continue;
+        const json & v = g[key];
+        if (f.kind == 's' && v.is_string()) {
+            w.set(f.gguf_key, gguf::value::make_str(v.get<std::string>()));
+        } else if (f.kind == 'i' && v.is_number_integer()) {
+            w.set(f.gguf_key, gguf::value::make_i32(v.get<int32_t>()));
+        } else if (f.kind == 'f' && v.is_number()) {
+            w.set(f.gguf_key, gguf::value::make_f32(v.get<float>()));
+        } else {
+            throw convert_error(path + ": " + key + " is " + v.dump().substr(0, 60) + ", not " +
+                                (f.kind == 's'   ? "a string"
+                                 : f.kind == 'i' ? "an integer"
+                                                 : "a number"));
+        }
+    }
+}
+
 struct planned {
     const st_tensor * src;
     wanted want;
@@ -367,6 +412,7 @@ summary convert_model(const options & o) {
         o.name.empty() ? fs::path(dir).lexically_normal().filename().string() : o.name;
     w.set("general.architecture", value::make_str("llama"));
     w.set("general.type", value::make_str("model"));
+    add_sampling(w, (fs::path(dir) / "generation_config.json").string());
     w.set(
         "general.name",
         value::make_str(name.empty() ? fs::absolute(dir).parent_path().filename().string() : name));
