@@ -60,13 +60,13 @@ int main(int argc, char ** argv) {
                    "the directory holding config.json, *.safetensors and tokenizer.json")
         ->required();
     app.add_option("output", out, "the GGUF file to write")->required();
-    app.add_option("-t,--type", type, "the file type: f32, f16, bf16 or a quantized type")
+    app.add_option("--type", type, "the file type: f32, f16, bf16 or a quantized type")
         ->capture_default_str();
     app.add_option("--name", name, "general.name (default: the directory's name)");
     app.add_option("--pre", pre,
                    "tokenizer.ggml.pre, llama.cpp's name of the pre-tokenizer (default: "
                    "recognised from tokenizer.json)");
-    app.add_option("--threads", n_threads, "threads quantizing rows")
+    app.add_option("-t,--threads", n_threads, "threads converting rows")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     CLI11_PARSE(app, argc, argv);
