@@ -216,20 +216,6 @@ smol_type fallback(const tensor_desc & ti, smol_type t, bool & fell_back) {
     return t;
 }
 
-// The order llama-quantize takes tensors in: non-layer tensors first, then
-// by layer, then by name.
-std::vector<size_t> llama_order(const std::vector<tensor_desc> & ts) {
-    std::vector<int> layer(ts.size(), -1);
-    for (size_t i = 0; i < ts.size(); ++i) std::sscanf(ts[i].name.c_str(), "blk.%d.", &layer[i]);
-    std::vector<size_t> order(ts.size());
-    std::iota(order.begin(), order.end(), size_t(0));
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-        if (layer[a] != layer[b]) return layer[a] < layer[b];
-        return ts[a].name < ts[b].name;
-    });
-    return order;
-}
-
 std::string name_of(smol_type t) {
     const char * n = smol_type_name(t);
     return n ? n : "type " + std::to_string(int(t));
@@ -255,6 +241,18 @@ std::string recipe_names() {
     return out;
 }
 
+std::vector<size_t> quantize_order(const std::vector<tensor_desc> & ts) {
+    std::vector<int> layer(ts.size(), -1);
+    for (size_t i = 0; i < ts.size(); ++i) std::sscanf(ts[i].name.c_str(), "blk.%d.", &layer[i]);
+    std::vector<size_t> order(ts.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        if (layer[a] != layer[b]) return layer[a] < layer[b];
+        return ts[a].name < ts[b].name;
+    });
+    return order;
+}
+
 std::vector<tensor_choice> choose_types(const recipe & r, const std::vector<tensor_desc> & ts,
                                         const recipe_model & m) {
     counters qs;
@@ -267,7 +265,7 @@ std::vector<tensor_choice> choose_types(const recipe & r, const std::vector<tens
     }
     const bool quantized_base = traits_of(r.base)->quantized;
     std::vector<tensor_choice> out(ts.size());
-    for (size_t i : llama_order(ts)) {
+    for (size_t i : quantize_order(ts)) {
         const tensor_desc & t = ts[i];
         tensor_choice & c = out[i];
         c.fell_back = false;
@@ -309,7 +307,7 @@ void quantize_model(const std::string & in_path, const std::string & out_path, c
     // kept here, unchanged ones stay in the input's mapping.
     std::vector<std::vector<uint8_t>> converted;
     converted.reserve(in->tensors().size());
-    const std::vector<size_t> order = llama_order(descs);
+    const std::vector<size_t> order = quantize_order(descs);
     const cpu::kernels & k = cpu::kernels_best();
     for (size_t n = 0; n < order.size(); ++n) {
         const gguf::tensor_info & t = in->tensors()[order[n]];

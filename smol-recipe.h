@@ -50,6 +50,10 @@ struct tensor_choice {
 std::vector<tensor_choice> choose_types(const recipe & r, const std::vector<tensor_desc> & ts,
                                         const recipe_model & m);
 
+// The order llama-quantize takes and writes tensors in: non-layer tensors
+// first, then by layer number, then by name (indices into ts).
+std::vector<size_t> quantize_order(const std::vector<tensor_desc> & ts);
+
 // What quantize_model reports of each tensor as it is written.
 struct quantized_tensor {
     const gguf::tensor_info * in;
