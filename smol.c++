@@ -8,10 +8,12 @@
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-graph.h"
+#include "smol-jinja-value.h"
 #include "smol-llama.h"
 #include "smol-plan.h"
 #include "smol-quant.h"
 #include "smol-recipe.h"
+#include "smol-tool-calls.h"
 
 #include <algorithm>
 #include <cctype>
@@ -372,6 +374,43 @@ smol_status smol_chat_apply_template(const smol_model * model, const smol_chat_m
     smol_chat_params p = smol_chat_default_params();
     p.add_assistant = add_assistant;
     return smol_chat_apply_template_ex(model, messages, n, &p, buf, size, n_out);
+}
+
+const char * smol_chat_tool_syntax(const smol_model * model) {
+    if (!model) return "hermes";
+    return smol::tool_syntax_name(smol::tool_syntax_of(model->m->chat.text()));
+}
+
+smol_status smol_chat_parse_tool_calls(const smol_model * model, const char * text, size_t len,
+                                       char * buf, size_t size, size_t * n_out) {
+    if (!model || (!text && len > 0)) {
+        return invalid("smol_chat_parse_tool_calls: model and text must not be NULL");
+    }
+    std::string out;
+    const smol_status st = guard([&] {
+        const smol::tool_reply r = smol::parse_tool_calls(
+            std::string_view(text ? text : "", len), smol::tool_syntax_of(model->m->chat.text()));
+        auto calls = std::make_shared<smol::jinja::list_data>();
+        for (const smol::tool_call & c : r.calls) {
+            auto d = std::make_shared<smol::jinja::dict_data>();
+            d->set("name", smol::jinja::value(c.name));
+            d->set("arguments", smol::jinja::value(c.arguments));
+            calls->push_back(smol::jinja::value::dict(d));
+        }
+        auto reply = std::make_shared<smol::jinja::dict_data>();
+        reply->set("content", smol::jinja::value(r.content));
+        reply->set("tool_calls", smol::jinja::value::list(std::move(*calls)));
+        out = smol::jinja::to_json(smol::jinja::value::dict(reply));
+    });
+    if (st != SMOL_OK) return st;
+    return copy_out(out, buf, size, n_out);
+}
+
+int64_t smol_chat_tool_call_start(const smol_model * model, const char * text, size_t len) {
+    if (!model || (!text && len > 0)) return -1;
+    const size_t at = smol::tool_call_start(std::string_view(text ? text : "", len),
+                                            smol::tool_syntax_of(model->m->chat.text()));
+    return at == std::string_view::npos ? -1 : int64_t(at);
 }
 
 smol_status smol_chat_tokenize(const smol_model * model, const smol_chat_message * messages,

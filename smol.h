@@ -207,6 +207,25 @@ SMOL_API smol_status smol_chat_apply_template(const smol_model * model,
                                               bool add_assistant, char * buf, size_t size,
                                               size_t * n_out);
 
+// Tool calls read back from a reply, in the syntax the model's chat
+// template teaches: "hermes" (Hermes and Qwen's <tool_call>{...}</tool_call>
+// blocks; also for a template that shows none), "llama3" (Llama 3.1's JSON
+// object, after <|python_tag|> or alone), "mistral" ([TOOL_CALLS] and a
+// list, or name[ARGS]{...}).
+SMOL_API const char * smol_chat_tool_syntax(const smol_model * model);
+// The reply's text (with special tokens' text: smol_token_to_piece with
+// special) as JSON: {"content": "the text without its calls, trimmed",
+// "tool_calls": [{"name": "...", "arguments": "JSON text of an object"}]}.
+// A call whose JSON does not parse or names no function stays content.
+// Buffer as smol_chat_apply_template_ex's.
+SMOL_API smol_status smol_chat_parse_tool_calls(const smol_model * model, const char * text,
+                                                size_t len, char * buf, size_t size,
+                                                size_t * n_out);
+// Where a tool call may begin in a reply so far (its opening marker, or a
+// tail that may grow into one): text before it can be shown as it comes,
+// text from it on waits for the end. -1: no call can begin in it.
+SMOL_API int64_t smol_chat_tool_call_start(const smol_model * model, const char * text, size_t len);
+
 // Formats a conversation as smol_chat_apply_template_ex does and tokenizes
 // it for the model, safely: special tokens ("<|im_start|>", ...) are parsed
 // only in the template's own text, never in what came from the caller

@@ -6,15 +6,19 @@
 #include "gguf-io/gguf.h"
 #include "smol-chat.h"
 #include "smol-error.h"
+#include "smol-tool-calls.h"
 #include "smol-vocab.h"
 #include "smol.h"
+#include "test-seed.h"
 
 #include <algorithm>
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -406,4 +410,156 @@ TEST_CASE("a template that prints bos_token gets no second bos, and a user's bos
     const std::vector<smol_token> one =
         smol::tokenize_chat(v, plain.apply_marked({msg("user", "hi")}, false));
     CHECK(one == v.tokenize("hi", true, true));
+}
+
+// --- tool calls read back from replies (smol-tool-calls.h) ------------------------
+
+namespace {
+
+// A random JSON value: objects, arrays, strings with quotes, braces,
+// backslashes and non-ASCII text, numbers, booleans, null.
+nlohmann::json random_json(std::mt19937 & rng, int depth) {
+    const int kind = int(rng() % (depth > 0 ? 7 : 5));
+    static const char * const words[] = {
+        "Paris",       "a \"quoted\" word", "{braces}", "back\\slash",
+        "caf\xc3\xa9", "line\nbreak",       "[x]",      "\xe6\x9d\xb1\xe4\xba\xac"};
+    switch (kind) {
+    case 0:
+        return words[rng() % 8];
+    case 1:
+        return int64_t(rng() % 2001) - 1000;
+    case 2:
+        return double(rng() % 10000) / 64.0;
+    case 3:
+        return rng() % 2 == 0;
+    case 4:
+        return nullptr;
+    case 5: {
+        nlohmann::json a = nlohmann::json::array();
+        for (int i = int(rng() % 3); i > 0; --i) a.push_back(random_json(rng, depth - 1));
+        return a;
+    }
+    default: {
+        nlohmann::json o = nlohmann::json::object();
+        for (int i = int(rng() % 4); i > 0; --i)
+            o["k" + std::to_string(rng() % 100)] = random_json(rng, depth - 1);
+        return o;
+    }
+    }
+}
+
+nlohmann::json random_arguments(std::mt19937 & rng) {
+    nlohmann::json o = nlohmann::json::object();
+    for (int i = 1 + int(rng() % 3); i > 0; --i)
+        o["p" + std::to_string(rng() % 100)] = random_json(rng, 2);
+    return o;
+}
+
+} // namespace
+
+TEST_CASE("tool calls written by each family's own template are read back exactly") {
+    // What each template writes for an assistant's tool call, with the
+    // end-of-turn markers the reply would not hold.
+    struct family {
+        const char * file;
+        smol::tool_syntax syntax;
+        std::vector<std::string> ends;
+    };
+    const family families[] = {
+        {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+         smol::tool_syntax::hermes,
+         {"<|im_end|>"}},
+        {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+         smol::tool_syntax::hermes,
+         {"<|im_end|>"}},
+        {"Qwen-Qwen2.5-7B-Instruct.jinja", smol::tool_syntax::hermes, {"<|im_end|>"}},
+        {"meta-llama-Llama-3.1-8B-Instruct.jinja", smol::tool_syntax::llama3, {"<|eot_id|>"}},
+        {"meta-llama-Llama-3.3-70B-Instruct.jinja", smol::tool_syntax::llama3, {"<|eot_id|>"}},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", smol::tool_syntax::mistral, {"</s>"}},
+    };
+    const std::string dir = std::string(SMOL_LLAMA_CPP_SOURCE) + "/models/templates/";
+    if (!std::filesystem::exists(dir + families[0].file)) {
+        MESSAGE("skipped: llama.cpp's templates are missing (scripts/peers.sh --sources)");
+        return;
+    }
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    int checked = 0;
+    for (const family & f : families) {
+        CAPTURE(f.file);
+        std::ifstream in(dir + f.file);
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        CHECK(smol::tool_syntax_of(text) == f.syntax);
+        const smol::chat_template t(text, true, "<s>", "</s>");
+        for (int round = 0; round < 20; ++round) {
+            const int n_calls = f.syntax == smol::tool_syntax::llama3 ? 1 : 1 + int(rng() % 2);
+            nlohmann::json calls = nlohmann::json::array();
+            for (int i = 0; i < n_calls; ++i) {
+                calls.push_back({{"id", "abcdefgh" + std::to_string(i)},
+                                 {"type", "function"},
+                                 {"function",
+                                  {{"name", "tool_" + std::to_string(rng() % 1000)},
+                                   {"arguments", random_arguments(rng).dump()}}}});
+            }
+            smol::chat_message user = msg("user", "What is the weather?");
+            smol::chat_message call;
+            call.role = "assistant";
+            call.tool_calls = calls.dump();
+            const std::string before = t.apply({user}, true);
+            const std::string after = t.apply({user, call}, false);
+            REQUIRE(after.compare(0, before.size(), before) == 0);
+            std::string reply = after.substr(before.size());
+            for (const std::string & e : f.ends) {
+                const size_t at = reply.rfind(e);
+                if (at != std::string::npos) reply.erase(at);
+            }
+            CAPTURE(reply);
+            const smol::tool_reply r = smol::parse_tool_calls(reply, f.syntax);
+            REQUIRE(r.calls.size() == calls.size());
+            CHECK(r.content.empty());
+            for (size_t i = 0; i < calls.size(); ++i) {
+                CHECK(r.calls[i].name == calls[i]["function"]["name"]);
+                CHECK(nlohmann::json::parse(r.calls[i].arguments) ==
+                      nlohmann::json::parse(calls[i]["function"]["arguments"].get<std::string>()));
+            }
+            // A reply being streamed holds its text back from the call's start.
+            const size_t start = smol::tool_call_start(reply, f.syntax);
+            CHECK(start != std::string::npos);
+            CHECK(start <= reply.find_first_not_of(" \n"));
+            ++checked;
+        }
+    }
+    CHECK(checked == 120);
+}
+
+TEST_CASE("text that is no tool call stays content, and a stream may show it") {
+    const std::string plain = "The weather in Paris is {sunny}; no tool needed.";
+    for (smol::tool_syntax s :
+         {smol::tool_syntax::hermes, smol::tool_syntax::llama3, smol::tool_syntax::mistral}) {
+        CAPTURE(smol::tool_syntax_name(s));
+        const smol::tool_reply r = smol::parse_tool_calls(plain, s);
+        CHECK(r.calls.empty());
+        CHECK(r.content == plain);
+        CHECK(smol::tool_call_start(plain, s) == std::string::npos);
+    }
+    // A broken call stays in the content; a good one beside it is read.
+    const smol::tool_reply h = smol::parse_tool_calls(
+        "Let me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": "
+        "\"Paris\"}}\n</tool_call>\n<tool_call>{not json}</tool_call>",
+        smol::tool_syntax::hermes);
+    REQUIRE(h.calls.size() == 1);
+    CHECK(h.calls[0].name == "weather");
+    CHECK(nlohmann::json::parse(h.calls[0].arguments) == nlohmann::json{{"city", "Paris"}});
+    CHECK(h.content == "Let me check.\n\n<tool_call>{not json}</tool_call>");
+    // A stream holds back a tail that may open a call, and no more.
+    CHECK(smol::tool_call_start("Sure. <tool", smol::tool_syntax::hermes) == 6);
+    CHECK(smol::tool_call_start("Sure. <b>", smol::tool_syntax::hermes) == std::string::npos);
+    CHECK(smol::tool_call_start("Done [TOOL_", smol::tool_syntax::mistral) == 5);
+    // Mistral's newer form, name[ARGS]{...}.
+    const smol::tool_reply m = smol::parse_tool_calls(
+        "[TOOL_CALLS]weather[ARGS]{\"city\": \"Lyon\"}[TOOL_CALLS]time[ARGS]{}",
+        smol::tool_syntax::mistral);
+    REQUIRE(m.calls.size() == 2);
+    CHECK(m.calls[1].name == "time");
+    CHECK(m.calls[1].arguments == "{}");
 }
