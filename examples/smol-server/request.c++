@@ -207,6 +207,21 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
         throw bad_request("'tools' holds " + std::to_string(tools.size()) +
                               " tools; this server takes at most " + std::to_string(max_tools),
                           "tools");
+    const json & choice = field(body, "tool_choice");
+    if (!choice.is_null() && choice != "auto" && choice != "none") {
+        if (choice.is_string() || choice.is_object())
+            throw bad_request("tool_choice " + choice.dump() +
+                                  " is not supported yet; \"auto\" and \"none\" are",
+                              "tool_choice");
+        throw bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or a named "
+                          "function",
+                          "tool_choice");
+    }
+    g.tools = tools.is_array() && !tools.empty() && choice != "none";
+    const json & parallel = field(body, "parallel_tool_calls");
+    if (!parallel.is_null() && !parallel.is_boolean())
+        throw bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    g.parallel_tool_calls = !parallel.is_boolean() || parallel.get<bool>();
     bool calls = false;
     for (const json & msg : messages)
         calls = calls || (msg.is_object() && msg.contains("tool_calls"));

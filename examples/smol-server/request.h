@@ -51,6 +51,11 @@ struct gen_request {
     bool logprobs = false;
     int32_t top_logprobs = 0;
     int32_t n = 1; // choices, each with its own seed stream
+    // Tools were offered (and tool_choice is not "none"): the reply is read
+    // for tool calls in the model's syntax; at most one when
+    // parallel_tool_calls is false.
+    bool tools = false;
+    bool parallel_tool_calls = true;
 };
 
 // The most choices one request may ask for.

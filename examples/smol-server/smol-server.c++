@@ -239,12 +239,17 @@ struct detokenizer {
     size_t sent = 0;  // bytes of text already handed out
     bool stopped = false;
     std::vector<size_t> starts; // where each token's text starts in text
+    // With tools offered, special tokens keep their text (some models open
+    // a call with one) and what may be a call is held back; cut: where the
+    // calls found at the end begin (nothing from there is content).
+    bool tools = false;
+    size_t cut = std::string::npos;
 
     void add(smol_token t) {
         char buf[256];
         size_t n = 0;
         starts.push_back(text.size());
-        if (smol_token_to_piece(model, t, false, buf, sizeof buf, &n) == SMOL_OK)
+        if (smol_token_to_piece(model, t, tools, buf, sizeof buf, &n) == SMOL_OK)
             text.append(buf, n);
     }
     // The next piece of text that is safe to send; final: no more tokens.
@@ -257,6 +262,11 @@ struct detokenizer {
                 end = at;
                 stopped = true;
             }
+        }
+        if (tools) {
+            const int64_t at = final ? (cut == std::string::npos ? -1 : int64_t(cut))
+                                     : smol_chat_tool_call_start(model, text.data(), text.size());
+            if (at >= 0 && size_t(at) < end) end = std::max(sent, size_t(at));
         }
         if (!stopped && !final) {
             // Hold back the longest tail that begins a stop string.
@@ -322,6 +332,8 @@ struct job {
         include_usage = g.include_usage;
         logprobs = g.logprobs;
         state->n_top = g.logprobs ? g.top_logprobs : -1;
+        text.tools = g.tools;
+        parallel_calls = g.parallel_tool_calls;
         smol_request_params p = smol_request_default_params();
         p.prompt = g.prompt.data();
         p.n_prompt = int32_t(g.prompt.size());
@@ -371,6 +383,7 @@ struct job {
             for (token_logprob & lp : lps) got_lps.push_back(std::move(lp));
         }
         const bool was_stopped = text.stopped;
+        if (text.tools && fin != SMOL_FINISH_NONE && fin != SMOL_FINISH_ERROR) read_calls();
         std::string out = text.take(fin != SMOL_FINISH_NONE);
         // A token's logprob goes out with the piece of text that completes
         // its own (at the end: that holds any of it; none past a stop string).
@@ -395,7 +408,59 @@ struct job {
         return out;
     }
 
-    const char * finish_reason() const { return finish_name(finish, text.stopped); }
+    const char * finish_reason() const {
+        return calls.empty() ? finish_name(finish, text.stopped) : "tool_calls";
+    }
+
+    // The calls of a finished reply, read when tools were offered, and its
+    // content beside them.
+    bool parallel_calls = true;
+    json calls = json::array();
+    std::string call_content;
+    void read_calls() {
+        std::vector<char> buf(text.text.size() + 256);
+        size_t n = 0;
+        smol_status s = smol_chat_parse_tool_calls(st.served.model, text.text.data(),
+                                                   text.text.size(), buf.data(), buf.size(), &n);
+        if (s == SMOL_ERR_BUFFER_TOO_SMALL) {
+            buf.resize(n + 1);
+            s = smol_chat_parse_tool_calls(st.served.model, text.text.data(), text.text.size(),
+                                           buf.data(), buf.size(), &n);
+        }
+        if (s != SMOL_OK) return;
+        const json r = json::parse(std::string(buf.data(), n), nullptr, false);
+        if (!r.is_object() || !r["tool_calls"].is_array() || r["tool_calls"].empty()) return;
+        for (const json & c : r["tool_calls"]) {
+            if (!parallel_calls && !calls.empty()) break;
+            calls.push_back({{"id", oid + "-call-" + std::to_string(calls.size())},
+                             {"type", "function"},
+                             {"function", {{"name", c["name"]}, {"arguments", c["arguments"]}}}});
+        }
+        call_content = r["content"].get<std::string>();
+        const int64_t at =
+            smol_chat_tool_call_start(st.served.model, text.text.data(), text.text.size());
+        text.cut = at >= 0 ? size_t(at) : text.text.size();
+    }
+
+    // The stream's chunks of the calls: each call's id, type and name, then
+    // its arguments.
+    std::vector<json> call_chunks() const {
+        std::vector<json> out;
+        for (size_t i = 0; i < calls.size(); ++i) {
+            json head = calls[i];
+            head["index"] = i;
+            head["function"]["arguments"] = "";
+            json args = {{"index", i},
+                         {"function", {{"arguments", calls[i]["function"]["arguments"]}}}};
+            for (const json & d : {head, args}) {
+                json c = chunk("", nullptr, false);
+                c["choices"][0]["delta"] = {{"tool_calls", json::array({d})}};
+                c["choices"][0]["logprobs"] = nullptr;
+                out.push_back(c);
+            }
+        }
+        return out;
+    }
 
     // The engine's failure of this request, in OpenAI's error shape.
     json failure() const {
@@ -484,9 +549,13 @@ struct job {
     json choice_whole(const std::string & all) const {
         json choice;
         if (chat) {
-            choice = {{"index", index},
-                      {"message", {{"role", "assistant"}, {"content", all}}},
-                      {"logprobs", logprobs_json(0, released)}};
+            json message = {{"role", "assistant"}, {"content", all}};
+            if (!calls.empty()) {
+                message["content"] = call_content.empty() ? json(nullptr) : json(call_content);
+                message["tool_calls"] = calls;
+            }
+            choice = {
+                {"index", index}, {"message", message}, {"logprobs", logprobs_json(0, released)}};
         } else {
             choice = {{"index", index}, {"text", all}, {"logprobs", logprobs_json(0, released)}};
         }
@@ -619,9 +688,11 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
                 const bool news = !delta.empty() || j->released > j->released_before;
                 if (news && !send(j->chunk(delta, nullptr, false))) return gone();
                 any_news = any_news || news;
-                if (j->finished && j->finish != SMOL_FINISH_ERROR &&
-                    !send(j->chunk("", j->finish_reason(), false)))
-                    return gone();
+                if (j->finished && j->finish != SMOL_FINISH_ERROR) {
+                    for (const json & x : j->call_chunks())
+                        if (!send(x)) return gone();
+                    if (!send(j->chunk("", j->finish_reason(), false))) return gone();
+                }
             }
             if (const job * failed = c->failed()) {
                 // The stream ends with the error, as OpenAI's streams do.
