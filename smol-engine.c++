@@ -116,6 +116,11 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     : model_(model), params_(params), ctx_(model, engine_context_params(model, params)),
       tree_(int32_t(params.prefix_block ? params.prefix_block : 16)) {
     params_.context = ctx_.params;
+    if (params.context.embeddings) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_create: a context made for embeddings gives no logits to "
+                    "sample from; make the engine's without them");
+    }
     if (params_.n_chunk == 0) params_.n_chunk = 256;
     if (params_.n_queue_max == 0) params_.n_queue_max = 256;
     if (params_.prefix_block == 0) params_.prefix_block = 16;

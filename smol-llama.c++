@@ -366,7 +366,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
-    reserve_logits(size_t(hp.n_vocab));
+    reserve_logits(size_t(out_width()));
 
     // A weight type the device does not compute with is refused before
     // anything is placed, naming the first such tensor.
@@ -559,7 +559,7 @@ void llama_context::build_graph(const step_shape & shape) {
     if (n_out == 0) return;
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));
     x = op_rms_norm(g, x, W(output_norm_), hp.rms_eps);
-    logits_node_ = op_mul_mat(g, W(output_), x);
+    logits_node_ = params.embeddings ? x : op_mul_mat(g, W(output_), x);
 }
 
 void llama_context::decode(const smol_batch & b) {
@@ -634,7 +634,7 @@ void llama_context::decode(const smol_batch & b) {
     last_out_ = -1;
     for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
         if (out_row_[size_t(i)] >= 0) last_out_ = i;
-    reserve_logits(size_t(n_out) * hp.n_vocab);
+    reserve_logits(size_t(n_out) * size_t(out_width()));
 
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
@@ -732,7 +732,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         built_gen_ = graph_.generation();
     }
     graph_.rerun = again;
-    float * dst = logits_ + size_t(out_base) * size_t(hp.n_vocab);
+    float * dst = logits_ + size_t(out_base) * size_t(out_width());
     if (logits_node_ && be_->where() == placement::host) logits_node_->data = dst;
     be_->run(graph_);
     if (logits_node_ && logits_node_->data != dst) {
@@ -821,7 +821,7 @@ void llama_context::list_seq_cells(int32_t n) {
 const float * llama_context::logits(int32_t i) const {
     if (i < 0) i = last_out_;
     if (i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return nullptr;
-    return logits_ + size_t(out_row_[size_t(i)]) * size_t(model.hp.n_vocab);
+    return logits_ + size_t(out_row_[size_t(i)]) * size_t(out_width());
 }
 
 } // namespace smol

@@ -122,7 +122,10 @@ class llama_context {
     static constexpr int32_t chunk_outputs = 512;
 
     void decode(const smol_batch & batch); // throws smol::error
+    // The i-th token's output row: logits, or with params.embeddings its
+    // final hidden state.
     const float * logits(int32_t i) const;
+    int32_t out_width() const { return params.embeddings ? model.hp.n_embd : model.hp.n_vocab; }
     const backend & device() const { return *be_; }
 
     smol_memory_info memory_info() const;

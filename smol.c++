@@ -456,6 +456,7 @@ smol_context_params smol_context_default_params(void) {
     p.gpu_pdl = true;
     p.abort_callback = nullptr;
     p.abort_user_data = nullptr;
+    p.embeddings = false;
     return p;
 }
 
@@ -612,7 +613,11 @@ const smol_model * smol_context_get_model(const smol_context * ctx) {
 }
 
 const float * smol_get_logits(smol_context * ctx, int32_t i) {
-    return ctx ? ctx->c->logits(i) : nullptr;
+    return ctx && !ctx->c->params.embeddings ? ctx->c->logits(i) : nullptr;
+}
+
+const float * smol_get_embeddings(smol_context * ctx, int32_t i) {
+    return ctx && ctx->c->params.embeddings ? ctx->c->logits(i) : nullptr;
 }
 
 void smol_kv_seq_rm(smol_context * ctx, smol_seq_id seq, smol_pos p0, smol_pos p1) {

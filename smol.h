@@ -285,6 +285,9 @@ typedef struct smol_context_params {
     bool gpu_pdl;                 // GPU: programmatic dependent launch, where it has it (true)
     smol_abort_fn abort_callback; // asked before each chunk of smol_decode (NULL: none)
     void * abort_user_data;       // given to abort_callback
+    // The outputs are the final hidden states (n_embd floats a token, after
+    // the output norm: smol_get_embeddings), not logits (false).
+    bool embeddings;
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);
@@ -354,6 +357,11 @@ SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
 // Logits (n_vocab floats) of batch token i of the last decode; i = -1 is
 // the last token that asked for logits. NULL if i kept none.
 SMOL_API const float * smol_get_logits(smol_context * ctx, int32_t i);
+// In a context made with embeddings: the final hidden state (n_embd floats)
+// of the i-th token of the last batch (-1: the last with an output), as
+// smol_get_logits gives logits; NULL for a token without one, or in a
+// context without embeddings.
+SMOL_API const float * smol_get_embeddings(smol_context * ctx, int32_t i);
 
 // Drops the cached tokens of seq_id with positions in [p0, p1) (p1 < 0: to
 // the end); seq_id < 0 drops every sequence. A cell shared with other

@@ -153,6 +153,43 @@ TEST_CASE("logits of a random Gemma 3 match a float64 reference, past its slidin
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a context made for embeddings gives each token's final hidden state, not logits") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("embd.gguf");
+    tiny::shape s;
+    const tiny::model ref = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 24, s.n_vocab);
+    std::vector<std::vector<double>> want;
+    tiny::reference(ref, ids, &want);
+    smol_context_params p = smol_context_default_params();
+    p.n_ctx = 64;
+    p.n_threads = 2;
+    p.embeddings = true;
+    smol_context * raw = nullptr;
+    REQUIRE(smol_context_create(m.get(), &p, &raw) == SMOL_OK);
+    context_ptr c(raw);
+    smol_batch b = smol_batch_init(24);
+    for (int i = 0; i < 24; ++i) smol_batch_add(&b, 24, ids[size_t(i)], i, 0, true);
+    REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+    CHECK(smol_get_logits(c.get(), 0) == nullptr);
+    for (int i = 0; i < 24; ++i) {
+        CAPTURE(i);
+        const float * e = smol_get_embeddings(c.get(), i);
+        REQUIRE(e);
+        CHECK(rel_err(std::vector<float>(e, e + s.n_embd), want[size_t(i)]) < 5e-3);
+    }
+    smol_batch_free(&b);
+    // An engine cannot sample from such a context.
+    smol_engine_params ep = smol_engine_default_params();
+    ep.context = p;
+    smol_engine * engine = nullptr;
+    CHECK(smol_engine_create(m.get(), &ep, &engine) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("embeddings") != std::string::npos);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("a prompt decoded in one batch or token by token gives the same logits") {
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("chunks.gguf");

@@ -211,8 +211,12 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
     return m;
 }
 
-// The model in float64, one sequence, all positions: logits[t][vocab].
-inline std::vector<std::vector<double>> reference(const model & m, const std::vector<int> & ids) {
+// The model in float64, one sequence, all positions: logits[t][vocab];
+// with hidden, also each position's final hidden state after the output
+// norm, hidden[t][n_embd].
+inline std::vector<std::vector<double>>
+reference(const model & m, const std::vector<int> & ids,
+          std::vector<std::vector<double>> * hidden = nullptr) {
     const shape & s = m.s;
     const int E = s.n_embd, hd = s.hd(), T = int(ids.size()), group = s.n_head / s.n_head_kv;
     using vec = std::vector<double>;
@@ -315,8 +319,12 @@ inline std::vector<std::vector<double>> reference(const model & m, const std::ve
         }
     }
     std::vector<vec> logits(static_cast<size_t>(T));
-    for (int t = 0; t < T; ++t)
-        logits[size_t(t)] = matvec(m.tok_embd, rmsnorm(x[size_t(t)], m.out_norm), s.n_vocab);
+    if (hidden) hidden->assign(static_cast<size_t>(T), vec());
+    for (int t = 0; t < T; ++t) {
+        vec h = rmsnorm(x[size_t(t)], m.out_norm);
+        logits[size_t(t)] = matvec(m.tok_embd, h, s.n_vocab);
+        if (hidden) (*hidden)[size_t(t)] = std::move(h);
+    }
     return logits;
 }
 
