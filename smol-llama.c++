@@ -688,7 +688,6 @@ void llama_context::decode(const smol_batch & b) {
 }
 
 void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base) {
-    const llama_hparams & hp = model.hp;
     // Sequences take cells in pages of their own (kv_cache::find_cell), so
     // attention on the GPU skips other sequences' pages whole. (A step of
     // several sequences then writes cells far apart: an offloaded group's
