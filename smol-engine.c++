@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -194,6 +195,7 @@ smol_request_id engine::submit(const smol_request_params & p) {
                                        " requests are waiting already; retry later");
     }
     r->id = next_id_++;
+    r->t_submit = std::chrono::steady_clock::now();
     ++n_active_;
     const smol_request_id id = r->id;
     incoming_.push_back(std::move(r));
@@ -229,9 +231,39 @@ void engine::worker() {
     }
 }
 
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point from,
+                std::chrono::steady_clock::time_point to) {
+    if (to == std::chrono::steady_clock::time_point()) return -1;
+    return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+const char * finish_word(smol_finish_reason r) {
+    switch (r) {
+    case SMOL_FINISH_STOP:
+        return "stop";
+    case SMOL_FINISH_LENGTH:
+        return "length";
+    case SMOL_FINISH_CANCELLED:
+        return "cancelled";
+    case SMOL_FINISH_ERROR:
+        return "error";
+    case SMOL_FINISH_NONE:
+        break;
+    }
+    return "none";
+}
+
+} // namespace
+
 bool engine::emit(request & r, smol_token token, const float * logits, smol_finish_reason reason) {
+    if (token >= 0 && r.t_first == std::chrono::steady_clock::time_point())
+        r.t_first = std::chrono::steady_clock::now();
     if (!r.on_event) return true;
     smol_engine_event ev{};
+    ev.queue_ms = ms_since(r.t_submit, r.t_admit);
+    ev.first_token_ms = ms_since(r.t_submit, r.t_first);
     ev.id = r.id;
     ev.token = token;
     ev.logits = logits;
@@ -279,6 +311,18 @@ void engine::finish(request_ptr & r, smol_finish_reason reason, smol_token token
         stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
     }
     emit(*r, token, logits, reason);
+    // One line a request: its tokens, its times and how it ended.
+    const auto now = std::chrono::steady_clock::now();
+    const double total = ms_since(r->t_submit, now), first = ms_since(r->t_submit, r->t_first);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "engine: request %lld: %d prompt tokens (%d cached), %d generated; queue "
+                  "%.1f ms, first token %.1f ms, %.2f ms a token after it, %.1f ms in all; %s",
+                  static_cast<long long>(r->id), r->n_prompt, r->n_cached, r->n_generated,
+                  ms_since(r->t_submit, r->t_admit), first,
+                  r->n_generated > 1 && first >= 0 ? (total - first) / (r->n_generated - 1) : 0.0,
+                  total, finish_word(reason));
+    log_info(line);
     smol_sampler_free(r->sampler);
     r->sampler = nullptr;
 }
@@ -322,6 +366,8 @@ void engine::admit() {
         owned->seq = free_seqs_.back();
         free_seqs_.pop_back();
         owned->admitted = ++admit_clock_;
+        if (owned->t_admit == std::chrono::steady_clock::time_point())
+            owned->t_admit = std::chrono::steady_clock::now();
         owned->held = std::move(path);
         for (const radix_tree::node * x : owned->held)
             owned->cells.insert(owned->cells.end(), x->cells.begin(), x->cells.end());

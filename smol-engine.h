@@ -13,6 +13,7 @@
 #include "smol-llama.h"
 #include "smol.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -109,6 +110,8 @@ class engine {
         bool cancelled = false;
         bool prompt_cached = false; // its prompt's blocks went into the tree
         bool counted = false;       // in the prompt and prefix-hit figures
+        // Submission, first admission and first token (zero: not yet).
+        std::chrono::steady_clock::time_point t_submit, t_admit, t_first;
         // Within a step: the batch slice [b0, b0 + nb).
         int32_t b0 = 0, nb = 0;
     };

@@ -551,6 +551,11 @@ typedef struct smol_engine_event {
     int32_t n_cached;     // of them, taken from the prefix cache
     int32_t n_generated;  // tokens generated so far, this one included
     const char * message; // with SMOL_FINISH_ERROR, what went wrong
+    // Milliseconds from submission: to its first admission into a sequence
+    // slot (the queue wait; -1 before), and to its first generated token
+    // (-1 before).
+    double queue_ms;
+    double first_token_ms;
 } smol_engine_event;
 
 // Called on the thread that steps the engine; return false to cancel the
