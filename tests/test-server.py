@@ -3,7 +3,8 @@
 
 Starts smol-server on a free loopback port and checks: chat, streaming and
 completions through the openai client; logprobs in OpenAI's shapes, with
-llama-server's values (a recorded fixture); n choices; /tokenize, /detokenize and
+llama-server's values (a recorded fixture); n choices; embeddings
+(llama-server's too); /tokenize, /detokenize and
 /v1/models/{id}; stop strings, seeds and usage counts;
 that concurrent greedy requests give exactly the text each gives alone; that
 a shared system prompt hits the prefix cache without changing the output;
@@ -77,6 +78,10 @@ def stop_server(proc, log):
     log.seek(0)
     text = log.read()
     check(rc == 0, f"smol-server exits 0 on SIGTERM (exit status {rc})")
+    lines = [line for line in text.splitlines() if "engine: request " in line]
+    check(lines and all("prompt tokens" in line and "first token" in line and "ms a token" in line
+                        for line in lines),
+          f"one log line a request ({len(lines)}): {lines[0] if lines else ''}")
     found = [line for line in text.splitlines() if any(r in line for r in SANITIZER_REPORTS)]
     check(not found, "smol-server's stderr holds no sanitizer report" +
           (": " + found[0] if found else ""))
@@ -298,16 +303,14 @@ def run(port):
                                           temperature=0.9, seed=77, n=3)
     m1 = metrics(port)
     texts = [ch.message.content for ch in sorted(many.choices, key=lambda ch: ch.index)]
-    check(sorted(ch.index for ch in many.choices) == [0, 1, 2] and
-          many.usage.completion_tokens == sum(
-              len(client.chat.completions.create(model=model, messages=story, max_tokens=12,
-                                                 temperature=0.9, seed=77 + i, logprobs=True)
-                  .choices[0].logprobs.content) for i in range(3)),
-          "n=3 gives choices 0, 1, 2 and counts the tokens of all")
     alone_i = [client.chat.completions.create(model=model, messages=story, max_tokens=12,
-                                              temperature=0.9, seed=77 + i).choices[0].message.content
-               for i in range(3)]
-    check(texts == alone_i, "choice i is the answer of seed + i asked alone")
+                                              temperature=0.9, seed=77 + i) for i in range(3)]
+    check(sorted(ch.index for ch in many.choices) == [0, 1, 2] and
+          many.usage.completion_tokens == sum(r.usage.completion_tokens for r in alone_i) and
+          many.usage.prompt_tokens == alone_i[0].usage.prompt_tokens,
+          "n=3 gives choices 0, 1, 2, counts the prompt once and the tokens of all")
+    check(texts == [r.choices[0].message.content for r in alone_i],
+          "choice i is the answer of seed + i asked alone")
     hits = m1["smol_prefix_cache_hit_tokens_total"] - m0["smol_prefix_cache_hit_tokens_total"]
     check(hits >= 2 * 16, f"choices 1 and 2 take the prompt's KV from choice 0 (+{hits:.0f} hits)")
     by_index = {}
@@ -316,6 +319,29 @@ def run(port):
         for ch in ev.choices:
             by_index[ch.index] = by_index.get(ch.index, "") + (ch.delta.content or "")
     check([by_index.get(i) for i in range(3)] == texts, "streamed choices carry their index")
+
+    # --- embeddings: llama-server's values, both encodings, token ids ------------------
+    fx = json.load(open(FIXTURES + "/embeddings.json"))
+    emb = client.embeddings.create(model=model, input=fx["inputs"])  # the client asks for base64
+    _, as_float = raw(port, "POST", "/v1/embeddings", json.dumps(
+        {"model": model, "input": fx["inputs"], "encoding_format": "float"}).encode())
+    cos, diff = 1.0, 0.0
+    for d, want in zip(emb.data, fx["embeddings"]):
+        got = d.embedding
+        cos = min(cos, sum(a * b for a, b in zip(got, want)) /
+                  (sum(a * a for a in got) * sum(b * b for b in want)) ** 0.5)
+        diff = max(diff, max(abs(a - b) for a, b in zip(got, want)))
+    check(len(emb.data) == 3 and len(emb.data[0].embedding) == len(fx["embeddings"][0]) and
+          cos >= 0.999 and diff <= 0.01,
+          f"embeddings match llama-server's (cosine >= {cos:.5f}, largest difference {diff:.4f})")
+    check(all(abs(a - b) < 1e-6 for d, f in zip(emb.data, as_float["data"])
+              for a, b in zip(d.embedding, f["embedding"])) and
+          emb.usage.prompt_tokens == as_float["usage"]["prompt_tokens"],
+          "base64 and float encodings carry the same vectors")
+    _, ids = raw(port, "POST", "/tokenize", json.dumps({"content": fx["inputs"][0]}))
+    by_ids = client.embeddings.create(model=model, input=[ids["tokens"]])
+    check(by_ids.data[0].embedding == emb.data[0].embedding,
+          "token ids embed as the text they tokenize")
 
     # --- tokenizer routes and one model's route ------------------------------------
     _, tok = raw(port, "POST", "/tokenize", json.dumps({"content": "Hello world, café",
@@ -436,6 +462,14 @@ def run(port):
          json.dumps({**ok_body, "tools": [{"type": "function", "function": {"name": f"f{i}"}}
                                           for i in range(129)]}).encode(), 400),
         ("/tokenize content that is not a string", "/tokenize", b'{"content": 5}', 400),
+        ("an empty embeddings input", "/v1/embeddings",
+         json.dumps({"model": model, "input": ""}).encode(), 400),
+        ("more embeddings inputs than the server takes", "/v1/embeddings",
+         json.dumps({"model": model, "input": ["a"] * 257}).encode(), 400),
+        ("embeddings of other dimensions", "/v1/embeddings",
+         json.dumps({"model": model, "input": "a", "dimensions": 8}).encode(), 400),
+        ("an unknown embeddings encoding", "/v1/embeddings",
+         json.dumps({"model": model, "input": "a", "encoding_format": "int8"}).encode(), 400),
         ("/detokenize of an id past the vocabulary", "/detokenize", b'{"tokens": [99999999]}',
          400),
         ("an oversized body", chat_path, b"{" + b" " * (MAX_BODY + 10) + b"}", 413),
@@ -497,6 +531,20 @@ def run(port):
           f"clients that hang up free their sequences "
           f"({m['smol_client_disconnects_total']:.0f} disconnects seen)")
     check(ask(prompts[0]) == alone[0], "the server still answers as before")
+
+    # --- what an operator sees ------------------------------------------------------
+    m = metrics(port)
+    ends = sum(m[f'smol_requests_by_finish_total{{reason="{r}"}}']
+               for r in ("stop", "length", "cancelled", "error"))
+    check(ends == m["smol_requests_finished_total"] and ends > 30,
+          f"/metrics counts {ends:.0f} requests by finish reason")
+    for h in ("smol_time_to_first_token_seconds", "smol_time_per_output_token_seconds",
+              "smol_queue_wait_seconds"):
+        buckets = sorted((float(k.split('"')[1]) if "+Inf" not in k else float("inf"), v)
+                         for k, v in m.items() if k.startswith(h + "_bucket"))
+        counts = [v for _, v in buckets]
+        check(len(buckets) > 5 and counts == sorted(counts) and counts[-1] == m[h + "_count"] > 10
+              and m[h + "_sum"] > 0, f"/metrics has the histogram {h} ({counts[-1]:.0f} requests)")
     print(f"test-server: {time.time() - t0:.1f} s")
 
 

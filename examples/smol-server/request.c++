@@ -355,6 +355,82 @@ gen_request parse_request(const served_model & m, const std::string & text, bool
     return chat ? parse_chat(m, body, text) : parse_completion(m, body);
 }
 
+embed_request parse_embed_request(const served_model & m, const std::string & text) {
+    const json body = parse_body(text);
+    const json & model = field(body, "model");
+    if (!model.is_null() && (!model.is_string() || model.get<std::string>() != m.id)) {
+        throw api_error{
+            404, "The model " + model.dump() + " does not exist; this server has '" + m.id + "'",
+            "invalid_request_error", "model", "model_not_found"};
+    }
+    embed_request r;
+    const json & fmt = field(body, "encoding_format");
+    if (!fmt.is_null() && fmt != "float" && fmt != "base64")
+        throw bad_request("'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
+    r.base64 = fmt == "base64";
+    smol_model_info info;
+    smol_model_get_info(m.model, &info);
+    const json & dims = field(body, "dimensions");
+    if (!dims.is_null() && (!dims.is_number_integer() || dims.get<int64_t>() != info.n_embd)) {
+        throw bad_request("'dimensions': this model's embeddings have " +
+                              std::to_string(info.n_embd) + " dimensions, no other",
+                          "dimensions");
+    }
+    const json & input = field(body, "input");
+    auto ids_of = [&](const json & list, size_t i) {
+        std::vector<smol_token> ids;
+        for (const json & x : list) {
+            const bool in = x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(info.n_vocab)
+                            : x.is_number_integer()
+                                ? x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(info.n_vocab)
+                                : false;
+            if (!in)
+                throw bad_request("input " + std::to_string(i) + " holds " + x.dump() +
+                                      ", which is not an id of the model's vocabulary",
+                                  "input");
+            ids.push_back(smol_token(x.get<int64_t>()));
+        }
+        return ids;
+    };
+    auto all_ints = [](const json & a) {
+        return a.is_array() &&
+               std::all_of(a.begin(), a.end(), [](const json & x) { return x.is_number(); });
+    };
+    std::vector<const json *> items;
+    if (input.is_string() || all_ints(input)) {
+        items.push_back(&input);
+    } else if (input.is_array()) {
+        for (const json & x : input) items.push_back(&x);
+    } else {
+        throw bad_request("'input' must be a string, strings, token ids or lists of them", "input");
+    }
+    if (items.empty()) throw bad_request("'input' is empty", "input");
+    if (items.size() > max_embed_inputs)
+        throw bad_request("'input' holds " + std::to_string(items.size()) +
+                              " inputs; this server takes at most " +
+                              std::to_string(max_embed_inputs),
+                          "input");
+    for (size_t i = 0; i < items.size(); ++i) {
+        const json & x = *items[i];
+        std::vector<smol_token> ids;
+        if (x.is_string()) {
+            ids = tokenize(m, x.get<std::string>());
+        } else if (all_ints(x)) {
+            ids = ids_of(x, i);
+        } else {
+            throw bad_request(
+                "input " + std::to_string(i) + " must be a string or a list of token ids", "input");
+        }
+        if (ids.empty()) throw bad_request("input " + std::to_string(i) + " is empty", "input");
+        if (ids.size() > m.n_ctx)
+            throw bad_request("input " + std::to_string(i) + " has " + std::to_string(ids.size()) +
+                                  " tokens; this server's context holds " + std::to_string(m.n_ctx),
+                              "input", "context_length_exceeded");
+        r.inputs.push_back(std::move(ids));
+    }
+    return r;
+}
+
 json tokenize_reply(const served_model & m, const std::string & text) {
     const json body = parse_body(text);
     const json & content = field(body, "content");

@@ -71,6 +71,17 @@ constexpr size_t max_tools_bytes = 256 * 1024;
 // request, or an api_error thrown with a 4xx status saying what is wrong.
 gen_request parse_request(const served_model & m, const std::string & body, bool chat);
 
+// The body of POST /v1/embeddings, checked: each input's tokens (a string,
+// strings, token ids or lists of them), whether the vectors go out as
+// base64 (encoding_format), or an api_error thrown.
+struct embed_request {
+    std::vector<std::vector<smol_token>> inputs;
+    bool base64 = false;
+};
+// The most inputs one embeddings request may hold.
+constexpr size_t max_embed_inputs = 256;
+embed_request parse_embed_request(const served_model & m, const std::string & body);
+
 // The bodies of POST /tokenize ({"content": text, "add_special": bool,
 // "parse_special": bool, "with_pieces": bool}) and /detokenize ({"tokens":
 // [ids]}), as llama-server's: the JSON answer, or an api_error thrown.

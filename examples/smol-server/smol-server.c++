@@ -1,13 +1,14 @@
 // smol-server.c++ - an OpenAI-compatible HTTP server over smol's engine:
 // POST /v1/chat/completions and /v1/completions (streamed as server-sent
 // events or not, with logprobs when asked), GET /v1/models and
-// /v1/models/{id}, POST /tokenize and /detokenize, /health and Prometheus
-// /metrics. Requests run through one smol_engine (continuous batching,
-// prefix cache) on its worker thread; each HTTP request waits on its own
-// queue of tokens. Bad requests get a 4xx JSON error in OpenAI's shape, a
-// full queue a 503, and a client that goes away has its request
-// cancelled. Loopback by default; with API keys every route but /health
-// needs one, and listening beyond loopback needs keys (or --no-auth).
+// /v1/models/{id}, POST /v1/embeddings (in a context of their own),
+// /tokenize and /detokenize, /health and Prometheus /metrics. Requests run
+// through one smol_engine (continuous batching, prefix cache) on its worker
+// thread; each HTTP request waits on its own queue of tokens. Bad requests
+// get a 4xx JSON error in OpenAI's shape, a full queue a 503, and a client
+// that goes away has its request cancelled. Loopback by default; with API
+// keys every route but /health needs one, and listening beyond loopback
+// needs keys (or --no-auth).
 
 #include "request.h"
 #include "smol.h"
@@ -123,6 +124,60 @@ void send_error(httplib::Response & res, const api_error & e) {
                     "application/json");
 }
 
+// --- what /metrics shows beyond the engine's figures -----------------------------
+
+// A Prometheus histogram of seconds.
+class histogram {
+  public:
+    explicit histogram(std::vector<double> bounds)
+        : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+    void observe(double seconds) {
+        std::lock_guard<std::mutex> lock(mu_);
+        const size_t i =
+            size_t(std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin());
+        ++counts_[i];
+        sum_ += seconds;
+        ++n_;
+    }
+    std::string text(const char * name, const char * help) const {
+        std::lock_guard<std::mutex> lock(mu_);
+        std::string out =
+            std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+        uint64_t cum = 0;
+        char line[256];
+        for (size_t i = 0; i <= bounds_.size(); ++i) {
+            cum += counts_[i];
+            if (i < bounds_.size()) {
+                std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, bounds_[i],
+                              static_cast<unsigned long long>(cum));
+            } else {
+                std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                              static_cast<unsigned long long>(cum));
+            }
+            out += line;
+        }
+        std::snprintf(line, sizeof line, "%s_sum %.17g\n%s_count %llu\n", name, sum_, name,
+                      static_cast<unsigned long long>(n_));
+        return out + line;
+    }
+
+  private:
+    std::vector<double> bounds_;
+    mutable std::mutex mu_;
+    std::vector<uint64_t> counts_;
+    double sum_ = 0;
+    uint64_t n_ = 0;
+};
+
+struct server_metrics {
+    histogram first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+    histogram per_token{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
+    histogram queue_wait{{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
+    // Requests the engine ended, by how: stop, length, cancelled, error.
+    std::atomic<int64_t> finished[5] = {};
+    std::atomic<int64_t> tool_call_replies{0}, tool_calls{0};
+};
+
 // --- the model and the engine --------------------------------------------------
 
 struct server_state {
@@ -134,7 +189,86 @@ struct server_state {
     std::atomic<int64_t> n_http_errors{0};
     std::atomic<int64_t> n_disconnects{0};
     std::atomic<uint64_t> next_id{1};
+    server_metrics m;
+    // /v1/embeddings runs in a context of its own, made at its first
+    // request, one request at a time.
+    smol_context_params embd_params{};
+    std::mutex embd_mu;
+    smol_context * embd = nullptr;
 };
+
+std::string base64(const uint8_t * p, size_t n) {
+    static const char * k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (size_t i = 0; i < n; i += 3) {
+        const uint32_t v = uint32_t(p[i]) << 16 | (i + 1 < n ? uint32_t(p[i + 1]) << 8 : 0) |
+                           (i + 2 < n ? uint32_t(p[i + 2]) : 0);
+        out += k[(v >> 18) & 63];
+        out += k[(v >> 12) & 63];
+        out += i + 1 < n ? k[(v >> 6) & 63] : '=';
+        out += i + 2 < n ? k[v & 63] : '=';
+    }
+    return out;
+}
+
+// Each input's final hidden states averaged over its tokens and scaled to
+// length 1 (as OpenAI's and llama-server's embeddings are), in OpenAI's
+// list shape.
+json embed(server_state & st, const embed_request & r) {
+    std::lock_guard<std::mutex> lock(st.embd_mu);
+    if (!st.embd && smol_context_create(st.model, &st.embd_params, &st.embd) != SMOL_OK) {
+        throw api_error{500,
+                        std::string("cannot make the embeddings context: ") + smol_last_error(),
+                        "server_error", "", ""};
+    }
+    smol_model_info info;
+    smol_model_get_info(st.model, &info);
+    const int32_t n_batch = int32_t(smol_context_n_batch(st.embd));
+    smol_batch b = smol_batch_init(n_batch);
+    json data = json::array();
+    int64_t n_tokens = 0;
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+        const std::vector<smol_token> & ids = r.inputs[i];
+        smol_kv_seq_rm(st.embd, -1, 0, -1);
+        std::vector<double> sum(size_t(info.n_embd), 0.0);
+        for (size_t j0 = 0; j0 < ids.size(); j0 += size_t(n_batch)) {
+            b.n_tokens = 0;
+            const size_t j1 = std::min(ids.size(), j0 + size_t(n_batch));
+            for (size_t j = j0; j < j1; ++j)
+                smol_batch_add(&b, n_batch, ids[j], smol_pos(j), 0, true);
+            if (smol_decode(st.embd, &b) != SMOL_OK) {
+                const std::string why = smol_last_error();
+                smol_batch_free(&b);
+                smol_kv_seq_rm(st.embd, -1, 0, -1);
+                throw api_error{500, "embedding input " + std::to_string(i) + " failed: " + why,
+                                "server_error", "", ""};
+            }
+            for (int32_t k = 0; k < b.n_tokens; ++k) {
+                const float * e = smol_get_embeddings(st.embd, k);
+                for (int32_t d = 0; e && d < info.n_embd; ++d) sum[size_t(d)] += double(e[d]);
+            }
+        }
+        n_tokens += int64_t(ids.size());
+        double norm = 0;
+        for (double & v : sum) {
+            v /= double(ids.size());
+            norm += v * v;
+        }
+        norm = std::sqrt(norm);
+        std::vector<float> v(sum.size());
+        for (size_t d = 0; d < sum.size(); ++d) v[d] = float(norm > 0 ? sum[d] / norm : 0.0);
+        json vec = r.base64 ? json(base64(reinterpret_cast<const uint8_t *>(v.data()),
+                                          v.size() * sizeof(float)))
+                            : json(v);
+        data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", vec}});
+    }
+    smol_batch_free(&b);
+    smol_kv_seq_rm(st.embd, -1, 0, -1);
+    return json{{"object", "list"},
+                {"data", data},
+                {"model", st.served.id},
+                {"usage", {{"prompt_tokens", n_tokens}, {"total_tokens", n_tokens}}}};
+}
 
 // A generated token's log-probability under the model's distribution (its
 // raw logits), with the most likely alternatives, best first.
@@ -170,7 +304,10 @@ struct stream_state {
     std::condition_variable cv;
     std::deque<smol_token> tokens;
     int32_t n_top = -1; // logprobs with this many alternatives; -1: none (set before submission)
-    std::deque<token_logprob> logprobs; // one a token of `tokens`, when asked
+    server_metrics * metrics = nullptr;
+    bool queued_seen = false;
+    std::chrono::steady_clock::time_point t_first; // the first generated token
+    std::deque<token_logprob> logprobs;            // one a token of `tokens`, when asked
     smol_finish_reason finish = SMOL_FINISH_NONE;
     std::string error;
     int32_t n_prompt = 0, n_cached = 0, n_generated = 0;
@@ -188,6 +325,24 @@ bool on_event(const smol_engine_event * ev, void * user) {
     token_logprob lp;
     if (kept && s->n_top >= 0 && ev->logits)
         lp = logprob_of(ev->logits, ev->n_vocab, ev->token, s->n_top);
+    if (server_metrics * m = s->metrics) {
+        if (!s->queued_seen && ev->queue_ms >= 0) {
+            s->queued_seen = true;
+            m->queue_wait.observe(ev->queue_ms / 1000);
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (ev->token >= 0 && ev->n_generated == 1) {
+            s->t_first = now;
+            if (ev->first_token_ms >= 0) m->first_token.observe(ev->first_token_ms / 1000);
+        }
+        if (ev->finish != SMOL_FINISH_NONE) {
+            if (int(ev->finish) < 5) ++m->finished[int(ev->finish)];
+            if (ev->n_generated > 1 && s->t_first != std::chrono::steady_clock::time_point()) {
+                m->per_token.observe(std::chrono::duration<double>(now - s->t_first).count() /
+                                     double(ev->n_generated - 1));
+            }
+        }
+    }
     {
         std::lock_guard<std::mutex> lock(s->mu);
         s->n_prompt = ev->n_prompt;
@@ -332,6 +487,7 @@ struct job {
         include_usage = g.include_usage;
         logprobs = g.logprobs;
         state->n_top = g.logprobs ? g.top_logprobs : -1;
+        state->metrics = &st.m;
         text.tools = g.tools;
         parallel_calls = g.parallel_tool_calls;
         smol_request_params p = smol_request_default_params();
@@ -437,6 +593,8 @@ struct job {
                              {"function", {{"name", c["name"]}, {"arguments", c["arguments"]}}}});
         }
         call_content = r["content"].get<std::string>();
+        ++st.m.tool_call_replies;
+        st.m.tool_calls += int64_t(calls.size());
         const int64_t at =
             smol_chat_tool_call_start(st.served.model, text.text.data(), text.text.size());
         text.cut = at >= 0 ? size_t(at) : text.text.size();
@@ -758,6 +916,24 @@ std::string metrics(server_state & st) {
         double(st.n_http_errors.load()));
     put("smol_client_disconnects_total", "counter", "Requests whose client went away.",
         double(st.n_disconnects.load()));
+    out += "# HELP smol_requests_by_finish_total Requests the engine ended, by how.\n"
+           "# TYPE smol_requests_by_finish_total counter\n";
+    const char * reasons[] = {"none", "stop", "length", "cancelled", "error"};
+    for (int r = 1; r < 5; ++r) {
+        char line[128];
+        std::snprintf(line, sizeof line, "smol_requests_by_finish_total{reason=\"%s\"} %lld\n",
+                      reasons[r], static_cast<long long>(st.m.finished[r].load()));
+        out += line;
+    }
+    put("smol_tool_call_replies_total", "counter", "Replies read as tool calls.",
+        double(st.m.tool_call_replies.load()));
+    put("smol_tool_calls_total", "counter", "Tool calls in those replies.",
+        double(st.m.tool_calls.load()));
+    out += st.m.first_token.text("smol_time_to_first_token_seconds",
+                                 "From submission to the first generated token.");
+    out += st.m.per_token.text("smol_time_per_output_token_seconds",
+                               "A request's time per generated token after its first.");
+    out += st.m.queue_wait.text("smol_queue_wait_seconds", "From submission to a sequence slot.");
     return out;
 }
 
@@ -944,6 +1120,9 @@ int main(int argc, char ** argv) {
         return 1;
     }
     st.served.n_ctx = o.n_ctx;
+    st.embd_params = ep.context;
+    st.embd_params.n_seq_max = 1;
+    st.embd_params.embeddings = true;
 
     // Destroyed (its threads joined) before the engine its handlers use.
     auto server = std::make_unique<httplib::Server>();
@@ -1019,6 +1198,14 @@ int main(int argc, char ** argv) {
             }
         };
     };
+    svr.Post("/v1/embeddings", [&st](const httplib::Request & req, httplib::Response & res) {
+        try {
+            res.set_content(dump(embed(st, parse_embed_request(st.served, req.body))),
+                            "application/json");
+        } catch (const api_error & e) {
+            send_error(res, e);
+        }
+    });
     svr.Post("/tokenize", tokens_route(true));
     svr.Post("/detokenize", tokens_route(false));
     svr.Get("/health", [](const httplib::Request &, httplib::Response & res) {
@@ -1090,6 +1277,7 @@ int main(int argc, char ** argv) {
     svr.listen_after_bind();
     g_server = nullptr;
     server.reset();
+    smol_context_free(st.embd);
     smol_engine_free(st.engine);
     smol_model_free(st.model);
     return 0;

@@ -1,14 +1,12 @@
 // fuzz-server-request.c++ - libFuzzer target: any bytes as the body of a
 // POST to smol-server's /v1/chat/completions (first byte even) or
-// /v1/completions (odd), and to /tokenize and /detokenize, through the
-// server's own request parsing
-// (examples/smol-server/request.c++) over a tiny random llama with a
-// ChatML vocabulary. Every body is either a request the engine can run (a
-// prompt of ids in the vocabulary, 1 <= max_tokens, prompt and max_tokens
-// within the context, at most 4 stop strings, sampling parameters in their
-// ranges) or an api_error with a 4xx status and a message. Anything else
-// (another exception, a 5xx, a request out of bounds) traps, as do crashes
-// and sanitizer reports.
+// /v1/completions (odd), and to /v1/embeddings, /tokenize and /detokenize,
+// through the server's own request parsing (examples/smol-server/request.c++)
+// over a tiny random llama with a ChatML vocabulary. Every body is either a request the engine can
+// run (a prompt of ids in the vocabulary, 1 <= max_tokens, prompt and max_tokens within the
+// context, at most 4 stop strings, sampling parameters in their ranges) or an api_error with a 4xx
+// status and a message. Anything else (another exception, a 5xx, a request out of bounds) traps, as
+// do crashes and sanitizer reports.
 
 #include "request.h"
 #include "tiny-model.h"
@@ -68,6 +66,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         if (g.top_logprobs < 0 || g.top_logprobs > server::max_top_logprobs ||
             (g.top_logprobs > 0 && !g.logprobs))
             fail("top_logprobs out of its range");
+    } catch (const server::api_error & e) {
+        if (e.status < 400 || e.status > 499) fail("an error outside 4xx");
+        if (e.message.empty()) fail("an error without a message");
+    }
+    try {
+        const server::embed_request r = server::parse_embed_request(served, body);
+        if (r.inputs.empty() || r.inputs.size() > server::max_embed_inputs)
+            fail("an embeddings request of no inputs or too many was accepted");
+        for (const auto & ids : r.inputs) {
+            if (ids.empty() || ids.size() > served.n_ctx) fail("an embeddings input out of bounds");
+            for (smol_token t : ids)
+                if (t < 0 || t >= n_vocab) fail("an embeddings id outside the vocabulary");
+        }
     } catch (const server::api_error & e) {
         if (e.status < 400 || e.status > 499) fail("an error outside 4xx");
         if (e.message.empty()) fail("an error without a message");
