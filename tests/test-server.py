@@ -3,8 +3,8 @@
 
 Starts smol-server on a free loopback port and checks: chat, streaming and
 completions through the openai client; logprobs in OpenAI's shapes, with
-llama-server's values (a recorded fixture); n choices; embeddings
-(llama-server's too); /tokenize, /detokenize and
+llama-server's values (a recorded fixture); n choices; the Responses API;
+embeddings (llama-server's too); /tokenize, /detokenize and
 /v1/models/{id}; stop strings, seeds and usage counts;
 that concurrent greedy requests give exactly the text each gives alone; that
 a shared system prompt hits the prefix cache without changing the output;
@@ -320,6 +320,36 @@ def run(port):
             by_index[ch.index] = by_index.get(ch.index, "") + (ch.delta.content or "")
     check([by_index.get(i) for i in range(3)] == texts, "streamed choices carry their index")
 
+    # --- the Responses API --------------------------------------------------------
+    resp = client.responses.create(model=model, input=q[0]["content"], max_output_tokens=24,
+                                   temperature=0)
+    check(resp.output_text == text and resp.usage.output_tokens == chat.usage.completion_tokens
+          and resp.status == ("incomplete" if chat.choices[0].finish_reason == "length"
+                              else "completed"),
+          f"/v1/responses answers as chat does ({resp.status})")
+    kinds, streamed_text, final = [], "", None
+    for ev in client.responses.create(model=model, input=q[0]["content"], max_output_tokens=24,
+                                      temperature=0, stream=True):
+        kinds.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            streamed_text += ev.delta
+        if ev.type == "response.completed":
+            final = ev.response
+    check(kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                        "response.content_part.added"] and kinds[-1] == "response.completed" and
+          streamed_text == text and final is not None and final.output_text == text,
+          f"streamed /v1/responses: {len(kinds)} events, the same text")
+    followed = client.responses.create(
+        model=model, instructions="Answer briefly.", max_output_tokens=8, temperature=0,
+        input=[{"role": "user", "content": "What's the weather in Paris?"},
+               {"type": "function_call", "call_id": "c1", "name": "weather",
+                "arguments": "{\"city\": \"Paris\"}"},
+               {"type": "function_call_output", "call_id": "c1", "output": "21 C"}],
+        tools=[{"type": "function", "name": "weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])
+    check(bool(followed.output_text) and followed.usage.input_tokens > resp.usage.input_tokens,
+          "/v1/responses takes function calls and their outputs as the conversation")
+
     # --- embeddings: llama-server's values, both encodings, token ids ------------------
     fx = json.load(open(FIXTURES + "/embeddings.json"))
     emb = client.embeddings.create(model=model, input=fx["inputs"])  # the client asks for base64
@@ -462,6 +492,13 @@ def run(port):
          json.dumps({**ok_body, "tools": [{"type": "function", "function": {"name": f"f{i}"}}
                                           for i in range(129)]}).encode(), 400),
         ("/tokenize content that is not a string", "/tokenize", b'{"content": 5}', 400),
+        ("a stored response named", "/v1/responses",
+         json.dumps({"model": model, "input": "hi", "previous_response_id": "r1"}).encode(), 400),
+        ("a built-in tool in /v1/responses", "/v1/responses",
+         json.dumps({"model": model, "input": "hi", "tools": [{"type": "web_search"}]}).encode(),
+         400),
+        ("an unknown input item", "/v1/responses",
+         json.dumps({"model": model, "input": [{"type": "image", "url": "x"}]}).encode(), 400),
         ("an empty embeddings input", "/v1/embeddings",
          json.dumps({"model": model, "input": ""}).encode(), 400),
         ("more embeddings inputs than the server takes", "/v1/embeddings",

@@ -355,6 +355,129 @@ gen_request parse_request(const served_model & m, const std::string & text, bool
     return chat ? parse_chat(m, body, text) : parse_completion(m, body);
 }
 
+std::string responses_as_chat(const std::string & text) {
+    // Key order kept: tools and arguments reach the template as written.
+    nlohmann::ordered_json body;
+    try {
+        body = nlohmann::ordered_json::parse(text);
+    } catch (const std::exception & e) {
+        throw bad_request(std::string("the body is not valid JSON: ") + e.what());
+    }
+    if (!body.is_object()) throw bad_request("the body must be a JSON object");
+    for (const char * unsupported : {"previous_response_id", "conversation"}) {
+        if (body.contains(unsupported) && !body[unsupported].is_null())
+            throw bad_request(std::string("'") + unsupported +
+                                  "' is not supported: this server stores no responses; send "
+                                  "the whole conversation in 'input'",
+                              unsupported);
+    }
+    if (body.contains("text") && body["text"].is_object() && body["text"].contains("format") &&
+        !(body["text"]["format"].is_object() && body["text"]["format"].value("type", "") == "text"))
+        throw bad_request("text.format other than {\"type\": \"text\"} is not supported yet",
+                          "text");
+    nlohmann::ordered_json chat = nlohmann::ordered_json::object();
+    chat["model"] = body.contains("model") ? body["model"] : nlohmann::ordered_json(nullptr);
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (body.contains("instructions") && !body["instructions"].is_null()) {
+        if (!body["instructions"].is_string())
+            throw bad_request("'instructions' must be a string", "instructions");
+        messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
+    }
+    const auto & input = body.contains("input") ? body["input"] : nlohmann::ordered_json();
+    if (input.is_string()) {
+        messages.push_back({{"role", "user"}, {"content", input}});
+    } else if (input.is_array()) {
+        for (size_t i = 0; i < input.size(); ++i) {
+            const auto & item = input[i];
+            const std::string where = "input[" + std::to_string(i) + "]";
+            if (!item.is_object()) throw bad_request(where + " must be an object", "input");
+            const std::string type = item.value("type", "message");
+            if (type == "message") {
+                const std::string role = item.value("role", "");
+                if (role != "user" && role != "assistant" && role != "system" &&
+                    role != "developer")
+                    throw bad_request(where + ".role must be user, assistant, system or developer",
+                                      "input");
+                std::string content;
+                const auto & c =
+                    item.contains("content") ? item["content"] : nlohmann::ordered_json();
+                if (c.is_string()) {
+                    content = c.get<std::string>();
+                } else if (c.is_array()) {
+                    for (const auto & part : c) {
+                        const std::string pt = part.is_object() ? part.value("type", "") : "";
+                        if ((pt != "input_text" && pt != "output_text" && pt != "text") ||
+                            !part.contains("text") || !part["text"].is_string())
+                            throw bad_request(where + ".content: only input_text and output_text "
+                                                      "parts are supported",
+                                              "input");
+                        content += part["text"].get<std::string>();
+                    }
+                } else {
+                    throw bad_request(where + ".content must be a string or parts", "input");
+                }
+                messages.push_back(
+                    {{"role", role == "developer" ? "system" : role}, {"content", content}});
+            } else if (type == "function_call") {
+                if (!item.contains("call_id") || !item["call_id"].is_string() ||
+                    !item.contains("name") || !item["name"].is_string() ||
+                    !item.contains("arguments") || !item["arguments"].is_string())
+                    throw bad_request(where + " needs string call_id, name and arguments", "input");
+                const nlohmann::ordered_json call = {
+                    {"id", item["call_id"]},
+                    {"type", "function"},
+                    {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
+                // Calls one after another are one assistant turn.
+                if (!messages.empty() && messages.back()["role"] == "assistant" &&
+                    messages.back().contains("tool_calls")) {
+                    messages.back()["tool_calls"].push_back(call);
+                } else {
+                    messages.push_back({{"role", "assistant"},
+                                        {"content", nullptr},
+                                        {"tool_calls", nlohmann::ordered_json::array({call})}});
+                }
+            } else if (type == "function_call_output") {
+                if (!item.contains("call_id") || !item["call_id"].is_string() ||
+                    !item.contains("output") || !item["output"].is_string())
+                    throw bad_request(where + " needs string call_id and output", "input");
+                messages.push_back({{"role", "tool"},
+                                    {"tool_call_id", item["call_id"]},
+                                    {"content", item["output"]}});
+            } else {
+                throw bad_request(where + " of type '" + type +
+                                      "' is not supported; message, function_call and "
+                                      "function_call_output are",
+                                  "input");
+            }
+        }
+    } else {
+        throw bad_request("'input' must be a string or an array of items", "input");
+    }
+    if (messages.empty()) throw bad_request("'input' is empty", "input");
+    chat["messages"] = messages;
+    if (body.contains("tools") && !body["tools"].is_null()) {
+        if (!body["tools"].is_array()) throw bad_request("'tools' must be an array", "tools");
+        nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+        for (const auto & t : body["tools"]) {
+            if (!t.is_object() || t.value("type", "") != "function" || !t.contains("name"))
+                throw bad_request("only function tools are supported ({\"type\": \"function\", "
+                                  "\"name\": ...})",
+                                  "tools");
+            nlohmann::ordered_json fn = {{"name", t["name"]}};
+            for (const char * k : {"description", "parameters", "strict"})
+                if (t.contains(k)) fn[k] = t[k];
+            tools.push_back({{"type", "function"}, {"function", fn}});
+        }
+        chat["tools"] = tools;
+    }
+    for (const char * k :
+         {"tool_choice", "parallel_tool_calls", "temperature", "top_p", "stream", "seed"}) {
+        if (body.contains(k)) chat[k] = body[k];
+    }
+    if (body.contains("max_output_tokens")) chat["max_tokens"] = body["max_output_tokens"];
+    return chat.dump();
+}
+
 embed_request parse_embed_request(const served_model & m, const std::string & text) {
     const json body = parse_body(text);
     const json & model = field(body, "model");

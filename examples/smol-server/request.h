@@ -71,6 +71,14 @@ constexpr size_t max_tools_bytes = 256 * 1024;
 // request, or an api_error thrown with a 4xx status saying what is wrong.
 gen_request parse_request(const served_model & m, const std::string & body, bool chat);
 
+// The body of POST /v1/responses (OpenAI's Responses API) as the chat
+// completions body it asks for: instructions as the system message, the
+// input's messages, function calls and their outputs as chat messages,
+// function tools as chat tools, max_output_tokens as max_tokens. What it
+// cannot map (stored responses, built-in tools, other item types) is an
+// api_error naming the field.
+std::string responses_as_chat(const std::string & body);
+
 // The body of POST /v1/embeddings, checked: each input's tokens (a string,
 // strings, token ids or lists of them), whether the vectors go out as
 // base64 (encoding_format), or an api_error thrown.

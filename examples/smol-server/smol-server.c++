@@ -1,6 +1,6 @@
 // smol-server.c++ - an OpenAI-compatible HTTP server over smol's engine:
-// POST /v1/chat/completions and /v1/completions (streamed as server-sent
-// events or not, with logprobs when asked), GET /v1/models and
+// POST /v1/chat/completions, /v1/completions and /v1/responses (streamed as
+// server-sent events or not, with logprobs when asked), GET /v1/models and
 // /v1/models/{id}, POST /v1/embeddings (in a context of their own),
 // /tokenize and /detokenize, /health and Prometheus /metrics. Requests run
 // through one smol_engine (continuous batching, prefix cache) on its worker
@@ -877,6 +877,205 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
         });
 }
 
+// --- the Responses API -----------------------------------------------------------
+
+// A reply as Responses output items: its text as a message (when it has
+// text), then each tool call as a function_call.
+json response_items(const job & j, const std::string & text, bool done) {
+    json items = json::array();
+    const std::string content = j.calls.empty() ? text : j.call_content;
+    const char * status = done ? "completed" : "in_progress";
+    if (!content.empty()) {
+        items.push_back({{"type", "message"},
+                         {"id", "msg_" + j.oid},
+                         {"status", status},
+                         {"role", "assistant"},
+                         {"content", json::array({{{"type", "output_text"},
+                                                   {"text", content},
+                                                   {"annotations", json::array()}}})}});
+    }
+    for (size_t i = 0; i < j.calls.size(); ++i) {
+        const json & c = j.calls[i];
+        items.push_back({{"type", "function_call"},
+                         {"id", "fc_" + j.oid + "-" + std::to_string(i)},
+                         {"call_id", c["id"]},
+                         {"name", c["function"]["name"]},
+                         {"arguments", c["function"]["arguments"]},
+                         {"status", status}});
+    }
+    return items;
+}
+
+json response_object(const choices & c, const json & output, const char * status) {
+    const job & j = c.front();
+    const std::array<int32_t, 3> n = j.counts();
+    const bool cut = j.finish == SMOL_FINISH_LENGTH && j.calls.empty();
+    return json{{"id", "resp_" + j.oid},
+                {"object", "response"},
+                {"created_at", j.created},
+                {"status", cut && std::string(status) == "completed" ? "incomplete" : status},
+                {"incomplete_details", cut ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
+                {"error", nullptr},
+                {"model", j.st.served.id},
+                {"output", output},
+                {"parallel_tool_calls", j.parallel_calls},
+                {"tool_choice", "auto"},
+                {"tools", json::array()},
+                {"metadata", json::object()},
+                {"usage",
+                 {{"input_tokens", n[0]},
+                  {"input_tokens_details", {{"cached_tokens", n[1]}}},
+                  {"output_tokens", n[2]},
+                  {"output_tokens_details", {{"reasoning_tokens", 0}}},
+                  {"total_tokens", n[0] + n[2]}}}};
+}
+
+void handle_responses(server_state & st, const httplib::Request & req, httplib::Response & res) {
+    const gen_request g = parse_request(st.served, responses_as_chat(req.body), true);
+    auto c = std::make_shared<choices>(st, true, g);
+    if (!g.stream) {
+        res.set_chunked_content_provider("application/json", [c](size_t, httplib::DataSink & sink) {
+            std::string text;
+            auto last = std::chrono::steady_clock::now();
+            job & j = *c->jobs.front();
+            while (!j.finished) {
+                text += j.poll(std::chrono::milliseconds(100));
+                if (std::chrono::steady_clock::now() - last > std::chrono::milliseconds(500)) {
+                    last = std::chrono::steady_clock::now();
+                    if (!sink.write(" ", 1)) {
+                        c->client_gone();
+                        return false;
+                    }
+                }
+            }
+            if (j.finish == SMOL_FINISH_ERROR) j.st.n_http_errors++;
+            const std::string out =
+                dump(j.finish == SMOL_FINISH_ERROR
+                         ? j.failure()
+                         : response_object(*c, response_items(j, text, true), "completed"));
+            sink.write(out.data(), out.size());
+            sink.done();
+            return true;
+        });
+        return;
+    }
+    // Events: created and in_progress; the message item and its text part
+    // opened at the first text, then text deltas; at the end the text's
+    // done events, each function call's item and arguments, completed.
+    struct progress {
+        int64_t seq = 0;
+        bool started = false, opened = false;
+        std::string text;
+    };
+    auto p = std::make_shared<progress>();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [c, p](size_t, httplib::DataSink & sink) {
+        job & j = *c->jobs.front();
+        const std::string item_id = "msg_" + j.oid;
+        auto send = [&](const char * type, json x) {
+            x["type"] = type;
+            x["sequence_number"] = p->seq++;
+            const std::string line = std::string("event: ") + type + "\ndata: " + dump(x) + "\n\n";
+            return sink.write(line.data(), line.size());
+        };
+        auto gone = [&] {
+            c->client_gone();
+            return false;
+        };
+        if (!p->started) {
+            p->started = true;
+            const json r = response_object(*c, json::array(), "in_progress");
+            if (!send("response.created", {{"response", r}}) ||
+                !send("response.in_progress", {{"response", r}}))
+                return gone();
+        }
+        const std::string delta = j.poll(std::chrono::milliseconds(200));
+        if (!delta.empty()) {
+            if (!p->opened) {
+                p->opened = true;
+                if (!send("response.output_item.added", {{"output_index", 0},
+                                                         {"item",
+                                                          {{"type", "message"},
+                                                           {"id", item_id},
+                                                           {"status", "in_progress"},
+                                                           {"role", "assistant"},
+                                                           {"content", json::array()}}}}) ||
+                    !send("response.content_part.added", {{"item_id", item_id},
+                                                          {"output_index", 0},
+                                                          {"content_index", 0},
+                                                          {"part",
+                                                           {{"type", "output_text"},
+                                                            {"text", ""},
+                                                            {"annotations", json::array()}}}}))
+                    return gone();
+            }
+            p->text += delta;
+            if (!send("response.output_text.delta", {{"item_id", item_id},
+                                                     {"output_index", 0},
+                                                     {"content_index", 0},
+                                                     {"delta", delta}}))
+                return gone();
+        } else if (!j.finished) {
+            if (!sink.write(": \n\n", 4)) return gone();
+            return true;
+        }
+        if (!j.finished) return true;
+        if (j.finish == SMOL_FINISH_ERROR) {
+            j.st.n_http_errors++;
+            json f = j.failure();
+            send("error", {{"code", "generation_failed"}, {"message", f["error"]["message"]}});
+            sink.done();
+            return true;
+        }
+        const json items = response_items(j, p->text, true);
+        size_t index = 0;
+        for (const json & item : items) {
+            if (item["type"] == "message") {
+                const json part = item["content"][0];
+                if (!p->opened) {
+                    // Text only known at the end (held back as a possible call).
+                    json open = item;
+                    open["status"] = "in_progress";
+                    open["content"] = json::array();
+                    if (!send("response.output_item.added",
+                              {{"output_index", index}, {"item", open}}))
+                        return gone();
+                }
+                if (!send("response.output_text.done", {{"item_id", item_id},
+                                                        {"output_index", index},
+                                                        {"content_index", 0},
+                                                        {"text", part["text"]}}) ||
+                    !send("response.content_part.done", {{"item_id", item_id},
+                                                         {"output_index", index},
+                                                         {"content_index", 0},
+                                                         {"part", part}}) ||
+                    !send("response.output_item.done", {{"output_index", index}, {"item", item}}))
+                    return gone();
+            } else {
+                json open = item;
+                open["status"] = "in_progress";
+                open["arguments"] = "";
+                if (!send("response.output_item.added",
+                          {{"output_index", index}, {"item", open}}) ||
+                    !send("response.function_call_arguments.delta",
+                          {{"item_id", item["id"]},
+                           {"output_index", index},
+                           {"delta", item["arguments"]}}) ||
+                    !send("response.function_call_arguments.done",
+                          {{"item_id", item["id"]},
+                           {"output_index", index},
+                           {"arguments", item["arguments"]}}) ||
+                    !send("response.output_item.done", {{"output_index", index}, {"item", item}}))
+                    return gone();
+            }
+            ++index;
+        }
+        send("response.completed", {{"response", response_object(*c, items, "completed")}});
+        sink.done();
+        return true;
+    });
+}
+
 std::string metrics(server_state & st) {
     const smol_engine_stats s = smol_engine_get_stats(st.engine);
     std::string out;
@@ -1164,6 +1363,16 @@ int main(int argc, char ** argv) {
     });
     svr.Post("/v1/chat/completions", guarded(true));
     svr.Post("/v1/completions", guarded(false));
+    svr.Post("/v1/responses", [&st](const httplib::Request & req, httplib::Response & res) {
+        try {
+            handle_responses(st, req, res);
+        } catch (const api_error & e) {
+            send_error(res, e);
+        } catch (const std::exception & e) {
+            send_error(res,
+                       {500, std::string("internal error: ") + e.what(), "server_error", "", ""});
+        }
+    });
     const auto model_json = [&st] {
         return json{{"id", st.served.id},
                     {"object", "model"},

@@ -1,12 +1,14 @@
 // fuzz-server-request.c++ - libFuzzer target: any bytes as the body of a
 // POST to smol-server's /v1/chat/completions (first byte even) or
-// /v1/completions (odd), and to /v1/embeddings, /tokenize and /detokenize,
-// through the server's own request parsing (examples/smol-server/request.c++)
-// over a tiny random llama with a ChatML vocabulary. Every body is either a request the engine can
-// run (a prompt of ids in the vocabulary, 1 <= max_tokens, prompt and max_tokens within the
-// context, at most 4 stop strings, sampling parameters in their ranges) or an api_error with a 4xx
-// status and a message. Anything else (another exception, a 5xx, a request out of bounds) traps, as
-// do crashes and sanitizer reports.
+// /v1/completions (odd), and to /v1/responses, /v1/embeddings, /tokenize
+// and /detokenize, through the server's own request parsing
+// (examples/smol-server/request.c++) over a tiny random llama with a
+// ChatML vocabulary. Every body is either a request the engine can run (a
+// prompt of ids in the vocabulary, 1 <= max_tokens, prompt and max_tokens
+// within the context, at most 4 stop strings, sampling parameters in their
+// ranges) or an api_error with a 4xx status and a message. Anything else
+// (another exception, a 5xx, a request out of bounds) traps, as do crashes
+// and sanitizer reports.
 
 #include "request.h"
 #include "tiny-model.h"
@@ -79,6 +81,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
             for (smol_token t : ids)
                 if (t < 0 || t >= n_vocab) fail("an embeddings id outside the vocabulary");
         }
+    } catch (const server::api_error & e) {
+        if (e.status < 400 || e.status > 499) fail("an error outside 4xx");
+        if (e.message.empty()) fail("an error without a message");
+    }
+    try {
+        // The Responses body through its chat body into the chat parser.
+        server::parse_request(served, server::responses_as_chat(body), true);
     } catch (const server::api_error & e) {
         if (e.status < 400 || e.status > 499) fail("an error outside 4xx");
         if (e.message.empty()) fail("an error without a message");
