@@ -1,14 +1,18 @@
 // smol-sampler.c++ - picks the next token from logits: repetition penalty,
 // then greedy, or top-k, top-p and min-p on the plain softmax followed by
 // temperature and a draw from a seeded generator (llama.cpp's default order),
-// so the same seed gives the same text.
+// so the same seed gives the same text. A grammar (smol-grammar.h), when
+// set, first leaves only the tokens it allows.
 
 #include "smol-error.h"
+#include "smol-grammar.h"
+#include "smol-llama.h"
 #include "smol.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <random>
 #include <vector>
@@ -24,6 +28,9 @@ struct smol_sampler {
     };
     std::vector<cand> cands;
     std::vector<float> penalized;
+    std::shared_ptr<const smol::grammar_vocab> vocab; // with a grammar
+    std::unique_ptr<smol::grammar_matcher> grammar;
+    std::vector<uint8_t> allowed;
 };
 
 namespace {
@@ -62,8 +69,8 @@ smol_status smol_sampler_create(const smol_sampler_params * params, smol_sampler
                              "top_p and min_p >= 0, temperature a number");
         return SMOL_ERR_INVALID_ARGUMENT;
     }
-    smol_sampler * s =
-        new (std::nothrow) smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}};
+    smol_sampler * s = new (std::nothrow)
+        smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}, {}, {}, {}};
     if (!s) {
         smol::set_last_error("smol_sampler_create: out of memory");
         return SMOL_ERR_OUT_OF_MEMORY;
@@ -80,10 +87,14 @@ void smol_sampler_reset(smol_sampler * s) {
     if (!s) return;
     s->history.clear();
     s->rng.seed(s->params.seed);
+    if (s->grammar) s->grammar->reset();
 }
 
 void smol_sampler_accept(smol_sampler * s, smol_token token) {
-    if (!s || s->params.repeat_last_n == 0) return;
+    if (!s) return;
+    if (s->grammar && token >= 0 && token < s->vocab->n_vocab)
+        s->grammar->accept(s->vocab->pieces[size_t(token)]);
+    if (s->params.repeat_last_n == 0) return;
     s->history.push_back(token);
     if (s->history.size() > size_t(s->params.repeat_last_n)) s->history.erase(s->history.begin());
 }
@@ -106,14 +117,32 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         }
         l = s->penalized.data();
     }
+    const uint8_t * allow = nullptr;
+    if (s->grammar && s->vocab->n_vocab == n_vocab) {
+        s->grammar->mask(*s->vocab, s->allowed);
+        allow = s->allowed.data();
+        if (std::find(s->allowed.begin(), s->allowed.end(), 1) == s->allowed.end()) {
+            // Nothing may follow: end the text if the model can.
+            return s->vocab->eog.empty() ? -1 : s->vocab->eog[0];
+        }
+    }
     if (p.temperature <= 0.0f) {
         // Greedy: the first of equal maxima, as argmax elsewhere.
-        return smol_token(std::max_element(l, l + n_vocab) - l);
+        if (!allow) return smol_token(std::max_element(l, l + n_vocab) - l);
+        int32_t best = -1;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            if (allow[i] && (best < 0 || l[i] > l[best])) best = i;
+        }
+        return best;
     }
 
     auto & c = s->cands;
     c.resize(size_t(n_vocab));
-    for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
+    size_t n_c = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        if (!allow || allow[i]) c[n_c++] = {i, l[i], 0.0f};
+    }
+    c.resize(n_c);
     auto by_logit = [](const smol_sampler::cand & a, const smol_sampler::cand & b) {
         return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     };
@@ -161,4 +190,27 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
     return c[n - 1].id;
 }
 
+smol_status smol_sampler_set_grammar(smol_sampler * s, const smol_model * model,
+                                     const char * gbnf) {
+    if (!s || (gbnf && (!model || !model->m))) {
+        smol::set_last_error("smol_sampler_set_grammar: sampler and model must not be NULL");
+        return SMOL_ERR_INVALID_ARGUMENT;
+    }
+    return smol::guard([&] {
+        if (gbnf) {
+            smol::sampler_set_grammar(s, *model->m, gbnf);
+        } else {
+            s->grammar.reset();
+            s->vocab.reset();
+        }
+    });
+}
+
 } // extern "C"
+
+void smol::sampler_set_grammar(smol_sampler * s, const llama_model & m, const char * gbnf) {
+    auto g = std::make_shared<const grammar>(parse_gbnf(gbnf));
+    auto matcher = std::make_unique<grammar_matcher>(std::move(g));
+    s->vocab = model_grammar_vocab(m);
+    s->grammar = std::move(matcher);
+}
