@@ -6,6 +6,7 @@
 #   fuzz-tokenizer       bytes through SmolLM2's tokenizer and back
 #   fuzz-chat-template   bytes as a chat template and a conversation
 #   fuzz-server-request  bytes as smol-server's request bodies
+#   fuzz-grammar         bytes as GBNF and a text, or as a JSON schema
 # The GGUF targets start from small random llama files (written here, never
 # committed); the others from tests/fuzz/corpus/<target>. A crash, a
 # sanitizer report, a failed check, an allocation past 2 GiB, a resident
@@ -31,11 +32,11 @@ case "${1:-}" in
     [0-9]*) limit=(-max_total_time="$1") && shift ;;
 esac
 build="build-fuzz"
-all=(fuzz-gguf fuzz-model-load fuzz-tokenizer fuzz-chat-template fuzz-server-request)
+all=(fuzz-gguf fuzz-model-load fuzz-tokenizer fuzz-chat-template fuzz-server-request fuzz-grammar)
 targets=("${all[@]}")
 [ $# -gt 0 ] && targets=("$@")
 declare -A dict=([fuzz-gguf]=gguf [fuzz-model-load]=gguf [fuzz-tokenizer]=tokenizer
-    [fuzz-chat-template]=chat-template [fuzz-server-request]=json)
+    [fuzz-chat-template]=chat-template [fuzz-server-request]=json [fuzz-grammar]=grammar)
 
 scripts/install-packages.sh clang libclang-rt-14-dev nlohmann-json3-dev
 scripts/fetch-model.sh >/dev/null # fuzz-tokenizer's vocabulary

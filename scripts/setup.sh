@@ -18,11 +18,12 @@ scripts/install-packages.sh build-essential cmake git python3 python3-pip python
 
 # The cross-check scripts read GGUF with the independent `gguf` package; the
 # server test talks to smol-server through the official `openai` client; the
-# chat-template test renders with Python's `jinja2` as the truth.
-if ! python3 -c "import gguf, numpy, openai, jinja2" 2>/dev/null; then
-    echo "setup: installing the Python packages gguf, numpy, openai and jinja2"
-    python3 -m pip install --quiet gguf numpy openai jinja2 2>/dev/null ||
-        python3 -m pip install --quiet --break-system-packages gguf numpy openai jinja2
+# chat-template test renders with Python's `jinja2` as the truth; structured
+# output is validated by `jsonschema`.
+if ! python3 -c "import gguf, numpy, openai, jinja2, jsonschema" 2>/dev/null; then
+    echo "setup: installing the Python packages gguf, numpy, openai, jinja2 and jsonschema"
+    python3 -m pip install --quiet gguf numpy openai jinja2 jsonschema 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages gguf numpy openai jinja2 jsonschema
 fi
 
 # llama.cpp's tokenizer suite and chat-template corpus, read by the tests

@@ -45,7 +45,13 @@ struct gen_request {
     bool stream = false;
     bool include_usage = false;
     bool ignore_eos = false; // llama-server's extension: generate max_tokens tokens
+    // GBNF the output follows: from response_format (json_object, or
+    // json_schema's schema) or llama-server's 'grammar'; empty: none.
+    std::string grammar;
 };
+
+// The most bytes of a 'grammar' or of response_format's schema (413 past it).
+constexpr size_t max_grammar_bytes = 64 * 1024;
 
 // The body of POST /v1/chat/completions (chat) or /v1/completions: a
 // request, or an api_error thrown with a 4xx status saying what is wrong.
