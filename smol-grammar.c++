@@ -592,6 +592,14 @@ bool grammar_matcher::feed(const int32_t * in, size_t n, utf8 u, uint8_t byte,
 }
 
 bool grammar_matcher::accept(std::string_view bytes) {
+    return advance(bytes, true);
+}
+
+bool grammar_matcher::allows(std::string_view bytes) {
+    return advance(bytes, false);
+}
+
+bool grammar_matcher::advance(std::string_view bytes, bool commit) {
     const size_t mark = pool_.size();
     std::vector<int32_t> cur = heads_, next;
     utf8 u = partial_;
@@ -605,6 +613,11 @@ bool grammar_matcher::accept(std::string_view bytes) {
         }
         if (advanced) cur.swap(next);
         u = u2;
+    }
+    if (!commit) {
+        pool_.resize(mark);
+        dedup_from_ = pool_.size();
+        return true;
     }
     heads_ = std::move(cur);
     partial_ = u;

@@ -90,6 +90,8 @@ class grammar_matcher {
     // Feeds bytes; false (and no change) if the grammar rejects them or the
     // stacks grow past grammar_max_stacks.
     bool accept(std::string_view bytes);
+    // Whether accept(bytes) would succeed; changes nothing.
+    bool allows(std::string_view bytes);
     // Whether the text so far is a whole sentence of the grammar.
     bool complete() const;
     // Whether any text may follow.
@@ -123,6 +125,7 @@ class grammar_matcher {
     bool feed(const int32_t * in, size_t n, utf8 u, uint8_t byte, std::vector<int32_t> & out,
               utf8 & u_out, bool & advanced);
     void compact();
+    bool advance(std::string_view bytes, bool commit);
 
     std::shared_ptr<const grammar> g_;
     std::vector<snode> pool_;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <new>
 #include <random>
+#include <string>
 #include <vector>
 
 struct smol_sampler {
@@ -28,6 +29,7 @@ struct smol_sampler {
     };
     std::vector<cand> cands;
     std::vector<float> penalized;
+    std::vector<float> weights;
     std::shared_ptr<const smol::grammar_vocab> vocab; // with a grammar
     std::unique_ptr<smol::grammar_matcher> grammar;
     std::vector<uint8_t> allowed;
@@ -39,6 +41,70 @@ namespace {
 // std::uniform_real_distribution.
 double uniform01(std::mt19937_64 & rng) {
     return double(rng() >> 11) * 0x1.0p-53;
+}
+
+bool grammar_allows(smol_sampler * s, smol_token t) {
+    const smol::grammar_vocab & v = *s->vocab;
+    if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) return s->grammar->complete();
+    const std::string & piece = v.pieces[size_t(t)];
+    return !piece.empty() && s->grammar->allows(piece);
+}
+
+// With a grammar, most steps need not build the whole mask: what the
+// unmasked logits pick is checked first, where that gives exactly what the
+// masked logits would. Greedy: the maximum, if allowed, is the masked
+// maximum. Top-k: if the k best are all allowed, they are the masked k best
+// (first_k is then set). Temperature alone: a draw that the grammar refuses
+// is taken out and drawn again (rejection sampling: the masked softmax). -1
+// where the mask is needed.
+smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, bool & first_k) {
+    const smol_sampler_params & p = s->params;
+    first_k = false;
+    if (p.temperature <= 0.0f) {
+        const smol_token t = smol_token(std::max_element(l, l + n_vocab) - l);
+        return grammar_allows(s, t) ? t : -1;
+    }
+    if (p.top_k > 0 && p.top_k < n_vocab) {
+        auto & c = s->cands;
+        c.resize(size_t(n_vocab));
+        for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
+        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(),
+                          [](const smol_sampler::cand & a, const smol_sampler::cand & b) {
+                              return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+                          });
+        for (int32_t i = 0; i < p.top_k; ++i) {
+            if (!grammar_allows(s, c[size_t(i)].id)) return -1;
+        }
+        c.resize(size_t(p.top_k));
+        first_k = true;
+        return -1;
+    }
+    if (p.top_p < 1.0f || p.min_p > 0.0f) return -1;
+    std::vector<float> & w = s->weights;
+    w.resize(size_t(n_vocab));
+    const float mx = *std::max_element(l, l + n_vocab);
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        w[size_t(i)] = float(std::exp(double(l[i] - mx) / p.temperature));
+        sum += w[size_t(i)];
+    }
+    for (int attempt = 0; attempt < 8 && sum > 0; ++attempt) {
+        const double r = uniform01(s->rng) * sum;
+        double acc = 0;
+        int32_t pick = -1;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            acc += w[size_t(i)];
+            if (r < acc) {
+                pick = i;
+                break;
+            }
+        }
+        if (pick < 0) break;
+        if (grammar_allows(s, pick)) return pick;
+        sum -= w[size_t(pick)];
+        w[size_t(pick)] = 0.0f;
+    }
+    return -1;
 }
 
 } // namespace
@@ -70,7 +136,7 @@ smol_status smol_sampler_create(const smol_sampler_params * params, smol_sampler
         return SMOL_ERR_INVALID_ARGUMENT;
     }
     smol_sampler * s = new (std::nothrow)
-        smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}, {}, {}, {}};
+        smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}, {}, {}, {}, {}};
     if (!s) {
         smol::set_last_error("smol_sampler_create: out of memory");
         return SMOL_ERR_OUT_OF_MEMORY;
@@ -118,7 +184,12 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         l = s->penalized.data();
     }
     const uint8_t * allow = nullptr;
+    bool first_k = false;
     if (s->grammar && s->vocab->n_vocab == n_vocab) {
+        const smol_token t = grammar_first(s, l, n_vocab, first_k);
+        if (t >= 0) return t;
+    }
+    if (s->grammar && s->vocab->n_vocab == n_vocab && !first_k) {
         s->grammar->mask(*s->vocab, s->allowed);
         allow = s->allowed.data();
         if (std::find(s->allowed.begin(), s->allowed.end(), 1) == s->allowed.end()) {
@@ -137,20 +208,22 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
     }
 
     auto & c = s->cands;
-    c.resize(size_t(n_vocab));
-    size_t n_c = 0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        if (!allow || allow[i]) c[n_c++] = {i, l[i], 0.0f};
+    if (!first_k) {
+        c.resize(size_t(n_vocab));
+        size_t n_c = 0;
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            if (!allow || allow[i]) c[n_c++] = {i, l[i], 0.0f};
+        }
+        c.resize(n_c);
     }
-    c.resize(n_c);
     auto by_logit = [](const smol_sampler::cand & a, const smol_sampler::cand & b) {
         return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     };
-    size_t n = c.size();
-    if (p.top_k > 0 && size_t(p.top_k) < n) {
+    size_t n = c.size(); // with first_k: the k best, sorted, all allowed
+    if (!first_k && p.top_k > 0 && size_t(p.top_k) < n) {
         std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(), by_logit);
         n = size_t(p.top_k);
-    } else {
+    } else if (!first_k) {
         std::sort(c.begin(), c.end(), by_logit);
     }
     // Softmax at temperature 1 decides top-p and min-p.
