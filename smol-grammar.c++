@@ -26,6 +26,11 @@ using ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 constexpr uint32_t max_cpt = 0x10FFFF;
 constexpr uint32_t unbounded = UINT32_MAX;
 constexpr uint32_t max_repeat = 1 << 16;
+// Groups nested deeper are refused, and rules that reach this many others
+// before a character make the matcher refuse the text: both bound the
+// recursion, and so the stack, on hostile input.
+constexpr uint32_t max_nesting = 256;
+constexpr uint32_t max_expansion = 1024;
 
 bool is_end(const gelem * p) {
     return p->type == gtype::end || p->type == gtype::alt;
@@ -327,6 +332,8 @@ class gbnf_parser {
                 grow(at, 1);
             } else if (c == '(') {
                 last = out.size();
+                if (++nesting_ > max_nesting)
+                    fail(at, "groups nest deeper than " + std::to_string(max_nesting));
                 ++pos_;
                 space(true);
                 const uint32_t r = derived_rule(rname);
@@ -334,6 +341,7 @@ class gbnf_parser {
                 alternates(body, rname, true);
                 if (peek() != ')') fail(at, "a '(' without its closing ')'");
                 ++pos_;
+                --nesting_;
                 body.push_back({gtype::end, 0});
                 grow(at, body.size());
                 g_.rules[r] = std::move(body);
@@ -439,6 +447,7 @@ class gbnf_parser {
     std::vector<size_t> first_ref_;
     size_t n_elems_ = 0;
     uint32_t n_derived_ = 0;
+    uint32_t nesting_ = 0;
 };
 
 bool class_has(const ranges & r, uint32_t c) {
@@ -467,6 +476,11 @@ grammar parse_gbnf(std::string_view text, const std::string & root) {
 
 grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::move(g)) {
     reset();
+    if (heads_.empty())
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "grammar: rule '" + g_->names[g_->root] + "' cannot start: it reaches over " +
+                        std::to_string(max_expansion) + " rules before a character, or over " +
+                        std::to_string(grammar_max_stacks) + " ways to read one");
 }
 
 void grammar_matcher::reset() {
@@ -501,7 +515,7 @@ int32_t grammar_matcher::make(const gelem * pos, int32_t parent) {
 }
 
 bool grammar_matcher::expand(int32_t s, std::vector<int32_t> & out, uint32_t depth) {
-    if (depth > 4 * grammar_max_stacks || out.size() > 4 * grammar_max_stacks) return false;
+    if (depth > max_expansion || out.size() > 4 * grammar_max_stacks) return false;
     if (s < 0 || pool_[size_t(s)].pos->type == gtype::chars) {
         out.push_back(s);
         return true;

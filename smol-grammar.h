@@ -85,6 +85,7 @@ void sampler_set_grammar(smol_sampler * s, const llama_model & m, const char * g
 // bytes of a code point not yet complete.
 class grammar_matcher {
   public:
+    // Throws smol::error if the start rule expands past the limits.
     explicit grammar_matcher(std::shared_ptr<const grammar> g);
 
     // Feeds bytes; false (and no change) if the grammar rejects them or the

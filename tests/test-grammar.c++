@@ -138,10 +138,26 @@ TEST_CASE("bad grammars are refused at the line and column of the fault") {
               "line 2, column 1: rule 'root' is defined twice"));
     CHECK(has(parse_error("start ::= \"a\"\n"), "no rule 'root'"));
     CHECK(has(parse_error("root ::= \"a\"{99999}\n"), "a repetition count past"));
+    CHECK(has(
+        parse_error("root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')') + "\n"),
+        "line 1, column 266: groups nest deeper than 256"));
     CHECK(has(parse_error("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"\n"),
               "rule 'expr' is left-recursive"));
     CHECK(has(parse_error("root ::= a\na ::= b? a \"x\"\nb ::= \"b\"\n"),
               "rule 'a' is left-recursive"));
+}
+
+TEST_CASE("a chain of rules too long to expand is refused, not followed down") {
+    std::string text = "root ::= r0\n";
+    for (int i = 0; i < 3000; ++i)
+        text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + " \"x\"\n";
+    text += "r3000 ::= \"y\"\n";
+    const auto g = parse(text);
+    CHECK_THROWS_WITH_AS(smol::grammar_matcher{g},
+                         doctest::Contains("rule 'root' cannot start: it reaches over 1024"),
+                         smol::error);
+    // A short chain is followed.
+    CHECK(matches(parse("root ::= a \"2\"\na ::= b \"1\"\nb ::= \"0\"\n"), "012"));
 }
 
 TEST_CASE("an ambiguous grammar keeps its stacks few") {

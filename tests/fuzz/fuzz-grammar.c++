@@ -26,13 +26,14 @@ void grammar_and_text(const std::string & in) {
     const size_t cut = in.find('\0');
     const std::string gbnf = in.substr(0, cut);
     const std::string text = cut == std::string::npos ? std::string() : in.substr(cut + 1);
-    std::shared_ptr<const smol::grammar> g;
+    std::unique_ptr<smol::grammar_matcher> mp;
     try {
-        g = std::make_shared<const smol::grammar>(smol::parse_gbnf(gbnf));
+        mp = std::make_unique<smol::grammar_matcher>(
+            std::make_shared<const smol::grammar>(smol::parse_gbnf(gbnf)));
     } catch (const smol::error &) {
         return;
     }
-    smol::grammar_matcher m(g);
+    smol::grammar_matcher & m = *mp;
     for (const char c : text) {
         const bool complete = m.complete(), more = m.can_continue();
         if (!m.accept(std::string(1, c))) {
