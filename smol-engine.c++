@@ -6,6 +6,7 @@
 #include "smol-engine.h"
 
 #include "smol-error.h"
+#include "smol-grammar.h"
 #include "smol-log.h"
 
 #include <algorithm>
@@ -185,6 +186,14 @@ smol_request_id engine::submit(const smol_request_params & p) {
     r->user_data = p.user_data;
     if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
+    }
+    if (p.grammar) {
+        try {
+            sampler_set_grammar(r->sampler, model_, p.grammar);
+        } catch (...) {
+            smol_sampler_free(r->sampler);
+            throw;
+        }
     }
     std::lock_guard<std::mutex> lock(mu_);
     // Every slot taken and n_queue_max waiting: refuse rather than queue
@@ -546,6 +555,13 @@ int32_t engine::step() {
                 continue;
             }
             const smol_token t = smol_sampler_sample(r->sampler, logits, model_.hp.n_vocab);
+            if (t < 0) {
+                // A grammar that allows nothing more, in a vocabulary with no
+                // end-of-generation token.
+                finish(r, SMOL_FINISH_STOP, -1, logits);
+                r.reset();
+                continue;
+            }
             smol_sampler_accept(r->sampler, t);
             r->tokens.push_back(t);
             ++r->n_generated;

@@ -90,6 +90,8 @@ struct llama_layer {
 };
 
 // Immutable once loaded; any number of contexts share it.
+struct grammar_vocab;
+
 struct llama_model {
     std::unique_ptr<gguf::file> file;
     llama_hparams hp;
@@ -102,6 +104,9 @@ struct llama_model {
     uint64_t n_bytes = 0;
     std::string name;
     double t_load_ms = 0;
+    // The vocabulary's byte trie for grammar masks, made at the first
+    // grammar's request (smol-grammar.c++ guards it).
+    mutable std::shared_ptr<const grammar_vocab> grammar_trie;
 
     // Throws smol::error naming the file and the fault.
     static std::unique_ptr<llama_model> load(const std::string & path,

@@ -470,7 +470,32 @@ SMOL_API void smol_sampler_free(smol_sampler * sampler);
 SMOL_API smol_token smol_sampler_sample(smol_sampler * sampler, const float * logits,
                                         int32_t n_vocab);
 SMOL_API void smol_sampler_accept(smol_sampler * sampler, smol_token token);
+// Resets the history, the generator and the grammar's progress.
 SMOL_API void smol_sampler_reset(smol_sampler * sampler);
+
+// Constrains the sampler to the text of a GBNF grammar (llama.cpp's format,
+// start rule "root") over model's vocabulary: smol_sampler_sample only
+// picks tokens whose text may continue a sentence of the grammar (a token
+// may end inside a UTF-8 character), and end-of-generation tokens only
+// where the text so far is a whole sentence; smol_sampler_accept advances
+// the grammar. gbnf NULL removes the grammar. A grammar that does not parse
+// is SMOL_ERR_INVALID_ARGUMENT with a message giving the line and column.
+SMOL_API smol_status smol_sampler_set_grammar(smol_sampler * sampler, const smol_model * model,
+                                              const char * gbnf);
+
+// GBNF (start rule "root") for the JSON texts a JSON schema accepts: type,
+// properties and required (in the schema's order; optional properties may
+// be left out; no other properties beside them), enum, const, items,
+// minItems, maxItems, anyOf, oneOf (as anyOf: its branches must not
+// overlap), allOf of one schema, local $ref ("#/$defs/..."), minLength,
+// maxLength, a minimum of 0 or 1 for integers, and the formats date, time,
+// date-time and uuid (other formats: any string). The schema
+// {"type": "object"} alone is any JSON object. An unsupported keyword or a
+// bad value is SMOL_ERR_INVALID_ARGUMENT naming the schema path;
+// SMOL_ERR_BUFFER_TOO_SMALL sets *n_out to the bytes needed (with the
+// terminating zero).
+SMOL_API smol_status smol_json_schema_to_grammar(const char * schema, char * buf, size_t size,
+                                                 size_t * n_out);
 
 // --- speculative decoding -------------------------------------------------
 //
@@ -579,7 +604,8 @@ typedef struct smol_request_params {
     int32_t max_tokens;             // <= 0: up to the context; prompt + max_tokens <= n_ctx
     const smol_token * stop_tokens; // besides end-of-generation tokens
     int32_t n_stop_tokens;
-    bool ignore_eog; // keep generating through end-of-generation tokens
+    bool ignore_eog;      // keep generating through end-of-generation tokens
+    const char * grammar; // GBNF the output must follow (smol_sampler_set_grammar); NULL: none
     smol_engine_event_fn on_event;
     void * user_data;
 } smol_request_params;

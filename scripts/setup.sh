@@ -20,9 +20,10 @@ scripts/install-packages.sh build-essential cmake git python3 python3-pip python
 # server test talks to smol-server through the official `openai` client; the
 # chat-template test renders with Python's `jinja2` as the truth; the
 # converter's test writes Hugging Face checkpoints with `safetensors` and
-# tokenizes with HF's `tokenizers`.
-py_packages="gguf numpy openai jinja2 safetensors tokenizers"
-if ! python3 -c "import gguf, numpy, openai, jinja2, safetensors, tokenizers" 2>/dev/null; then
+# tokenizes with HF's `tokenizers`; structured output is validated by
+# `jsonschema`.
+py_packages="gguf numpy openai jinja2 safetensors tokenizers jsonschema"
+if ! python3 -c "import gguf, numpy, openai, jinja2, safetensors, tokenizers, jsonschema" 2>/dev/null; then
     echo "setup: installing the Python packages $py_packages"
     # shellcheck disable=SC2086
     python3 -m pip install --quiet $py_packages 2>/dev/null ||

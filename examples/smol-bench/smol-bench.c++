@@ -11,6 +11,11 @@
 // token per step together: M tokens a step) and names the matmul kernel
 // families that step used; --autotune times every matmul kernel candidate
 // on the models' shapes and writes the device's autotune table.
+// Structured output: --sample makes tg draw each next token from the
+// logits (temperature 1, --top-k) instead of taking a random one, and --json-schema
+// FILE (with --sample) constrains those draws to the schema's grammar, as
+// smol-server's response_format does; a document that completes starts
+// again. The two rows side by side give the grammar's cost.
 // Long contexts: -d N fills N tokens of context first (outside the test's
 // timing; the row's note gives the fill's own time), so tgN measures
 // decoding at that depth; with --gpu-mem and --kv-offload the KV
@@ -28,6 +33,8 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -67,6 +74,9 @@ struct options {
     std::string output_err = "none";
     std::string device;
     std::vector<int> depth{0};
+    bool sample = false;
+    int top_k = 0;           // with sample
+    std::string json_schema; // a file; with sample
     std::string gpu_mem;
     std::string kv_offload = "auto";
     int head_group = 0;
@@ -120,12 +130,14 @@ struct result {
     std::string test_time;
     std::vector<double> samples_ns;
     std::string kernels; // the matmul kernels of the last decode (GPU)
+    std::string mode;    // " sampled", " json-schema"
 
     int n_tokens() const { return n_seq > 0 ? n_seq * n_gen : n_prompt + n_gen; }
     std::string test_name() const {
         if (n_seq > 0) return "tg" + std::to_string(n_gen) + " M=" + std::to_string(n_seq);
         return (n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen)) +
-               (n_depth > 0 ? " @ d" + std::to_string(n_depth) : "");
+               (n_depth > 0 ? " @ d" + std::to_string(n_depth) : "") +
+               (n_gen > 0 ? mode : std::string());
     }
     // The kernel families used, such as "gemv" or "smallbatch+cublas".
     std::string families() const {
@@ -167,6 +179,11 @@ struct bench_state {
     int32_t capacity;
     int32_t n_vocab;
     std::mt19937 rng{1234};
+    const smol_model * model = nullptr;
+    smol_sampler * sampler = nullptr; // tg draws its tokens with it
+    smol_token next = 0;
+    double sample_ns = 0; // this thread's CPU time in the sampler
+    int64_t n_sampled = 0;
 
     smol_token random_token() {
         return std::uniform_int_distribution<smol_token>(0, n_vocab - 1)(rng);
@@ -203,9 +220,26 @@ void test_prompt(bench_state & b, int n_prompt, int pos0 = 0, bool progress = fa
 void test_gen(bench_state & b, int n_gen, int pos0 = 0) {
     for (int i = 0; i < n_gen; i++) {
         b.batch.n_tokens = 0;
-        smol_batch_add(&b.batch, b.capacity, b.random_token(), pos0 + i, 0, true);
+        smol_batch_add(&b.batch, b.capacity, b.sampler ? b.next : b.random_token(), pos0 + i, 0,
+                       true);
         check(smol_decode(b.ctx, &b.batch), "decode");
-        smol_get_logits(b.ctx, -1);
+        const float * logits = smol_get_logits(b.ctx, -1);
+        if (!b.sampler) continue;
+        // Thread CPU time: what the sampler costs, apart from other
+        // programs' load on the machine.
+        timespec c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+        b.next = smol_sampler_sample(b.sampler, logits, b.n_vocab);
+        if (b.next < 0 || smol_token_is_eog(b.model, b.next)) {
+            // The document is complete: the next one starts.
+            smol_sampler_reset(b.sampler);
+            b.next = std::max<smol_token>(0, smol_token_bos(b.model));
+        } else {
+            smol_sampler_accept(b.sampler, b.next);
+        }
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        b.sample_ns += double(c1.tv_sec - c0.tv_sec) * 1e9 + double(c1.tv_nsec - c0.tv_nsec);
+        ++b.n_sampled;
     }
 }
 
@@ -261,8 +295,40 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     bench_state b{ctx.get(), smol_batch_init(capacity), capacity, info.n_vocab};
     struct batch_guard {
         smol_batch * b;
-        ~batch_guard() { smol_batch_free(b); }
-    } guard{&b.batch};
+        smol_sampler ** s;
+        ~batch_guard() {
+            smol_batch_free(b);
+            smol_sampler_free(*s);
+        }
+    } guard{&b.batch, &b.sampler};
+    b.model = model;
+    if (o.sample) {
+        smol_sampler_params sp = smol_sampler_default_params();
+        sp.temperature = 1.0f;
+        sp.top_k = o.top_k;
+        sp.top_p = 1.0f;
+        sp.min_p = 0.0f;
+        check(smol_sampler_create(&sp, &b.sampler), "sampler");
+        r.mode = " sampled";
+        if (o.top_k > 0) r.mode += " k" + std::to_string(o.top_k);
+        if (!o.json_schema.empty()) {
+            std::ifstream f(o.json_schema);
+            const std::string schema((std::istreambuf_iterator<char>(f)),
+                                     std::istreambuf_iterator<char>());
+            if (!f) throw std::runtime_error("cannot read " + o.json_schema);
+            size_t n = 0;
+            std::string gbnf;
+            smol_status st = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &n);
+            if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
+                gbnf.resize(n);
+                st = smol_json_schema_to_grammar(schema.c_str(), &gbnf[0], n, &n);
+            }
+            check(st, o.json_schema);
+            check(smol_sampler_set_grammar(b.sampler, model, gbnf.c_str()), o.json_schema);
+            r.mode = " json-schema" + r.mode.substr(std::string(" sampled").size());
+        }
+        b.next = std::max<smol_token>(0, smol_token_bos(model));
+    }
 
     // The warm-up brings weights into the caches and wakes the threads; as in
     // llama-bench, tg warms up with a single token.
@@ -283,11 +349,19 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
             std::fprintf(stderr, "smol-bench: %s %s t=%d rep %d/%d\n", r.model_label.c_str(),
                          r.test_name().c_str(), n_threads, rep + 1, reps);
         smol_kv_seq_rm(b.ctx, 0, n_depth, -1);
+        if (b.sampler) {
+            smol_sampler_reset(b.sampler);
+            b.next = std::max<smol_token>(0, smol_token_bos(model));
+        }
         const auto t0 = std::chrono::steady_clock::now();
         if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
         if (n_gen > 0) test_gen(b, n_gen, n_depth);
         const auto t1 = std::chrono::steady_clock::now();
         r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    }
+    if (b.sampler && b.n_sampled > 0) {
+        std::fprintf(stderr, "smol-bench: %s: the sampler took %.1f us a token (thread CPU time)\n",
+                     r.test_name().c_str(), b.sample_ns / double(b.n_sampled) / 1e3);
     }
     r.place.shown = n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto";
     r.place.gpu_mem = cparams.gpu_mem;
@@ -701,6 +775,12 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     app.add_flag("--progress", o.progress, "report each repetition on stderr");
+    app.add_flag("--sample", o.sample,
+                 "tg draws each token from the logits (temperature 1) instead of a random one");
+    app.add_option("--top-k", o.top_k, "with --sample: top-k (0: off, the default)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--json-schema", o.json_schema,
+                   "with --sample: draws constrained to this JSON schema file's grammar");
     app.add_option("--batched", o.batched,
                    "batch decode tests: M sequences decoding one token each per step "
                    "(e.g. 1,8,32,128)")

@@ -161,6 +161,80 @@ void parse_logprobs(const json & body, bool chat, gen_request & g) {
     }
 }
 
+api_error too_large(const std::string & what, size_t n, const std::string & param) {
+    return {413,
+            what + " is " + std::to_string(n) + " bytes; this server takes at most " +
+                std::to_string(max_grammar_bytes),
+            "invalid_request_error", param, "grammar_too_large"};
+}
+
+// The grammar of response_format or 'grammar', checked by the library
+// against the model's vocabulary: a fault is a 400 naming the field.
+void parse_grammar(const served_model & m, const json & body, const std::string & text,
+                   gen_request & g) {
+    const json & rf = field(body, "response_format");
+    const json & gr = field(body, "grammar");
+    if (!rf.is_null() && !gr.is_null())
+        throw bad_request("'response_format' and 'grammar' cannot both be given", "grammar");
+    if (!gr.is_null()) {
+        if (!gr.is_string()) throw bad_request("'grammar' must be a string (GBNF)", "grammar");
+        g.grammar = gr.get<std::string>();
+        if (g.grammar.size() > max_grammar_bytes)
+            throw too_large("'grammar'", g.grammar.size(), "grammar");
+    } else if (!rf.is_null()) {
+        if (!rf.is_object() || !field(rf, "type").is_string())
+            throw bad_request("'response_format' must be an object with a string 'type'",
+                              "response_format");
+        const std::string type = rf["type"].get<std::string>();
+        std::string schema;
+        if (type == "json_object") {
+            schema = R"({"type":"object"})";
+        } else if (type == "json_schema") {
+            const json & js = field(rf, "json_schema");
+            if (!js.is_object() || !field(js, "schema").is_object())
+                throw bad_request("'response_format.json_schema.schema' must be an object (a "
+                                  "JSON schema)",
+                                  "response_format");
+            // Read again in the client's key order: properties come in the
+            // schema's order.
+            schema = nlohmann::ordered_json::parse(text)["response_format"]["json_schema"]["schema"]
+                         .dump();
+            if (schema.size() > max_grammar_bytes)
+                throw too_large("'response_format.json_schema.schema'", schema.size(),
+                                "response_format");
+        } else if (type != "text") {
+            throw bad_request("'response_format.type' must be 'text', 'json_object' or "
+                              "'json_schema', not '" +
+                                  type + "'",
+                              "response_format");
+        }
+        if (!schema.empty()) {
+            size_t n = 0;
+            smol_status s = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &n);
+            if (s == SMOL_ERR_BUFFER_TOO_SMALL) {
+                g.grammar.resize(n);
+                s = smol_json_schema_to_grammar(schema.c_str(), &g.grammar[0], n, &n);
+                g.grammar.resize(n - 1);
+            }
+            if (s != SMOL_OK)
+                throw bad_request(std::string("'response_format': ") + smol_last_error(),
+                                  "response_format");
+        }
+    }
+    if (g.grammar.empty()) return;
+    smol_sampler * s = nullptr;
+    const smol_sampler_params sp = smol_sampler_default_params();
+    if (smol_sampler_create(&sp, &s) != SMOL_OK) throw bad_request(smol_last_error());
+    const smol_status st = smol_sampler_set_grammar(s, m.model, g.grammar.c_str());
+    const std::string why = smol_last_error();
+    smol_sampler_free(s);
+    if (st != SMOL_OK) {
+        throw bad_request(gr.is_null() ? "'response_format' gave a grammar smol cannot use: " + why
+                                       : "'grammar': " + why,
+                          gr.is_null() ? "response_format" : "grammar");
+    }
+}
+
 void check_length(const served_model & m, gen_request & g) {
     const int64_t n_prompt = int64_t(g.prompt.size());
     if (n_prompt >= int64_t(m.n_ctx)) {
@@ -283,10 +357,11 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
                           "messages");
     g.prompt.resize(size_t(n));
     check_length(m, g);
+    parse_grammar(m, body, text, g);
     return g;
 }
 
-gen_request parse_completion(const served_model & m, const json & body) {
+gen_request parse_completion(const served_model & m, const json & body, const std::string & text) {
     gen_request g = parse_common(m, body);
     parse_logprobs(body, false, g);
     const json & prompt = field(body, "prompt");
@@ -318,6 +393,7 @@ gen_request parse_completion(const served_model & m, const json & body) {
     }
     if (g.prompt.empty()) throw bad_request("'prompt' is empty", "prompt");
     check_length(m, g);
+    parse_grammar(m, body, text, g);
     return g;
 }
 
@@ -352,7 +428,7 @@ std::string piece_of(const served_model & m, smol_token t) {
 
 gen_request parse_request(const served_model & m, const std::string & text, bool chat) {
     const json body = parse_body(text);
-    return chat ? parse_chat(m, body, text) : parse_completion(m, body);
+    return chat ? parse_chat(m, body, text) : parse_completion(m, body, text);
 }
 
 std::string responses_as_chat(const std::string & text) {

@@ -56,6 +56,9 @@ struct gen_request {
     // parallel_tool_calls is false.
     bool tools = false;
     bool parallel_tool_calls = true;
+    // GBNF the output follows: from response_format (json_object, or
+    // json_schema's schema) or llama-server's 'grammar'; empty: none.
+    std::string grammar;
 };
 
 // The most choices one request may ask for.
@@ -66,6 +69,9 @@ constexpr int32_t max_top_logprobs = 20;
 // The most tools a request may offer, and the largest JSON text of them.
 constexpr size_t max_tools = 128;
 constexpr size_t max_tools_bytes = 256 * 1024;
+
+// The most bytes of a 'grammar' or of response_format's schema (413 past it).
+constexpr size_t max_grammar_bytes = 64 * 1024;
 
 // The body of POST /v1/chat/completions (chat) or /v1/completions: a
 // request, or an api_error thrown with a 4xx status saying what is wrong.

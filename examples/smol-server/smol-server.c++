@@ -496,6 +496,7 @@ struct job {
         p.sampler = g.sampler;
         p.max_tokens = g.max_tokens;
         p.ignore_eog = g.ignore_eos;
+        p.grammar = g.grammar.empty() ? nullptr : g.grammar.c_str();
         p.on_event = on_event;
         auto * ref = new std::shared_ptr<stream_state>(state);
         p.user_data = ref;

@@ -1,0 +1,166 @@
+// smol-grammar.h - constrained decoding: GBNF grammars (llama.cpp's format)
+// parsed into rules of flat elements, an incremental matcher over Unicode
+// code points that keeps the set of parse stacks every prefix allows, the
+// token mask over a vocabulary (a byte trie of the token texts walked once
+// per step with the matcher's state, pruning whole subtrees), and JSON
+// schemas turned into GBNF. The sampler (smol-sampler.c++) applies the mask.
+
+#ifndef SMOL_GRAMMAR_H
+#define SMOL_GRAMMAR_H
+
+#include "smol.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace smol {
+
+class vocab;
+struct llama_model;
+
+// --- grammar ------------------------------------------------------------------
+
+enum class gtype : uint8_t {
+    end,      // the end of a rule
+    alt,      // the end of an alternative, another follows
+    rule_ref, // value: the rule's index
+    chars,    // value: the index of a character class
+};
+
+struct gelem {
+    gtype type;
+    uint32_t value;
+};
+
+struct grammar {
+    // Each rule: alternatives of elements separated by alt, closed by end.
+    std::vector<std::vector<gelem>> rules;
+    std::vector<std::string> names; // repetitions and groups get derived names
+    // Sorted, disjoint, inclusive code point ranges.
+    std::vector<std::vector<std::pair<uint32_t, uint32_t>>> classes;
+    uint32_t root = 0;
+};
+
+// Limits that keep a hostile grammar from exhausting memory or time.
+constexpr size_t grammar_max_elements = 1 << 20;
+constexpr size_t grammar_max_stacks = 4096;
+
+// Parses GBNF text; root names the start rule. Throws smol::error
+// (SMOL_ERR_INVALID_ARGUMENT) with "line L, column C: ..." at the fault, or
+// naming the rule that is undefined or left-recursive.
+grammar parse_gbnf(std::string_view text, const std::string & root = "root");
+
+// --- matcher ------------------------------------------------------------------
+
+// The bytes of every token of a vocabulary in a trie (preorder: a node's
+// subtree is the nodes up to its end), with the end-of-generation tokens.
+struct grammar_vocab {
+    struct node {
+        uint8_t byte;
+        uint32_t end;                // one past the last node of the subtree
+        uint32_t depth;              // bytes from the root (the root: 0)
+        uint32_t tok_begin, tok_end; // tokens whose text ends here
+    };
+    std::vector<node> nodes; // nodes[0] is the root (no byte)
+    std::vector<smol_token> tokens;
+    std::vector<std::string> pieces; // each token's text
+    std::vector<smol_token> eog;
+    int32_t n_vocab = 0;
+};
+
+std::shared_ptr<const grammar_vocab> make_grammar_vocab(const vocab & v);
+// The model's trie, made once and shared by every grammar over it.
+std::shared_ptr<const grammar_vocab> model_grammar_vocab(const llama_model & m);
+
+// smol_sampler_set_grammar for the library's own callers (the engine):
+// throws smol::error.
+void sampler_set_grammar(smol_sampler * s, const llama_model & m, const char * gbnf);
+
+// Where a grammar's parse stands: the stacks of positions every parse of
+// the text so far can be in (each stack's top a character class), and the
+// bytes of a code point not yet complete.
+class grammar_matcher {
+  public:
+    // Throws smol::error if the start rule expands past the limits.
+    explicit grammar_matcher(std::shared_ptr<const grammar> g);
+
+    // Feeds bytes; false (and no change) if the grammar rejects them or the
+    // stacks grow past grammar_max_stacks.
+    bool accept(std::string_view bytes);
+    // Whether accept(bytes) would succeed; changes nothing.
+    bool allows(std::string_view bytes);
+    // Whether the text so far is a whole sentence of the grammar.
+    bool complete() const;
+    // Whether any text may follow.
+    bool can_continue() const;
+    void reset();
+
+    // allowed[t] = 1 if token t's text may follow (end-of-generation tokens:
+    // only when complete), else 0; n_vocab entries.
+    void mask(const grammar_vocab & v, std::vector<uint8_t> & allowed);
+
+    const grammar & rules() const { return *g_; }
+
+  private:
+    struct snode {
+        const gelem * pos; // a position whose element is chars or rule_ref
+        int32_t parent;    // -1: the bottom
+    };
+    struct utf8 {
+        uint32_t value = 0;
+        uint32_t left = 0; // continuation bytes still to come
+        uint32_t min = 0;  // the least code point its length may encode
+    };
+
+    int32_t make(const gelem * pos, int32_t parent);
+    bool expand(int32_t s, std::vector<int32_t> & out, uint32_t depth);
+    // Advances the stacks in[0, n) over one code point into out; false on
+    // overflow.
+    bool step(const int32_t * in, size_t n, uint32_t cpt, std::vector<int32_t> & out);
+    bool may_start(const int32_t * in, size_t n, uint32_t lo, uint32_t hi) const;
+    // One byte: the next heads and partial state; false if rejected.
+    bool feed(const int32_t * in, size_t n, utf8 u, uint8_t byte, std::vector<int32_t> & out,
+              utf8 & u_out, bool & advanced);
+    void compact();
+    bool advance(std::string_view bytes, bool commit);
+
+    std::shared_ptr<const grammar> g_;
+    std::vector<snode> pool_;
+    size_t dedup_from_ = 0; // nodes made since this index are shared when equal
+    std::vector<int32_t> heads_;
+    utf8 partial_;
+    // The mask walk's buffers, kept between calls.
+    std::vector<int32_t> walk_heads_;
+    struct level {
+        size_t pool_mark, head_begin, head_end;
+        utf8 u;
+    };
+    std::vector<level> levels_;
+    std::vector<int32_t> scratch_;
+};
+
+// --- JSON schema ----------------------------------------------------------------
+
+// Limits on a schema's text and nesting.
+constexpr size_t json_schema_max_bytes = 256 * 1024;
+constexpr uint32_t json_schema_max_depth = 64;
+
+// GBNF (root rule "root") for the JSON texts a schema accepts: types,
+// properties with required (in the schema's order; optional ones may be
+// left out), enum, const, items with minItems and maxItems, anyOf and
+// oneOf, local $ref into $defs or definitions, minLength and maxLength, and
+// the formats date, time, date-time and uuid. additionalProperties is false
+// unless the schema says otherwise. Throws smol::error naming the schema
+// path of an unsupported keyword or a bad value.
+std::string json_schema_to_gbnf(std::string_view schema_json);
+
+// GBNF for any JSON object.
+std::string json_object_gbnf();
+
+} // namespace smol
+
+#endif // SMOL_GRAMMAR_H
