@@ -14,7 +14,7 @@ run_demo=1
 
 scripts/install-packages.sh build-essential cmake git python3 python3-pip python3-venv \
     clang-format cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev \
-    pkg-config chromium chromium-driver
+    pkg-config chromium chromium-driver nginx
 
 # The cross-check scripts read GGUF with the independent `gguf` package; the
 # server test talks to smol-server through the official `openai` client; the
