@@ -10,9 +10,9 @@ them streamed, all answered with text; both replicas served some (their
 smol_requests_finished_total) and together exactly those; a streamed
 answer comes through nginx in pieces while the replica is still
 generating; a client that hangs up mid-stream has its request ended early
-on the replica; and, with the config's commented hash on X-Session-Id, the
-requests of one session all go to one replica. Skips (77) where nginx is
-missing.
+on the replica; with the config's commented hash on X-Session-Id, the
+requests of one session all go to one replica; and a full replica's 503s
+are retried on the other. Skips (77) where nginx is missing.
 
     tests/test-replicas.py build/examples/smol-server models/SmolLM2-135M-Instruct.Q4_1.gguf
 """
@@ -65,10 +65,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_replica(log):
+def start_replica(log, slots=("--parallel", "4")):
     proc = subprocess.Popen(
-        [SERVER, "--model", MODEL, "--port", "0", "-c", "1024", "--parallel", "4", "-t", "1",
-         "--api-key", KEY], stdout=subprocess.PIPE, stderr=log, text=True)
+        [SERVER, "--model", MODEL, "--port", "0", "-c", "1024", "-t", "1", "--api-key", KEY,
+         *slots], stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     if not line.startswith("listening on http://127.0.0.1:"):
         proc.kill()
@@ -112,7 +112,8 @@ def nginx_conf(tmp, port, replicas, session_hash):
                       ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     conf = (f"{user}worker_processes 2;\npid {tmp}/nginx.pid;\nerror_log {tmp}/error.log;\n"
             f"events {{ worker_connections 256; }}\n"
-            f"http {{\n    access_log {tmp}/access.log;\n{temps}\n"
+            f"http {{\n    log_format upstreams '$status $upstream_status $upstream_addr';\n"
+            f"    access_log {tmp}/access.log upstreams;\n{temps}\n"
             f"    include {tmp}/site.conf;\n}}\n")
     with open(os.path.join(tmp, "nginx.conf"), "w") as f:
         f.write(conf)
@@ -280,6 +281,40 @@ def main():
                 {"role": "user", "content": f"Hello {i}."}])
         went = [finished(p) - a for p, a in zip(ports, anon)]
         check(all(n > 0 for n in went), f"requests without a session spread over both ({went})")
+        stop_nginx(nginx)
+        nginx = None
+
+        # A full replica (one slot, one place in its queue, no wait) answers
+        # 503 to the rest; nginx hands those to the other replica.
+        logs.append(tempfile.TemporaryFile("w+"))
+        full = start_replica(logs[-1], ("--parallel", "1", "--max-queue", "1", "--queue-wait", "0"))
+        replicas.append(full)
+        os.remove(os.path.join(tmp, "access.log"))
+        nginx, port = start_nginx(tmp, [full[1], ports[1]])
+        at = [finished(p) for p in (full[1], ports[1])]
+
+        def long(i):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            c.request("POST", "/v1/chat/completions", body=json.dumps({
+                "model": MODEL_ID, "max_tokens": 32, "ignore_eos": True,
+                "messages": [{"role": "user", "content": f"Count to {i + 10}."}]}),
+                headers={"Content-Type": "application/json", "Authorization": "Bearer " + KEY})
+            r = c.getresponse()
+            r.read()
+            c.close()
+            return r.status
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(long, range(16)))
+        went = [finished(p) - a for p, a in zip((full[1], ports[1]), at)]
+        with open(os.path.join(tmp, "access.log")) as f:
+            lines = f.read().splitlines()
+        retried = sum(1 for line in lines if line.startswith("200 503, "))
+        if statuses != [200] * 16:
+            print("    nginx's log (status, upstream statuses):", sorted(set(lines)))
+        check(statuses == [200] * 16 and retried > 0 and went[0] > 0 and sum(went) == 16,
+              f"a full replica's 503s are retried on the other: {statuses.count(200)} of 16 "
+              f"answered, {retried} after a 503, served {went}")
     finally:
         if nginx:
             stop_nginx(nginx)
