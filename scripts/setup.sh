@@ -14,16 +14,17 @@ run_demo=1
 
 scripts/install-packages.sh build-essential cmake git python3 python3-pip python3-venv \
     clang-format cmake-format doctest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev \
-    pkg-config
+    pkg-config chromium chromium-driver nginx
 
 # The cross-check scripts read GGUF with the independent `gguf` package; the
 # server test talks to smol-server through the official `openai` client; the
 # chat-template test renders with Python's `jinja2` as the truth; the
 # converter's test writes Hugging Face checkpoints with `safetensors` and
 # tokenizes with HF's `tokenizers`; structured output is validated by
-# `jsonschema`.
-py_packages="gguf numpy openai jinja2 safetensors tokenizers jsonschema"
-if ! python3 -c "import gguf, numpy, openai, jinja2, safetensors, tokenizers, jsonschema" 2>/dev/null; then
+# `jsonschema`; the chat page's test drives Chromium (Debian's chromium and
+# chromium-driver) through `selenium`.
+py_packages="gguf numpy openai jinja2 safetensors tokenizers jsonschema selenium"
+if ! python3 -c "import gguf, numpy, openai, jinja2, safetensors, tokenizers, jsonschema, selenium" 2>/dev/null; then
     echo "setup: installing the Python packages $py_packages"
     # shellcheck disable=SC2086
     python3 -m pip install --quiet $py_packages 2>/dev/null ||

@@ -2,14 +2,16 @@
 // POST /v1/chat/completions, /v1/completions and /v1/responses (streamed as
 // server-sent events or not, with logprobs when asked), GET /v1/models and
 // /v1/models/{id}, POST /v1/embeddings (in a context of their own),
-// /tokenize and /detokenize, /health and Prometheus /metrics. Requests run
-// through one smol_engine (continuous batching, prefix cache) on its worker
-// thread; each HTTP request waits on its own queue of tokens. Bad requests
-// get a 4xx JSON error in OpenAI's shape, a full queue a 503, and a client
-// that goes away has its request cancelled. Loopback by default; with API
-// keys every route but /health needs one, and listening beyond loopback
+// /tokenize and /detokenize, /health, Prometheus /metrics and a chat page
+// at / (chat.html, compiled in). Requests run through one smol_engine
+// (continuous batching, prefix cache) on its worker thread; each HTTP
+// request waits on its own queue of tokens. Bad requests get a 4xx JSON
+// error in OpenAI's shape, a full queue a 503, and a client that goes away
+// has its request cancelled. Loopback by default; with API keys every
+// route but /health and the page needs one, and listening beyond loopback
 // needs keys (or --no-auth).
 
+#include "chat-page.h"
 #include "request.h"
 #include "smol.h"
 
@@ -1350,10 +1352,11 @@ int main(int argc, char ** argv) {
             }
         };
     };
-    // Every route but /health needs a key when keys are given: a 401 in
-    // OpenAI's shape otherwise, before the request is looked at.
+    // Every route but /health and the chat page needs a key when keys are
+    // given: a 401 in OpenAI's shape otherwise, before the request is looked
+    // at. The page holds no secret; it asks for the key and sends it.
     svr.set_pre_routing_handler([&keys](const httplib::Request & req, httplib::Response & res) {
-        if (keys.empty() || req.path == "/health" ||
+        if (keys.empty() || req.path == "/health" || req.path == "/" || req.path == "/index.html" ||
             authorized(keys, req.get_header_value("Authorization"))) {
             return httplib::Server::HandlerResponse::Unhandled;
         }
@@ -1418,6 +1421,12 @@ int main(int argc, char ** argv) {
     });
     svr.Post("/tokenize", tokens_route(true));
     svr.Post("/detokenize", tokens_route(false));
+    const auto page = [](const httplib::Request &, httplib::Response & res) {
+        res.set_content(reinterpret_cast<const char *>(chat_page), chat_page_size,
+                        "text/html; charset=utf-8");
+    };
+    svr.Get("/", page);
+    svr.Get("/index.html", page);
     svr.Get("/health", [](const httplib::Request &, httplib::Response & res) {
         res.set_content(R"({"status":"ok"})", "application/json");
     });
