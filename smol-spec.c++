@@ -1,15 +1,19 @@
-// smol-spec.c++ - speculative greedy decoding (smol.h's smol_spec_*): a
-// proposer guesses the next tokens (n-gram lookup in the text so far, or a
-// draft model), the target decodes the guaranteed token and the guesses in
-// one batch, keeps the guesses its own argmax agrees with and drops the
-// rest from the cache. Built on the public API alone: contexts, batches,
-// logits and smol_kv_seq_rm.
+// smol-spec.c++ - speculative decoding (smol.h's smol_spec_*): a proposer
+// guesses the next tokens (n-gram lookup in the text so far, or a draft
+// model), the target decodes the guaranteed token and the guesses in one
+// batch, keeps the guesses its own argmax agrees with (greedy) or that pass
+// speculative rejection sampling (sampling), and drops the rest from the
+// cache. Built on the public API, contexts, batches, logits and
+// smol_kv_seq_rm, and on the sampler's transform (smol-sampler.h).
 
 #include "smol-error.h"
+#include "smol-sampler.h"
 #include "smol.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -50,6 +54,14 @@ struct smol_spec {
     smol_batch batch{};
     smol_spec_stats stats{};
 
+    // Sampling: the spec's own generator, the sampler's candidates, the
+    // draft's distribution of each guess (draft_max rows of n_vocab) and
+    // the target's of one position.
+    bool sampling = false;
+    std::mt19937_64 rng;
+    std::vector<smol::sampler_cand> cands;
+    std::vector<double> q, p;
+
     ~smol_spec() { smol_batch_free(&batch); }
 
     // Decodes tokens at positions from `pos` into ctx, keeping the logits of
@@ -84,7 +96,8 @@ struct smol_spec {
         }
     }
 
-    // Up to k tokens from the draft model, greedily, after history + next.
+    // Up to k tokens from the draft model after history + next: its argmax
+    // (greedy) or draws from its distribution, kept in q (sampling).
     void from_draft(int32_t k, std::vector<smol_token> & out) {
         smol_context * d = draft.get();
         // Catch the draft up: the history it lacks, then next.
@@ -93,12 +106,75 @@ struct smol_spec {
         decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
         draft_past = int32_t(history.size()) + 1;
         for (int32_t i = 0; i < k; ++i) {
-            const smol_token t = argmax(smol_get_logits(d, -1), n_vocab);
+            const float * l = smol_get_logits(d, -1);
+            smol_token t = -1;
+            if (sampling) {
+                double * qi = q.data() + size_t(i) * size_t(n_vocab);
+                probs(l, qi);
+                t = draw(qi);
+            } else {
+                t = argmax(l, n_vocab);
+            }
             out.push_back(t);
             if (i + 1 == k) break;
             decode(d, batch, n_batch, &t, 1, draft_past, false);
             ++draft_past;
         }
+    }
+
+    // The distribution sampling draws from after logits l, dense.
+    void probs(const float * l, double * out) {
+        double sum = 0;
+        const size_t n = smol::sampler_keep(params.sampling, l, n_vocab, cands, &sum);
+        std::fill(out, out + n_vocab, 0.0);
+        for (size_t i = 0; i < n; ++i) out[cands[i].id] = double(cands[i].p) / sum;
+    }
+
+    // A token drawn with probability w[t] / (the sum of w), w >= 0.
+    smol_token draw(const double * w) {
+        double sum = 0;
+        for (int32_t t = 0; t < n_vocab; ++t) sum += w[t];
+        const double r = smol::uniform01(rng) * sum;
+        double acc = 0;
+        smol_token last = -1;
+        for (int32_t t = 0; t < n_vocab; ++t) {
+            if (w[t] <= 0) continue;
+            acc += w[t];
+            last = t;
+            if (r < acc) return t;
+        }
+        return last;
+    }
+
+    // Speculative rejection sampling over the verify batch's logits: the
+    // guesses kept (*kept) and the token after them, drawn from the
+    // residual max(0, p - q) at the first rejection, else from p after the
+    // last guess.
+    smol_token verify_sampled(const std::vector<smol_token> & guess, int32_t * kept) {
+        const int32_t n = int32_t(guess.size());
+        for (int32_t i = 0; i < n; ++i) {
+            probs(smol_get_logits(target, i), p.data());
+            const smol_token x = guess[size_t(i)];
+            // A draft model's guess was drawn from q; an n-gram's is certain.
+            const double * qi = draft ? q.data() + size_t(i) * size_t(n_vocab) : nullptr;
+            const double qx = qi ? qi[x] : 1.0;
+            // Kept with probability min(1, p(x) / q(x)).
+            if (smol::uniform01(rng) * qx < p[size_t(x)]) {
+                ++*kept;
+                continue;
+            }
+            double left = 0;
+            for (int32_t t = 0; t < n_vocab; ++t) {
+                const double r = p[size_t(t)] - (qi ? qi[t] : t == x ? 1.0 : 0.0);
+                p[size_t(t)] = r > 0 ? r : 0.0;
+                left += p[size_t(t)];
+            }
+            // p == q up to rounding leaves no residual: p itself then.
+            if (!(left > 0)) probs(smol_get_logits(target, i), p.data());
+            return draw(p.data());
+        }
+        probs(smol_get_logits(target, n), p.data());
+        return draw(p.data());
     }
 };
 
@@ -109,6 +185,8 @@ smol_spec_params smol_spec_default_params(void) {
     p.ngram_max = 4;
     p.draft_model = nullptr;
     p.draft_n_threads = 0;
+    p.sampling = smol_sampler_default_params();
+    p.sampling.temperature = 0.0f; // greedy
     return p;
 }
 
@@ -145,6 +223,24 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                               "smol_spec: the n-gram sizes must satisfy 1 <= ngram_min (" +
                                   std::to_string(p.ngram_min) + ") <= ngram_max (" +
                                   std::to_string(p.ngram_max) + ")");
+        }
+        const smol_sampler_params & sp = p.sampling;
+        s->sampling = sp.temperature > 0.0f;
+        if (std::isnan(sp.temperature) || !(sp.top_p >= 0.0f) || !(sp.min_p >= 0.0f)) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: sampling.temperature must be a number, sampling.top_p "
+                              "and sampling.min_p >= 0");
+        }
+        if (s->sampling && sp.repeat_penalty != 1.0f) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: sampling.repeat_penalty must be 1 (off) for "
+                              "speculative sampling; the penalty of a guessed token would depend "
+                              "on guesses the target has not accepted yet");
+        }
+        if (s->sampling) {
+            s->rng.seed(sp.seed);
+            s->p.resize(size_t(s->n_vocab));
+            if (p.draft_model) s->q.resize(size_t(p.draft_max) * size_t(s->n_vocab));
         }
         if (p.draft_model) {
             smol_model_info di;
@@ -199,7 +295,13 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
     return smol::guard([&] {
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
         s->history.assign(tokens, tokens + n);
-        s->next = argmax(smol_get_logits(s->target, -1), s->n_vocab);
+        const float * l = smol_get_logits(s->target, -1);
+        if (s->sampling) {
+            s->probs(l, s->p.data());
+            s->next = s->draw(s->p.data());
+        } else {
+            s->next = argmax(l, s->n_vocab);
+        }
     });
 }
 
@@ -236,10 +338,15 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens.data(), int32_t(tokens.size()),
                           pos, true);
         int32_t kept = 0; // guesses the target agrees with
-        smol_token after = argmax(smol_get_logits(s->target, 0), s->n_vocab);
-        while (kept < int32_t(guess.size()) && guess[size_t(kept)] == after) {
-            ++kept;
-            after = argmax(smol_get_logits(s->target, kept), s->n_vocab);
+        smol_token after = -1;
+        if (s->sampling) {
+            after = s->verify_sampled(guess, &kept);
+        } else {
+            after = argmax(smol_get_logits(s->target, 0), s->n_vocab);
+            while (kept < int32_t(guess.size()) && guess[size_t(kept)] == after) {
+                ++kept;
+                after = argmax(smol_get_logits(s->target, kept), s->n_vocab);
+            }
         }
         // The cache keeps next and the kept guesses; the draft's, what it
         // decoded of them.

@@ -447,15 +447,27 @@ SMOL_API void smol_sampler_reset(smol_sampler * sampler);
 
 // --- speculative decoding -------------------------------------------------
 //
-// A greedy generator over one sequence (0) of a target context that lets a
+// A generator over one sequence (0) of a target context that lets a
 // proposer guess the next tokens and has the target check all of them in
-// one decode: the tokens that match the target's own argmax are kept, the
-// rest leave the cache, and the first mismatch is replaced by the target's
-// choice. The output is the token sequence plain greedy decoding gives (on
-// the CPU, bit for bit: a token's logits are the same alone and batched).
+// one decode; rejected guesses leave the cache (the draft's too).
+// Greedy (sampling.temperature <= 0, the default): the guesses that match
+// the target's own argmax are kept and the first mismatch is replaced by
+// the target's choice, so the output is the token sequence plain greedy
+// decoding gives (on the CPU, bit for bit: a token's logits are the same
+// alone and batched).
+// Sampling (temperature > 0, with the sampler's top-k, top-p and min-p):
+// speculative rejection sampling. A guess x that the draft drew with
+// probability q(x) is kept with probability min(1, p(x) / q(x)), p being the
+// target's distribution after the same transform; the first rejected guess
+// is replaced by a draw from the normalised residual max(0, p - q), and when
+// every guess is kept a further token is drawn from p. An n-gram guess is
+// certain (q(x) = 1). The tokens so follow the distribution that plain
+// sampling with these settings draws from, exactly; the draws come from a
+// generator of the spec's own, seeded with sampling.seed, so runs replay.
 // Proposers: n-gram lookup in the prompt and the text so far (draft_model
-// NULL), or a smaller draft model with the same vocabulary, run greedily in
-// a context of its own.
+// NULL), or a smaller draft model with the same vocabulary, run in a
+// context of its own (greedily, or drawing from its own distribution after
+// the same transform).
 
 typedef struct smol_spec_params {
     int32_t draft_max;        // most tokens proposed per step (8)
@@ -463,6 +475,9 @@ typedef struct smol_spec_params {
     int32_t ngram_max;        // lookup: the longest suffix tried first (4)
     smol_model * draft_model; // NULL: n-gram lookup; not owned
     uint32_t draft_n_threads; // the draft context's threads (0: as the target's default)
+    // temperature <= 0: greedy (the default); else exact speculative sampling
+    // with top_k, top_p, min_p and seed; repeat_penalty must be 1.
+    smol_sampler_params sampling;
 } smol_spec_params;
 
 typedef struct smol_spec_stats {
