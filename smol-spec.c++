@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <queue>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,6 +62,21 @@ struct smol_spec {
     std::mt19937_64 rng;
     std::vector<smol::sampler_cand> cands;
     std::vector<double> q, p;
+
+    // A token tree (SpecExec): node 0 is next, the root; a node's draft
+    // sequence holds the text and its path in the draft's cache once the
+    // node is expanded, its branch is the target sequence of a leaf below it.
+    struct node {
+        smol_token token;
+        int32_t parent, depth; // depth: tokens after the root
+        double logp;           // cumulative draft log-probability
+        int32_t n_children = 0;
+        smol_seq_id draft_seq = -1;
+        int32_t at = -1; // its row in the verify batch
+    };
+    std::vector<node> tree;
+    std::vector<float> soft;       // the draft's logits
+    std::vector<smol_token> order; // tokens by the draft's logit
 
     ~smol_spec() { smol_batch_free(&batch); }
 
@@ -146,6 +162,139 @@ struct smol_spec {
         return last;
     }
 
+    // Grows the token tree from the draft under tree_budget verify tokens,
+    // best first: candidates (a token below a node, with its cumulative
+    // log-probability) and unexpanded nodes (keyed by their own, a bound on
+    // their children's) share one queue, so the draft decodes a node only
+    // when its children could be the likeliest left.
+    void grow_tree(int32_t pos, int32_t max_depth) {
+        smol_context * d = draft.get();
+        std::vector<smol_token> feed(history.begin() + draft_past, history.end());
+        feed.push_back(next);
+        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        draft_past = pos + 1;
+        tree.assign(1, node{next, -1, 0, 0.0});
+        tree[0].draft_seq = 0;
+        struct entry {
+            double logp;
+            int32_t parent;   // the node below which token would go
+            smol_token token; // -1: expand node `parent`
+            bool operator<(const entry & o) const { return logp < o.logp; }
+        };
+        std::priority_queue<entry> queue;
+        const int32_t budget = params.tree_budget;
+        const int32_t max_leaves = int32_t(smol_context_n_seq_max(target)) - 1;
+        int32_t cost = 1, leaves = 0, n_seq = 1;
+        auto expand = [&](int32_t n) {
+            node & nd = tree[size_t(n)];
+            if (n > 0) {
+                nd.draft_seq = n_seq++;
+                smol_kv_seq_cp(d, tree[size_t(nd.parent)].draft_seq, nd.draft_seq, 0,
+                               pos + nd.depth);
+                batch.n_tokens = 0;
+                smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, nd.draft_seq, true);
+                const smol_status st = smol_decode(d, &batch);
+                if (st != SMOL_OK) throw smol::error(st, smol_last_error());
+            }
+            const float * l = smol_get_logits(d, -1);
+            // The budget's best children at most; log-softmax at temperature 1.
+            const int32_t m = std::min(budget, n_vocab);
+            soft.assign(l, l + n_vocab);
+            const float top = *std::max_element(soft.begin(), soft.end());
+            double sum = 0;
+            for (float x : soft) sum += std::exp(double(x - top));
+            std::vector<smol_token> & ids = order;
+            ids.resize(size_t(n_vocab));
+            for (int32_t t = 0; t < n_vocab; ++t) ids[size_t(t)] = t;
+            std::partial_sort(
+                ids.begin(), ids.begin() + m, ids.end(),
+                [&](smol_token a, smol_token b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+            const double base = tree[size_t(n)].logp - std::log(sum);
+            for (int32_t i = 0; i < m; ++i)
+                queue.push({base + double(l[ids[size_t(i)]] - top), n, ids[size_t(i)]});
+        };
+        expand(0);
+        while (!queue.empty() && cost < budget) {
+            const entry e = queue.top();
+            queue.pop();
+            if (e.token < 0) {
+                if (int32_t(tree.size()) < budget) expand(e.parent);
+                continue;
+            }
+            const node & parent = tree[size_t(e.parent)];
+            // Below a leaf (or the bare root) a branch grows by one token;
+            // elsewhere a new branch repeats the path from the root.
+            const bool extends = parent.n_children == 0;
+            const int32_t add = extends ? 1 : parent.depth + 2;
+            if (cost + add > budget || parent.depth + 1 > max_depth ||
+                (!extends && leaves + 1 > max_leaves))
+                continue;
+            if (!extends || e.parent == 0) ++leaves;
+            cost += add;
+            tree[size_t(e.parent)].n_children++;
+            tree.push_back(node{e.token, e.parent, parent.depth + 1, e.logp});
+            queue.push({e.logp, int32_t(tree.size()) - 1, -1});
+        }
+        // The draft's cache keeps sequence 0 alone.
+        for (smol_seq_id sq = 1; sq < n_seq; ++sq) smol_kv_seq_rm(d, sq, 0, -1);
+    }
+
+    // Verifies the tree in one target decode: a sequence a leaf, holding
+    // sequence 0's text and the path from the root; returns the nodes kept
+    // (root first) and the target's choice after the last.
+    smol_token verify_tree(int32_t pos, std::vector<int32_t> & path) {
+        std::vector<int32_t> leaf_of;
+        for (int32_t n = 0; n < int32_t(tree.size()); ++n)
+            if (tree[size_t(n)].n_children == 0) leaf_of.push_back(n);
+        batch.n_tokens = 0;
+        std::vector<int32_t> chain;
+        for (size_t b = 0; b < leaf_of.size(); ++b) {
+            const smol_seq_id sq = smol_seq_id(b + 1);
+            smol_kv_seq_cp(target, 0, sq, 0, pos);
+            chain.clear();
+            for (int32_t n = leaf_of[b]; n >= 0; n = tree[size_t(n)].parent) chain.push_back(n);
+            for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+                node & nd = tree[size_t(*it)];
+                if (nd.at < 0) nd.at = batch.n_tokens;
+                smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, sq, true);
+            }
+        }
+        const smol_status st = smol_decode(target, &batch);
+        if (st != SMOL_OK) {
+            for (size_t b = 0; b < leaf_of.size(); ++b)
+                smol_kv_seq_rm(target, smol_seq_id(b + 1), 0, -1);
+            throw smol::error(st, smol_last_error());
+        }
+        // Walk down while a child is the target's argmax.
+        path.assign(1, 0);
+        smol_token after = argmax(smol_get_logits(target, tree[0].at), n_vocab);
+        for (bool found = true; found;) {
+            found = false;
+            for (int32_t c = 1; c < int32_t(tree.size()); ++c) {
+                if (tree[size_t(c)].parent != path.back() || tree[size_t(c)].token != after)
+                    continue;
+                path.push_back(c);
+                after = argmax(smol_get_logits(target, tree[size_t(c)].at), n_vocab);
+                found = true;
+                break;
+            }
+        }
+        // Sequence 0 takes the cells of a branch through the last kept node
+        // (the first leaf below it); every branch then leaves.
+        int32_t leaf = path.back();
+        while (tree[size_t(leaf)].n_children > 0) {
+            int32_t c = 1;
+            while (tree[size_t(c)].parent != leaf) ++c;
+            leaf = c;
+        }
+        const smol_seq_id kept =
+            smol_seq_id(std::find(leaf_of.begin(), leaf_of.end(), leaf) - leaf_of.begin() + 1);
+        smol_kv_seq_cp(target, kept, 0, pos, pos + int32_t(path.size()));
+        for (size_t b = 0; b < leaf_of.size(); ++b)
+            smol_kv_seq_rm(target, smol_seq_id(b + 1), 0, -1);
+        return after;
+    }
+
     // Speculative rejection sampling over the verify batch's logits: the
     // guesses kept (*kept) and the token after them, drawn from the
     // residual max(0, p - q) at the first rejection, else from p after the
@@ -187,6 +336,7 @@ smol_spec_params smol_spec_default_params(void) {
     p.draft_n_threads = 0;
     p.sampling = smol_sampler_default_params();
     p.sampling.temperature = 0.0f; // greedy
+    p.tree_budget = 0;
     return p;
 }
 
@@ -237,6 +387,31 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                               "speculative sampling; the penalty of a guessed token would depend "
                               "on guesses the target has not accepted yet");
         }
+        if (p.tree_budget < 0 || p.tree_budget > s->n_batch || p.tree_budget > 128) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: tree_budget " + std::to_string(p.tree_budget) +
+                                  " must be 0 (no tree) or 1.." +
+                                  std::to_string(std::min(s->n_batch, 128)) +
+                                  " (the target verifies the tree in one batch of n_batch " +
+                                  std::to_string(s->n_batch) + ")");
+        }
+        if (p.tree_budget > 0) {
+            const uint32_t need = uint32_t(std::max(1, p.tree_budget / 2) + 1);
+            if (!p.draft_model || s->sampling) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_spec: tree_budget needs a draft_model and greedy "
+                                  "decoding (sampling.temperature <= 0)");
+            }
+            if (smol_context_n_seq_max(target) < need) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_spec: tree_budget " + std::to_string(p.tree_budget) +
+                                      " verifies up to " + std::to_string(need - 1) +
+                                      " branches, one sequence each besides 0: create the "
+                                      "target context with n_seq_max >= " +
+                                      std::to_string(need) + " (it has " +
+                                      std::to_string(smol_context_n_seq_max(target)) + ")");
+            }
+        }
         if (s->sampling) {
             s->rng.seed(sp.seed);
             s->p.resize(size_t(s->n_vocab));
@@ -266,6 +441,8 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
             cp.n_ctx = smol_context_n_ctx(target);
             cp.n_batch = uint32_t(s->n_batch);
             cp.n_threads = p.draft_n_threads;
+            // A tree gives each expanded node a sequence of the draft's.
+            cp.n_seq_max = uint32_t(std::max(1, p.tree_budget));
             smol_context * d = nullptr;
             const smol_status st = smol_context_create(p.draft_model, &cp, &d);
             if (st != SMOL_OK) {
@@ -322,6 +499,21 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
         if (room < 0) {
             throw smol::error(SMOL_ERR_CONTEXT_FULL, "smol_spec_next: the context is full (" +
                                                          std::to_string(pos) + " tokens)");
+        }
+        if (s->params.tree_budget > 0) {
+            s->grow_tree(pos, std::max(0, std::min(n_max - 1, room)));
+            std::vector<int32_t> path;
+            s->next = s->verify_tree(pos, path);
+            for (size_t i = 0; i < path.size(); ++i) {
+                out[i] = s->tree[size_t(path[i])].token;
+                s->history.push_back(out[i]);
+            }
+            *n_out = int32_t(path.size());
+            s->stats.n_steps++;
+            s->stats.n_drafted += int64_t(s->tree.size()) - 1;
+            s->stats.n_accepted += int64_t(path.size()) - 1;
+            s->stats.n_tokens += int64_t(path.size());
+            return;
         }
         const int32_t k = std::max(0, std::min({s->params.draft_max, n_max - 1, room}));
         std::vector<smol_token> guess;

@@ -277,6 +277,7 @@ SMOL_API uint32_t smol_context_n_ctx(const smol_context * ctx);
 // The model the context runs.
 SMOL_API const smol_model * smol_context_get_model(const smol_context * ctx);
 SMOL_API uint32_t smol_context_n_batch(const smol_context * ctx);
+SMOL_API uint32_t smol_context_n_seq_max(const smol_context * ctx);
 
 // Memory of a context by placement, from its KV plan and as measured.
 typedef struct smol_memory_info {
@@ -467,7 +468,13 @@ SMOL_API void smol_sampler_reset(smol_sampler * sampler);
 // Proposers: n-gram lookup in the prompt and the text so far (draft_model
 // NULL), or a smaller draft model with the same vocabulary, run in a
 // context of its own (greedily, or drawing from its own distribution after
-// the same transform).
+// the same transform). With tree_budget (greedy, a draft model), SpecExec:
+// the draft expands the likeliest continuations best first, by their
+// cumulative draft probability, into a token tree, and the target verifies
+// the whole tree in one decode, each branch a sequence (1, 2, ...) sharing
+// the cells of sequence 0's text, its tokens at their positions along the
+// path; the longest path of the target's own greedy choices is kept and the
+// other branches leave the cache.
 
 typedef struct smol_spec_params {
     int32_t draft_max;        // most tokens proposed per step (8)
@@ -478,6 +485,12 @@ typedef struct smol_spec_params {
     // temperature <= 0: greedy (the default); else exact speculative sampling
     // with top_k, top_p, min_p and seed; repeat_penalty must be 1.
     smol_sampler_params sampling;
+    // > 0: a token tree (greedy, draft_model) of at most this many tokens in
+    // the target's verify batch, each branch counted with the guaranteed
+    // token it starts from: at most the batch, at most 128, and the target
+    // context needs n_seq_max >= max(1, tree_budget / 2) + 1 (a sequence a branch
+    // besides 0). draft_max is then unused. 0: a chain of draft_max (the default).
+    int32_t tree_budget;
 } smol_spec_params;
 
 typedef struct smol_spec_stats {

@@ -38,8 +38,9 @@ test::model_ptr load(const std::string & path) {
     return test::model_ptr(m);
 }
 
-test::context_ptr context(smol_model * m) {
+test::context_ptr context(smol_model * m, uint32_t n_seq_max = 1) {
     smol_context_params p = smol_context_default_params();
+    p.n_seq_max = n_seq_max;
     p.n_ctx = 1024;
     p.n_batch = 64;
     p.n_threads = 2;
@@ -89,7 +90,7 @@ struct spec_run {
 
 spec_run speculative(smol_model * m, const std::vector<smol_token> & prompt, int n,
                      const smol_spec_params & p) {
-    test::context_ptr c = context(m);
+    test::context_ptr c = context(m, uint32_t(std::max(1, p.tree_budget / 2) + 1));
     smol_spec * s = nullptr;
     INFO(smol_last_error());
     REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
@@ -139,7 +140,8 @@ TEST_CASE("n-gram lookup gives plain greedy decoding's tokens and keeps guesses 
                        << " guesses kept");
 }
 
-TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or badly" *
+TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or badly, as a "
+          "chain or a token tree" *
           doctest::skip(real_absent())) {
     test::model_ptr m = load(SMOL_MODEL);
     // A bad draft: random weights of a small shape with the real vocabulary.
@@ -175,6 +177,15 @@ TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or 
                 CHECK(got.stats.n_accepted == got.stats.n_drafted);
                 CHECK(got.stats.n_steps <= 32 / 6 + 2);
             }
+            // A token tree of the draft's likeliest continuations.
+            p.tree_budget = 12;
+            const spec_run tree = speculative(m.get(), prompt, 32, p);
+            CHECK(tree.tokens == want);
+            if (self) CHECK(tree.stats.n_steps < 32);
+            MESSAGE(std::string(self ? "self" : "random")
+                    << " draft, tree of 12: " << tree.stats.n_tokens << " tokens in "
+                    << tree.stats.n_steps << " target decodes, " << tree.stats.n_accepted << " of "
+                    << tree.stats.n_drafted << " kept");
         }
     }
     std::filesystem::remove(path);
@@ -506,4 +517,129 @@ TEST_CASE("speculative sampling draws the first tokens from the target's exact d
         CHECK(stats.n_accepted > 0);
         CHECK(stats.n_accepted < stats.n_drafted);
     }
+}
+
+// --- token trees (SpecExec), greedy -----------------------------------------
+
+namespace {
+
+// Plain greedy decoding of n tokens after the prompt, one decode a token.
+std::vector<smol_token> tiny_plain(smol_model * m, const std::vector<smol_token> & prompt, int n) {
+    test::context_ptr c = tiny_context(m);
+    const float * l = feed(c.get(), prompt, 0);
+    std::vector<smol_token> out;
+    for (int i = 0; i < n; ++i) {
+        out.push_back(smol_token(std::max_element(l, l + 300) - l));
+        l = feed(c.get(), {out.back()}, int32_t(prompt.size()) + i);
+    }
+    return out;
+}
+
+struct tree_run {
+    std::vector<smol_token> tokens;
+    smol_spec_stats stats{};
+};
+
+tree_run tiny_tree(smol_model * m, smol_model * draft, const std::vector<smol_token> & prompt,
+                   int n, int32_t budget, uint32_t n_seq_max) {
+    smol_context_params cp = smol_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_batch = 64;
+    cp.n_threads = 1;
+    cp.n_seq_max = n_seq_max;
+    smol_context * raw = nullptr;
+    REQUIRE(smol_context_create(m, &cp, &raw) == SMOL_OK);
+    test::context_ptr c(raw);
+    smol_spec_params p = smol_spec_default_params();
+    p.draft_model = draft;
+    p.tree_budget = budget;
+    p.draft_n_threads = 1;
+    smol_spec * s = nullptr;
+    INFO(std::string(smol_last_error()));
+    REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
+    REQUIRE(smol_spec_prompt(s, prompt.data(), int32_t(prompt.size())) == SMOL_OK);
+    tree_run r;
+    while (int(r.tokens.size()) < n) {
+        smol_token buf[64];
+        int32_t got = 0;
+        REQUIRE(smol_spec_next(s, buf, std::min(64, n - int(r.tokens.size())), &got) == SMOL_OK);
+        REQUIRE(got >= 1);
+        r.tokens.insert(r.tokens.end(), buf, buf + got);
+        // Only sequence 0 holds cells between steps: the branches left.
+        CHECK(smol_kv_seq_len(c.get(), 0) == int32_t(prompt.size() + r.tokens.size()));
+        CHECK(smol_kv_seq_len(c.get(), 1) == 0);
+    }
+    r.stats = smol_spec_get_stats(s);
+    smol_spec_free(s);
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("a token tree gives plain greedy decoding's tokens, bit for bit, and keeps only "
+          "the accepted path's cells") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::shape shape;
+    shape.n_ctx = 128;
+    shape.embd_scale = 0.35f;
+    test::tiny_file target(shape, test::derived_seed(seed, 1), "tree-target.gguf");
+    test::tiny_file other(shape, test::derived_seed(seed, 2), "tree-draft.gguf");
+    std::mt19937 rng(test::derived_seed(seed, 3));
+    for (int trial = 0; trial < 2; ++trial) {
+        std::vector<smol_token> prompt(size_t(3 + rng() % 6));
+        for (smol_token & t : prompt) t = smol_token(rng() % 256);
+        const std::vector<smol_token> want = tiny_plain(target.model.get(), prompt, 40);
+        for (smol_model * draft : {target.model.get(), other.model.get()}) {
+            const bool self = draft == target.model.get();
+            for (int32_t budget : {1, 2, 5, 16, 48}) {
+                CAPTURE(trial);
+                CAPTURE(self);
+                CAPTURE(budget);
+                const tree_run got = tiny_tree(target.model.get(), draft, prompt, 40, budget,
+                                               uint32_t(std::max(1, budget / 2) + 1));
+                CHECK(got.tokens == want);
+                CHECK(got.stats.n_tokens == 40);
+                if (self && budget >= 5) {
+                    // The target as its own draft: its argmax child is
+                    // always in the tree, so every step keeps a path.
+                    CHECK(got.stats.n_steps < 40 / 2 + 1);
+                }
+                MESSAGE(std::string(self ? "self" : "other")
+                        << " draft, budget " << budget << ": " << got.stats.n_tokens
+                        << " tokens in " << got.stats.n_steps << " target decodes, "
+                        << got.stats.n_accepted << " of " << got.stats.n_drafted
+                        << " tree tokens kept");
+            }
+        }
+    }
+}
+
+TEST_CASE("a tree budget beyond the batch or the sequences is refused, naming it") {
+    tiny::shape shape;
+    test::tiny_file target(shape, 1, "tree-refuse.gguf");
+    smol_context_params cp = smol_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_batch = 16;
+    cp.n_threads = 1;
+    cp.n_seq_max = 4;
+    smol_context * raw = nullptr;
+    REQUIRE(smol_context_create(target.model.get(), &cp, &raw) == SMOL_OK);
+    test::context_ptr c(raw);
+    smol_spec_params p = smol_spec_default_params();
+    p.draft_model = target.model.get();
+    smol_spec * s = nullptr;
+    p.tree_budget = 17; // the batch is 16
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("tree_budget 17") != std::string::npos);
+    CHECK(std::string(smol_last_error()).find("n_batch 16") != std::string::npos);
+    p.tree_budget = 8; // up to 4 branches: 5 sequences
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("n_seq_max >= 5") != std::string::npos);
+    p.tree_budget = 6;
+    p.draft_model = nullptr;
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("draft_model") != std::string::npos);
+    p.draft_model = target.model.get();
+    REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
+    smol_spec_free(s);
 }
