@@ -106,6 +106,7 @@ struct options {
     bool lookup = false;
     std::string draft_model;
     int32_t draft_max = 8;
+    int32_t spec_tree = 0; // --spec-tree: a token tree of this budget
 };
 
 // The default model: models/<name> under the current directory, else beside
@@ -336,6 +337,7 @@ void report_stop(const generation & g, const session & s) {
 int run_speculative(session & s, const options & o, const std::vector<smol_token> & tokens) {
     smol_spec_params p = smol_spec_default_params();
     p.draft_max = o.draft_max;
+    p.tree_budget = o.spec_tree;
     p.draft_model = s.draft;
     p.sampling = s.sampling;
     smol_spec * raw = nullptr;
@@ -347,7 +349,7 @@ int run_speculative(session & s, const options & o, const std::vector<smol_token
     generation g;
     g_interrupted = 0;
     int32_t n = 0;
-    std::vector<smol_token> got(size_t(std::max(2, o.draft_max + 1)));
+    std::vector<smol_token> got(size_t(std::max(2, std::max(o.draft_max, o.spec_tree) + 1)));
     while ((o.n_predict < 0 || n < o.n_predict) && !g.eog && !g_interrupted) {
         if (s.n_past >= s.n_ctx) {
             g.full = true;
@@ -378,7 +380,9 @@ int run_speculative(session & s, const options & o, const std::vector<smol_token
     std::fprintf(stderr,
                  "smol-cli: speculative (%s, %s): %lld tokens in %.1f ms (%.2f tokens/s), %lld "
                  "target decodes (%.2f tokens each), %lld of %lld guesses kept (%.1f%%)\n",
-                 s.draft ? "draft model" : "n-gram lookup",
+                 o.spec_tree > 0 ? "token tree"
+                 : s.draft       ? "draft model"
+                                 : "n-gram lookup",
                  s.sampling.temperature > 0 ? "sampling" : "greedy", (long long)st.n_tokens, ms,
                  ms > 0 ? 1e3 * double(st.n_tokens) / ms : 0.0, (long long)st.n_steps,
                  st.n_steps ? double(st.n_tokens) / double(st.n_steps) : 0.0,
@@ -550,6 +554,14 @@ int run(const options & o, const char * argv0) {
                         "out --repeat-penalty (or give --temp 0)");
     if (o.lookup && !o.draft_model.empty())
         throw cli_error("give --lookup or --model-draft FILE, not both");
+    if (o.spec_tree != 0) {
+        if (o.draft_model.empty() || o.sampling.temperature > 0)
+            throw cli_error("--spec-tree needs --model-draft FILE and --temp 0 (token trees "
+                            "decode greedily)");
+        if (o.spec_tree < 0 || o.spec_tree > 128)
+            throw cli_error("--spec-tree " + std::to_string(o.spec_tree) +
+                            ": give a budget of 1 to 128 tokens a target decode");
+    }
 
     progress_bar bar;
     smol_model_params mparams = smol_model_default_params();
@@ -587,9 +599,17 @@ int run(const options & o, const char * argv0) {
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
+    // A token tree verifies each branch as a sequence of its own.
+    if (o.spec_tree > 0) cparams.n_seq_max = uint32_t(std::max(1, o.spec_tree / 2) + 1);
     smol_context * raw_ctx = nullptr;
     check(smol_context_create(model.get(), &cparams, &raw_ctx), "cannot create the context");
     context_ptr ctx(raw_ctx);
+    if (o.spec_tree > int32_t(smol_context_n_batch(ctx.get())))
+        throw cli_error("--spec-tree " + std::to_string(o.spec_tree) +
+                        " is more than the batch of " +
+                        std::to_string(smol_context_n_batch(ctx.get())) +
+                        " tokens (the target verifies the tree in one decode); give a smaller "
+                        "budget or a larger -b");
     if (o.dump_plan || o.dump_schedule) {
         std::vector<char> text(size_t(1) << 20);
         size_t n = 0;
@@ -712,6 +732,9 @@ int main(int argc, char ** argv) {
                  "speculative decoding by n-gram lookup in the text so far (-p only)");
     app.add_option("--model-draft,--md", o.draft_model,
                    "speculative decoding with this draft model (same vocabulary; -p only)");
+    app.add_option("--spec-tree", o.spec_tree,
+                   "with --model-draft: a token tree of the draft's likeliest continuations, "
+                   "at most this many tokens verified per target decode (greedy)");
     app.add_option("--draft-max", o.draft_max, "most tokens guessed per target decode")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
