@@ -73,10 +73,17 @@ struct smol_spec {
         int32_t n_children = 0;
         smol_seq_id draft_seq = -1;
         int32_t at = -1; // its row in the verify batch
+        // Sampling: the draws from the draft below it, in order, and the
+        // row of q they were drawn from.
+        std::vector<smol_token> draws;
+        int32_t q_row = -1;
+        node(smol_token t, int32_t parent_, int32_t depth_, double logp_)
+            : token(t), parent(parent_), depth(depth_), logp(logp_) {}
     };
     std::vector<node> tree;
-    std::vector<float> soft;       // the draft's logits
-    std::vector<smol_token> order; // tokens by the draft's logit
+    static constexpr int32_t k_tree_draws = 3; // sampling: most draws below a node
+    std::vector<float> soft;                   // the draft's logits
+    std::vector<smol_token> order;             // tokens by the draft's logit
 
     ~smol_spec() { smol_batch_free(&batch); }
 
@@ -239,6 +246,74 @@ struct smol_spec {
         for (smol_seq_id sq = 1; sq < n_seq; ++sq) smol_kv_seq_rm(d, sq, 0, -1);
     }
 
+    // Sampling: grows the tree by draws from the draft. Nodes are expanded
+    // best first by their cumulative draft probability; each gets as many
+    // draws (up to k_tree_draws) as the budget allows were every draw a new
+    // branch, decided before drawing, so that no draw is ever dropped for
+    // what it is: the draws below a node stay independent draws from q.
+    void grow_tree_sampled(int32_t pos, int32_t max_depth) {
+        smol_context * d = draft.get();
+        std::vector<smol_token> feed(history.begin() + draft_past, history.end());
+        feed.push_back(next);
+        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        draft_past = pos + 1;
+        tree.assign(1, node{next, -1, 0, 0.0});
+        tree[0].draft_seq = 0;
+        struct entry {
+            double logp;
+            int32_t n;
+            bool operator<(const entry & o) const { return logp < o.logp; }
+        };
+        std::priority_queue<entry> queue;
+        queue.push({0.0, 0});
+        const int32_t budget = params.tree_budget;
+        const int32_t max_leaves = int32_t(smol_context_n_seq_max(target)) - 1;
+        int32_t cost = 1, leaves = 0, n_seq = 1, rows = 0;
+        while (!queue.empty() && rows < budget) {
+            const int32_t n = queue.top().n;
+            queue.pop();
+            const int32_t depth = tree[size_t(n)].depth;
+            if (depth + 1 > max_depth) continue;
+            // The first draw below a childless node extends its branch (one
+            // token); any other may start a branch of depth + 2 tokens.
+            const bool childless = tree[size_t(n)].n_children == 0;
+            int32_t k = 0;
+            for (int32_t w = 1; w <= k_tree_draws; ++w) {
+                const int32_t worst = (childless ? 1 : depth + 2) + (w - 1) * (depth + 2);
+                const int32_t new_leaves = (childless && n > 0 ? 0 : 1) + (w - 1);
+                if (cost + worst > budget || leaves + new_leaves > max_leaves) break;
+                k = w;
+            }
+            if (k == 0) continue;
+            if (n > 0) {
+                node & nd = tree[size_t(n)];
+                nd.draft_seq = n_seq++;
+                smol_kv_seq_cp(d, tree[size_t(nd.parent)].draft_seq, nd.draft_seq, 0,
+                               pos + nd.depth);
+                batch.n_tokens = 0;
+                smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, nd.draft_seq, true);
+                const smol_status st = smol_decode(d, &batch);
+                if (st != SMOL_OK) throw smol::error(st, smol_last_error());
+            }
+            double * qn = q.data() + size_t(rows) * size_t(n_vocab);
+            tree[size_t(n)].q_row = rows++;
+            probs(smol_get_logits(d, -1), qn);
+            for (int32_t i = 0; i < k; ++i) {
+                const smol_token x = draw(qn);
+                tree[size_t(n)].draws.push_back(x);
+                if (child(n, x) >= 0) continue;
+                const bool extends = tree[size_t(n)].n_children == 0;
+                if (!extends || n == 0) ++leaves;
+                cost += extends ? 1 : depth + 2;
+                const double logp = tree[size_t(n)].logp + std::log(qn[x]);
+                tree[size_t(n)].n_children++;
+                tree.push_back(node{x, n, depth + 1, logp});
+                queue.push({logp, int32_t(tree.size()) - 1});
+            }
+        }
+        for (smol_seq_id sq = 1; sq < n_seq; ++sq) smol_kv_seq_rm(d, sq, 0, -1);
+    }
+
     // Verifies the tree in one target decode: a sequence a leaf, holding
     // sequence 0's text and the path from the root; returns the nodes kept
     // (root first) and the target's choice after the last.
@@ -265,20 +340,8 @@ struct smol_spec {
                 smol_kv_seq_rm(target, smol_seq_id(b + 1), 0, -1);
             throw smol::error(st, smol_last_error());
         }
-        // Walk down while a child is the target's argmax.
         path.assign(1, 0);
-        smol_token after = argmax(smol_get_logits(target, tree[0].at), n_vocab);
-        for (bool found = true; found;) {
-            found = false;
-            for (int32_t c = 1; c < int32_t(tree.size()); ++c) {
-                if (tree[size_t(c)].parent != path.back() || tree[size_t(c)].token != after)
-                    continue;
-                path.push_back(c);
-                after = argmax(smol_get_logits(target, tree[size_t(c)].at), n_vocab);
-                found = true;
-                break;
-            }
-        }
+        const smol_token after = sampling ? walk_sampled(path) : walk_greedy(path);
         // Sequence 0 takes the cells of a branch through the last kept node
         // (the first leaf below it); every branch then leaves.
         int32_t leaf = path.back();
@@ -292,6 +355,65 @@ struct smol_spec {
         smol_kv_seq_cp(target, kept, 0, pos, pos + int32_t(path.size()));
         for (size_t b = 0; b < leaf_of.size(); ++b)
             smol_kv_seq_rm(target, smol_seq_id(b + 1), 0, -1);
+        return after;
+    }
+
+    int32_t child(int32_t n, smol_token t) const {
+        for (int32_t c = 1; c < int32_t(tree.size()); ++c)
+            if (tree[size_t(c)].parent == n && tree[size_t(c)].token == t) return c;
+        return -1;
+    }
+
+    // SpecInfer's rule: at each node the draws below it are tried in the
+    // order drawn, each kept with probability min(1, p(x) / q(x)) against
+    // the target's p, which after a rejection becomes the normalised
+    // residual max(0, p - q); when none is kept the next token is drawn
+    // from what p has become. The draws being independent draws from q,
+    // each try is one step of speculative sampling, and the token follows
+    // the target's distribution exactly.
+    smol_token walk_sampled(std::vector<int32_t> & path) {
+        for (;;) {
+            const node & u = tree[size_t(path.back())];
+            probs(smol_get_logits(target, u.at), p.data());
+            const double * qu =
+                u.q_row >= 0 ? q.data() + size_t(u.q_row) * size_t(n_vocab) : nullptr;
+            int32_t next_node = -1;
+            for (const smol_token x : u.draws) {
+                if (smol::uniform01(rng) * qu[x] < p[size_t(x)]) {
+                    next_node = child(path.back(), x);
+                    break;
+                }
+                double left = 0;
+                for (int32_t t = 0; t < n_vocab; ++t) {
+                    const double r = p[size_t(t)] - qu[t];
+                    p[size_t(t)] = r > 0 ? r : 0.0;
+                    left += p[size_t(t)];
+                }
+                if (!(left > 0)) {
+                    probs(smol_get_logits(target, u.at), p.data());
+                    continue;
+                }
+                for (double & v : p) v /= left;
+            }
+            if (next_node < 0) return draw(p.data());
+            path.push_back(next_node);
+        }
+    }
+
+    // Walks down while a child is the target's argmax.
+    smol_token walk_greedy(std::vector<int32_t> & path) {
+        smol_token after = argmax(smol_get_logits(target, tree[0].at), n_vocab);
+        for (bool found = true; found;) {
+            found = false;
+            for (int32_t c = 1; c < int32_t(tree.size()); ++c) {
+                if (tree[size_t(c)].parent != path.back() || tree[size_t(c)].token != after)
+                    continue;
+                path.push_back(c);
+                after = argmax(smol_get_logits(target, tree[size_t(c)].at), n_vocab);
+                found = true;
+                break;
+            }
+        }
         return after;
     }
 
@@ -397,10 +519,9 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
         }
         if (p.tree_budget > 0) {
             const uint32_t need = uint32_t(std::max(1, p.tree_budget / 2) + 1);
-            if (!p.draft_model || s->sampling) {
+            if (!p.draft_model) {
                 throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                                  "smol_spec: tree_budget needs a draft_model and greedy "
-                                  "decoding (sampling.temperature <= 0)");
+                                  "smol_spec: tree_budget needs a draft_model");
             }
             if (smol_context_n_seq_max(target) < need) {
                 throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
@@ -415,7 +536,8 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
         if (s->sampling) {
             s->rng.seed(sp.seed);
             s->p.resize(size_t(s->n_vocab));
-            if (p.draft_model) s->q.resize(size_t(p.draft_max) * size_t(s->n_vocab));
+            if (p.draft_model)
+                s->q.resize(size_t(std::max(p.draft_max, p.tree_budget)) * size_t(s->n_vocab));
         }
         if (p.draft_model) {
             smol_model_info di;
@@ -501,7 +623,12 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
                                                          std::to_string(pos) + " tokens)");
         }
         if (s->params.tree_budget > 0) {
-            s->grow_tree(pos, std::max(0, std::min(n_max - 1, room)));
+            const int32_t max_depth = std::max(0, std::min(n_max - 1, room));
+            if (s->sampling) {
+                s->grow_tree_sampled(pos, max_depth);
+            } else {
+                s->grow_tree(pos, max_depth);
+            }
             std::vector<int32_t> path;
             s->next = s->verify_tree(pos, path);
             for (size_t i = 0; i < path.size(); ++i) {

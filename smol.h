@@ -468,12 +468,15 @@ SMOL_API void smol_sampler_reset(smol_sampler * sampler);
 // Proposers: n-gram lookup in the prompt and the text so far (draft_model
 // NULL), or a smaller draft model with the same vocabulary, run in a
 // context of its own (greedily, or drawing from its own distribution after
-// the same transform). With tree_budget (greedy, a draft model), SpecExec:
-// the draft expands the likeliest continuations best first, by their
-// cumulative draft probability, into a token tree, and the target verifies
-// the whole tree in one decode, each branch a sequence (1, 2, ...) sharing
-// the cells of sequence 0's text, its tokens at their positions along the
-// path; the longest path of the target's own greedy choices is kept and the
+// the same transform). With tree_budget (a draft model), SpecExec: the
+// draft expands the likeliest continuations best first, by their cumulative
+// draft probability, into a token tree, and the target verifies the whole
+// tree in one decode, each branch a sequence (1, 2, ...) sharing the cells
+// of sequence 0's text, its tokens at their positions along the path. The
+// path kept is, greedy, the longest of the target's own choices; sampling,
+// the one SpecInfer's rule walks: the children of a node are independent
+// draws from the draft, tried in turn against the target's distribution
+// and, after each rejection, its residual, so the tokens stay exact. The
 // other branches leave the cache.
 
 typedef struct smol_spec_params {
@@ -485,7 +488,7 @@ typedef struct smol_spec_params {
     // temperature <= 0: greedy (the default); else exact speculative sampling
     // with top_k, top_p, min_p and seed; repeat_penalty must be 1.
     smol_sampler_params sampling;
-    // > 0: a token tree (greedy, draft_model) of at most this many tokens in
+    // > 0: a token tree (draft_model) of at most this many tokens in
     // the target's verify batch, each branch counted with the guaranteed
     // token it starts from: at most the batch, at most 128, and the target
     // context needs n_seq_max >= max(1, tree_budget / 2) + 1 (a sequence a branch

@@ -304,8 +304,9 @@ std::vector<double> target_probs(const float * l, int n_vocab, const smol_sample
     return p;
 }
 
-test::context_ptr tiny_context(smol_model * m) {
+test::context_ptr tiny_context(smol_model * m, uint32_t n_seq_max = 1) {
     smol_context_params p = smol_context_default_params();
+    p.n_seq_max = n_seq_max;
     p.n_ctx = 64;
     p.n_batch = 16;
     p.n_threads = 1;
@@ -422,7 +423,7 @@ std::vector<triple> plain_triples(smol_model * m, const std::vector<smol_token> 
 std::vector<triple> spec_triples(smol_model * m, const std::vector<smol_token> & prompt,
                                  smol_spec_params p, int n_runs, uint32_t seed,
                                  smol_spec_stats & total) {
-    test::context_ptr c = tiny_context(m);
+    test::context_ptr c = tiny_context(m, uint32_t(std::max(1, p.tree_budget / 2) + 1));
     std::vector<triple> out;
     total = {};
     for (int r = 0; r < n_runs; ++r) {
@@ -452,7 +453,8 @@ std::vector<triple> spec_triples(smol_model * m, const std::vector<smol_token> &
 
 } // namespace
 
-TEST_CASE("speculative sampling draws the first tokens from the target's exact distribution") {
+TEST_CASE("speculative sampling draws the first tokens from the target's exact distribution, "
+          "with a chain or a token tree of guesses") {
     SMOL_TEST_DRAW_SEED(seed);
     tiny::shape shape;
     shape.n_ctx = 64;
@@ -475,11 +477,13 @@ TEST_CASE("speculative sampling draws the first tokens from the target's exact d
         float min_p;
         bool use_draft;
         int32_t draft_max;
+        int32_t tree_budget;
     };
     const setting settings[] = {
-        {"draft model, temperature only", 1.0f, 0, 1.0f, 0.0f, true, 1},
-        {"draft model, top-k and top-p", 1.0f, 20, 0.9f, 0.0f, true, 3},
-        {"n-gram lookup, min-p", 0.8f, 0, 1.0f, 0.02f, false, 3},
+        {"draft model, temperature only", 1.0f, 0, 1.0f, 0.0f, true, 1, 0},
+        {"draft model, top-k and top-p", 1.0f, 20, 0.9f, 0.0f, true, 3, 0},
+        {"n-gram lookup, min-p", 0.8f, 0, 1.0f, 0.02f, false, 3, 0},
+        {"token tree of 8 from the draft model", 1.0f, 0, 1.0f, 0.0f, true, 1, 8},
     };
     for (const setting & st : settings) {
         INFO(std::string(st.name));
@@ -498,6 +502,7 @@ TEST_CASE("speculative sampling draws the first tokens from the target's exact d
         smol_spec_params p = smol_spec_default_params();
         p.sampling = sp;
         p.draft_max = st.draft_max;
+        p.tree_budget = st.tree_budget;
         p.draft_model = st.use_draft ? draft.model.get() : nullptr;
         p.ngram_min = 1;
         p.draft_n_threads = 1;

@@ -555,9 +555,8 @@ int run(const options & o, const char * argv0) {
     if (o.lookup && !o.draft_model.empty())
         throw cli_error("give --lookup or --model-draft FILE, not both");
     if (o.spec_tree != 0) {
-        if (o.draft_model.empty() || o.sampling.temperature > 0)
-            throw cli_error("--spec-tree needs --model-draft FILE and --temp 0 (token trees "
-                            "decode greedily)");
+        if (o.draft_model.empty())
+            throw cli_error("--spec-tree needs --model-draft FILE (the tree is the draft's)");
         if (o.spec_tree < 0 || o.spec_tree > 128)
             throw cli_error("--spec-tree " + std::to_string(o.spec_tree) +
                             ": give a budget of 1 to 128 tokens a target decode");
@@ -734,7 +733,7 @@ int main(int argc, char ** argv) {
                    "speculative decoding with this draft model (same vocabulary; -p only)");
     app.add_option("--spec-tree", o.spec_tree,
                    "with --model-draft: a token tree of the draft's likeliest continuations, "
-                   "at most this many tokens verified per target decode (greedy)");
+                   "at most this many tokens verified per target decode");
     app.add_option("--draft-max", o.draft_max, "most tokens guessed per target decode")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
