@@ -485,6 +485,7 @@ TEST_CASE("speculative sampling draws the first tokens from the target's exact d
         {"n-gram lookup, min-p", 0.8f, 0, 1.0f, 0.02f, false, 3, 0},
         {"token tree of 8 from the draft model", 1.0f, 0, 1.0f, 0.0f, true, 1, 8},
     };
+    std::map<std::string, fit> plain_fits;
     for (const setting & st : settings) {
         INFO(std::string(st.name));
         smol_sampler_params sp = smol_sampler_default_params();
@@ -497,8 +498,14 @@ TEST_CASE("speculative sampling draws the first tokens from the target's exact d
         for (const auto & cell : cells) mass += cell.second;
         REQUIRE(cells.size() >= 10);
 
-        const fit plain = compare(cells, plain_triples(target.model.get(), prompt, sp, n_runs,
-                                                       test::derived_seed(seed, 4)));
+        // Plain sampling once per sampler setting (the same seeds draw the
+        // same tokens).
+        const std::string key = std::to_string(sp.temperature) + " " + std::to_string(sp.top_k) +
+                                " " + std::to_string(sp.top_p) + " " + std::to_string(sp.min_p);
+        if (plain_fits.count(key) == 0)
+            plain_fits[key] = compare(cells, plain_triples(target.model.get(), prompt, sp, n_runs,
+                                                           test::derived_seed(seed, 4)));
+        const fit plain = plain_fits[key];
         smol_spec_params p = smol_spec_default_params();
         p.sampling = sp;
         p.draft_max = st.draft_max;
