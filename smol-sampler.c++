@@ -4,6 +4,8 @@
 // so the same seed gives the same text. A grammar (smol-grammar.h), when
 // set, first leaves only the tokens it allows.
 
+#include "smol-sampler.h"
+
 #include "smol-error.h"
 #include "smol-grammar.h"
 #include "smol-llama.h"
@@ -22,12 +24,7 @@ struct smol_sampler {
     smol_sampler_params params;
     std::mt19937_64 rng;
     std::vector<smol_token> history; // the last repeat_last_n accepted tokens
-    struct cand {
-        smol_token id;
-        float logit;
-        float p;
-    };
-    std::vector<cand> cands;
+    std::vector<smol::sampler_cand> cands;
     std::vector<float> penalized;
     std::vector<float> weights;
     std::shared_ptr<const smol::grammar_vocab> vocab; // with a grammar
@@ -35,13 +32,62 @@ struct smol_sampler {
     std::vector<uint8_t> allowed;
 };
 
+size_t smol::sampler_keep(const smol_sampler_params & p, const float * l, int32_t n_vocab,
+                          std::vector<sampler_cand> & c, double * total) {
+    c.resize(size_t(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
+    return sampler_keep_cands(p, c, 0, total);
+}
+
+size_t smol::sampler_keep_cands(const smol_sampler_params & p, std::vector<sampler_cand> & c,
+                                size_t sorted_k, double * total) {
+    auto by_logit = [](const sampler_cand & a, const sampler_cand & b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    size_t n = c.size();
+    if (sorted_k > 0) {
+        n = std::min(n, sorted_k);
+    } else if (p.top_k > 0 && size_t(p.top_k) < n) {
+        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(), by_logit);
+        n = size_t(p.top_k);
+    } else {
+        std::sort(c.begin(), c.end(), by_logit);
+    }
+    // Softmax at temperature 1 decides top-p and min-p.
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += std::exp(double(c[i].logit - c[0].logit));
+    for (size_t i = 0; i < n; ++i) c[i].p = float(std::exp(double(c[i].logit - c[0].logit)) / sum);
+    if (p.top_p < 1.0f) {
+        double cum = 0;
+        size_t keep = n;
+        for (size_t i = 0; i < n; ++i) {
+            cum += c[i].p;
+            if (cum >= p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = std::max<size_t>(1, keep);
+    }
+    if (p.min_p > 0.0f) {
+        const float floor = p.min_p * c[0].p;
+        size_t keep = 1;
+        while (keep < n && c[keep].p >= floor) ++keep;
+        n = keep;
+    }
+    // Temperature.
+    sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+        c[i].p = float(std::exp(double(c[i].logit - c[0].logit) / p.temperature));
+        sum += c[i].p;
+    }
+    *total = sum;
+    return n;
+}
+
 namespace {
 
-// A double in [0, 1) from 53 random bits: portable, unlike
-// std::uniform_real_distribution.
-double uniform01(std::mt19937_64 & rng) {
-    return double(rng() >> 11) * 0x1.0p-53;
-}
+using smol::uniform01;
 
 bool grammar_allows(smol_sampler * s, smol_token t) {
     const smol::grammar_vocab & v = *s->vocab;
@@ -69,7 +115,7 @@ smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, boo
         c.resize(size_t(n_vocab));
         for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
         std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(),
-                          [](const smol_sampler::cand & a, const smol_sampler::cand & b) {
+                          [](const smol::sampler_cand & a, const smol::sampler_cand & b) {
                               return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
                           });
         for (int32_t i = 0; i < p.top_k; ++i) {
@@ -216,44 +262,9 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         }
         c.resize(n_c);
     }
-    auto by_logit = [](const smol_sampler::cand & a, const smol_sampler::cand & b) {
-        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
-    size_t n = c.size(); // with first_k: the k best, sorted, all allowed
-    if (!first_k && p.top_k > 0 && size_t(p.top_k) < n) {
-        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(), by_logit);
-        n = size_t(p.top_k);
-    } else if (!first_k) {
-        std::sort(c.begin(), c.end(), by_logit);
-    }
-    // Softmax at temperature 1 decides top-p and min-p.
+    // With first_k: the k best, sorted, all allowed.
     double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += std::exp(double(c[i].logit - c[0].logit));
-    for (size_t i = 0; i < n; ++i) c[i].p = float(std::exp(double(c[i].logit - c[0].logit)) / sum);
-    if (p.top_p < 1.0f) {
-        double cum = 0;
-        size_t keep = n;
-        for (size_t i = 0; i < n; ++i) {
-            cum += c[i].p;
-            if (cum >= p.top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-        n = std::max<size_t>(1, keep);
-    }
-    if (p.min_p > 0.0f) {
-        const float floor = p.min_p * c[0].p;
-        size_t keep = 1;
-        while (keep < n && c[keep].p >= floor) ++keep;
-        n = keep;
-    }
-    // Temperature, then a draw.
-    sum = 0;
-    for (size_t i = 0; i < n; ++i) {
-        c[i].p = float(std::exp(double(c[i].logit - c[0].logit) / p.temperature));
-        sum += c[i].p;
-    }
+    const size_t n = smol::sampler_keep_cands(p, c, first_k ? size_t(p.top_k) : 0, &sum);
     const double r = uniform01(s->rng) * sum;
     double acc = 0;
     for (size_t i = 0; i < n; ++i) {

@@ -1,15 +1,20 @@
-// smol-spec.c++ - speculative greedy decoding (smol.h's smol_spec_*): a
-// proposer guesses the next tokens (n-gram lookup in the text so far, or a
-// draft model), the target decodes the guaranteed token and the guesses in
-// one batch, keeps the guesses its own argmax agrees with and drops the
-// rest from the cache. Built on the public API alone: contexts, batches,
-// logits and smol_kv_seq_rm.
+// smol-spec.c++ - speculative decoding (smol.h's smol_spec_*): a proposer
+// guesses the next tokens (n-gram lookup in the text so far, or a draft
+// model), the target decodes the guaranteed token and the guesses in one
+// batch, keeps the guesses its own argmax agrees with (greedy) or that pass
+// speculative rejection sampling (sampling), and drops the rest from the
+// cache. Built on the public API, contexts, batches, logits and
+// smol_kv_seq_rm, and on the sampler's transform (smol-sampler.h).
 
 #include "smol-error.h"
+#include "smol-sampler.h"
 #include "smol.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
+#include <queue>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -50,6 +55,36 @@ struct smol_spec {
     smol_batch batch{};
     smol_spec_stats stats{};
 
+    // Sampling: the spec's own generator, the sampler's candidates, the
+    // draft's distribution of each guess (draft_max rows of n_vocab) and
+    // the target's of one position.
+    bool sampling = false;
+    std::mt19937_64 rng;
+    std::vector<smol::sampler_cand> cands;
+    std::vector<double> q, p;
+
+    // A token tree (SpecExec): node 0 is next, the root; a node's draft
+    // sequence holds the text and its path in the draft's cache once the
+    // node is expanded, its branch is the target sequence of a leaf below it.
+    struct node {
+        smol_token token;
+        int32_t parent, depth; // depth: tokens after the root
+        double logp;           // cumulative draft log-probability
+        int32_t n_children = 0;
+        smol_seq_id draft_seq = -1;
+        int32_t at = -1; // its row in the verify batch
+        // Sampling: the draws from the draft below it, in order, and the
+        // row of q they were drawn from.
+        std::vector<smol_token> draws;
+        int32_t q_row = -1;
+        node(smol_token t, int32_t parent_, int32_t depth_, double logp_)
+            : token(t), parent(parent_), depth(depth_), logp(logp_) {}
+    };
+    std::vector<node> tree;
+    static constexpr int32_t k_tree_draws = 3; // sampling: most draws below a node
+    std::vector<float> soft;                   // the draft's logits
+    std::vector<smol_token> order;             // tokens by the draft's logit
+
     ~smol_spec() { smol_batch_free(&batch); }
 
     // Decodes tokens at positions from `pos` into ctx, keeping the logits of
@@ -84,7 +119,8 @@ struct smol_spec {
         }
     }
 
-    // Up to k tokens from the draft model, greedily, after history + next.
+    // Up to k tokens from the draft model after history + next: its argmax
+    // (greedy) or draws from its distribution, kept in q (sampling).
     void from_draft(int32_t k, std::vector<smol_token> & out) {
         smol_context * d = draft.get();
         // Catch the draft up: the history it lacks, then next.
@@ -93,12 +129,323 @@ struct smol_spec {
         decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
         draft_past = int32_t(history.size()) + 1;
         for (int32_t i = 0; i < k; ++i) {
-            const smol_token t = argmax(smol_get_logits(d, -1), n_vocab);
+            const float * l = smol_get_logits(d, -1);
+            smol_token t = -1;
+            if (sampling) {
+                double * qi = q.data() + size_t(i) * size_t(n_vocab);
+                probs(l, qi);
+                t = draw(qi);
+            } else {
+                t = argmax(l, n_vocab);
+            }
             out.push_back(t);
             if (i + 1 == k) break;
             decode(d, batch, n_batch, &t, 1, draft_past, false);
             ++draft_past;
         }
+    }
+
+    // The distribution sampling draws from after logits l, dense.
+    void probs(const float * l, double * out) {
+        double sum = 0;
+        const size_t n = smol::sampler_keep(params.sampling, l, n_vocab, cands, &sum);
+        std::fill(out, out + n_vocab, 0.0);
+        for (size_t i = 0; i < n; ++i) out[cands[i].id] = double(cands[i].p) / sum;
+    }
+
+    // A token drawn with probability w[t] / (the sum of w), w >= 0.
+    smol_token draw(const double * w) {
+        double sum = 0;
+        for (int32_t t = 0; t < n_vocab; ++t) sum += w[t];
+        const double r = smol::uniform01(rng) * sum;
+        double acc = 0;
+        smol_token last = -1;
+        for (int32_t t = 0; t < n_vocab; ++t) {
+            if (w[t] <= 0) continue;
+            acc += w[t];
+            last = t;
+            if (r < acc) return t;
+        }
+        return last;
+    }
+
+    // Grows the token tree from the draft under tree_budget verify tokens,
+    // best first: candidates (a token below a node, with its cumulative
+    // log-probability) and unexpanded nodes (keyed by their own, a bound on
+    // their children's) share one queue, so the draft decodes a node only
+    // when its children could be the likeliest left.
+    void grow_tree(int32_t pos, int32_t max_depth) {
+        smol_context * d = draft.get();
+        std::vector<smol_token> feed(history.begin() + draft_past, history.end());
+        feed.push_back(next);
+        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        draft_past = pos + 1;
+        tree.assign(1, node{next, -1, 0, 0.0});
+        tree[0].draft_seq = 0;
+        struct entry {
+            double logp;
+            int32_t parent;   // the node below which token would go
+            smol_token token; // -1: expand node `parent`
+            bool operator<(const entry & o) const { return logp < o.logp; }
+        };
+        std::priority_queue<entry> queue;
+        const int32_t budget = params.tree_budget;
+        const int32_t max_leaves = int32_t(smol_context_n_seq_max(target)) - 1;
+        int32_t cost = 1, leaves = 0, n_seq = 1;
+        auto expand = [&](int32_t n) {
+            node & nd = tree[size_t(n)];
+            if (n > 0) {
+                nd.draft_seq = n_seq++;
+                smol_kv_seq_cp(d, tree[size_t(nd.parent)].draft_seq, nd.draft_seq, 0,
+                               pos + nd.depth);
+                batch.n_tokens = 0;
+                smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, nd.draft_seq, true);
+                const smol_status st = smol_decode(d, &batch);
+                if (st != SMOL_OK) throw smol::error(st, smol_last_error());
+            }
+            const float * l = smol_get_logits(d, -1);
+            // The budget's best children at most; log-softmax at temperature 1.
+            const int32_t m = std::min(budget, n_vocab);
+            soft.assign(l, l + n_vocab);
+            const float top = *std::max_element(soft.begin(), soft.end());
+            double sum = 0;
+            for (float x : soft) sum += std::exp(double(x - top));
+            std::vector<smol_token> & ids = order;
+            ids.resize(size_t(n_vocab));
+            for (int32_t t = 0; t < n_vocab; ++t) ids[size_t(t)] = t;
+            std::partial_sort(
+                ids.begin(), ids.begin() + m, ids.end(),
+                [&](smol_token a, smol_token b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+            const double base = tree[size_t(n)].logp - std::log(sum);
+            for (int32_t i = 0; i < m; ++i)
+                queue.push({base + double(l[ids[size_t(i)]] - top), n, ids[size_t(i)]});
+        };
+        expand(0);
+        while (!queue.empty() && cost < budget) {
+            const entry e = queue.top();
+            queue.pop();
+            if (e.token < 0) {
+                if (int32_t(tree.size()) < budget) expand(e.parent);
+                continue;
+            }
+            const node & parent = tree[size_t(e.parent)];
+            // Below a leaf (or the bare root) a branch grows by one token;
+            // elsewhere a new branch repeats the path from the root.
+            const bool extends = parent.n_children == 0;
+            const int32_t add = extends ? 1 : parent.depth + 2;
+            if (cost + add > budget || parent.depth + 1 > max_depth ||
+                (!extends && leaves + 1 > max_leaves))
+                continue;
+            if (!extends || e.parent == 0) ++leaves;
+            cost += add;
+            tree[size_t(e.parent)].n_children++;
+            tree.push_back(node{e.token, e.parent, parent.depth + 1, e.logp});
+            queue.push({e.logp, int32_t(tree.size()) - 1, -1});
+        }
+        // The draft's cache keeps sequence 0 alone.
+        for (smol_seq_id sq = 1; sq < n_seq; ++sq) smol_kv_seq_rm(d, sq, 0, -1);
+    }
+
+    // Sampling: grows the tree by draws from the draft. Nodes are expanded
+    // best first by their cumulative draft probability; each gets as many
+    // draws (up to k_tree_draws) as the budget allows were every draw a new
+    // branch, decided before drawing, so that no draw is ever dropped for
+    // what it is: the draws below a node stay independent draws from q.
+    void grow_tree_sampled(int32_t pos, int32_t max_depth) {
+        smol_context * d = draft.get();
+        std::vector<smol_token> feed(history.begin() + draft_past, history.end());
+        feed.push_back(next);
+        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        draft_past = pos + 1;
+        tree.assign(1, node{next, -1, 0, 0.0});
+        tree[0].draft_seq = 0;
+        struct entry {
+            double logp;
+            int32_t n;
+            bool operator<(const entry & o) const { return logp < o.logp; }
+        };
+        std::priority_queue<entry> queue;
+        queue.push({0.0, 0});
+        const int32_t budget = params.tree_budget;
+        const int32_t max_leaves = int32_t(smol_context_n_seq_max(target)) - 1;
+        int32_t cost = 1, leaves = 0, n_seq = 1, rows = 0;
+        while (!queue.empty() && rows < budget) {
+            const int32_t n = queue.top().n;
+            queue.pop();
+            const int32_t depth = tree[size_t(n)].depth;
+            if (depth + 1 > max_depth) continue;
+            // The first draw below a childless node extends its branch (one
+            // token); any other may start a branch of depth + 2 tokens.
+            const bool childless = tree[size_t(n)].n_children == 0;
+            int32_t k = 0;
+            for (int32_t w = 1; w <= k_tree_draws; ++w) {
+                const int32_t worst = (childless ? 1 : depth + 2) + (w - 1) * (depth + 2);
+                const int32_t new_leaves = (childless && n > 0 ? 0 : 1) + (w - 1);
+                if (cost + worst > budget || leaves + new_leaves > max_leaves) break;
+                k = w;
+            }
+            if (k == 0) continue;
+            if (n > 0) {
+                node & nd = tree[size_t(n)];
+                nd.draft_seq = n_seq++;
+                smol_kv_seq_cp(d, tree[size_t(nd.parent)].draft_seq, nd.draft_seq, 0,
+                               pos + nd.depth);
+                batch.n_tokens = 0;
+                smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, nd.draft_seq, true);
+                const smol_status st = smol_decode(d, &batch);
+                if (st != SMOL_OK) throw smol::error(st, smol_last_error());
+            }
+            double * qn = q.data() + size_t(rows) * size_t(n_vocab);
+            tree[size_t(n)].q_row = rows++;
+            probs(smol_get_logits(d, -1), qn);
+            for (int32_t i = 0; i < k; ++i) {
+                const smol_token x = draw(qn);
+                tree[size_t(n)].draws.push_back(x);
+                if (child(n, x) >= 0) continue;
+                const bool extends = tree[size_t(n)].n_children == 0;
+                if (!extends || n == 0) ++leaves;
+                cost += extends ? 1 : depth + 2;
+                const double logp = tree[size_t(n)].logp + std::log(qn[x]);
+                tree[size_t(n)].n_children++;
+                tree.push_back(node{x, n, depth + 1, logp});
+                queue.push({logp, int32_t(tree.size()) - 1});
+            }
+        }
+        for (smol_seq_id sq = 1; sq < n_seq; ++sq) smol_kv_seq_rm(d, sq, 0, -1);
+    }
+
+    // Verifies the tree in one target decode: a sequence a leaf, holding
+    // sequence 0's text and the path from the root; returns the nodes kept
+    // (root first) and the target's choice after the last.
+    smol_token verify_tree(int32_t pos, std::vector<int32_t> & path) {
+        std::vector<int32_t> leaf_of;
+        for (int32_t n = 0; n < int32_t(tree.size()); ++n)
+            if (tree[size_t(n)].n_children == 0) leaf_of.push_back(n);
+        batch.n_tokens = 0;
+        std::vector<int32_t> chain;
+        for (size_t b = 0; b < leaf_of.size(); ++b) {
+            const smol_seq_id sq = smol_seq_id(b + 1);
+            smol_kv_seq_cp(target, 0, sq, 0, pos);
+            chain.clear();
+            for (int32_t n = leaf_of[b]; n >= 0; n = tree[size_t(n)].parent) chain.push_back(n);
+            for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+                node & nd = tree[size_t(*it)];
+                if (nd.at < 0) nd.at = batch.n_tokens;
+                smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, sq, true);
+            }
+        }
+        const smol_status st = smol_decode(target, &batch);
+        if (st != SMOL_OK) {
+            for (size_t b = 0; b < leaf_of.size(); ++b)
+                smol_kv_seq_rm(target, smol_seq_id(b + 1), 0, -1);
+            throw smol::error(st, smol_last_error());
+        }
+        path.assign(1, 0);
+        const smol_token after = sampling ? walk_sampled(path) : walk_greedy(path);
+        // Sequence 0 takes the cells of a branch through the last kept node
+        // (the first leaf below it); every branch then leaves.
+        int32_t leaf = path.back();
+        while (tree[size_t(leaf)].n_children > 0) {
+            int32_t c = 1;
+            while (tree[size_t(c)].parent != leaf) ++c;
+            leaf = c;
+        }
+        const smol_seq_id kept =
+            smol_seq_id(std::find(leaf_of.begin(), leaf_of.end(), leaf) - leaf_of.begin() + 1);
+        smol_kv_seq_cp(target, kept, 0, pos, pos + int32_t(path.size()));
+        for (size_t b = 0; b < leaf_of.size(); ++b)
+            smol_kv_seq_rm(target, smol_seq_id(b + 1), 0, -1);
+        return after;
+    }
+
+    int32_t child(int32_t n, smol_token t) const {
+        for (int32_t c = 1; c < int32_t(tree.size()); ++c)
+            if (tree[size_t(c)].parent == n && tree[size_t(c)].token == t) return c;
+        return -1;
+    }
+
+    // SpecInfer's rule: at each node the draws below it are tried in the
+    // order drawn, each kept with probability min(1, p(x) / q(x)) against
+    // the target's p, which after a rejection becomes the normalised
+    // residual max(0, p - q); when none is kept the next token is drawn
+    // from what p has become. The draws being independent draws from q,
+    // each try is one step of speculative sampling, and the token follows
+    // the target's distribution exactly.
+    smol_token walk_sampled(std::vector<int32_t> & path) {
+        for (;;) {
+            const node & u = tree[size_t(path.back())];
+            probs(smol_get_logits(target, u.at), p.data());
+            const double * qu =
+                u.q_row >= 0 ? q.data() + size_t(u.q_row) * size_t(n_vocab) : nullptr;
+            int32_t next_node = -1;
+            for (const smol_token x : u.draws) {
+                if (smol::uniform01(rng) * qu[x] < p[size_t(x)]) {
+                    next_node = child(path.back(), x);
+                    break;
+                }
+                double left = 0;
+                for (int32_t t = 0; t < n_vocab; ++t) {
+                    const double r = p[size_t(t)] - qu[t];
+                    p[size_t(t)] = r > 0 ? r : 0.0;
+                    left += p[size_t(t)];
+                }
+                if (!(left > 0)) {
+                    probs(smol_get_logits(target, u.at), p.data());
+                    continue;
+                }
+                for (double & v : p) v /= left;
+            }
+            if (next_node < 0) return draw(p.data());
+            path.push_back(next_node);
+        }
+    }
+
+    // Walks down while a child is the target's argmax.
+    smol_token walk_greedy(std::vector<int32_t> & path) {
+        smol_token after = argmax(smol_get_logits(target, tree[0].at), n_vocab);
+        for (bool found = true; found;) {
+            found = false;
+            for (int32_t c = 1; c < int32_t(tree.size()); ++c) {
+                if (tree[size_t(c)].parent != path.back() || tree[size_t(c)].token != after)
+                    continue;
+                path.push_back(c);
+                after = argmax(smol_get_logits(target, tree[size_t(c)].at), n_vocab);
+                found = true;
+                break;
+            }
+        }
+        return after;
+    }
+
+    // Speculative rejection sampling over the verify batch's logits: the
+    // guesses kept (*kept) and the token after them, drawn from the
+    // residual max(0, p - q) at the first rejection, else from p after the
+    // last guess.
+    smol_token verify_sampled(const std::vector<smol_token> & guess, int32_t * kept) {
+        const int32_t n = int32_t(guess.size());
+        for (int32_t i = 0; i < n; ++i) {
+            probs(smol_get_logits(target, i), p.data());
+            const smol_token x = guess[size_t(i)];
+            // A draft model's guess was drawn from q; an n-gram's is certain.
+            const double * qi = draft ? q.data() + size_t(i) * size_t(n_vocab) : nullptr;
+            const double qx = qi ? qi[x] : 1.0;
+            // Kept with probability min(1, p(x) / q(x)).
+            if (smol::uniform01(rng) * qx < p[size_t(x)]) {
+                ++*kept;
+                continue;
+            }
+            double left = 0;
+            for (int32_t t = 0; t < n_vocab; ++t) {
+                const double r = p[size_t(t)] - (qi ? qi[t] : t == x ? 1.0 : 0.0);
+                p[size_t(t)] = r > 0 ? r : 0.0;
+                left += p[size_t(t)];
+            }
+            // p == q up to rounding leaves no residual: p itself then.
+            if (!(left > 0)) probs(smol_get_logits(target, i), p.data());
+            return draw(p.data());
+        }
+        probs(smol_get_logits(target, n), p.data());
+        return draw(p.data());
     }
 };
 
@@ -109,6 +456,9 @@ smol_spec_params smol_spec_default_params(void) {
     p.ngram_max = 4;
     p.draft_model = nullptr;
     p.draft_n_threads = 0;
+    p.sampling = smol_sampler_default_params();
+    p.sampling.temperature = 0.0f; // greedy
+    p.tree_budget = 0;
     return p;
 }
 
@@ -146,6 +496,49 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                                   std::to_string(p.ngram_min) + ") <= ngram_max (" +
                                   std::to_string(p.ngram_max) + ")");
         }
+        const smol_sampler_params & sp = p.sampling;
+        s->sampling = sp.temperature > 0.0f;
+        if (std::isnan(sp.temperature) || !(sp.top_p >= 0.0f) || !(sp.min_p >= 0.0f)) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: sampling.temperature must be a number, sampling.top_p "
+                              "and sampling.min_p >= 0");
+        }
+        if (s->sampling && sp.repeat_penalty != 1.0f) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: sampling.repeat_penalty must be 1 (off) for "
+                              "speculative sampling; the penalty of a guessed token would depend "
+                              "on guesses the target has not accepted yet");
+        }
+        if (p.tree_budget < 0 || p.tree_budget > s->n_batch || p.tree_budget > 128) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              "smol_spec: tree_budget " + std::to_string(p.tree_budget) +
+                                  " must be 0 (no tree) or 1.." +
+                                  std::to_string(std::min(s->n_batch, 128)) +
+                                  " (the target verifies the tree in one batch of n_batch " +
+                                  std::to_string(s->n_batch) + ")");
+        }
+        if (p.tree_budget > 0) {
+            const uint32_t need = uint32_t(std::max(1, p.tree_budget / 2) + 1);
+            if (!p.draft_model) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_spec: tree_budget needs a draft_model");
+            }
+            if (smol_context_n_seq_max(target) < need) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_spec: tree_budget " + std::to_string(p.tree_budget) +
+                                      " verifies up to " + std::to_string(need - 1) +
+                                      " branches, one sequence each besides 0: create the "
+                                      "target context with n_seq_max >= " +
+                                      std::to_string(need) + " (it has " +
+                                      std::to_string(smol_context_n_seq_max(target)) + ")");
+            }
+        }
+        if (s->sampling) {
+            s->rng.seed(sp.seed);
+            s->p.resize(size_t(s->n_vocab));
+            if (p.draft_model)
+                s->q.resize(size_t(std::max(p.draft_max, p.tree_budget)) * size_t(s->n_vocab));
+        }
         if (p.draft_model) {
             smol_model_info di;
             smol_model_get_info(p.draft_model, &di);
@@ -170,6 +563,8 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
             cp.n_ctx = smol_context_n_ctx(target);
             cp.n_batch = uint32_t(s->n_batch);
             cp.n_threads = p.draft_n_threads;
+            // A tree gives each expanded node a sequence of the draft's.
+            cp.n_seq_max = uint32_t(std::max(1, p.tree_budget));
             smol_context * d = nullptr;
             const smol_status st = smol_context_create(p.draft_model, &cp, &d);
             if (st != SMOL_OK) {
@@ -199,7 +594,13 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
     return smol::guard([&] {
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
         s->history.assign(tokens, tokens + n);
-        s->next = argmax(smol_get_logits(s->target, -1), s->n_vocab);
+        const float * l = smol_get_logits(s->target, -1);
+        if (s->sampling) {
+            s->probs(l, s->p.data());
+            s->next = s->draw(s->p.data());
+        } else {
+            s->next = argmax(l, s->n_vocab);
+        }
     });
 }
 
@@ -221,6 +622,26 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
             throw smol::error(SMOL_ERR_CONTEXT_FULL, "smol_spec_next: the context is full (" +
                                                          std::to_string(pos) + " tokens)");
         }
+        if (s->params.tree_budget > 0) {
+            const int32_t max_depth = std::max(0, std::min(n_max - 1, room));
+            if (s->sampling) {
+                s->grow_tree_sampled(pos, max_depth);
+            } else {
+                s->grow_tree(pos, max_depth);
+            }
+            std::vector<int32_t> path;
+            s->next = s->verify_tree(pos, path);
+            for (size_t i = 0; i < path.size(); ++i) {
+                out[i] = s->tree[size_t(path[i])].token;
+                s->history.push_back(out[i]);
+            }
+            *n_out = int32_t(path.size());
+            s->stats.n_steps++;
+            s->stats.n_drafted += int64_t(s->tree.size()) - 1;
+            s->stats.n_accepted += int64_t(path.size()) - 1;
+            s->stats.n_tokens += int64_t(path.size());
+            return;
+        }
         const int32_t k = std::max(0, std::min({s->params.draft_max, n_max - 1, room}));
         std::vector<smol_token> guess;
         if (k > 0) {
@@ -236,10 +657,15 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens.data(), int32_t(tokens.size()),
                           pos, true);
         int32_t kept = 0; // guesses the target agrees with
-        smol_token after = argmax(smol_get_logits(s->target, 0), s->n_vocab);
-        while (kept < int32_t(guess.size()) && guess[size_t(kept)] == after) {
-            ++kept;
-            after = argmax(smol_get_logits(s->target, kept), s->n_vocab);
+        smol_token after = -1;
+        if (s->sampling) {
+            after = s->verify_sampled(guess, &kept);
+        } else {
+            after = argmax(smol_get_logits(s->target, 0), s->n_vocab);
+            while (kept < int32_t(guess.size()) && guess[size_t(kept)] == after) {
+                ++kept;
+                after = argmax(smol_get_logits(s->target, kept), s->n_vocab);
+            }
         }
         // The cache keeps next and the kept guesses; the draft's, what it
         // decoded of them.

@@ -551,6 +551,9 @@ uint32_t smol_context_n_ctx(const smol_context * ctx) {
 uint32_t smol_context_n_batch(const smol_context * ctx) {
     return ctx ? ctx->c->params.n_batch : 0;
 }
+uint32_t smol_context_n_seq_max(const smol_context * ctx) {
+    return ctx ? ctx->c->params.n_seq_max : 0;
+}
 
 void smol_context_memory(const smol_context * ctx, smol_memory_info * info) {
     if (!ctx || !info) return;

@@ -299,6 +299,7 @@ SMOL_API uint32_t smol_context_n_ctx(const smol_context * ctx);
 // The model the context runs.
 SMOL_API const smol_model * smol_context_get_model(const smol_context * ctx);
 SMOL_API uint32_t smol_context_n_batch(const smol_context * ctx);
+SMOL_API uint32_t smol_context_n_seq_max(const smol_context * ctx);
 
 // Memory of a context by placement, from its KV plan and as measured.
 typedef struct smol_memory_info {
@@ -499,15 +500,36 @@ SMOL_API smol_status smol_json_schema_to_grammar(const char * schema, char * buf
 
 // --- speculative decoding -------------------------------------------------
 //
-// A greedy generator over one sequence (0) of a target context that lets a
+// A generator over one sequence (0) of a target context that lets a
 // proposer guess the next tokens and has the target check all of them in
-// one decode: the tokens that match the target's own argmax are kept, the
-// rest leave the cache, and the first mismatch is replaced by the target's
-// choice. The output is the token sequence plain greedy decoding gives (on
-// the CPU, bit for bit: a token's logits are the same alone and batched).
+// one decode; rejected guesses leave the cache (the draft's too).
+// Greedy (sampling.temperature <= 0, the default): the guesses that match
+// the target's own argmax are kept and the first mismatch is replaced by
+// the target's choice, so the output is the token sequence plain greedy
+// decoding gives (on the CPU, bit for bit: a token's logits are the same
+// alone and batched).
+// Sampling (temperature > 0, with the sampler's top-k, top-p and min-p):
+// speculative rejection sampling. A guess x that the draft drew with
+// probability q(x) is kept with probability min(1, p(x) / q(x)), p being the
+// target's distribution after the same transform; the first rejected guess
+// is replaced by a draw from the normalised residual max(0, p - q), and when
+// every guess is kept a further token is drawn from p. An n-gram guess is
+// certain (q(x) = 1). The tokens so follow the distribution that plain
+// sampling with these settings draws from, exactly; the draws come from a
+// generator of the spec's own, seeded with sampling.seed, so runs replay.
 // Proposers: n-gram lookup in the prompt and the text so far (draft_model
-// NULL), or a smaller draft model with the same vocabulary, run greedily in
-// a context of its own.
+// NULL), or a smaller draft model with the same vocabulary, run in a
+// context of its own (greedily, or drawing from its own distribution after
+// the same transform). With tree_budget (a draft model), SpecExec: the
+// draft expands the likeliest continuations best first, by their cumulative
+// draft probability, into a token tree, and the target verifies the whole
+// tree in one decode, each branch a sequence (1, 2, ...) sharing the cells
+// of sequence 0's text, its tokens at their positions along the path. The
+// path kept is, greedy, the longest of the target's own choices; sampling,
+// the one SpecInfer's rule walks: the children of a node are independent
+// draws from the draft, tried in turn against the target's distribution
+// and, after each rejection, its residual, so the tokens stay exact. The
+// other branches leave the cache.
 
 typedef struct smol_spec_params {
     int32_t draft_max;        // most tokens proposed per step (8)
@@ -515,6 +537,15 @@ typedef struct smol_spec_params {
     int32_t ngram_max;        // lookup: the longest suffix tried first (4)
     smol_model * draft_model; // NULL: n-gram lookup; not owned
     uint32_t draft_n_threads; // the draft context's threads (0: as the target's default)
+    // temperature <= 0: greedy (the default); else exact speculative sampling
+    // with top_k, top_p, min_p and seed; repeat_penalty must be 1.
+    smol_sampler_params sampling;
+    // > 0: a token tree (draft_model) of at most this many tokens in
+    // the target's verify batch, each branch counted with the guaranteed
+    // token it starts from: at most the batch, at most 128, and the target
+    // context needs n_seq_max >= max(1, tree_budget / 2) + 1 (a sequence a branch
+    // besides 0). draft_max is then unused. 0: a chain of draft_max (the default).
+    int32_t tree_budget;
 } smol_spec_params;
 
 typedef struct smol_spec_stats {

@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# bench-spec.sh - speculative decoding against plain greedy decoding on the
-# CPU, same model, prompt and threads, alternating runs: smol-cli's
-# generation rate without and with --lookup (n-gram lookup), on prompts that
+# bench-spec.sh - speculative decoding against plain decoding on the CPU,
+# same model, prompt, threads and sampler settings, alternating runs:
+# smol-cli's generation rate without and with speculation, on prompts that
 # ask the model to rewrite or continue a given passage (the text the lookup
-# finds its guesses in) and on one that does not. Prints a table of the
-# medians and the tokens per target decode.
+# finds its guesses in) and on one that does not. Modes: n-gram lookup,
+# greedy and sampling (--temp T, same seed for both runs); with -d DRAFT
+# also a draft model, greedy, as a chain and as a token tree of budget B.
+# Prints a table of the medians, the tokens per target decode and the share
+# of guesses kept.
 #
-#   scripts/bench-spec.sh [-m MODEL] [-t THREADS] [-n N_GEN] [-r REPS]
+#   scripts/bench-spec.sh [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS]
+#                         [-T TEMP] [-B TREE_BUDGET]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
-threads=2 n_gen=96 reps=3
-while getopts "m:t:n:r:" opt; do
+draft="" threads=2 n_gen=96 reps=3 temp=0.8 budget=16
+usage="usage: $0 [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS] [-T TEMP] [-B TREE_BUDGET]"
+while getopts "m:d:t:n:r:T:B:" opt; do
     case $opt in
     m) model=$OPTARG ;;
+    d) draft=$OPTARG ;;
     t) threads=$OPTARG ;;
     n) n_gen=$OPTARG ;;
     r) reps=$OPTARG ;;
-    *) echo "usage: $0 [-m MODEL] [-t THREADS] [-n N_GEN] [-r REPS]" >&2 && exit 2 ;;
+    T) temp=$OPTARG ;;
+    B) budget=$OPTARG ;;
+    *) echo "$usage" >&2 && exit 2 ;;
     esac
 done
 cli=${SMOL_BUILD_DIR:-$root/build}/examples/smol-cli
@@ -32,25 +40,41 @@ declare -A prompts=(
     [open]="Once upon a time, in a small village by the sea, there lived"
 )
 
+# Each mode: its name, the sampler flags both runs share, the speculation flags.
+modes=("lookup, greedy|--temp 0|--lookup"
+    "lookup, T=$temp|--temp $temp --seed 1|--lookup")
+if [ -n "$draft" ]; then
+    modes+=("draft model, greedy|--temp 0|--model-draft $draft"
+        "token tree $budget, greedy|--temp 0|--model-draft $draft --spec-tree $budget")
+fi
+
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }
 rate_plain() { sed -n 's/.*generation .*(\s*\([0-9.]*\) tokens\/s).*/\1/p'; }
 rate_spec() { sed -n 's/.*speculative .*(\([0-9.]*\) tokens\/s).*/\1/p'; }
 per_step() { sed -n 's/.*decodes (\([0-9.]*\) tokens each).*/\1/p'; }
+kept() { sed -n 's/.*guesses kept (\([0-9.]*\)%).*/\1/p'; }
 
-echo "| prompt | plain t/s | --lookup t/s | ratio | tokens per target decode |"
-echo "| --- | ---: | ---: | ---: | ---: |"
+echo "| prompt | mode | plain t/s | speculative t/s | ratio | tokens per target decode | guesses kept |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
 for name in rewrite continue open; do
     p=${prompts[$name]}
-    plain=() spec=() steps=()
-    for _ in $(seq "$reps"); do
-        plain+=("$("$cli" -m "$model" -t "$threads" -n "$n_gen" --temp 0 -p "$p" 2>&1 >/dev/null | rate_plain)")
-        out=$("$cli" -m "$model" -t "$threads" -n "$n_gen" --temp 0 --lookup -p "$p" 2>&1 >/dev/null)
-        spec+=("$(rate_spec <<<"$out")")
-        steps+=("$(per_step <<<"$out")")
+    for mode in "${modes[@]}"; do
+        IFS='|' read -r label sampling spec <<<"$mode"
+        plain=() rate=() steps=() share=()
+        for _ in $(seq "$reps"); do
+            # shellcheck disable=SC2086 # the flags are words
+            plain+=("$("$cli" -m "$model" -t "$threads" -n "$n_gen" $sampling -p "$p" 2>&1 >/dev/null | rate_plain)")
+            # shellcheck disable=SC2086
+            out=$("$cli" -m "$model" -t "$threads" -n "$n_gen" $sampling $spec -p "$p" 2>&1 >/dev/null)
+            rate+=("$(rate_spec <<<"$out")")
+            steps+=("$(per_step <<<"$out")")
+            share+=("$(kept <<<"$out")")
+        done
+        a=$(printf '%s\n' "${plain[@]}" | median)
+        b=$(printf '%s\n' "${rate[@]}" | median)
+        s=$(printf '%s\n' "${steps[@]}" | median)
+        k=$(printf '%s\n' "${share[@]}" | median)
+        awk -v n="$name" -v m="$label" -v a="$a" -v b="$b" -v s="$s" -v k="$k" \
+            'BEGIN { printf "| %s | %s | %.1f | %.1f | **%.2f** | %.2f | %.1f%% |\n", n, m, a, b, (a > 0 ? b / a : 0), s, k }'
     done
-    a=$(printf '%s\n' "${plain[@]}" | median)
-    b=$(printf '%s\n' "${spec[@]}" | median)
-    s=$(printf '%s\n' "${steps[@]}" | median)
-    awk -v n="$name" -v a="$a" -v b="$b" -v s="$s" \
-        'BEGIN { printf "| %s | %.1f | %.1f | **%.2f** | %.2f |\n", n, a, b, (a > 0 ? b / a : 0), s }'
 done

@@ -1,16 +1,25 @@
-// test-spec.c++ - speculative greedy decoding (smol_spec_*): the tokens are
-// plain greedy decoding's, exactly, with n-gram lookup and with draft models
-// that guess well (the target itself) and badly (random weights with the
-// target's vocabulary), on the real SmolLM2-135M; guesses are kept where the
-// text repeats; the refusals.
+// test-spec.c++ - speculative decoding (smol_spec_*): greedy, the tokens
+// are plain greedy decoding's, exactly, with n-gram lookup and with draft
+// models that guess well (the target itself) and badly (random weights with
+// the target's vocabulary), on the real SmolLM2-135M; guesses are kept
+// where the text repeats. Sampling, the first tokens follow the target's
+// exact distribution (computed from its logits) by a chi-square test over
+// thousands of seeded runs, as plain sampling's do, with a tiny random
+// target and a different tiny random draft. The refusals.
 
 #include "gguf.h"
 #include "random-model.h"
 #include "smol.h"
 #include "test-handles.h"
+#include "test-seed.h"
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <doctest/doctest.h>
 #include <filesystem>
+#include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -29,8 +38,9 @@ test::model_ptr load(const std::string & path) {
     return test::model_ptr(m);
 }
 
-test::context_ptr context(smol_model * m) {
+test::context_ptr context(smol_model * m, uint32_t n_seq_max = 1) {
     smol_context_params p = smol_context_default_params();
+    p.n_seq_max = n_seq_max;
     p.n_ctx = 1024;
     p.n_batch = 64;
     p.n_threads = 2;
@@ -80,7 +90,7 @@ struct spec_run {
 
 spec_run speculative(smol_model * m, const std::vector<smol_token> & prompt, int n,
                      const smol_spec_params & p) {
-    test::context_ptr c = context(m);
+    test::context_ptr c = context(m, uint32_t(std::max(1, p.tree_budget / 2) + 1));
     smol_spec * s = nullptr;
     INFO(smol_last_error());
     REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
@@ -130,7 +140,8 @@ TEST_CASE("n-gram lookup gives plain greedy decoding's tokens and keeps guesses 
                        << " guesses kept");
 }
 
-TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or badly" *
+TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or badly, as a "
+          "chain or a token tree" *
           doctest::skip(real_absent())) {
     test::model_ptr m = load(SMOL_MODEL);
     // A bad draft: random weights of a small shape with the real vocabulary.
@@ -166,6 +177,15 @@ TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or 
                 CHECK(got.stats.n_accepted == got.stats.n_drafted);
                 CHECK(got.stats.n_steps <= 32 / 6 + 2);
             }
+            // A token tree of the draft's likeliest continuations.
+            p.tree_budget = 12;
+            const spec_run tree = speculative(m.get(), prompt, 32, p);
+            CHECK(tree.tokens == want);
+            if (self) CHECK(tree.stats.n_steps < 32);
+            MESSAGE(std::string(self ? "self" : "random")
+                    << " draft, tree of 12: " << tree.stats.n_tokens << " tokens in "
+                    << tree.stats.n_steps << " target decodes, " << tree.stats.n_accepted << " of "
+                    << tree.stats.n_drafted << " kept");
         }
     }
     std::filesystem::remove(path);
@@ -201,10 +221,437 @@ TEST_CASE("bad speculation settings and calls out of order are refused" *
     CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
     CHECK(std::string(smol_last_error()).find("ngram_min") != std::string::npos);
     p = smol_spec_default_params();
+    p.sampling.temperature = 0.8f;
+    p.sampling.repeat_penalty = 1.1f;
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("repeat_penalty") != std::string::npos);
+    p = smol_spec_default_params();
     REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
     smol_token out[4];
     int32_t n = 0;
     CHECK(smol_spec_next(s, out, 4, &n) == SMOL_ERR_INVALID_ARGUMENT);
     CHECK(std::string(smol_last_error()).find("prompt first") != std::string::npos);
+    smol_spec_free(s);
+}
+
+// --- sampling: the distribution of the first tokens -------------------------
+
+namespace {
+
+// Q(a, x), the regularised upper incomplete gamma function: a series below
+// a + 1, a continued fraction above (Numerical Recipes' gser and gcf).
+double gamma_q(double a, double x) {
+    if (x <= 0) return 1.0;
+    const double front = std::exp(-x + a * std::log(x) - std::lgamma(a));
+    if (x < a + 1) {
+        double term = 1.0 / a, sum = term;
+        for (int n = 1; n < 10000 && term > sum * 1e-16; ++n) {
+            term *= x / (a + n);
+            sum += term;
+        }
+        return std::max(0.0, 1.0 - sum * front);
+    }
+    const double tiny = 1e-300;
+    double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+    for (int i = 1; i < 10000; ++i) {
+        const double an = -i * (i - a);
+        b += 2;
+        d = an * d + b;
+        if (std::fabs(d) < tiny) d = tiny;
+        c = b + an / c;
+        if (std::fabs(c) < tiny) c = tiny;
+        d = 1 / d;
+        const double del = d * c;
+        h *= del;
+        if (std::fabs(del - 1) < 1e-16) break;
+    }
+    return front * h;
+}
+
+// The distribution sampling with sp draws from after logits l, computed
+// here apart from the library: top-k, then top-p and min-p on the softmax,
+// then the softmax at the temperature over what is left.
+std::vector<double> target_probs(const float * l, int n_vocab, const smol_sampler_params & sp) {
+    std::vector<int> ids(static_cast<size_t>(n_vocab));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(), [l](int a, int b) { return l[a] > l[b]; });
+    size_t n = sp.top_k > 0 ? std::min(size_t(sp.top_k), ids.size()) : ids.size();
+    const double top = l[ids[0]];
+    std::vector<double> soft(n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += soft[i] = std::exp(double(l[ids[i]]) - top);
+    for (double & x : soft) x /= sum;
+    if (sp.top_p < 1.0f) {
+        double cum = 0;
+        for (size_t i = 0; i < n; ++i) {
+            cum += soft[i];
+            if (cum >= sp.top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (sp.min_p > 0.0f) {
+        size_t keep = 1;
+        while (keep < n && soft[keep] >= sp.min_p * soft[0]) ++keep;
+        n = keep;
+    }
+    std::vector<double> p(size_t(n_vocab), 0.0);
+    sum = 0;
+    for (size_t i = 0; i < n; ++i)
+        sum += p[size_t(ids[i])] = std::exp((double(l[ids[i]]) - top) / sp.temperature);
+    for (double & x : p) x /= sum;
+    return p;
+}
+
+test::context_ptr tiny_context(smol_model * m, uint32_t n_seq_max = 1) {
+    smol_context_params p = smol_context_default_params();
+    p.n_seq_max = n_seq_max;
+    p.n_ctx = 64;
+    p.n_batch = 16;
+    p.n_threads = 1;
+    smol_context * c = nullptr;
+    REQUIRE(smol_context_create(m, &p, &c) == SMOL_OK);
+    return test::context_ptr(c);
+}
+
+// Decodes tokens at positions from pos into sequence 0, the last one's
+// logits kept; returns them.
+const float * feed(smol_context * c, const std::vector<smol_token> & tokens, int32_t pos) {
+    smol_batch b = smol_batch_init(int32_t(tokens.size()));
+    for (size_t i = 0; i < tokens.size(); ++i)
+        smol_batch_add(&b, int32_t(tokens.size()), tokens[i], pos + int32_t(i), 0,
+                       i + 1 == tokens.size());
+    const smol_status st = smol_decode(c, &b);
+    smol_batch_free(&b);
+    REQUIRE(st == SMOL_OK);
+    return smol_get_logits(c, -1);
+}
+
+using triple = std::array<smol_token, 3>;
+
+// The exact probabilities of the first three tokens after the prompt, for
+// every triple whose expectation in n_runs draws is at least min_expected:
+// each prefix's logits come from a decode of the target, the transform from
+// target_probs.
+std::map<triple, double> exact_triples(smol_model * m, const std::vector<smol_token> & prompt,
+                                       const smol_sampler_params & sp, int n_runs,
+                                       double min_expected) {
+    test::context_ptr c = tiny_context(m);
+    const int n_vocab = 300;
+    const int32_t P = int32_t(prompt.size());
+    const double floor = min_expected / n_runs;
+    std::map<triple, double> cells;
+    const std::vector<double> p1 = target_probs(feed(c.get(), prompt, 0), n_vocab, sp);
+    for (smol_token a = 0; a < n_vocab; ++a) {
+        if (p1[size_t(a)] < floor) continue;
+        const std::vector<double> p2 = target_probs(feed(c.get(), {a}, P), n_vocab, sp);
+        for (smol_token b = 0; b < n_vocab; ++b) {
+            const double pab = p1[size_t(a)] * p2[size_t(b)];
+            if (pab < floor) continue;
+            const std::vector<double> p3 = target_probs(feed(c.get(), {b}, P + 1), n_vocab, sp);
+            for (smol_token t = 0; t < n_vocab; ++t)
+                if (pab * p3[size_t(t)] >= floor) cells[{a, b, t}] = pab * p3[size_t(t)];
+            smol_kv_seq_rm(c.get(), 0, P + 1, -1);
+        }
+        smol_kv_seq_rm(c.get(), 0, P, -1);
+    }
+    return cells;
+}
+
+struct fit {
+    double chi2 = 0, p_value = 1, tv = 0;
+    int df = 0;
+};
+
+// Pearson's chi-square of the drawn triples against the exact cells, the
+// triples outside them pooled into one more cell; and the total variation
+// distance over the same cells.
+fit compare(const std::map<triple, double> & cells, const std::vector<triple> & drawn) {
+    std::map<triple, int> count;
+    for (const triple & t : drawn) count[t]++;
+    const double n = double(drawn.size());
+    fit f;
+    double rest_p = 1, rest_seen = n;
+    for (const auto & cell : cells) {
+        const auto it = count.find(cell.first);
+        const double seen = it == count.end() ? 0 : it->second;
+        const double want = n * cell.second;
+        f.chi2 += (seen - want) * (seen - want) / want;
+        f.tv += std::fabs(seen - want) / n / 2;
+        rest_p -= cell.second;
+        rest_seen -= seen;
+        ++f.df;
+    }
+    if (rest_p * n >= 1) {
+        f.chi2 += (rest_seen - rest_p * n) * (rest_seen - rest_p * n) / (rest_p * n);
+        ++f.df;
+    }
+    f.tv += std::fabs(rest_seen / n - std::max(0.0, rest_p)) / 2;
+    f.df -= 1;
+    f.p_value = gamma_q(f.df / 2.0, f.chi2 / 2.0);
+    return f;
+}
+
+// The first three tokens of plain sampling: one decode a token, the
+// sampler's draw after each.
+std::vector<triple> plain_triples(smol_model * m, const std::vector<smol_token> & prompt,
+                                  const smol_sampler_params & sp, int n_runs, uint32_t seed) {
+    test::context_ptr c = tiny_context(m);
+    const int32_t P = int32_t(prompt.size());
+    const float * first = feed(c.get(), prompt, 0);
+    const std::vector<float> l0(first, first + 300);
+    std::vector<triple> out;
+    for (int r = 0; r < n_runs; ++r) {
+        smol_sampler_params rp = sp;
+        rp.seed = test::derived_seed(seed, uint32_t(r));
+        smol_sampler * s = nullptr;
+        REQUIRE(smol_sampler_create(&rp, &s) == SMOL_OK);
+        triple t;
+        t[0] = smol_sampler_sample(s, l0.data(), 300);
+        t[1] = smol_sampler_sample(s, feed(c.get(), {t[0]}, P), 300);
+        t[2] = smol_sampler_sample(s, feed(c.get(), {t[1]}, P + 1), 300);
+        smol_sampler_free(s);
+        smol_kv_seq_rm(c.get(), 0, P, -1);
+        out.push_back(t);
+    }
+    return out;
+}
+
+// The first three tokens of speculative sampling, a fresh spec (and seed)
+// a run over one target context emptied between runs.
+std::vector<triple> spec_triples(smol_model * m, const std::vector<smol_token> & prompt,
+                                 smol_spec_params p, int n_runs, uint32_t seed,
+                                 smol_spec_stats & total) {
+    test::context_ptr c = tiny_context(m, uint32_t(std::max(1, p.tree_budget / 2) + 1));
+    std::vector<triple> out;
+    total = {};
+    for (int r = 0; r < n_runs; ++r) {
+        p.sampling.seed = test::derived_seed(seed, uint32_t(r));
+        smol_kv_seq_rm(c.get(), -1, 0, -1);
+        smol_spec * s = nullptr;
+        INFO(smol_last_error());
+        REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
+        REQUIRE(smol_spec_prompt(s, prompt.data(), int32_t(prompt.size())) == SMOL_OK);
+        std::vector<smol_token> got;
+        while (got.size() < 3) {
+            smol_token buf[8];
+            int32_t n = 0;
+            REQUIRE(smol_spec_next(s, buf, 8, &n) == SMOL_OK);
+            got.insert(got.end(), buf, buf + n);
+        }
+        const smol_spec_stats st = smol_spec_get_stats(s);
+        total.n_steps += st.n_steps;
+        total.n_drafted += st.n_drafted;
+        total.n_accepted += st.n_accepted;
+        total.n_tokens += st.n_tokens;
+        smol_spec_free(s);
+        out.push_back({got[0], got[1], got[2]});
+    }
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("speculative sampling draws the first tokens from the target's exact distribution, "
+          "with a chain or a token tree of guesses") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::shape shape;
+    shape.n_ctx = 64;
+    shape.embd_scale = 0.35f; // next-token distributions neither flat nor certain
+    test::tiny_file target(shape, test::derived_seed(seed, 1), "spec-target.gguf");
+    test::tiny_file draft(shape, test::derived_seed(seed, 2), "spec-draft.gguf");
+    std::mt19937 rng(test::derived_seed(seed, 3));
+    std::vector<smol_token> prompt(6);
+    for (smol_token & t : prompt) t = smol_token(rng() % 256);
+
+    const int n_runs = 5000;
+    // A significance small enough that fresh seeds rarely fail by chance:
+    // each of the six tests below rejects a right sampler once in 10^4 runs.
+    const double alpha = 1e-4;
+    struct setting {
+        const char * name;
+        float temperature;
+        int32_t top_k;
+        float top_p;
+        float min_p;
+        bool use_draft;
+        int32_t draft_max;
+        int32_t tree_budget;
+    };
+    const setting settings[] = {
+        {"draft model, temperature only", 1.0f, 0, 1.0f, 0.0f, true, 1, 0},
+        {"draft model, top-k and top-p", 1.0f, 20, 0.9f, 0.0f, true, 3, 0},
+        {"n-gram lookup, min-p", 0.8f, 0, 1.0f, 0.02f, false, 3, 0},
+        {"token tree of 8 from the draft model", 1.0f, 0, 1.0f, 0.0f, true, 1, 8},
+    };
+    std::map<std::string, fit> plain_fits;
+    for (const setting & st : settings) {
+        INFO(std::string(st.name));
+        smol_sampler_params sp = smol_sampler_default_params();
+        sp.temperature = st.temperature;
+        sp.top_k = st.top_k;
+        sp.top_p = st.top_p;
+        sp.min_p = st.min_p;
+        const auto cells = exact_triples(target.model.get(), prompt, sp, n_runs, 5.0);
+        double mass = 0;
+        for (const auto & cell : cells) mass += cell.second;
+        REQUIRE(cells.size() >= 10);
+
+        // Plain sampling once per sampler setting (the same seeds draw the
+        // same tokens).
+        const std::string key = std::to_string(sp.temperature) + " " + std::to_string(sp.top_k) +
+                                " " + std::to_string(sp.top_p) + " " + std::to_string(sp.min_p);
+        if (plain_fits.count(key) == 0)
+            plain_fits[key] = compare(cells, plain_triples(target.model.get(), prompt, sp, n_runs,
+                                                           test::derived_seed(seed, 4)));
+        const fit plain = plain_fits[key];
+        smol_spec_params p = smol_spec_default_params();
+        p.sampling = sp;
+        p.draft_max = st.draft_max;
+        p.tree_budget = st.tree_budget;
+        p.draft_model = st.use_draft ? draft.model.get() : nullptr;
+        p.ngram_min = 1;
+        p.draft_n_threads = 1;
+        smol_spec_stats stats{};
+        const fit spec = compare(cells, spec_triples(target.model.get(), prompt, p, n_runs,
+                                                     test::derived_seed(seed, 5), stats));
+        MESSAGE(std::string(st.name)
+                << ": " << cells.size() << " cells of " << mass << "; plain chi2 " << plain.chi2
+                << " df " << plain.df << " p " << plain.p_value << " tv " << plain.tv
+                << "; speculative chi2 " << spec.chi2 << " p " << spec.p_value << " tv " << spec.tv
+                << "; " << stats.n_accepted << " of " << stats.n_drafted << " guesses kept, "
+                << stats.n_tokens << " tokens in " << stats.n_steps << " target decodes");
+        CHECK(plain.p_value > alpha);
+        CHECK(spec.p_value > alpha);
+        // Both paths ran: guesses were made, some kept and some rejected.
+        CHECK(stats.n_drafted > n_runs / 4);
+        CHECK(stats.n_accepted > 0);
+        CHECK(stats.n_accepted < stats.n_drafted);
+    }
+}
+
+// --- token trees (SpecExec), greedy -----------------------------------------
+
+namespace {
+
+// Plain greedy decoding of n tokens after the prompt, one decode a token.
+std::vector<smol_token> tiny_plain(smol_model * m, const std::vector<smol_token> & prompt, int n) {
+    test::context_ptr c = tiny_context(m);
+    const float * l = feed(c.get(), prompt, 0);
+    std::vector<smol_token> out;
+    for (int i = 0; i < n; ++i) {
+        out.push_back(smol_token(std::max_element(l, l + 300) - l));
+        l = feed(c.get(), {out.back()}, int32_t(prompt.size()) + i);
+    }
+    return out;
+}
+
+struct tree_run {
+    std::vector<smol_token> tokens;
+    smol_spec_stats stats{};
+};
+
+tree_run tiny_tree(smol_model * m, smol_model * draft, const std::vector<smol_token> & prompt,
+                   int n, int32_t budget, uint32_t n_seq_max) {
+    smol_context_params cp = smol_context_default_params();
+    cp.n_ctx = 128;
+    cp.n_batch = 64;
+    cp.n_threads = 1;
+    cp.n_seq_max = n_seq_max;
+    smol_context * raw = nullptr;
+    REQUIRE(smol_context_create(m, &cp, &raw) == SMOL_OK);
+    test::context_ptr c(raw);
+    smol_spec_params p = smol_spec_default_params();
+    p.draft_model = draft;
+    p.tree_budget = budget;
+    p.draft_n_threads = 1;
+    smol_spec * s = nullptr;
+    INFO(std::string(smol_last_error()));
+    REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
+    REQUIRE(smol_spec_prompt(s, prompt.data(), int32_t(prompt.size())) == SMOL_OK);
+    tree_run r;
+    while (int(r.tokens.size()) < n) {
+        smol_token buf[64];
+        int32_t got = 0;
+        REQUIRE(smol_spec_next(s, buf, std::min(64, n - int(r.tokens.size())), &got) == SMOL_OK);
+        REQUIRE(got >= 1);
+        r.tokens.insert(r.tokens.end(), buf, buf + got);
+        // Only sequence 0 holds cells between steps: the branches left.
+        CHECK(smol_kv_seq_len(c.get(), 0) == int32_t(prompt.size() + r.tokens.size()));
+        CHECK(smol_kv_seq_len(c.get(), 1) == 0);
+    }
+    r.stats = smol_spec_get_stats(s);
+    smol_spec_free(s);
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("a token tree gives plain greedy decoding's tokens, bit for bit, and keeps only "
+          "the accepted path's cells") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::shape shape;
+    shape.n_ctx = 128;
+    shape.embd_scale = 0.35f;
+    test::tiny_file target(shape, test::derived_seed(seed, 1), "tree-target.gguf");
+    test::tiny_file other(shape, test::derived_seed(seed, 2), "tree-draft.gguf");
+    std::mt19937 rng(test::derived_seed(seed, 3));
+    for (int trial = 0; trial < 2; ++trial) {
+        std::vector<smol_token> prompt(size_t(3 + rng() % 6));
+        for (smol_token & t : prompt) t = smol_token(rng() % 256);
+        const std::vector<smol_token> want = tiny_plain(target.model.get(), prompt, 40);
+        for (smol_model * draft : {target.model.get(), other.model.get()}) {
+            const bool self = draft == target.model.get();
+            for (int32_t budget : {1, 2, 5, 16, 48}) {
+                CAPTURE(trial);
+                CAPTURE(self);
+                CAPTURE(budget);
+                const tree_run got = tiny_tree(target.model.get(), draft, prompt, 40, budget,
+                                               uint32_t(std::max(1, budget / 2) + 1));
+                CHECK(got.tokens == want);
+                CHECK(got.stats.n_tokens == 40);
+                if (self && budget >= 5) {
+                    // The target as its own draft: its argmax child is
+                    // always in the tree, so every step keeps a path.
+                    CHECK(got.stats.n_steps < 40 / 2 + 1);
+                }
+                MESSAGE(std::string(self ? "self" : "other")
+                        << " draft, budget " << budget << ": " << got.stats.n_tokens
+                        << " tokens in " << got.stats.n_steps << " target decodes, "
+                        << got.stats.n_accepted << " of " << got.stats.n_drafted
+                        << " tree tokens kept");
+            }
+        }
+    }
+}
+
+TEST_CASE("a tree budget beyond the batch or the sequences is refused, naming it") {
+    tiny::shape shape;
+    test::tiny_file target(shape, 1, "tree-refuse.gguf");
+    smol_context_params cp = smol_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_batch = 16;
+    cp.n_threads = 1;
+    cp.n_seq_max = 4;
+    smol_context * raw = nullptr;
+    REQUIRE(smol_context_create(target.model.get(), &cp, &raw) == SMOL_OK);
+    test::context_ptr c(raw);
+    smol_spec_params p = smol_spec_default_params();
+    p.draft_model = target.model.get();
+    smol_spec * s = nullptr;
+    p.tree_budget = 17; // the batch is 16
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("tree_budget 17") != std::string::npos);
+    CHECK(std::string(smol_last_error()).find("n_batch 16") != std::string::npos);
+    p.tree_budget = 8; // up to 4 branches: 5 sequences
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("n_seq_max >= 5") != std::string::npos);
+    p.tree_budget = 6;
+    p.draft_model = nullptr;
+    CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(smol_last_error()).find("draft_model") != std::string::npos);
+    p.draft_model = target.model.get();
+    REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
     smol_spec_free(s);
 }

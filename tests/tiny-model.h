@@ -28,6 +28,9 @@ struct shape {
     float rope_base = 10000.0f;
     float eps = 1e-5f;
     smol_type wtype = SMOL_TYPE_F32;
+    // The token embeddings' standard deviation; the output shares them, so
+    // the logits scale with it (smaller: flatter next-token distributions).
+    float embd_scale = 1.0f;
     // Gemma 3 (architecture gemma3): the embeddings scaled by sqrt(n_embd),
     // q and k normed per head, norms after attention and the MLP, GeGLU,
     // NeoX-style rope, and every layer of an even index local: a sliding
@@ -167,8 +170,9 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
                      m.blobs.back().size());
         return v;
     };
-    m.tok_embd = add_mat("token_embd.weight", random_vec(rng, size_t(s.n_vocab) * s.n_embd, 1.0f),
-                         s.n_embd, s.wtype);
+    m.tok_embd =
+        add_mat("token_embd.weight", random_vec(rng, size_t(s.n_vocab) * s.n_embd, s.embd_scale),
+                s.n_embd, s.wtype);
     m.out_norm = random_vec(rng, size_t(s.n_embd), 0.1f, 1.0f);
     add_f32("output_norm.weight", m.out_norm);
     for (int l = 0; l < s.n_layer; ++l) {

@@ -106,6 +106,7 @@ struct options {
     bool lookup = false;
     std::string draft_model;
     int32_t draft_max = 8;
+    int32_t spec_tree = 0; // --spec-tree: a token tree of this budget
 };
 
 // The default model: models/<name> under the current directory, else beside
@@ -260,7 +261,8 @@ struct session {
     int32_t n_ctx = 0;
     int32_t n_past = 0; // tokens of sequence 0 in the cache
     bool verbose_prompt = false;
-    smol_model * draft = nullptr; // -md
+    smol_model * draft = nullptr;   // -md
+    smol_sampler_params sampling{}; // with the seed drawn
 };
 
 // Decodes tokens after what the cache holds, in chunks of the batch size,
@@ -329,12 +331,15 @@ void report_stop(const generation & g, const session & s) {
 
 // --- modes ----------------------------------------------------------------------
 
-// A completion through smol_spec: the prompt, then the target's greedy
-// tokens several at a time where the proposer guesses them.
+// A completion through smol_spec: the prompt, then the target's tokens
+// (greedy, or sampled exactly by speculative rejection sampling) several at
+// a time where the proposer guesses them.
 int run_speculative(session & s, const options & o, const std::vector<smol_token> & tokens) {
     smol_spec_params p = smol_spec_default_params();
     p.draft_max = o.draft_max;
+    p.tree_budget = o.spec_tree;
     p.draft_model = s.draft;
+    p.sampling = s.sampling;
     smol_spec * raw = nullptr;
     check(smol_spec_create(s.ctx, &p, &raw), "speculative decoding");
     std::unique_ptr<smol_spec, void (*)(smol_spec *)> spec(raw, smol_spec_free);
@@ -344,7 +349,7 @@ int run_speculative(session & s, const options & o, const std::vector<smol_token
     generation g;
     g_interrupted = 0;
     int32_t n = 0;
-    std::vector<smol_token> got(size_t(std::max(2, o.draft_max + 1)));
+    std::vector<smol_token> got(size_t(std::max(2, std::max(o.draft_max, o.spec_tree) + 1)));
     while ((o.n_predict < 0 || n < o.n_predict) && !g.eog && !g_interrupted) {
         if (s.n_past >= s.n_ctx) {
             g.full = true;
@@ -373,9 +378,12 @@ int run_speculative(session & s, const options & o, const std::vector<smol_token
     report_stop(g, s);
     const smol_spec_stats st = smol_spec_get_stats(spec.get());
     std::fprintf(stderr,
-                 "smol-cli: speculative (%s): %lld tokens in %.1f ms (%.2f tokens/s), %lld target "
-                 "decodes (%.2f tokens each), %lld of %lld guesses kept (%.1f%%)\n",
-                 s.draft ? "draft model" : "n-gram lookup", (long long)st.n_tokens, ms,
+                 "smol-cli: speculative (%s, %s): %lld tokens in %.1f ms (%.2f tokens/s), %lld "
+                 "target decodes (%.2f tokens each), %lld of %lld guesses kept (%.1f%%)\n",
+                 o.spec_tree > 0 ? "token tree"
+                 : s.draft       ? "draft model"
+                                 : "n-gram lookup",
+                 s.sampling.temperature > 0 ? "sampling" : "greedy", (long long)st.n_tokens, ms,
                  ms > 0 ? 1e3 * double(st.n_tokens) / ms : 0.0, (long long)st.n_steps,
                  st.n_steps ? double(st.n_tokens) / double(st.n_steps) : 0.0,
                  (long long)st.n_accepted, (long long)st.n_drafted,
@@ -539,12 +547,20 @@ int run(const options & o, const char * argv0) {
         throw cli_error("no prompt: give one with -p TEXT or -f FILE, or use --chat");
     const std::string path = find_model(o, argv0);
     const bool speculative = o.lookup || !o.draft_model.empty();
-    if (speculative && (o.chat || o.sampling.temperature > 0))
-        throw cli_error(
-            "--lookup and --model-draft decode greedily with -p only so far; add --temp 0 and "
-            "leave out --chat");
+    if (speculative && o.chat)
+        throw cli_error("--lookup and --model-draft work with -p only so far; leave out --chat");
+    if (speculative && o.sampling.temperature > 0 && o.sampling.repeat_penalty != 1.0f)
+        throw cli_error("--lookup and --model-draft sample without a repetition penalty; leave "
+                        "out --repeat-penalty (or give --temp 0)");
     if (o.lookup && !o.draft_model.empty())
         throw cli_error("give --lookup or --model-draft FILE, not both");
+    if (o.spec_tree != 0) {
+        if (o.draft_model.empty())
+            throw cli_error("--spec-tree needs --model-draft FILE (the tree is the draft's)");
+        if (o.spec_tree < 0 || o.spec_tree > 128)
+            throw cli_error("--spec-tree " + std::to_string(o.spec_tree) +
+                            ": give a budget of 1 to 128 tokens a target decode");
+    }
 
     progress_bar bar;
     smol_model_params mparams = smol_model_default_params();
@@ -582,9 +598,17 @@ int run(const options & o, const char * argv0) {
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
+    // A token tree verifies each branch as a sequence of its own.
+    if (o.spec_tree > 0) cparams.n_seq_max = uint32_t(std::max(1, o.spec_tree / 2) + 1);
     smol_context * raw_ctx = nullptr;
     check(smol_context_create(model.get(), &cparams, &raw_ctx), "cannot create the context");
     context_ptr ctx(raw_ctx);
+    if (o.spec_tree > int32_t(smol_context_n_batch(ctx.get())))
+        throw cli_error("--spec-tree " + std::to_string(o.spec_tree) +
+                        " is more than the batch of " +
+                        std::to_string(smol_context_n_batch(ctx.get())) +
+                        " tokens (the target verifies the tree in one decode); give a smaller "
+                        "budget or a larger -b");
     if (o.dump_plan || o.dump_schedule) {
         std::vector<char> text(size_t(1) << 20);
         size_t n = 0;
@@ -627,6 +651,7 @@ int run(const options & o, const char * argv0) {
     s.n_ctx = int32_t(smol_context_n_ctx(ctx.get()));
     s.verbose_prompt = o.verbose_prompt;
     s.draft = draft.get();
+    s.sampling = sparams;
     const char * type = smol_type_name(info.ftype);
     std::fprintf(stderr,
                  "smol-cli: %s (%s, %.1f MiB) | n_ctx %d | n_batch %d | kernels %s | seed %llu\n",
@@ -703,9 +728,12 @@ int main(int argc, char ** argv) {
         ->check(CLI::NonNegativeNumber);
     app.add_option("-s,--seed", o.seed, "sampling seed (-1: random)")->capture_default_str();
     app.add_flag("--lookup", o.lookup,
-                 "speculative decoding by n-gram lookup in the text so far (greedy, -p only)");
+                 "speculative decoding by n-gram lookup in the text so far (-p only)");
     app.add_option("--model-draft,--md", o.draft_model,
-                   "speculative decoding with this draft model (same vocabulary; greedy, -p only)");
+                   "speculative decoding with this draft model (same vocabulary; -p only)");
+    app.add_option("--spec-tree", o.spec_tree,
+                   "with --model-draft: a token tree of the draft's likeliest continuations, "
+                   "at most this many tokens verified per target decode");
     app.add_option("--draft-max", o.draft_max, "most tokens guessed per target decode")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
