@@ -231,6 +231,72 @@ def run(port):
     except openai.BadRequestError as e:
         check("arguments" in str(e), f"tool call arguments that are not JSON are a 400: {e}")
 
+    # tool_choice required or named: the call is enforced with a grammar of
+    # the tools' parameters, then read back as tool_calls.
+    import jsonschema
+    tools2 = [{"type": "function", "function": {
+        "name": "weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                             "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"]}}},
+        {"type": "function", "function": {"name": "clock", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string", "maxLength": 12}},
+            "required": ["zone"]}}}]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools2}
+    ask_w = [{"role": "user", "content": "What's the weather in Paris?"}]
+    valid = 0
+    for seed in range(6):
+        r = client.chat.completions.create(model=model, messages=ask_w, tools=tools2,
+                                           tool_choice="required", max_tokens=200, temperature=0.8,
+                                           seed=seed)
+        calls = r.choices[0].message.tool_calls or []
+        if r.choices[0].finish_reason == "tool_calls" and len(calls) == 1:
+            try:
+                jsonschema.validate(json.loads(calls[0].function.arguments),
+                                    schemas[calls[0].function.name])
+                valid += 1
+            except (KeyError, ValueError, jsonschema.ValidationError):
+                pass
+    check(valid == 6, f"tool_choice required: {valid} of 6 sampled replies are one call whose "
+                      "arguments validate against its tool's schema")
+    named_call = client.chat.completions.create(
+        model=model, messages=ask_w, tools=tools2, max_tokens=64, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "clock"}})
+    nc = named_call.choices[0].message.tool_calls
+    check(nc and nc[0].function.name == "clock" and named_call.choices[0].message.content is None,
+          f"a named tool_choice calls that tool: {nc[0].function.arguments if nc else None}")
+    deltas = {}
+    finish_s = None
+    for ev in client.chat.completions.create(
+            model=model, messages=ask_w, tools=tools2, max_tokens=64, temperature=0, stream=True,
+            tool_choice={"type": "function", "function": {"name": "clock"}}):
+        if ev.choices:
+            for d in ev.choices[0].delta.tool_calls or []:
+                e = deltas.setdefault(d.index, {"name": "", "arguments": "", "id": None})
+                e["id"] = d.id or e["id"]
+                e["name"] += (d.function.name or "") if d.function else ""
+                e["arguments"] += (d.function.arguments or "") if d.function else ""
+            finish_s = ev.choices[0].finish_reason or finish_s
+    check(list(deltas) == [0] and deltas[0]["name"] == "clock" and
+          deltas[0]["arguments"] == nc[0].function.arguments and finish_s == "tool_calls",
+          "a streamed tool call arrives as OpenAI streams it: id and name, then argument deltas")
+    follow = client.chat.completions.create(
+        model=model, max_tokens=12, temperature=0, tools=tools2,
+        messages=ask_w + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": nc[0].id, "type": "function",
+             "function": {"name": "clock", "arguments": nc[0].function.arguments}}]},
+            {"role": "tool", "tool_call_id": nc[0].id, "content": "12:00"}])
+    check(follow.choices[0].finish_reason in ("stop", "length", "tool_calls"),
+          "the tool's result goes back and is answered")
+    resp_call = client.responses.create(
+        model=model, input="What's the weather in Lyon?", max_output_tokens=64, temperature=0,
+        tool_choice="required",
+        tools=[{"type": "function", "name": t["function"]["name"],
+                "parameters": t["function"]["parameters"]} for t in tools2])
+    fc = [o for o in resp_call.output if o.type == "function_call"]
+    check(len(fc) == 1 and fc[0].name in schemas and json.loads(fc[0].arguments) is not None,
+          "/v1/responses with tool_choice required gives a function_call item")
+
     comp = client.completions.create(model=model, prompt="The capital of France is",
                                      max_tokens=12, temperature=0)
     check(comp.choices[0].text.startswith(" Paris"), f"completion: {comp.choices[0].text!r}")
@@ -492,6 +558,15 @@ def run(port):
          json.dumps({**ok_body, "tools": [{"type": "function", "function": {"name": f"f{i}"}}
                                           for i in range(129)]}).encode(), 400),
         ("/tokenize content that is not a string", "/tokenize", b'{"content": 5}', 400),
+        ("tool_choice naming a tool not offered", chat_path,
+         json.dumps({**ok_body, "tools": [{"type": "function", "function": {"name": "a"}}],
+                     "tool_choice": {"type": "function", "function": {"name": "b"}}}).encode(),
+         400),
+        ("tool_choice required without tools", chat_path,
+         json.dumps({**ok_body, "tool_choice": "required"}).encode(), 400),
+        ("tool_choice required beside a grammar", chat_path,
+         json.dumps({**ok_body, "tools": [{"type": "function", "function": {"name": "a"}}],
+                     "tool_choice": "required", "grammar": "root ::= \"x\""}).encode(), 400),
         ("a stored response named", "/v1/responses",
          json.dumps({"model": model, "input": "hi", "previous_response_id": "r1"}).encode(), 400),
         ("a built-in tool in /v1/responses", "/v1/responses",

@@ -168,6 +168,61 @@ api_error too_large(const std::string & what, size_t n, const std::string & para
             "invalid_request_error", param, "grammar_too_large"};
 }
 
+// GBNF for a reply that is one call of the named tool (empty: any of the
+// tools), in the model's syntax: {"name": ..., "arguments": {...}} with
+// the arguments the tool's parameters schema allows, inside Hermes's
+// <tool_call> block, or alone with "parameters" for Llama 3.1's.
+std::string tool_call_grammar(const served_model & m, const nlohmann::ordered_json & tools,
+                              const std::string & name) {
+    const std::string syntax = smol_chat_tool_syntax(m.model);
+    if (syntax != "hermes" && syntax != "llama3") {
+        throw bad_request("tool_choice: this model's tool-call syntax (" + syntax +
+                              ") cannot be enforced yet; use \"auto\"",
+                          "tool_choice");
+    }
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const auto & t = tools[i];
+        const auto fn =
+            t.is_object() && t.contains("function") ? t["function"] : nlohmann::ordered_json();
+        if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string())
+            throw bad_request("tools[" + std::to_string(i) + "] needs function.name", "tools");
+        if (!name.empty() && fn["name"] != name) continue;
+        nlohmann::ordered_json params = fn.contains("parameters") && fn["parameters"].is_object()
+                                            ? fn["parameters"]
+                                            : nlohmann::ordered_json{{"type", "object"}};
+        const std::string args = syntax == "llama3" ? "parameters" : "arguments";
+        calls.push_back({{"type", "object"},
+                         {"properties", {{"name", {{"const", fn["name"]}}}, {args, params}}},
+                         {"required", {"name", args}}});
+    }
+    if (calls.empty())
+        throw bad_request("tool_choice names '" + name + "', which is not among 'tools'",
+                          "tool_choice");
+    const std::string schema =
+        calls.size() == 1 ? calls[0].dump() : nlohmann::ordered_json{{"anyOf", calls}}.dump();
+    size_t n = 0;
+    std::string gbnf;
+    smol_status s = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &n);
+    if (s == SMOL_ERR_BUFFER_TOO_SMALL) {
+        gbnf.resize(n);
+        s = smol_json_schema_to_grammar(schema.c_str(), &gbnf[0], n, &n);
+        gbnf.resize(n - 1);
+    }
+    if (s != SMOL_OK)
+        throw bad_request(std::string("a tool's parameters: ") + smol_last_error(), "tools");
+    // The schema's start rule becomes "call", under a root of the syntax.
+    const size_t at = gbnf.rfind("root ::=", 0) == 0 ? 0 : gbnf.find("\nroot ::=");
+    if (at == std::string::npos) throw bad_request("a tool's parameters gave no grammar", "tools");
+    gbnf.replace(at == 0 ? 0 : at + 1, 4, "call");
+    const std::string root = syntax == "hermes"
+                                 ? "root ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n"
+                                 : "root ::= call\n";
+    if (gbnf.size() + root.size() > max_grammar_bytes)
+        throw too_large("the tools' call grammar", gbnf.size() + root.size(), "tools");
+    return root + gbnf;
+}
+
 // The grammar of response_format or 'grammar', checked by the library
 // against the model's vocabulary: a fault is a 400 naming the field.
 void parse_grammar(const served_model & m, const json & body, const std::string & text,
@@ -229,9 +284,14 @@ void parse_grammar(const served_model & m, const json & body, const std::string 
     const std::string why = smol_last_error();
     smol_sampler_free(s);
     if (st != SMOL_OK) {
-        throw bad_request(gr.is_null() ? "'response_format' gave a grammar smol cannot use: " + why
-                                       : "'grammar': " + why,
-                          gr.is_null() ? "response_format" : "grammar");
+        const bool tools = gr.is_null() && rf.is_null();
+        throw bad_request(tools ? "the tools gave a call grammar smol cannot use: " + why
+                          : gr.is_null()
+                              ? "'response_format' gave a grammar smol cannot use: " + why
+                              : "'grammar': " + why,
+                          tools          ? "tools"
+                          : gr.is_null() ? "response_format"
+                                         : "grammar");
     }
 }
 
@@ -282,16 +342,19 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
                               " tools; this server takes at most " + std::to_string(max_tools),
                           "tools");
     const json & choice = field(body, "tool_choice");
-    if (!choice.is_null() && choice != "auto" && choice != "none") {
-        if (choice.is_string() || choice.is_object())
-            throw bad_request("tool_choice " + choice.dump() +
-                                  " is not supported yet; \"auto\" and \"none\" are",
-                              "tool_choice");
-        throw bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or a named "
-                          "function",
+    const bool named = choice.is_object() && field(choice, "type") == "function" &&
+                       field(choice, "function").is_object() &&
+                       field(choice["function"], "name").is_string();
+    if (!choice.is_null() && choice != "auto" && choice != "none" && choice != "required" &&
+        !named) {
+        throw bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                          "{\"type\": \"function\", \"function\": {\"name\": ...}}",
                           "tool_choice");
     }
     g.tools = tools.is_array() && !tools.empty() && choice != "none";
+    const bool forced = choice == "required" || named;
+    if (forced && !g.tools)
+        throw bad_request("tool_choice " + choice.dump() + " needs 'tools'", "tool_choice");
     const json & parallel = field(body, "parallel_tool_calls");
     if (!parallel.is_null() && !parallel.is_boolean())
         throw bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
@@ -357,6 +420,14 @@ gen_request parse_chat(const served_model & m, const json & body, const std::str
                           "messages");
     g.prompt.resize(size_t(n));
     check_length(m, g);
+    if (forced) {
+        if (!field(body, "response_format").is_null() || !field(body, "grammar").is_null())
+            throw bad_request("tool_choice " + choice.dump() +
+                                  " cannot be given with 'response_format' or 'grammar'",
+                              "tool_choice");
+        g.grammar = tool_call_grammar(m, ordered["tools"],
+                                      named ? choice["function"]["name"].get<std::string>() : "");
+    }
     parse_grammar(m, body, text, g);
     return g;
 }
