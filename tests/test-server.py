@@ -544,6 +544,8 @@ def run(port):
          b'{"model": "' + model.encode() + b'", "prompt": [18446744073709551616]}', 400),
         ("max_tokens past int64", chat_path,
          json.dumps({**ok_body, "max_tokens": 2**64 - 1}).encode(), 400),
+        ("a stop string past 256 bytes", chat_path,
+         json.dumps({**ok_body, "stop": ["x" * 257]}).encode(), 400),
         ("n of 0", chat_path, json.dumps({**ok_body, "n": 0}).encode(), 400),
         ("n past 16", chat_path, json.dumps({**ok_body, "n": 17}).encode(), 400),
         ("top_logprobs past 20", chat_path,
@@ -646,6 +648,9 @@ def run(port):
 
     # --- what an operator sees ------------------------------------------------------
     m = metrics(port)
+    check(m["smol_constrained_requests_total"] >= 9 and m["smol_tool_calls_total"] >= 9,
+          f"/metrics counts {m['smol_constrained_requests_total']:.0f} constrained requests and "
+          f"{m['smol_tool_calls_total']:.0f} tool calls")
     ends = sum(m[f'smol_requests_by_finish_total{{reason="{r}"}}']
                for r in ("stop", "length", "cancelled", "error"))
     check(ends == m["smol_requests_finished_total"] and ends > 30,

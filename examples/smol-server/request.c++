@@ -116,6 +116,13 @@ gen_request parse_common(const served_model & m, const json & body) {
         throw bad_request("'stop' must be a string or an array of strings", "stop");
     }
     g.stops.erase(std::remove(g.stops.begin(), g.stops.end(), std::string()), g.stops.end());
+    for (const std::string & st : g.stops) {
+        if (st.size() > max_stop_bytes)
+            throw bad_request("a 'stop' string is " + std::to_string(st.size()) +
+                                  " bytes; this server takes at most " +
+                                  std::to_string(max_stop_bytes),
+                              "stop");
+    }
     const json & stream = field(body, "stream");
     if (!stream.is_null() && !stream.is_boolean())
         throw bad_request("'stream' must be a boolean", "stream");

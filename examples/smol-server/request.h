@@ -61,6 +61,8 @@ struct gen_request {
     std::string grammar;
 };
 
+// The longest stop string a request may give.
+constexpr size_t max_stop_bytes = 256;
 // The most choices one request may ask for.
 constexpr int32_t max_choices = 16;
 

@@ -178,6 +178,7 @@ struct server_metrics {
     // Requests the engine ended, by how: stop, length, cancelled, error.
     std::atomic<int64_t> finished[5] = {};
     std::atomic<int64_t> tool_call_replies{0}, tool_calls{0};
+    std::atomic<int64_t> constrained{0}; // requests whose output follows a grammar
 };
 
 // --- the model and the engine --------------------------------------------------
@@ -499,6 +500,7 @@ struct job {
         p.max_tokens = g.max_tokens;
         p.ignore_eog = g.ignore_eos;
         p.grammar = g.grammar.empty() ? nullptr : g.grammar.c_str();
+        if (p.grammar) ++st.m.constrained;
         p.on_event = on_event;
         auto * ref = new std::shared_ptr<stream_state>(state);
         p.user_data = ref;
@@ -1127,6 +1129,9 @@ std::string metrics(server_state & st) {
                       reasons[r], static_cast<long long>(st.m.finished[r].load()));
         out += line;
     }
+    put("smol_constrained_requests_total", "counter",
+        "Requests whose output follows a grammar (response_format, grammar, tool_choice).",
+        double(st.m.constrained.load()));
     put("smol_tool_call_replies_total", "counter", "Replies read as tool calls.",
         double(st.m.tool_call_replies.load()));
     put("smol_tool_calls_total", "counter", "Tool calls in those replies.",
