@@ -465,7 +465,7 @@ TEST_CASE("speculative sampling draws the first tokens from the target's exact d
     std::vector<smol_token> prompt(6);
     for (smol_token & t : prompt) t = smol_token(rng() % 256);
 
-    const int n_runs = 5000;
+    const int n_runs = 3000;
     // A significance small enough that fresh seeds rarely fail by chance:
     // each of the six tests below rejects a right sampler once in 10^4 runs.
     const double alpha = 1e-4;
