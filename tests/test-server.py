@@ -333,8 +333,8 @@ def run(port):
           all(len(t) == 2 for t in lp.top_logprobs),
           "completion logprobs: tokens, text offsets and two alternatives a step")
     # llama-server's values on the same model (tests/fixtures/logprobs.json,
-    # scripts/llama-logprobs.py): steps compared while both engines' greedy
-    # tokens agree. The engines' logits differ by their rounding (up to
+    # scripts/llama-server-fixtures.py logprobs): steps compared while both
+    # engines' greedy tokens agree. The engines' logits differ by their rounding (up to
     # about 0.8 on this model's top logits, test-model's check), a logprob
     # by the difference of two such errors, mostly far less: 0.5 nats.
     fixture = json.load(open(FIXTURES + "/logprobs.json"))
