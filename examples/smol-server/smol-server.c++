@@ -11,6 +11,7 @@
 // route but /health and the page needs one, and listening beyond loopback
 // needs keys (or --no-auth).
 
+#include "access.h"
 #include "chat-page.h"
 #include "request.h"
 #include "smol.h"
@@ -28,7 +29,6 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <httplib.h>
 #include <memory>
@@ -68,52 +68,6 @@ struct options {
     std::string api_key_file;
     bool no_auth = false;
 };
-
-// --- API keys -----------------------------------------------------------------
-
-// Whether a and b are equal, in a time that depends on their lengths only.
-bool same_secret(const std::string & a, const std::string & b) {
-    unsigned diff = unsigned(a.size() ^ b.size());
-    const size_t n = std::max(a.size(), b.size());
-    for (size_t i = 0; i < n; ++i) {
-        const unsigned char x = a.empty() ? 0 : static_cast<unsigned char>(a[i % a.size()]);
-        const unsigned char y = b.empty() ? 0 : static_cast<unsigned char>(b[i % b.size()]);
-        diff |= unsigned(x ^ y);
-    }
-    return diff == 0;
-}
-
-// Whether the Authorization header carries one of the keys ("Bearer KEY").
-// Every key is compared, whichever matches.
-bool authorized(const std::vector<std::string> & keys, const std::string & header) {
-    const std::string bearer = "Bearer ";
-    if (header.compare(0, bearer.size(), bearer) != 0) return false;
-    const std::string given = header.substr(bearer.size());
-    bool ok = false;
-    for (const std::string & k : keys) ok = same_secret(given, k) || ok;
-    return ok;
-}
-
-// The keys of a file: one a line, blank lines and lines starting with #
-// skipped, spaces around a key dropped.
-std::vector<std::string> read_keys(const std::string & path) {
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot read the API key file '" + path + "'");
-    std::vector<std::string> keys;
-    std::string line;
-    while (std::getline(in, line)) {
-        const size_t a = line.find_first_not_of(" \t\r");
-        if (a == std::string::npos || line[a] == '#') continue;
-        const size_t b = line.find_last_not_of(" \t\r");
-        keys.push_back(line.substr(a, b - a + 1));
-    }
-    if (keys.empty()) throw std::runtime_error("the API key file '" + path + "' holds no key");
-    return keys;
-}
-
-bool is_loopback(const std::string & host) {
-    return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
 
 // --- errors in OpenAI's shape --------------------------------------------------
 
@@ -1166,64 +1120,6 @@ std::string find_model(const options & o, const char * argv0) {
     throw std::runtime_error(std::string("no model given (--model) and ") + default_model_name +
                              " is not in models/; run scripts/fetch-model.sh");
 }
-
-// --- connections ----------------------------------------------------------------
-
-// cpp-httplib serves a connection on one thread from its accept until it
-// closes, so a client that is slow to send its request (or sends it a byte
-// at a time) holds a thread. A fixed pool of a few threads is then taken
-// by a few hundred such clients and honest requests wait behind them. This
-// pool starts a thread whenever every thread is busy, up to a cap, beyond
-// which connections wait for one to end; threads stay for later
-// connections.
-class connection_pool final : public httplib::TaskQueue {
-  public:
-    explicit connection_pool(size_t max_threads) : max_(std::max<size_t>(1, max_threads)) {}
-    ~connection_pool() override { shutdown(); }
-
-    void enqueue(std::function<void()> fn) override {
-        std::unique_lock<std::mutex> lock(mu_);
-        jobs_.push_back(std::move(fn));
-        if (idle_ < jobs_.size() && threads_.size() < max_) {
-            ++idle_;
-            threads_.emplace_back([this] { work(); });
-        }
-        cv_.notify_one();
-    }
-    void shutdown() override {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (stop_) return;
-            stop_ = true;
-        }
-        cv_.notify_all();
-        for (std::thread & t : threads_) t.join();
-    }
-
-  private:
-    void work() {
-        std::unique_lock<std::mutex> lock(mu_);
-        for (;;) {
-            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-            if (jobs_.empty()) return; // stopping, nothing left to serve
-            std::function<void()> fn = std::move(jobs_.front());
-            jobs_.pop_front();
-            --idle_;
-            lock.unlock();
-            fn();
-            lock.lock();
-            ++idle_;
-        }
-    }
-
-    const size_t max_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<std::function<void()>> jobs_;
-    std::vector<std::thread> threads_;
-    size_t idle_ = 0; // threads waiting for a connection
-    bool stop_ = false;
-};
 
 httplib::Server * g_server = nullptr;
 extern "C" void on_signal(int) {
