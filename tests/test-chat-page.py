@@ -48,15 +48,7 @@ if not CHROMIUM or not CHROMEDRIVER:
 
 SERVER, MODEL = sys.argv[1], sys.argv[2]
 KEY = "page-test-key"
-failures = []
-T0 = time.time()
-
-
-def check(cond, what):
-    print(f"  {'ok  ' if cond else 'FAIL'} {time.time() - T0:5.1f}s  {what}", flush=True)
-    if not cond:
-        failures.append(what)
-    return cond
+from checks import check, failures  # noqa: E402
 
 
 def raw(port, method, path, body=None, key=None):

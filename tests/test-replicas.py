@@ -48,15 +48,7 @@ CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"
 KEY = "replicas-test-key"
 N_REQUESTS = 24
 MODEL_ID = None  # the replicas' model id, from /v1/models
-failures = []
-T0 = time.time()
-
-
-def check(cond, what):
-    print(f"  {'ok  ' if cond else 'FAIL'} {time.time() - T0:5.1f}s  {what}", flush=True)
-    if not cond:
-        failures.append(what)
-    return cond
+from checks import check, failures  # noqa: E402
 
 
 def free_port():

@@ -37,14 +37,7 @@ except ImportError:
 SERVER, MODEL = sys.argv[1], sys.argv[2]
 FIXTURES = __file__.rsplit("/", 1)[0] + "/fixtures"
 PARALLEL, QUEUE, N_CTX, MAX_BODY = 4, 4, 2048, 65536
-failures = []
-T0 = time.time()
-
-
-def check(cond, what):
-    print(f"  {'ok  ' if cond else 'FAIL'} {time.time() - T0:5.1f}s  {what}", flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402
 
 
 def start_server(log, extra=()):

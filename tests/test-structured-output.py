@@ -39,14 +39,7 @@ except ImportError as e:
 SERVER, MODEL = sys.argv[1], sys.argv[2]
 SEEDS = int(sys.argv[3]) if len(sys.argv) > 3 else 6
 BASE = int(sys.argv[4]) if len(sys.argv) > 4 else random.randrange(1 << 30)
-failures = []
-T0 = time.time()
-
-
-def check(cond, what):
-    print(f"  {'ok  ' if cond else 'FAIL'} {time.time() - T0:5.1f}s  {what}", flush=True)
-    if not cond:
-        failures.append(what)
+from checks import check, failures  # noqa: E402
 
 
 SCHEMAS = {
