@@ -29,6 +29,13 @@ const json & field(const json & body, const char * name) {
     return it == body.end() ? null_value : *it;
 }
 
+// Whether x is an id of a vocabulary of n_vocab tokens, checked as the
+// JSON holds it: an id past int32 must not wrap into the vocabulary.
+bool in_vocab(const json & x, int32_t n_vocab) {
+    if (x.is_number_unsigned()) return x.get<uint64_t>() < uint64_t(n_vocab);
+    return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(n_vocab);
+}
+
 double get_number(const json & body, const char * name, double def, double lo, double hi) {
     const json & v = field(body, name);
     if (v.is_null()) return def;
@@ -453,12 +460,7 @@ gen_request parse_completion(const served_model & m, const json & body, const st
         smol_model_info info;
         smol_model_get_info(m.model, &info);
         for (const json & x : prompt) {
-            // Checked as the JSON holds it: an id past int32 must not wrap
-            // into the vocabulary.
-            const bool in = x.is_number_unsigned()
-                                ? x.get<uint64_t>() < uint64_t(info.n_vocab)
-                                : x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(info.n_vocab);
-            if (!in) {
+            if (!in_vocab(x, info.n_vocab)) {
                 throw bad_request("'prompt' holds the token id " + x.dump() +
                                       ", which is not in the model's vocabulary of " +
                                       std::to_string(info.n_vocab) + " tokens",
@@ -657,11 +659,7 @@ embed_request parse_embed_request(const served_model & m, const std::string & te
     auto ids_of = [&](const json & list, size_t i) {
         std::vector<smol_token> ids;
         for (const json & x : list) {
-            const bool in = x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(info.n_vocab)
-                            : x.is_number_integer()
-                                ? x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(info.n_vocab)
-                                : false;
-            if (!in)
+            if (!in_vocab(x, info.n_vocab))
                 throw bad_request("input " + std::to_string(i) + " holds " + x.dump() +
                                       ", which is not an id of the model's vocabulary",
                                   "input");
@@ -748,11 +746,7 @@ json detokenize_reply(const served_model & m, const std::string & text) {
     smol_model_get_info(m.model, &info);
     std::string out;
     for (const json & x : tokens) {
-        const bool in = x.is_number_unsigned() ? x.get<uint64_t>() < uint64_t(info.n_vocab)
-                        : x.is_number_integer()
-                            ? x.get<int64_t>() >= 0 && x.get<int64_t>() < int64_t(info.n_vocab)
-                            : false;
-        if (!in) {
+        if (!in_vocab(x, info.n_vocab)) {
             throw bad_request("'tokens' holds " + x.dump() +
                                   ", which is not an id of the model's vocabulary of " +
                                   std::to_string(info.n_vocab) + " tokens",
