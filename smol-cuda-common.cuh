@@ -310,6 +310,12 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+// GELU in its tanh form times u, in f32 as the CPU computes it.
+__device__ __forceinline__ float gelu_mul(float g, float u) {
+    constexpr float k_sqrt_2_over_pi = 0.79788456080286535588f;
+    return 0.5f * g * (1.0f + tanhf(k_sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * u;
+}
+
 // A result as the kernel stores it: f32, or f16 bits for a cuBLAS input.
 template <typename Out> __device__ __forceinline__ Out store_as(float v);
 template <> __device__ __forceinline__ float store_as<float>(float v) {

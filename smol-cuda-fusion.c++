@@ -56,7 +56,18 @@ void plan_steps(const graph & g, const fusion_rules & r, std::vector<step> & ste
             s.rope = t->src[0];
             s.extra = s.rope->src[0];
             steps[size_t(s.rope->node_index)].skip = true;
-        } else if (t->kind == OP_SWIGLU && is(t->src[0], OP_MUL_MAT) && is(t->src[1], OP_MUL_MAT)) {
+        } else if (t->kind == OP_ROPE && is(t->src[0], OP_RMS_NORM) &&
+                   t->src[0]->iparams[0] == t->iparams[1] && t->iparams[0] <= 32 &&
+                   only_use(t->src[0], 1) && !t->src[0]->data &&
+                   t->src[0]->src[0]->nb[1] == size_t(t->ne[0]) * 4 &&
+                   t->nb[1] == size_t(t->ne[0]) * 4) {
+            // A norm per head before a rope (Gemma's q and k): one kernel
+            // norms each head and turns it.
+            s.norm = t->src[0];
+            s.extra = s.norm->src[0];
+            steps[size_t(s.norm->node_index)].skip = true;
+        } else if ((t->kind == OP_SWIGLU || t->kind == OP_GEGLU) && is(t->src[0], OP_MUL_MAT) &&
+                   is(t->src[1], OP_MUL_MAT)) {
             tensor * gt = t->src[0];
             tensor * up = t->src[1];
             if (only_use(gt, 1) && only_use(up, 1) && gt->src[1] == up->src[1] &&
@@ -88,6 +99,21 @@ void plan_steps(const graph & g, const fusion_rules & r, std::vector<step> & ste
                     s.extra = s.norm ? s.norm->src[0] : m->src[1];
                     break;
                 }
+            }
+            // A norm of a result added to the residual (Gemma's norms after
+            // attention and the MLP): the add's kernel norms it first.
+            for (int which : {1, 0}) {
+                tensor * nm = t->src[which];
+                if (s.kind != step_kind::plain || !is(nm, OP_RMS_NORM) || nm->iparams[0] != 0 ||
+                    !only_use(nm, 1) || nm->data || !same_shape(nm, t) ||
+                    !same_shape(nm->src[0], t) || !same_shape(t->src[1 - which], t)) {
+                    continue;
+                }
+                s.norm = nm;
+                s.res = t->src[1 - which];
+                s.extra = nm->src[0];
+                steps[size_t(nm->node_index)].skip = true;
+                break;
             }
         }
     }
@@ -134,8 +160,8 @@ void plan_steps(const graph & g, const fusion_rules & r, std::vector<step> & ste
         auto fold_before = [&](tensor * x, op k, size_t at) {
             if (!blas || !is(x, k) || size_t(x->node_index) + 1 != at || x->data || x->src[2] ||
                 steps[size_t(x->node_index)].kind != step_kind::plain ||
-                steps[size_t(x->node_index)].skip || !same_shape(x, x->src[0]) ||
-                !same_shape(x, x->src[1])) {
+                steps[size_t(x->node_index)].skip || steps[size_t(x->node_index)].norm ||
+                !same_shape(x, x->src[0]) || !same_shape(x, x->src[1])) {
                 return false;
             }
             steps[size_t(x->node_index)].skip = true;

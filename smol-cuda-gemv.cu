@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
         val *= s;
         val_u *= s;
     }
-    if constexpr (SWIGLU) val = silu_mul(val, val_u);
+    if constexpr (SWIGLU) val = p.gelu ? gelu_mul(val, val_u) : silu_mul(val, val_u);
     if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
     if (lane < R) y[size_t(m) * rows + r + lane] = val;
     if constexpr (!SWIGLU && R % 2 == 0) {
@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(mm_warps * warp_size) mm_small_kernel(const mm
         for (int m = 0; m < MT; ++m) {
             if (m0 + m < p.M) {
                 float val = acc[m];
-                if constexpr (SWIGLU) val = silu_mul(val, acc_u[m]);
+                if constexpr (SWIGLU)
+                    val = p.gelu ? gelu_mul(val, acc_u[m]) : silu_mul(val, acc_u[m]);
                 if (p.res) val = p.res[size_t(m0 + m) * p.ldr + r] + val;
                 y[size_t(m0 + m) * ldy + r] = val;
             }
@@ -465,6 +466,7 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     p.ldr = s.res ? s.res->nb[1] / 4 : 0;
     p.norm_w = s.norm ? data_of<const float>(s.norm->src[1]) : nullptr;
     p.eps = s.norm ? s.norm->fparams[0] : 0.0f;
+    p.gelu = s.kind == step_kind::mm_swiglu && s.t->kind == OP_GEGLU;
     // Weights are leaves of the graph, copied in before any step.
     p.early = true;
     for (int i = 0; i < p.n_w; ++i) p.early = p.early && s.mm[i]->src[0]->kind == OP_NONE;

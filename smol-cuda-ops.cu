@@ -112,12 +112,6 @@ __global__ void scale_kernel(const float * x, size_t ldx, float c, float * dst, 
     }
 }
 
-// GELU in its tanh form times u, in f32 as the CPU computes it.
-__device__ __forceinline__ float gelu_mul(float g, float u) {
-    constexpr float k_sqrt_2_over_pi = 0.79788456080286535588f;
-    return 0.5f * g * (1.0f + tanhf(k_sqrt_2_over_pi * g * (1.0f + 0.044715f * g * g))) * u;
-}
-
 // silu(g) * u of M rows of K (g's and u's rows ld apart; with lo, each of
 // their elements is the sum of it and the one lo further: a cuBLAS step's
 // results over bf16_hl pairs, added here in place of blas_pair_sum_kernel),
@@ -177,6 +171,51 @@ __global__ void rope_kernel(const float * x, size_t ldx, const rope_params r, fl
         d[at] = x0;
         d[at + other] = x1;
     }
+}
+
+// A block a token, a warp a head (at most 32 heads): the head's RMS norm
+// (weight w of hd elements), then the rope turns it, with the float
+// operations of the two kernels above in turn.
+__global__ void norm_rope_kernel(const float * x, size_t ldx, const float * w, float eps,
+                                 const rope_params r, float * dst, size_t ld_dst, int n_head,
+                                 int hd, bool neox) {
+    const int h = int(threadIdx.x) / warp_size, lane = int(threadIdx.x) % warp_size;
+    if (h >= n_head) return;
+    const float * src = x + blockIdx.x * ldx + size_t(h) * hd;
+    float * d = dst + blockIdx.x * ld_dst + size_t(h) * hd;
+    double ss = 0.0;
+    for (int e = lane; e < hd; e += warp_size) ss += double(src[e]) * double(src[e]);
+    ss = warp_sum_f64(ss);
+    const float scale = rms_scale(ss, hd, eps);
+    const int half = hd / 2, stride = neox ? 1 : 2, other = neox ? half : 1;
+    for (int j = lane; j < half; j += warp_size) {
+        const int a = stride * j, b = a + other;
+        float x0 = (src[a] * scale) * w[a], x1 = (src[b] * scale) * w[b];
+        float c, sn;
+        rope_get(r, int(blockIdx.x), j, c, sn);
+        rope_pair(x0, x1, c, sn);
+        d[a] = x0;
+        d[b] = x1;
+    }
+}
+
+// A block a row: dst = res + the RMS norm of x (weight w), with the float
+// operations of the norm's kernel and the add's in turn.
+__global__ void norm_add_kernel(const float * x, size_t ldx, const float * w, float eps,
+                                const float * res, size_t ldr, float * dst, size_t ld_dst, int n) {
+    __shared__ double red[32];
+    const float * xr = x + blockIdx.x * ldx;
+    double ss = 0.0;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) ss += double(xr[e]) * double(xr[e]);
+    ss = warp_sum_f64(ss);
+    if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = ss;
+    __syncthreads();
+    double sum = 0.0;
+    for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
+    const float scale = rms_scale(sum, n, eps);
+    const float * rr = res + blockIdx.x * ldr;
+    float * d = dst + blockIdx.x * ld_dst;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = rr[e] + (xr[e] * scale) * w[e];
 }
 
 // A block a token, a thread a pair of elements of one of its kv heads, or
@@ -303,6 +342,15 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         return;
     }
     case OP_ADD: {
+        if (s.norm) { // the norm of one source folded in
+            const tensor * x = s.norm->src[0];
+            norm_add_kernel<<<unsigned(t->nrows()), 256, 0, stream_>>>(
+                data_of<const float>(x), x->nb[1] / 4, data_of<const float>(s.norm->src[1]),
+                s.norm->fparams[0], data_of<const float>(s.res), s.res->nb[1] / 4,
+                data_of<float>(t), t->nb[1] / 4, int(t->ne[0]));
+            check_launch("norm_add");
+            return;
+        }
         const size_t n = size_t(t->ne[0]) * size_t(t->nrows());
         add_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(
             data_of<const float>(a), data_of<const float>(t->src[1]), data_of<float>(t), n);
@@ -318,6 +366,16 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         return;
     }
     case OP_ROPE:
+        if (s.norm) { // the norm per head folded in
+            const tensor * x = s.norm->src[0];
+            norm_rope_kernel<<<unsigned(t->ne[1]), unsigned(t->iparams[0] * warp_size), 0,
+                               stream_>>>(data_of<const float>(x), x->nb[1] / 4,
+                                          data_of<const float>(s.norm->src[1]), s.norm->fparams[0],
+                                          rope_for(t), data_of<float>(t), t->nb[1] / 4,
+                                          t->iparams[0], t->iparams[1], t->iparams[2] != 0);
+            check_launch("norm_rope");
+            return;
+        }
         rope_kernel<<<unsigned(t->ne[1]), 128, 0, stream_>>>(
             data_of<const float>(a), a->nb[1] / 4, rope_for(t), data_of<float>(t), t->nb[1] / 4,
             t->iparams[0], t->iparams[1], t->iparams[2] != 0);

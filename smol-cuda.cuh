@@ -88,6 +88,7 @@ struct mm_params {
     size_t ldr;
     const float * norm_w;
     float eps;
+    bool gelu; // the pair's activation is GeGLU's, not SwiGLU's
     // The weights are no kernel's output, so the GEMV reads its first chunks
     // before it waits (early) and, with prefetch, sends its rows' first 4 KiB
     // to L2 as well.

@@ -265,3 +265,53 @@ TEST_CASE("a cuBLAS step's input is made by the SwiGLU before it") {
     // gate and up share x: one cuBLAS step over one f16 copy of it.
     CHECK(at(steps, up).n_mm == 2);
 }
+
+TEST_CASE("Gemma 3's per-head norms fold into their NeoX ropes, its post norms into the residual "
+          "adds, and GeGLU into gate and up") {
+    graph g;
+    const int64_t M = 1;
+    tensor * x = input(g, M);
+    tensor * pos = g.leaf(SMOL_TYPE_F32, bytes, M);
+    tensor * norm = op_rms_norm(g, x, input(g, 1), 1e-6f);
+    tensor * q = op_mul_mat(g, weight(g, SMOL_TYPE_Q8_0, n_head * hd), norm);
+    tensor * k = op_mul_mat(g, weight(g, SMOL_TYPE_Q8_0, n_head_kv * hd), norm);
+    tensor * v = op_mul_mat(g, weight(g, SMOL_TYPE_Q8_0, n_head_kv * hd), norm);
+    tensor * qn = op_rms_norm(g, q, input(g, 1, hd), 1e-6f, int32_t(hd));
+    tensor * kn = op_rms_norm(g, k, input(g, 1, hd), 1e-6f, int32_t(hd));
+    tensor * rq = op_rope(g, qn, pos, int32_t(n_head), int32_t(hd), 1e6f, true);
+    tensor * rk = op_rope(g, kn, pos, int32_t(n_head_kv), int32_t(hd), 1e6f, true);
+    tensor * store = op_kv_store(g, rk, v, 0);
+    tensor * attn = op_attention(g, rq, store, 0, int32_t(n_head), int32_t(n_head_kv), int32_t(hd),
+                                 attn_opts{8, 0.25f});
+    tensor * o = op_mul_mat(g, weight(g, SMOL_TYPE_Q8_0, N), attn);
+    tensor * on = op_rms_norm(g, o, input(g, 1), 1e-6f);
+    tensor * h = op_add(g, x, on);
+    tensor * fn = op_rms_norm(g, h, input(g, 1), 1e-6f);
+    tensor * gate = op_mul_mat(g, weight(g, SMOL_TYPE_Q8_0, N), fn);
+    tensor * up = op_mul_mat(g, weight(g, SMOL_TYPE_Q8_0, N), fn);
+    tensor * glu = op_geglu(g, gate, up);
+    const auto steps = plan(g, own_kernels());
+    // Norm and rope: the rope's step norms first; the norm never runs.
+    for (tensor * r : {rq, rk}) {
+        CHECK(at(steps, r).norm == r->src[0]);
+        CHECK(at(steps, r).extra == r->src[0]->src[0]);
+        CHECK(at(steps, r->src[0]).skip);
+    }
+    // A NeoX rope stays out of the cache store and the attention.
+    CHECK(at(steps, store).rope == nullptr);
+    CHECK(at(steps, attn).rope == nullptr);
+    CHECK_FALSE(at(steps, rk).skip);
+    // The post-attention norm is the add's.
+    CHECK(at(steps, h).norm == on);
+    CHECK(at(steps, h).res == x);
+    CHECK(at(steps, on).skip);
+    // Gate, up and GeGLU are one step, with the norm before them.
+    CHECK(at(steps, glu).kind == step_kind::mm_swiglu);
+    CHECK(at(steps, glu).norm == fn);
+    CHECK(at(steps, gate).skip);
+    // Under cuBLAS the residual's norm still folds, and the norm's input
+    // kernel does not take the add (which the add's own step makes).
+    const auto bsteps = plan(g, blas());
+    CHECK(at(bsteps, h).norm == on);
+    CHECK_FALSE(at(bsteps, h).skip);
+}
