@@ -647,6 +647,40 @@ bool grammar_matcher::can_continue() const {
     return std::any_of(heads_.begin(), heads_.end(), [](int32_t s) { return s >= 0; });
 }
 
+void grammar_matcher::state_key(std::string & out) const {
+    // Each stack as its positions from the top, the stacks sorted, since two
+    // nodes of the pool may hold equal stacks and the heads' order is the
+    // pool's.
+    std::vector<uintptr_t> & flat = key_flat_;
+    std::vector<std::pair<uint32_t, uint32_t>> & spans = key_spans_;
+    flat.clear();
+    spans.clear();
+    for (const int32_t h : heads_) {
+        const uint32_t begin = uint32_t(flat.size());
+        for (int32_t i = h; i >= 0; i = pool_[size_t(i)].parent)
+            flat.push_back(uintptr_t(pool_[size_t(i)].pos));
+        spans.emplace_back(begin, uint32_t(flat.size()));
+    }
+    const auto less = [&flat](std::pair<uint32_t, uint32_t> a, std::pair<uint32_t, uint32_t> b) {
+        return std::lexicographical_compare(flat.begin() + a.first, flat.begin() + a.second,
+                                            flat.begin() + b.first, flat.begin() + b.second);
+    };
+    const auto same = [&flat](std::pair<uint32_t, uint32_t> a, std::pair<uint32_t, uint32_t> b) {
+        return std::equal(flat.begin() + a.first, flat.begin() + a.second, flat.begin() + b.first,
+                          flat.begin() + b.second);
+    };
+    std::sort(spans.begin(), spans.end(), less);
+    spans.erase(std::unique(spans.begin(), spans.end(), same), spans.end());
+    out.clear();
+    const uint32_t partial[3] = {partial_.value, partial_.left, partial_.min};
+    out.append(reinterpret_cast<const char *>(partial), sizeof partial);
+    for (const auto & sp : spans) {
+        const uint32_t n = sp.second - sp.first;
+        out.append(reinterpret_cast<const char *>(&n), sizeof n);
+        out.append(reinterpret_cast<const char *>(flat.data() + sp.first), n * sizeof(uintptr_t));
+    }
+}
+
 void grammar_matcher::compact() {
     std::vector<int32_t> map(pool_.size(), -1);
     std::vector<snode> kept;

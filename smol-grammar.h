@@ -98,6 +98,11 @@ class grammar_matcher {
     // Whether any text may follow.
     bool can_continue() const;
     void reset();
+    // Writes a key equal for two states of this matcher exactly when they
+    // are the same state (the same stacks and partial character), whatever
+    // path led there: what the matcher allows from a state depends on the
+    // state alone.
+    void state_key(std::string & out) const;
 
     // allowed[t] = 1 if token t's text may follow (end-of-generation tokens:
     // only when complete), else 0; n_vocab entries.
@@ -141,6 +146,9 @@ class grammar_matcher {
     };
     std::vector<level> levels_;
     std::vector<int32_t> scratch_;
+    // state_key's buffers.
+    mutable std::vector<uintptr_t> key_flat_;
+    mutable std::vector<std::pair<uint32_t, uint32_t>> key_spans_;
 };
 
 // --- JSON schema ----------------------------------------------------------------

@@ -2,7 +2,10 @@
 // then greedy, or top-k, top-p and min-p on the plain softmax followed by
 // temperature and a draw from a seeded generator (llama.cpp's default order),
 // so the same seed gives the same text. A grammar (smol-grammar.h), when
-// set, first leaves only the tokens it allows.
+// set, first leaves only the tokens it allows; what it said about a token
+// in a state is remembered for when the matcher is in that state again (the
+// inside of a JSON string, say), so a state's checks and its mask are made
+// once.
 
 #include "smol-sampler.h"
 
@@ -18,7 +21,31 @@
 #include <new>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+namespace {
+
+// The grammar's answers in the states the matcher has been in, as bits over
+// the vocabulary: known (asked), allowed (and the answer); whole once the
+// state's mask was built.
+struct grammar_memo {
+    struct state {
+        std::vector<uint64_t> known, allowed;
+        bool whole = false;
+    };
+    // A bound on memory: past it the states start again from none.
+    static constexpr size_t max_states = 256;
+    std::unordered_map<std::string, state> states;
+    std::string key;
+    state * now = nullptr; // the matcher's current state
+};
+
+bool bit(const std::vector<uint64_t> & bits, smol_token t) {
+    return (bits[size_t(t) >> 6] >> (uint32_t(t) & 63)) & 1;
+}
+
+} // namespace
 
 struct smol_sampler {
     smol_sampler_params params;
@@ -29,6 +56,7 @@ struct smol_sampler {
     std::vector<float> weights;
     std::shared_ptr<const smol::grammar_vocab> vocab; // with a grammar
     std::unique_ptr<smol::grammar_matcher> grammar;
+    grammar_memo memo;
     std::vector<uint8_t> allowed;
 };
 
@@ -89,40 +117,95 @@ namespace {
 
 using smol::uniform01;
 
+// Finds (or makes) the memo of the matcher's current state.
+grammar_memo::state & memo_enter(smol_sampler * s) {
+    grammar_memo & m = s->memo;
+    s->grammar->state_key(m.key);
+    auto it = m.states.find(m.key);
+    if (it == m.states.end()) {
+        if (m.states.size() >= grammar_memo::max_states) m.states.clear();
+        const size_t words = (size_t(s->vocab->n_vocab) + 63) / 64;
+        grammar_memo::state st;
+        st.known.assign(words, 0);
+        st.allowed.assign(words, 0);
+        it = m.states.emplace(m.key, std::move(st)).first;
+    }
+    m.now = &it->second;
+    return it->second;
+}
+
 bool grammar_allows(smol_sampler * s, smol_token t) {
+    grammar_memo::state & st = *s->memo.now;
+    const size_t w = size_t(t) >> 6;
+    const uint64_t b = uint64_t(1) << (uint32_t(t) & 63);
+    if (st.known[w] & b) return st.allowed[w] & b;
     const smol::grammar_vocab & v = *s->vocab;
-    if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) return s->grammar->complete();
-    const std::string & piece = v.pieces[size_t(t)];
-    return !piece.empty() && s->grammar->allows(piece);
+    bool ok;
+    if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) {
+        ok = s->grammar->complete();
+    } else {
+        const std::string & piece = v.pieces[size_t(t)];
+        ok = !piece.empty() && s->grammar->allows(piece);
+    }
+    st.known[w] |= b;
+    if (ok) st.allowed[w] |= b;
+    return ok;
+}
+
+// The state's whole mask, built once.
+const std::vector<uint64_t> & memo_mask(smol_sampler * s) {
+    grammar_memo::state & st = *s->memo.now;
+    if (!st.whole) {
+        s->grammar->mask(*s->vocab, s->allowed);
+        std::fill(st.allowed.begin(), st.allowed.end(), 0);
+        for (size_t t = 0; t < s->allowed.size(); ++t)
+            st.allowed[t >> 6] |= uint64_t(s->allowed[t] != 0) << (t & 63);
+        std::fill(st.known.begin(), st.known.end(), ~uint64_t(0));
+        st.whole = true;
+    }
+    return st.allowed;
+}
+
+// The first want tokens the grammar allows in the order of the logits (by
+// logit, then id) into s->cands, looked for among the best few (at least
+// 64, four times want; sorting those costs about what sorting want does);
+// false if fewer are there.
+bool grammar_best(smol_sampler * s, const float * l, int32_t n_vocab, size_t want) {
+    auto & c = s->cands;
+    c.resize(size_t(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
+    const auto by_logit = [](const smol::sampler_cand & a, const smol::sampler_cand & b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
+    const size_t span = std::min(c.size(), std::max<size_t>(64, 4 * want));
+    std::partial_sort(c.begin(), c.begin() + long(span), c.end(), by_logit);
+    size_t kept = 0;
+    for (size_t i = 0; i < span && kept < want; ++i) {
+        if (grammar_allows(s, c[i].id)) c[kept++] = c[i];
+    }
+    if (kept < want) return false;
+    c.resize(want);
+    return true;
 }
 
 // With a grammar, most steps need not build the whole mask: what the
 // unmasked logits pick is checked first, where that gives exactly what the
 // masked logits would. Greedy: the maximum, if allowed, is the masked
-// maximum. Top-k: if the k best are all allowed, they are the masked k best
-// (first_k is then set). Temperature alone: a draw that the grammar refuses
-// is taken out and drawn again (rejection sampling: the masked softmax). -1
-// where the mask is needed.
+// maximum, else the best allowed one among the next few. Top-k: the first k
+// allowed tokens in the logits' order, if they are among the best few, are
+// the masked k best (first_k is then set). Temperature alone: a draw that
+// the grammar refuses is taken out and drawn again (rejection sampling: the
+// masked softmax). -1 where the mask is needed.
 smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, bool & first_k) {
     const smol_sampler_params & p = s->params;
     first_k = false;
     if (p.temperature <= 0.0f) {
         const smol_token t = smol_token(std::max_element(l, l + n_vocab) - l);
-        return grammar_allows(s, t) ? t : -1;
+        if (grammar_allows(s, t)) return t;
+        return grammar_best(s, l, n_vocab, 1) ? s->cands[0].id : -1;
     }
     if (p.top_k > 0 && p.top_k < n_vocab) {
-        auto & c = s->cands;
-        c.resize(size_t(n_vocab));
-        for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
-        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(),
-                          [](const smol::sampler_cand & a, const smol::sampler_cand & b) {
-                              return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-                          });
-        for (int32_t i = 0; i < p.top_k; ++i) {
-            if (!grammar_allows(s, c[size_t(i)].id)) return -1;
-        }
-        c.resize(size_t(p.top_k));
-        first_k = true;
+        first_k = grammar_best(s, l, n_vocab, size_t(p.top_k));
         return -1;
     }
     if (p.top_p < 1.0f || p.min_p > 0.0f) return -1;
@@ -182,7 +265,7 @@ smol_status smol_sampler_create(const smol_sampler_params * params, smol_sampler
         return SMOL_ERR_INVALID_ARGUMENT;
     }
     smol_sampler * s = new (std::nothrow)
-        smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}, {}, {}, {}, {}};
+        smol_sampler{*params, std::mt19937_64(params->seed), {}, {}, {}, {}, {}, {}, {}, {}};
     if (!s) {
         smol::set_last_error("smol_sampler_create: out of memory");
         return SMOL_ERR_OUT_OF_MEMORY;
@@ -229,18 +312,18 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         }
         l = s->penalized.data();
     }
-    const uint8_t * allow = nullptr;
+    const std::vector<uint64_t> * allow = nullptr;
     bool first_k = false;
     if (s->grammar && s->vocab->n_vocab == n_vocab) {
+        memo_enter(s);
         const smol_token t = grammar_first(s, l, n_vocab, first_k);
         if (t >= 0) return t;
-    }
-    if (s->grammar && s->vocab->n_vocab == n_vocab && !first_k) {
-        s->grammar->mask(*s->vocab, s->allowed);
-        allow = s->allowed.data();
-        if (std::find(s->allowed.begin(), s->allowed.end(), 1) == s->allowed.end()) {
-            // Nothing may follow: end the text if the model can.
-            return s->vocab->eog.empty() ? -1 : s->vocab->eog[0];
+        if (!first_k) {
+            allow = &memo_mask(s);
+            if (std::all_of(allow->begin(), allow->end(), [](uint64_t w) { return w == 0; })) {
+                // Nothing may follow: end the text if the model can.
+                return s->vocab->eog.empty() ? -1 : s->vocab->eog[0];
+            }
         }
     }
     if (p.temperature <= 0.0f) {
@@ -248,7 +331,7 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         if (!allow) return smol_token(std::max_element(l, l + n_vocab) - l);
         int32_t best = -1;
         for (int32_t i = 0; i < n_vocab; ++i) {
-            if (allow[i] && (best < 0 || l[i] > l[best])) best = i;
+            if (bit(*allow, i) && (best < 0 || l[i] > l[best])) best = i;
         }
         return best;
     }
@@ -258,7 +341,7 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         c.resize(size_t(n_vocab));
         size_t n_c = 0;
         for (int32_t i = 0; i < n_vocab; ++i) {
-            if (!allow || allow[i]) c[n_c++] = {i, l[i], 0.0f};
+            if (!allow || bit(*allow, i)) c[n_c++] = {i, l[i], 0.0f};
         }
         c.resize(n_c);
     }
@@ -286,6 +369,7 @@ smol_status smol_sampler_set_grammar(smol_sampler * s, const smol_model * model,
         } else {
             s->grammar.reset();
             s->vocab.reset();
+            s->memo = {};
         }
     });
 }
@@ -297,4 +381,5 @@ void smol::sampler_set_grammar(smol_sampler * s, const llama_model & m, const ch
     auto matcher = std::make_unique<grammar_matcher>(std::move(g));
     s->vocab = model_grammar_vocab(m);
     s->grammar = std::move(matcher);
+    s->memo = {}; // its keys name this grammar's positions
 }

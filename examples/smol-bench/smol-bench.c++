@@ -11,8 +11,9 @@
 // token per step together: M tokens a step) and names the matmul kernel
 // families that step used; --autotune times every matmul kernel candidate
 // on the models' shapes and writes the device's autotune table.
-// Structured output: --sample makes tg draw each next token from the
-// logits (temperature 1, --top-k) instead of taking a random one, and --json-schema
+// Structured output: --sample makes tg and --batched draw each next token
+// from the logits (temperature 1, --top-k; a sampler a sequence) instead of
+// taking a random one, and --json-schema
 // FILE (with --sample) constrains those draws to the schema's grammar, as
 // smol-server's response_format does; a document that completes starts
 // again. The two rows side by side give the grammar's cost.
@@ -134,7 +135,7 @@ struct result {
 
     int n_tokens() const { return n_seq > 0 ? n_seq * n_gen : n_prompt + n_gen; }
     std::string test_name() const {
-        if (n_seq > 0) return "tg" + std::to_string(n_gen) + " M=" + std::to_string(n_seq);
+        if (n_seq > 0) return "tg" + std::to_string(n_gen) + " M=" + std::to_string(n_seq) + mode;
         return (n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen)) +
                (n_depth > 0 ? " @ d" + std::to_string(n_depth) : "") +
                (n_gen > 0 ? mode : std::string());
@@ -180,15 +181,94 @@ struct bench_state {
     int32_t n_vocab;
     std::mt19937 rng{1234};
     const smol_model * model = nullptr;
-    smol_sampler * sampler = nullptr; // tg draws its tokens with it
-    smol_token next = 0;
-    double sample_ns = 0; // this thread's CPU time in the sampler
+    // With --sample, a sampler a sequence: generation feeds each sequence
+    // the token its sampler drew from its logits.
+    std::vector<smol_sampler *> samplers;
+    std::vector<smol_token> next;
+    double sample_ns = 0; // this thread's CPU time in the samplers
     int64_t n_sampled = 0;
 
+    ~bench_state() {
+        smol_batch_free(&batch);
+        for (smol_sampler * s : samplers) smol_sampler_free(s);
+    }
     smol_token random_token() {
         return std::uniform_int_distribution<smol_token>(0, n_vocab - 1)(rng);
     }
+    // Generation's next token for sequence seq.
+    smol_token token_for(int seq) { return samplers.empty() ? random_token() : next[size_t(seq)]; }
+    // Every sampler's document starts again.
+    void restart() {
+        for (size_t i = 0; i < samplers.size(); ++i) {
+            smol_sampler_reset(samplers[i]);
+            next[i] = std::max<smol_token>(0, smol_token_bos(model));
+        }
+    }
+    // Draws the next token of sequence seq from the logits of batch row i.
+    void sample(int seq, int32_t i) {
+        if (samplers.empty()) return;
+        const float * logits = smol_get_logits(ctx, i);
+        // Thread CPU time: what the sampler costs, apart from other
+        // programs' load on the machine.
+        timespec c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+        smol_sampler * s = samplers[size_t(seq)];
+        smol_token & t = next[size_t(seq)];
+        t = smol_sampler_sample(s, logits, n_vocab);
+        if (t < 0 || smol_token_is_eog(model, t)) {
+            // The document is complete: the next one starts.
+            smol_sampler_reset(s);
+            t = std::max<smol_token>(0, smol_token_bos(model));
+        } else {
+            smol_sampler_accept(s, t);
+        }
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        sample_ns += double(c1.tv_sec - c0.tv_sec) * 1e9 + double(c1.tv_nsec - c0.tv_nsec);
+        ++n_sampled;
+    }
+    void report(const std::string & test) const {
+        if (n_sampled > 0)
+            std::fprintf(stderr,
+                         "smol-bench: %s: the sampler took %.1f us a token (thread CPU time)\n",
+                         test.c_str(), sample_ns / double(n_sampled) / 1e3);
+    }
 };
+
+// With --sample, n samplers drawing at temperature 1 with --top-k (and
+// constrained by --json-schema); mode names them in the row.
+void make_samplers(bench_state & b, const options & o, int n, std::string & mode) {
+    if (!o.sample) return;
+    smol_sampler_params sp = smol_sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_k = o.top_k;
+    sp.top_p = 1.0f;
+    sp.min_p = 0.0f;
+    std::string gbnf;
+    if (!o.json_schema.empty()) {
+        std::ifstream f(o.json_schema);
+        const std::string schema((std::istreambuf_iterator<char>(f)),
+                                 std::istreambuf_iterator<char>());
+        if (!f) throw std::runtime_error("cannot read " + o.json_schema);
+        size_t len = 0;
+        smol_status st = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &len);
+        if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
+            gbnf.resize(len);
+            st = smol_json_schema_to_grammar(schema.c_str(), &gbnf[0], len, &len);
+        }
+        check(st, o.json_schema);
+    }
+    for (int i = 0; i < n; ++i) {
+        sp.seed = uint64_t(42 + i);
+        smol_sampler * s = nullptr;
+        check(smol_sampler_create(&sp, &s), "sampler");
+        b.samplers.push_back(s);
+        if (!gbnf.empty()) check(smol_sampler_set_grammar(s, b.model, gbnf.c_str()), o.json_schema);
+    }
+    b.next.assign(size_t(n), 0);
+    b.restart();
+    mode = gbnf.empty() ? " sampled" : " json-schema";
+    if (o.top_k > 0) mode += " k" + std::to_string(o.top_k);
+}
 
 // Prompt processing: n_prompt fresh random tokens in chunks of the batch
 // size, keeping the last token's logits as a generation would.
@@ -220,26 +300,10 @@ void test_prompt(bench_state & b, int n_prompt, int pos0 = 0, bool progress = fa
 void test_gen(bench_state & b, int n_gen, int pos0 = 0) {
     for (int i = 0; i < n_gen; i++) {
         b.batch.n_tokens = 0;
-        smol_batch_add(&b.batch, b.capacity, b.sampler ? b.next : b.random_token(), pos0 + i, 0,
-                       true);
+        smol_batch_add(&b.batch, b.capacity, b.token_for(0), pos0 + i, 0, true);
         check(smol_decode(b.ctx, &b.batch), "decode");
-        const float * logits = smol_get_logits(b.ctx, -1);
-        if (!b.sampler) continue;
-        // Thread CPU time: what the sampler costs, apart from other
-        // programs' load on the machine.
-        timespec c0, c1;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-        b.next = smol_sampler_sample(b.sampler, logits, b.n_vocab);
-        if (b.next < 0 || smol_token_is_eog(b.model, b.next)) {
-            // The document is complete: the next one starts.
-            smol_sampler_reset(b.sampler);
-            b.next = std::max<smol_token>(0, smol_token_bos(b.model));
-        } else {
-            smol_sampler_accept(b.sampler, b.next);
-        }
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-        b.sample_ns += double(c1.tv_sec - c0.tv_sec) * 1e9 + double(c1.tv_nsec - c0.tv_nsec);
-        ++b.n_sampled;
+        if (b.samplers.empty()) smol_get_logits(b.ctx, -1);
+        b.sample(0, -1);
     }
 }
 
@@ -293,42 +357,8 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     const int32_t capacity = int32_t(smol_context_n_batch(ctx.get()));
     r.n_batch = capacity;
     bench_state b{ctx.get(), smol_batch_init(capacity), capacity, info.n_vocab};
-    struct batch_guard {
-        smol_batch * b;
-        smol_sampler ** s;
-        ~batch_guard() {
-            smol_batch_free(b);
-            smol_sampler_free(*s);
-        }
-    } guard{&b.batch, &b.sampler};
     b.model = model;
-    if (o.sample) {
-        smol_sampler_params sp = smol_sampler_default_params();
-        sp.temperature = 1.0f;
-        sp.top_k = o.top_k;
-        sp.top_p = 1.0f;
-        sp.min_p = 0.0f;
-        check(smol_sampler_create(&sp, &b.sampler), "sampler");
-        r.mode = " sampled";
-        if (o.top_k > 0) r.mode += " k" + std::to_string(o.top_k);
-        if (!o.json_schema.empty()) {
-            std::ifstream f(o.json_schema);
-            const std::string schema((std::istreambuf_iterator<char>(f)),
-                                     std::istreambuf_iterator<char>());
-            if (!f) throw std::runtime_error("cannot read " + o.json_schema);
-            size_t n = 0;
-            std::string gbnf;
-            smol_status st = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &n);
-            if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
-                gbnf.resize(n);
-                st = smol_json_schema_to_grammar(schema.c_str(), &gbnf[0], n, &n);
-            }
-            check(st, o.json_schema);
-            check(smol_sampler_set_grammar(b.sampler, model, gbnf.c_str()), o.json_schema);
-            r.mode = " json-schema" + r.mode.substr(std::string(" sampled").size());
-        }
-        b.next = std::max<smol_token>(0, smol_token_bos(model));
-    }
+    make_samplers(b, o, 1, r.mode);
 
     // The warm-up brings weights into the caches and wakes the threads; as in
     // llama-bench, tg warms up with a single token.
@@ -349,20 +379,14 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
             std::fprintf(stderr, "smol-bench: %s %s t=%d rep %d/%d\n", r.model_label.c_str(),
                          r.test_name().c_str(), n_threads, rep + 1, reps);
         smol_kv_seq_rm(b.ctx, 0, n_depth, -1);
-        if (b.sampler) {
-            smol_sampler_reset(b.sampler);
-            b.next = std::max<smol_token>(0, smol_token_bos(model));
-        }
+        b.restart();
         const auto t0 = std::chrono::steady_clock::now();
         if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
         if (n_gen > 0) test_gen(b, n_gen, n_depth);
         const auto t1 = std::chrono::steady_clock::now();
         r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
     }
-    if (b.sampler && b.n_sampled > 0) {
-        std::fprintf(stderr, "smol-bench: %s: the sampler took %.1f us a token (thread CPU time)\n",
-                     r.test_name().c_str(), b.sample_ns / double(b.n_sampled) / 1e3);
-    }
+    b.report(r.test_name());
     r.place.shown = n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto";
     r.place.gpu_mem = cparams.gpu_mem;
     r.place.kv_offload = o.kv_offload;
@@ -403,9 +427,10 @@ void batched_steps(bench_state & b, int n_seq, int first_pos, int n_steps) {
     for (int i = 0; i < n_steps; i++) {
         b.batch.n_tokens = 0;
         for (int s = 0; s < n_seq; s++)
-            smol_batch_add(&b.batch, b.capacity, b.random_token(), first_pos + i, s, true);
+            smol_batch_add(&b.batch, b.capacity, b.token_for(s), first_pos + i, s, true);
         check(smol_decode(b.ctx, &b.batch), "decode");
-        smol_get_logits(b.ctx, -1);
+        if (b.samplers.empty()) smol_get_logits(b.ctx, -1);
+        for (int s = 0; s < n_seq; s++) b.sample(s, s);
     }
 }
 
@@ -419,8 +444,9 @@ std::string kernels_of(smol_context * ctx) {
 }
 
 result run_batched(smol_model * model, const smol_model_info & info, const std::string & file,
-                   const std::string & device, int n_threads, int n_seq, int n_prompt, int n_gen,
-                   int reps, bool progress, smol_attn_kernel attn) {
+                   const options & o, int n_threads, int n_seq) {
+    const std::string & device = o.device;
+    const int n_prompt = o.batched_prompt, n_gen = o.batched_gen, reps = o.reps;
     result r;
     r.model_file = file;
     r.model_label = std::filesystem::path(file).stem().string();
@@ -441,22 +467,21 @@ result run_batched(smol_model * model, const smol_model_info & info, const std::
     cparams.n_seq_max = uint32_t(n_seq);
     cparams.n_threads = n_threads;
     if (!device.empty()) cparams.device = device.c_str();
-    cparams.attn = attn;
+    cparams.attn = attn_kernel_of(o.attn);
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
     const int32_t capacity = int32_t(smol_context_n_batch(ctx.get()));
     r.n_batch = capacity;
     bench_state b{ctx.get(), smol_batch_init(capacity), capacity, info.n_vocab};
-    struct batch_guard {
-        smol_batch * b;
-        ~batch_guard() { smol_batch_free(b); }
-    } guard{&b.batch};
+    b.model = model;
+    make_samplers(b, o, n_seq, r.mode);
     for (int rep = -1; rep < reps; rep++) { // rep -1 warms up
-        if (progress && rep >= 0)
+        if (o.progress && rep >= 0)
             std::fprintf(stderr, "smol-bench: %s %s rep %d/%d\n", r.model_label.c_str(),
                          r.test_name().c_str(), rep + 1, reps);
         smol_kv_seq_rm(b.ctx, -1, 0, -1);
+        b.restart();
         batched_prompt(b, n_seq, n_prompt);
         batched_steps(b, n_seq, n_prompt, 2); // the step's graph is captured on its second run
         if (rep < 0) continue;
@@ -465,6 +490,7 @@ result run_batched(smol_model * model, const smol_model_info & info, const std::
         const auto t1 = std::chrono::steady_clock::now();
         r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
     }
+    b.report(r.test_name());
     r.kernels = kernels_of(ctx.get());
     return r;
 }
@@ -697,9 +723,7 @@ int run(options & o) {
                         results.push_back(std::move(r));
                     }
                 for (int n_seq : o.batched) {
-                    result r = run_batched(model.get(), info, file, o.device, n_threads, n_seq,
-                                           o.batched_prompt, o.batched_gen, o.reps, o.progress,
-                                           attn_kernel_of(o.attn));
+                    result r = run_batched(model.get(), info, file, o, n_threads, n_seq);
                     for (const sink & k : sinks)
                         if (k.format == "md") k.table.row(r);
                     results.push_back(std::move(r));
@@ -776,7 +800,8 @@ int main(int argc, char ** argv) {
         ->check(CLI::PositiveNumber);
     app.add_flag("--progress", o.progress, "report each repetition on stderr");
     app.add_flag("--sample", o.sample,
-                 "tg draws each token from the logits (temperature 1) instead of a random one");
+                 "tg and --batched draw each token from the logits (temperature 1), a "
+                 "sampler a sequence, instead of a random one");
     app.add_option("--top-k", o.top_k, "with --sample: top-k (0: off, the default)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--json-schema", o.json_schema,
