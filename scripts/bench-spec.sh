@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# bench-spec.sh - speculative decoding against plain decoding on the CPU,
-# same model, prompt, threads and sampler settings, alternating runs:
+# bench-spec.sh - speculative decoding against plain decoding on the CPU
+# (or the device -D names), same model, prompt, threads and sampler
+# settings, alternating runs:
 # smol-cli's generation rate without and with speculation, on prompts that
 # ask the model to rewrite or continue a given passage (the text the lookup
 # finds its guesses in) and on one that does not. Modes: n-gram lookup,
@@ -10,13 +11,13 @@
 # of guesses kept.
 #
 #   scripts/bench-spec.sh [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS]
-#                         [-T TEMP] [-B TREE_BUDGET]
+#                         [-T TEMP] [-B TREE_BUDGET] [-D DEVICE]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
-draft="" threads=2 n_gen=96 reps=3 temp=0.8 budget=16
-usage="usage: $0 [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS] [-T TEMP] [-B TREE_BUDGET]"
-while getopts "m:d:t:n:r:T:B:" opt; do
+draft="" threads=2 n_gen=96 reps=3 temp=0.8 budget=16 device=()
+usage="usage: $0 [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS] [-T TEMP] [-B TREE_BUDGET] [-D DEVICE]"
+while getopts "m:d:t:n:r:T:B:D:" opt; do
     case $opt in
     m) model=$OPTARG ;;
     d) draft=$OPTARG ;;
@@ -25,6 +26,7 @@ while getopts "m:d:t:n:r:T:B:" opt; do
     r) reps=$OPTARG ;;
     T) temp=$OPTARG ;;
     B) budget=$OPTARG ;;
+    D) device=(--device "$OPTARG") ;;
     *) echo "$usage" >&2 && exit 2 ;;
     esac
 done
@@ -63,9 +65,9 @@ for name in rewrite continue open; do
         plain=() rate=() steps=() share=()
         for _ in $(seq "$reps"); do
             # shellcheck disable=SC2086 # the flags are words
-            plain+=("$("$cli" -m "$model" -t "$threads" -n "$n_gen" $sampling -p "$p" 2>&1 >/dev/null | rate_plain)")
+            plain+=("$("$cli" -m "$model" "${device[@]}" -t "$threads" -n "$n_gen" $sampling -p "$p" 2>&1 >/dev/null | rate_plain)")
             # shellcheck disable=SC2086
-            out=$("$cli" -m "$model" -t "$threads" -n "$n_gen" $sampling $spec -p "$p" 2>&1 >/dev/null)
+            out=$("$cli" -m "$model" "${device[@]}" -t "$threads" -n "$n_gen" $sampling $spec -p "$p" 2>&1 >/dev/null)
             rate+=("$(rate_spec <<<"$out")")
             steps+=("$(per_step <<<"$out")")
             share+=("$(kept <<<"$out")")
