@@ -60,8 +60,129 @@ struct smol_sampler {
     std::vector<uint8_t> allowed;
 };
 
+smol_token smol::argmax(const float * l, int32_t n) {
+    // The maximum over lanes that compilers vectorise, then its first index.
+    constexpr int32_t lanes = 16;
+    float m[lanes];
+    std::fill(m, m + lanes, -INFINITY);
+    int32_t i = 0;
+    for (; i + lanes <= n; i += lanes) {
+        for (int32_t j = 0; j < lanes; ++j) m[j] = l[i + j] > m[j] ? l[i + j] : m[j];
+    }
+    float best = -INFINITY;
+    for (int32_t j = 0; j < lanes; ++j) best = m[j] > best ? m[j] : best;
+    for (; i < n; ++i) best = l[i] > best ? l[i] : best;
+    for (int32_t k = 0; k < n; ++k) {
+        if (l[k] == best) return k;
+    }
+    return 0;
+}
+
+void smol::sampler_best(const float * l, int32_t n, size_t k, std::vector<sampler_cand> & c) {
+    // Only logits within a margin of the best can be among the k best: the
+    // margin grows until k are (counting is a loop compilers vectorise),
+    // and only those are gathered and sorted.
+    k = std::min(k, size_t(n));
+    const float mx = n > 0 ? l[argmax(l, n)] : 0.0f;
+    float floor = -INFINITY;
+    for (float margin = 8.0f; margin < 1e4f; margin *= 2.0f) {
+        const float t = mx - margin;
+        int32_t count = 0;
+        for (int32_t i = 0; i < n; ++i) count += l[i] >= t;
+        if (size_t(count) >= k) {
+            floor = t;
+            break;
+        }
+    }
+    c.clear();
+    for (int32_t i = 0; i < n; ++i) {
+        if (l[i] >= floor) c.push_back({i, l[i], 0.0f});
+    }
+    std::partial_sort(c.begin(), c.begin() + long(k), c.end(),
+                      [](const sampler_cand & a, const sampler_cand & b) {
+                          return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+                      });
+    c.resize(k);
+}
+
+namespace {
+
+bool by_logit(const smol::sampler_cand & a, const smol::sampler_cand & b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+float max_logit(const std::vector<smol::sampler_cand> & c, size_t n) {
+    float m = -INFINITY;
+    for (size_t i = 0; i < n; ++i) m = c[i].logit > m ? c[i].logit : m;
+    return m;
+}
+
+// Moves the k best candidates (by logit, then id), sorted, to the front.
+// Only those within a margin of the best can be among them: they are
+// gathered first (widening the margin until k are), and only they sorted.
+void sort_best(std::vector<smol::sampler_cand> & c, size_t k) {
+    const float mx = max_logit(c, c.size());
+    for (float margin = 8.0f;; margin *= 2.0f) {
+        const float floor = margin > 1e4f ? -INFINITY : mx - margin;
+        const auto mid = std::partition(
+            c.begin(), c.end(), [floor](const smol::sampler_cand & x) { return x.logit >= floor; });
+        if (size_t(mid - c.begin()) >= k || floor == -INFINITY) {
+            std::partial_sort(c.begin(), c.begin() + long(k), mid, by_logit);
+            return;
+        }
+    }
+}
+
+// Top-p and min-p over every candidate: they keep a prefix of the sorted
+// candidates, which lies among those within a margin of the best unless
+// the distribution is flat; those are sorted, widening as needed. p at
+// temperature 1 against the sum over all candidates. Returns how many.
+size_t cut_all(const smol_sampler_params & p, std::vector<smol::sampler_cand> & c) {
+    const size_t n = c.size();
+    const float mx = max_logit(c, n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += std::exp(double(c[i].logit - mx));
+    for (float margin = 16.0f;; margin *= 2.0f) {
+        const float floor = margin > 1e4f ? -INFINITY : mx - margin;
+        const auto mid = std::partition(
+            c.begin(), c.end(), [floor](const smol::sampler_cand & x) { return x.logit >= floor; });
+        const size_t m = size_t(mid - c.begin());
+        std::sort(c.begin(), mid, by_logit);
+        for (size_t i = 0; i < m; ++i) c[i].p = float(std::exp(double(c[i].logit - mx)) / sum);
+        // The prefixes each rule keeps, if they end inside the sorted part.
+        size_t keep = m;
+        bool found = m == n || p.top_p >= 1.0f;
+        if (p.top_p < 1.0f) {
+            double cum = 0;
+            for (size_t i = 0; i < m; ++i) {
+                cum += c[i].p;
+                if (cum >= p.top_p) {
+                    keep = i + 1;
+                    found = true;
+                    break;
+                }
+            }
+        }
+        if (p.min_p > 0.0f) {
+            const float least = p.min_p * c[0].p;
+            size_t k = 1;
+            while (k < keep && c[k].p >= least) ++k;
+            // Ending before the sorted part does, min-p decides alone.
+            if (k < m) found = true;
+            keep = std::min(keep, k);
+        }
+        if (found) return std::max<size_t>(1, keep);
+    }
+}
+
+} // namespace
+
 size_t smol::sampler_keep(const smol_sampler_params & p, const float * l, int32_t n_vocab,
                           std::vector<sampler_cand> & c, double * total) {
+    if (p.top_k > 0 && p.top_k < n_vocab) {
+        sampler_best(l, n_vocab, size_t(p.top_k), c);
+        return sampler_keep_cands(p, c, size_t(p.top_k), total);
+    }
     c.resize(size_t(n_vocab));
     for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
     return sampler_keep_cands(p, c, 0, total);
@@ -69,17 +190,24 @@ size_t smol::sampler_keep(const smol_sampler_params & p, const float * l, int32_
 
 size_t smol::sampler_keep_cands(const smol_sampler_params & p, std::vector<sampler_cand> & c,
                                 size_t sorted_k, double * total) {
-    auto by_logit = [](const sampler_cand & a, const sampler_cand & b) {
-        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
     size_t n = c.size();
+    if (sorted_k == 0 && (p.top_k <= 0 || size_t(p.top_k) >= n)) {
+        // No top-k: every candidate takes part, in any order.
+        if (p.top_p < 1.0f || p.min_p > 0.0f) n = cut_all(p, c);
+        const float mx = max_logit(c, n);
+        double sum = 0;
+        for (size_t i = 0; i < n; ++i) {
+            c[i].p = float(std::exp(double(c[i].logit - mx) / p.temperature));
+            sum += c[i].p;
+        }
+        *total = sum;
+        return n;
+    }
     if (sorted_k > 0) {
         n = std::min(n, sorted_k);
-    } else if (p.top_k > 0 && size_t(p.top_k) < n) {
-        std::partial_sort(c.begin(), c.begin() + p.top_k, c.end(), by_logit);
-        n = size_t(p.top_k);
     } else {
-        std::sort(c.begin(), c.end(), by_logit);
+        sort_best(c, size_t(p.top_k));
+        n = size_t(p.top_k);
     }
     // Softmax at temperature 1 decides top-p and min-p.
     double sum = 0;
@@ -172,13 +300,8 @@ const std::vector<uint64_t> & memo_mask(smol_sampler * s) {
 // false if fewer are there.
 bool grammar_best(smol_sampler * s, const float * l, int32_t n_vocab, size_t want) {
     auto & c = s->cands;
-    c.resize(size_t(n_vocab));
-    for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
-    const auto by_logit = [](const smol::sampler_cand & a, const smol::sampler_cand & b) {
-        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
-    const size_t span = std::min(c.size(), std::max<size_t>(64, 4 * want));
-    std::partial_sort(c.begin(), c.begin() + long(span), c.end(), by_logit);
+    const size_t span = std::min(size_t(n_vocab), std::max<size_t>(64, 4 * want));
+    smol::sampler_best(l, n_vocab, span, c);
     size_t kept = 0;
     for (size_t i = 0; i < span && kept < want; ++i) {
         if (grammar_allows(s, c[i].id)) c[kept++] = c[i];
@@ -200,7 +323,7 @@ smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, boo
     const smol_sampler_params & p = s->params;
     first_k = false;
     if (p.temperature <= 0.0f) {
-        const smol_token t = smol_token(std::max_element(l, l + n_vocab) - l);
+        const smol_token t = smol::argmax(l, n_vocab);
         if (grammar_allows(s, t)) return t;
         return grammar_best(s, l, n_vocab, 1) ? s->cands[0].id : -1;
     }
@@ -211,7 +334,7 @@ smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, boo
     if (p.top_p < 1.0f || p.min_p > 0.0f) return -1;
     std::vector<float> & w = s->weights;
     w.resize(size_t(n_vocab));
-    const float mx = *std::max_element(l, l + n_vocab);
+    const float mx = l[smol::argmax(l, n_vocab)];
     double sum = 0;
     for (int32_t i = 0; i < n_vocab; ++i) {
         w[size_t(i)] = float(std::exp(double(l[i] - mx) / p.temperature));
@@ -328,7 +451,7 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
     }
     if (p.temperature <= 0.0f) {
         // Greedy: the first of equal maxima, as argmax elsewhere.
-        if (!allow) return smol_token(std::max_element(l, l + n_vocab) - l);
+        if (!allow) return smol::argmax(l, n_vocab);
         int32_t best = -1;
         for (int32_t i = 0; i < n_vocab; ++i) {
             if (bit(*allow, i) && (best < 0 || l[i] > l[best])) best = i;
@@ -337,17 +460,20 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
     }
 
     auto & c = s->cands;
-    if (!first_k) {
-        c.resize(size_t(n_vocab));
-        size_t n_c = 0;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            if (!allow || bit(*allow, i)) c[n_c++] = {i, l[i], 0.0f};
-        }
-        c.resize(n_c);
-    }
-    // With first_k: the k best, sorted, all allowed.
     double sum = 0;
-    const size_t n = smol::sampler_keep_cands(p, c, first_k ? size_t(p.top_k) : 0, &sum);
+    size_t n;
+    if (first_k) {
+        // The k best, sorted, all allowed.
+        n = smol::sampler_keep_cands(p, c, size_t(p.top_k), &sum);
+    } else if (!allow) {
+        n = smol::sampler_keep(p, l, n_vocab, c, &sum);
+    } else {
+        c.clear();
+        for (int32_t i = 0; i < n_vocab; ++i) {
+            if (bit(*allow, i)) c.push_back({i, l[i], 0.0f});
+        }
+        n = smol::sampler_keep_cands(p, c, 0, &sum);
+    }
     const double r = uniform01(s->rng) * sum;
     double acc = 0;
     for (size_t i = 0; i < n; ++i) {

@@ -21,6 +21,12 @@ struct sampler_cand {
     float p;
 };
 
+// The index of the largest of l[0..n), the first of equal maxima.
+smol_token argmax(const float * l, int32_t n);
+
+// The k best of l[0..n) (by logit, then id), sorted, into c.
+void sampler_best(const float * l, int32_t n, size_t k, std::vector<sampler_cand> & c);
+
 // Keeps the candidates params allow (temperature > 0) and returns how many:
 // c[0..n) hold their ids and unnormalised weights p, *sum their total. The
 // draw takes c[i] with probability c[i].p / *sum.

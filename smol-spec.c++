@@ -21,7 +21,7 @@
 namespace {
 
 smol_token argmax(const float * l, int32_t n) {
-    return smol_token(std::max_element(l, l + n) - l);
+    return smol::argmax(l, n);
 }
 
 std::string piece(const smol_model * m, smol_token t) {

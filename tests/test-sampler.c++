@@ -2,15 +2,18 @@
 // same seed gives the same draws, each filter keeps what it should, and the
 // draw frequencies follow the softmax at the given temperature.
 
+#include "smol-sampler.h"
 #include "smol.h"
 #include "test-seed.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <doctest/doctest.h>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
 namespace {
@@ -86,6 +89,83 @@ TEST_CASE("reset restarts the generator from the seed") {
     smol_sampler_reset(s.get());
     for (int i = 0; i < 16; ++i) b.push_back(smol_sampler_sample(s.get(), l.data(), 100));
     CHECK(a == b);
+}
+
+namespace {
+
+// The sampler's transform the plain way: every candidate sorted by logit
+// (then id), top-k, then top-p and min-p on the softmax, then the weights at
+// the temperature. Returns the kept ids with their probabilities.
+std::map<smol_token, double> keep_reference(const smol_sampler_params & p,
+                                            const std::vector<float> & l) {
+    std::vector<smol_token> ids(l.size());
+    for (size_t i = 0; i < l.size(); ++i) ids[i] = smol_token(i);
+    std::sort(ids.begin(), ids.end(), [&l](smol_token a, smol_token b) {
+        return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b);
+    });
+    size_t n = p.top_k > 0 ? std::min(ids.size(), size_t(p.top_k)) : ids.size();
+    const double top = l[size_t(ids[0])];
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += std::exp(l[size_t(ids[i])] - top);
+    if (p.top_p < 1.0f) {
+        double cum = 0;
+        for (size_t i = 0; i < n; ++i) {
+            cum += std::exp(l[size_t(ids[i])] - top) / sum;
+            if (cum >= p.top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (p.min_p > 0.0f) {
+        size_t keep = 1;
+        while (keep < n && std::exp(l[size_t(ids[keep])] - top) / sum >= p.min_p / sum) ++keep;
+        n = keep;
+    }
+    std::map<smol_token, double> out;
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) total += std::exp((l[size_t(ids[i])] - top) / p.temperature);
+    for (size_t i = 0; i < n; ++i)
+        out[ids[i]] = std::exp((l[size_t(ids[i])] - top) / p.temperature) / total;
+    return out;
+}
+
+} // namespace
+
+TEST_CASE("the kept candidates and their weights equal sorting everything") {
+    // The sampler sorts only the candidates near the best; peaked, flat and
+    // tied logits must keep what sorting all of them keeps.
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    int n_cases = 0, n_cut = 0;
+    for (int round = 0; round < 200; ++round) {
+        const int n = 1 + int(rng() % 3000);
+        const float spread = std::array<float, 4>{0.01f, 1.0f, 5.0f, 40.0f}[rng() % 4];
+        std::normal_distribution<float> d(0.0f, spread);
+        std::vector<float> l(static_cast<size_t>(n));
+        for (float & x : l) x = rng() % 5 == 0 ? std::round(d(rng)) : d(rng); // ties
+        smol_sampler_params p = plain(0.5f + float(rng() % 4) * 0.5f);
+        p.top_k = std::array<int32_t, 5>{0, 0, 1, 40, 5000}[rng() % 5];
+        p.top_p = std::array<float, 4>{1.0f, 1.0f, 0.9f, 0.3f}[rng() % 4];
+        p.min_p = std::array<float, 3>{0.0f, 0.05f, 0.5f}[rng() % 3];
+        const std::map<smol_token, double> want = keep_reference(p, l);
+        std::vector<smol::sampler_cand> c;
+        double sum = 0;
+        const size_t k = smol::sampler_keep(p, l.data(), n, c, &sum);
+        INFO("round ", round, ": n ", n, ", spread ", spread, ", top_k ", p.top_k, ", top_p ",
+             p.top_p, ", min_p ", p.min_p);
+        REQUIRE(k == want.size());
+        for (size_t i = 0; i < k; ++i) {
+            const auto it = want.find(c[i].id);
+            REQUIRE(it != want.end());
+            CHECK(double(c[i].p) / sum == doctest::Approx(it->second).epsilon(1e-5));
+        }
+        CHECK(smol::argmax(l.data(), n) ==
+              smol_token(std::max_element(l.begin(), l.end()) - l.begin()));
+        ++n_cases;
+        n_cut += int(k) < n;
+    }
+    MESSAGE(n_cases << " cases, " << n_cut << " of them cut");
 }
 
 TEST_CASE("top-k keeps only the k largest logits") {
