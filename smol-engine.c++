@@ -672,7 +672,6 @@ int32_t engine::step() {
             n = 0;
         }
         const int32_t * cells = ctx_.last_cells();
-        int64_t n_drafted = 0, n_accepted = 0, n_verifies = 0;
         for (auto & r : running_) {
             if (!r || r->nb == 0) continue;
             r->cells.insert(r->cells.end(), cells + r->b0, cells + r->b0 + r->nb);
@@ -716,9 +715,14 @@ int32_t engine::step() {
                     draft_->kv.seq_rm(r->seq, r->n_past, -1);
                     r->draft_past = r->n_past;
                 }
-                n_drafted += r->ng;
-                n_accepted += kept;
-                n_verifies += r->ng > 0;
+                if (r->ng > 0) {
+                    // Counted before its tokens' events: a caller that hears
+                    // of them sees them in the figures.
+                    std::lock_guard<std::mutex> lock(mu_);
+                    stats_.n_spec_drafted += r->ng;
+                    stats_.n_spec_accepted += kept;
+                    ++stats_.n_spec_verifies;
+                }
             } else {
                 after = smol_sampler_sample(r->sampler, rows_[0], model_.hp.n_vocab);
             }
@@ -762,9 +766,6 @@ int32_t engine::step() {
         std::lock_guard<std::mutex> lock(mu_);
         stats_.n_prefill_tokens += n_prefill;
         stats_.n_generated_tokens += n_sampled;
-        stats_.n_spec_drafted += n_drafted;
-        stats_.n_spec_accepted += n_accepted;
-        stats_.n_spec_verifies += n_verifies;
         ++stats_.n_steps;
     }
 
