@@ -368,54 +368,89 @@ void engine::cache_prefix(request & r, int32_t n) {
         ctx_.kv.cells_add_seq(scratch_cells_.data(), int32_t(scratch_cells_.size()), cache_seq_);
 }
 
-// Up to k guesses to follow r's text (its next token last) into r.guess:
-// n-gram lookup, or the draft model, which first catches up on the text its
-// cache lacks. A draft that cannot (its cache full: it shares no cells
-// between requests) leaves r without guesses this step.
-void engine::propose(request & r, int32_t k) {
-    r.guess.clear();
-    const int32_t n = int32_t(r.tokens.size());
+// The guesses of the requests in rs, r->ng of them at most each, into
+// r->guess: n-gram lookup, or the draft model, batched across requests:
+// first the text each one's draft sequence lacks (its logits give the first
+// guess), then a round per further guess, one token a request. The draft
+// shares no cells between requests: one whose tokens do not fit in its
+// cache goes without guesses this step (the others keep theirs), and a
+// draft decode that fails leaves them all without, their draft sequences
+// emptied.
+void engine::propose(const std::vector<request *> & rs) {
     if (!draft_) {
-        spec_lookup(r.tokens.data(), n, params_.ngram_min, params_.ngram_max, k, r.guess);
+        for (request * r : rs) {
+            spec_lookup(r->tokens.data(), int32_t(r->tokens.size()), params_.ngram_min,
+                        params_.ngram_max, r->ng, r->guess);
+        }
         return;
     }
     llama_context & d = *draft_;
-    try {
-        if (r.draft_past >= n) {
-            d.kv.seq_rm(r.seq, n - 1, -1);
-            r.draft_past = n - 1;
-        }
-        for (int32_t i0 = r.draft_past; i0 < n; i0 += batch_cap_) {
-            const int32_t i1 = std::min(n, i0 + batch_cap_);
-            draft_batch_.n_tokens = 0;
-            for (int32_t i = i0; i < i1; ++i)
-                smol_batch_add(&draft_batch_, batch_cap_, r.tokens[size_t(i)], i, r.seq,
-                               i == n - 1);
-            d.decode(draft_batch_);
-            r.draft_past = i1;
-        }
-        if (r.verifier.sampling()) r.q.resize(size_t(r.draft_max) * size_t(model_.hp.n_vocab));
-        for (int32_t i = 0; i < k; ++i) {
-            const float * l = d.logits(draft_batch_.n_tokens - 1);
-            smol_token t = -1;
+    const int32_t n_vocab = model_.hp.n_vocab;
+    // Decodes the draft batch and draws a guess for each request that has a
+    // row in it.
+    auto flush = [&] {
+        if (draft_batch_.n_tokens == 0) return;
+        d.decode(draft_batch_);
+        for (const auto & rr : draft_rows_) {
+            request & r = *rr.first;
+            const float * l = d.logits(rr.second);
             if (r.verifier.sampling()) {
-                double * qi = r.q.data() + size_t(i) * size_t(model_.hp.n_vocab);
+                double * qi = r.q.data() + r.guess.size() * size_t(n_vocab);
                 r.verifier.probs(l, qi);
-                t = r.verifier.draw(qi);
+                r.guess.push_back(r.verifier.draw(qi));
             } else {
-                t = smol_token(std::max_element(l, l + model_.hp.n_vocab) - l);
+                r.guess.push_back(smol_token(std::max_element(l, l + n_vocab) - l));
             }
-            r.guess.push_back(t);
-            if (i + 1 == k) break;
-            draft_batch_.n_tokens = 0;
-            smol_batch_add(&draft_batch_, batch_cap_, t, n + i, r.seq, true);
-            d.decode(draft_batch_);
-            ++r.draft_past;
+        }
+        draft_rows_.clear();
+        draft_batch_.n_tokens = 0;
+    };
+    try {
+        draft_rows_.clear();
+        draft_batch_.n_tokens = 0;
+        int32_t cells = 0;
+        for (request * r : rs) {
+            const int32_t n = int32_t(r->tokens.size());
+            if (r->draft_past >= n) {
+                d.kv.seq_rm(r->seq, n - 1, -1);
+                r->draft_past = n - 1;
+            }
+            const int32_t need = n - r->draft_past + r->ng - 1;
+            if (!d.kv.has_free(cells + need)) {
+                r->ng = 0;
+                continue;
+            }
+            cells += need;
+            if (r->verifier.sampling()) r->q.resize(size_t(r->draft_max) * size_t(n_vocab));
+            for (int32_t i = r->draft_past; i < n; ++i) {
+                if (draft_batch_.n_tokens == batch_cap_) flush();
+                const bool last = i == n - 1;
+                if (last) draft_rows_.emplace_back(r, draft_batch_.n_tokens);
+                smol_batch_add(&draft_batch_, batch_cap_, r->tokens[size_t(i)], i, r->seq, last);
+            }
+            r->draft_past = n;
+        }
+        flush();
+        for (;;) {
+            for (request * r : rs) {
+                if (r->guess.empty() || int32_t(r->guess.size()) >= r->ng ||
+                    draft_batch_.n_tokens == batch_cap_)
+                    continue;
+                const int32_t pos = int32_t(r->tokens.size() + r->guess.size()) - 1;
+                draft_rows_.emplace_back(r, draft_batch_.n_tokens);
+                smol_batch_add(&draft_batch_, batch_cap_, r->guess.back(), pos, r->seq, true);
+                r->draft_past = pos + 1;
+            }
+            if (draft_batch_.n_tokens == 0) break;
+            flush();
         }
     } catch (const std::exception &) {
-        d.kv.seq_rm(r.seq, 0, -1);
-        r.draft_past = 0;
-        r.guess.clear();
+        for (request * r : rs) {
+            d.kv.seq_rm(r->seq, 0, -1);
+            r->draft_past = 0;
+            r->guess.clear();
+        }
+        draft_rows_.clear();
     }
 }
 
@@ -582,21 +617,30 @@ int32_t engine::step() {
     // tokens it may still generate, so that what is kept never passes
     // max_tokens. The decode slices are laid out again with them.
     if (params_.draft_max > 0 && n > 0) {
+        int32_t reserved = 0;
+        proposing_.clear();
+        for (auto & r : running_) {
+            r->guess.clear();
+            if (r->nb != 1 || r->draft_max == 0) continue;
+            int32_t k =
+                std::min({r->draft_max, r->max_tokens - r->n_generated - 1, budget - reserved});
+            while (k > 0 && !ctx_.kv.has_free(n + reserved + k)) --k;
+            if (k <= 0) continue;
+            r->ng = k; // the most it may get
+            reserved += k;
+            proposing_.push_back(r.get());
+        }
+        if (!proposing_.empty()) propose(proposing_);
         int32_t at = 0;
         for (auto & r : running_) {
-            if (r->nb != 1 || r->n_past + 1 != int32_t(r->tokens.size())) continue;
-            int32_t k = std::min({r->draft_max, r->max_tokens - r->n_generated - 1, budget});
-            while (k > 0 && !ctx_.kv.has_free(n + k)) --k;
-            if (k > 0) {
-                propose(*r, k);
-                r->ng = int32_t(r->guess.size());
-            }
+            if (r->nb == 0) continue;
+            r->ng = int32_t(r->guess.size());
             r->b0 = at;
             r->nb = 1 + r->ng;
             at += r->nb;
-            n += r->ng;
-            budget -= r->ng;
         }
+        n = at;
+        budget = batch_cap_ - n;
     }
     for (auto & r : running_) {
         const int32_t pending = int32_t(r->tokens.size()) - r->n_past;

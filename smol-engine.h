@@ -138,7 +138,7 @@ class engine {
     void release_seq(request & r);
     void cache_prefix(request & r, int32_t n);
     bool emit(request & r, smol_token token, const float * logits, smol_finish_reason reason);
-    void propose(request & r, int32_t k);
+    void propose(const std::vector<request *> & rs);
 
     const llama_model & model_;
     smol_engine_params params_;
@@ -150,7 +150,9 @@ class engine {
     // Speculation with a draft model: its context and batch.
     std::unique_ptr<llama_context> draft_;
     smol_batch draft_batch_{};
-    std::vector<const float *> rows_; // a request's logits rows in acceptance
+    std::vector<request *> proposing_;                      // a step's requests that guess
+    std::vector<std::pair<request *, int32_t>> draft_rows_; // their rows in a draft batch
+    std::vector<const float *> rows_;                       // a request's logits rows in acceptance
 
     std::vector<request_ptr> running_;
     std::deque<request_ptr> queue_;

@@ -305,6 +305,62 @@ TEST_CASE("greedy decoding with a draft model gives plain decoding's tokens and 
     CHECK(st.n_spec_accepted == st.n_spec_drafted);
 }
 
+TEST_CASE("a draft whose cache is full leaves requests without guesses and the output as it was") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "full.gguf");
+    model_ptr self = load(f.path);
+    std::mt19937 rng(seed);
+    // Three requests with one 48-token prompt: the target holds it once (the
+    // prefix cache), the draft once a request, which 112 cells cannot hold.
+    const std::vector<int> prompt = random_ids(rng, 48, 0, f.n_vocab);
+    job j;
+    j.prompt = prompt;
+    j.max_tokens = 12;
+    engine_setup plain;
+    const result want = serve(f.model.get(), plain, {j})[0];
+    engine_setup spec;
+    spec.n_ctx = 112;
+    spec.parallel = 3;
+    spec.prefix = true;
+    spec.draft_max = 3;
+    spec.draft = self.get();
+    engine_ptr e = make_engine(f.model.get(), spec);
+    std::vector<result> got(3);
+    smol_request_params p = smol_request_default_params();
+    p.prompt = prompt.data();
+    p.n_prompt = int32_t(prompt.size());
+    p.max_tokens = 12;
+    p.sampler.temperature = 0;
+    p.ignore_eog = true;
+    p.on_event = collect;
+    int32_t active = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        p.user_data = &got[i];
+        REQUIRE(smol_engine_submit(e.get(), &p, nullptr) == SMOL_OK);
+        // The first computes the prompt and starts generating before the
+        // others come.
+        for (int s = 0; i == 0 && got[0].tokens.empty() && s < 100; ++s)
+            REQUIRE(smol_engine_step(e.get(), &active) == SMOL_OK);
+    }
+    run(e.get());
+    for (size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(i);
+        CHECK(got[i].tokens == want.tokens);
+        CHECK(got[i].logits == want.logits);
+    }
+    const smol_engine_stats st = smol_engine_get_stats(e.get());
+    CHECK(st.n_prefix_hit_tokens > 0);
+    CHECK(st.n_preempted == 0); // the target had room: only the draft was short
+    CHECK(st.n_spec_accepted == st.n_spec_drafted);
+    // With room for every draft sequence, the three guess more; short of
+    // it, the requests that fit still guess (more than one request's share).
+    spec.n_ctx = 256;
+    smol_engine_stats roomy{};
+    serve(f.model.get(), spec, {j, j, j}, &roomy);
+    CHECK(st.n_spec_drafted < roomy.n_spec_drafted);
+    CHECK(3 * st.n_spec_drafted > roomy.n_spec_drafted);
+}
+
 TEST_CASE("sampling with speculation replays with its seed and keeps a sane share of guesses") {
     SMOL_TEST_DRAW_SEED(seed);
     // The default embeddings: peaked distributions, text that repeats.
