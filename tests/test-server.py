@@ -178,7 +178,8 @@ def speculation(plain_port):
                 with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
                     got = list(pool.map(lambda p: complete(port, p), prompts))
                 m1 = metrics(port)
-                drafted = m1["smol_spec_drafted_tokens_total"] - m0["smol_spec_drafted_tokens_total"]
+                drafted = (m1["smol_spec_drafted_tokens_total"] -
+                           m0["smol_spec_drafted_tokens_total"])
                 accepted = (m1["smol_spec_accepted_tokens_total"] -
                             m0["smol_spec_accepted_tokens_total"])
                 check(got == want, f"{extra[0]}: concurrent greedy completions give the plain "
@@ -193,7 +194,8 @@ def speculation(plain_port):
                       f"{extra[0]}: 'speculative': false gives the same text and drafts nothing")
                 status, body = raw(port, "POST", "/v1/completions", json.dumps(
                     {"model": model, "prompt": "x", "max_tokens": 2, "speculative": "no"}))
-                check(is_openai_error(status, body, 400) and body["error"]["param"] == "speculative",
+                check(is_openai_error(status, body, 400) and
+                      body["error"]["param"] == "speculative",
                       f"{extra[0]}: 'speculative' must be a boolean: {status}")
             finally:
                 stop_server(proc, log)

@@ -1173,7 +1173,7 @@ int main(int argc, char ** argv) {
                  "serve beyond loopback without keys (by default that needs --api-key)");
     app.add_flag("--lookup", o.lookup,
                  "speculate by n-gram lookup in each request's prompt and output");
-    app.add_option("--draft-model", o.draft_model,
+    app.add_option("--draft-model,--model-draft,--md", o.draft_model,
                    "speculate with this smaller GGUF model of the same vocabulary");
     app.add_option("--draft-max", o.draft_max,
                    "most guessed tokens per request and step (default 8 with --lookup or "
