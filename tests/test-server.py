@@ -163,13 +163,21 @@ def speculation(plain_port):
                "The cat sat on the mat. The dog sat on the log. The cat sat on the",
                "Write a short poem about the sea."]
 
-    def complete(port, prompt, **extra):
+    def choice(port, prompt, **extra):
         status, body = raw(port, "POST", "/v1/completions", json.dumps(
             {"model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0, **extra}))
         check(status == 200, f"completion on port {port}: {status}")
-        return body["choices"][0]["text"] if status == 200 else None
+        return body["choices"][0] if status == 200 else None
+
+    def complete(port, prompt, **extra):
+        c = choice(port, prompt, **extra)
+        return c["text"] if c else None
 
     want = [complete(plain_port, p) for p in prompts]
+    # Logprobs come from the target's logits at each position, and a stop
+    # string cuts the text where it did: both as without speculation.
+    with_lp = dict(logprobs=3, stop=[" The dog sat on the dog"])
+    want_lp = choice(plain_port, prompts[1], **with_lp)
     for extra in (["--lookup"], ["--draft-model", MODEL, "--draft-max", "4"]):
         with tempfile.TemporaryFile("w+") as log:
             proc, port = start_server(log, extra)
@@ -187,10 +195,18 @@ def speculation(plain_port):
                 check(0 < accepted <= drafted,
                       f"{extra[0]}: /metrics counts {drafted:.0f} drafted tokens, {accepted:.0f} "
                       "accepted")
-                off = complete(port, prompts[0], speculative=False)
+                got_lp = choice(port, prompts[1], **with_lp)
+                check(got_lp == want_lp and got_lp["finish_reason"] == "stop",
+                      f"{extra[0]}: logprobs and a stop string as the plain server gives them "
+                      f"({len(got_lp['logprobs']['tokens'])} tokens)")
+                sampled = [complete(port, prompts[2], temperature=0.9, seed=7) for _ in range(2)]
+                check(sampled[0] == sampled[1] and sampled[0],
+                      f"{extra[0]}: sampling with a seed replays ({sampled[0][:30]!r})")
                 m2 = metrics(port)
-                check(off == want[0] and m2["smol_spec_drafted_tokens_total"] ==
-                      m1["smol_spec_drafted_tokens_total"],
+                off = complete(port, prompts[0], speculative=False)
+                m3 = metrics(port)
+                check(off == want[0] and m3["smol_spec_drafted_tokens_total"] ==
+                      m2["smol_spec_drafted_tokens_total"],
                       f"{extra[0]}: 'speculative': false gives the same text and drafts nothing")
                 status, body = raw(port, "POST", "/v1/completions", json.dumps(
                     {"model": model, "prompt": "x", "max_tokens": 2, "speculative": "no"}))
