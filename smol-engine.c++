@@ -1,7 +1,9 @@
 // smol-engine.c++ - the serving engine (smol-engine.h): the radix tree of
 // cached prefixes, the scheduler's step (admission, the mixed batch of
 // decode tokens and prefill chunks, eviction and preemption when cells run
-// out, sampling and stop rules), the worker thread, and the C API.
+// out, sampling and stop rules, speculation: guesses in the batch, their
+// acceptance, the rejected ones leaving the caches), the worker thread, and
+// the C API.
 
 #include "smol-engine.h"
 
@@ -129,8 +131,56 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     cache_seq_ = smol_seq_id(ctx_.params.n_seq_max - 1);
     for (smol_seq_id s = cache_seq_ - 1; s >= 0; --s) free_seqs_.push_back(s);
     batch_cap_ = int32_t(ctx_.params.n_batch);
+    if (params_.ngram_min == 0) params_.ngram_min = 2;
+    if (params_.ngram_max == 0) params_.ngram_max = std::max(4, params_.ngram_min);
+    if (params_.draft_max < 0 || params_.draft_max + 1 > batch_cap_) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_create: draft_max " + std::to_string(params_.draft_max) +
+                        " must be 0 (no speculation) or 1.." + std::to_string(batch_cap_ - 1) +
+                        " (a request verifies draft_max + 1 tokens in one batch of n_batch " +
+                        std::to_string(batch_cap_) + ")");
+    }
+    if (params_.ngram_min < 1 || params_.ngram_max < params_.ngram_min) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_create: the n-gram sizes must satisfy 1 <= ngram_min (" +
+                        std::to_string(params_.ngram_min) + ") <= ngram_max (" +
+                        std::to_string(params_.ngram_max) + ")");
+    }
+    if (params_.draft_model) {
+        if (params_.draft_max == 0) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        "smol_engine_create: a draft_model needs draft_max > 0 (the guesses "
+                        "it makes per step)");
+        }
+        const llama_model & dm = *params_.draft_model->m;
+        spec_check_vocab(model_, dm, "smol_engine_create");
+        if (dm.n_params > model_.n_params) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        "smol_engine_create: the draft model has " + std::to_string(dm.n_params) +
+                            " parameters, more than the target's " +
+                            std::to_string(model_.n_params) +
+                            "; a draft must be smaller than the model it guesses for");
+        }
+        smol_context_params cp = smol_context_default_params();
+        cp.device = params.context.device;
+        cp.n_ctx = ctx_.params.n_ctx;
+        cp.n_batch = ctx_.params.n_batch;
+        cp.n_seq_max = uint32_t(cache_seq_); // a sequence per slot, the same ids
+        cp.n_threads = params_.draft_n_threads ? params_.draft_n_threads : ctx_.params.n_threads;
+        try {
+            draft_ = std::make_unique<llama_context>(dm, cp);
+        } catch (const error & e) {
+            throw error(e.status,
+                        std::string("smol_engine_create: the draft's context: ") + e.what());
+        }
+    }
     batch_ = smol_batch_init(batch_cap_);
-    if (!batch_.token) throw error(SMOL_ERR_OUT_OF_MEMORY, "smol_engine_create: no memory");
+    if (draft_) draft_batch_ = smol_batch_init(batch_cap_);
+    if (!batch_.token || (draft_ && !draft_batch_.token)) {
+        smol_batch_free(&batch_);
+        smol_batch_free(&draft_batch_);
+        throw error(SMOL_ERR_OUT_OF_MEMORY, "smol_engine_create: no memory");
+    }
     stats_.n_cells = ctx_.kv.n_cells;
     if (params_.worker_thread) worker_ = std::thread([this] { worker(); });
 }
@@ -148,6 +198,7 @@ engine::~engine() {
     for (auto & r : queue_) smol_sampler_free(r->sampler);
     for (auto & r : incoming_) smol_sampler_free(r->sampler);
     smol_batch_free(&batch_);
+    smol_batch_free(&draft_batch_);
 }
 
 smol_request_id engine::submit(const smol_request_params & p) {
@@ -184,6 +235,14 @@ smol_request_id engine::submit(const smol_request_params & p) {
     r->ignore_eog = p.ignore_eog;
     r->on_event = p.on_event;
     r->user_data = p.user_data;
+    // A grammar's mask and a penalty depend on the tokens before a guess,
+    // which are guesses too until accepted: such requests do not speculate.
+    if (params_.draft_max > 0 && !p.grammar && p.sampler.repeat_penalty == 1.0f &&
+        p.draft_max != 0) {
+        r->draft_max =
+            p.draft_max < 0 ? params_.draft_max : std::min(p.draft_max, params_.draft_max);
+        r->verifier.init(p.sampler, model_.hp.n_vocab);
+    }
     if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
     }
@@ -286,6 +345,8 @@ bool engine::emit(request & r, smol_token token, const float * logits, smol_fini
 }
 
 void engine::release_seq(request & r) {
+    if (draft_ && r.seq >= 0) draft_->kv.seq_rm(r.seq, 0, -1);
+    r.draft_past = 0;
     if (r.seq >= 0) {
         ctx_.kv.seq_rm(r.seq, 0, -1);
         free_seqs_.push_back(r.seq);
@@ -305,6 +366,92 @@ void engine::cache_prefix(request & r, int32_t n) {
     tree_.insert(r.tokens.data(), r.cells.data(), std::min(n, r.n_past), scratch_cells_);
     if (!scratch_cells_.empty())
         ctx_.kv.cells_add_seq(scratch_cells_.data(), int32_t(scratch_cells_.size()), cache_seq_);
+}
+
+// The guesses of the requests in rs, r->ng of them at most each, into
+// r->guess: n-gram lookup, or the draft model, batched across requests:
+// first the text each one's draft sequence lacks (its logits give the first
+// guess), then a round per further guess, one token a request. The draft
+// shares no cells between requests: one whose tokens do not fit in its
+// cache goes without guesses this step (the others keep theirs), and a
+// draft decode that fails leaves them all without, their draft sequences
+// emptied.
+void engine::propose(const std::vector<request *> & rs) {
+    if (!draft_) {
+        for (request * r : rs) {
+            spec_lookup(r->tokens.data(), int32_t(r->tokens.size()), params_.ngram_min,
+                        params_.ngram_max, r->ng, r->guess);
+        }
+        return;
+    }
+    llama_context & d = *draft_;
+    const int32_t n_vocab = model_.hp.n_vocab;
+    // Decodes the draft batch and draws a guess for each request that has a
+    // row in it.
+    auto flush = [&] {
+        if (draft_batch_.n_tokens == 0) return;
+        d.decode(draft_batch_);
+        for (const auto & rr : draft_rows_) {
+            request & r = *rr.first;
+            const float * l = d.logits(rr.second);
+            if (r.verifier.sampling()) {
+                double * qi = r.q.data() + r.guess.size() * size_t(n_vocab);
+                r.verifier.probs(l, qi);
+                r.guess.push_back(r.verifier.draw(qi));
+            } else {
+                r.guess.push_back(smol_token(std::max_element(l, l + n_vocab) - l));
+            }
+        }
+        draft_rows_.clear();
+        draft_batch_.n_tokens = 0;
+    };
+    try {
+        draft_rows_.clear();
+        draft_batch_.n_tokens = 0;
+        int32_t cells = 0;
+        for (request * r : rs) {
+            const int32_t n = int32_t(r->tokens.size());
+            if (r->draft_past >= n) {
+                d.kv.seq_rm(r->seq, n - 1, -1);
+                r->draft_past = n - 1;
+            }
+            const int32_t need = n - r->draft_past + r->ng - 1;
+            if (!d.kv.has_free(cells + need)) {
+                r->ng = 0;
+                continue;
+            }
+            cells += need;
+            if (r->verifier.sampling()) r->q.resize(size_t(r->draft_max) * size_t(n_vocab));
+            for (int32_t i = r->draft_past; i < n; ++i) {
+                if (draft_batch_.n_tokens == batch_cap_) flush();
+                const bool last = i == n - 1;
+                if (last) draft_rows_.emplace_back(r, draft_batch_.n_tokens);
+                smol_batch_add(&draft_batch_, batch_cap_, r->tokens[size_t(i)], i, r->seq, last);
+            }
+            r->draft_past = n;
+        }
+        flush();
+        for (;;) {
+            for (request * r : rs) {
+                if (r->guess.empty() || int32_t(r->guess.size()) >= r->ng ||
+                    draft_batch_.n_tokens == batch_cap_)
+                    continue;
+                const int32_t pos = int32_t(r->tokens.size() + r->guess.size()) - 1;
+                draft_rows_.emplace_back(r, draft_batch_.n_tokens);
+                smol_batch_add(&draft_batch_, batch_cap_, r->guess.back(), pos, r->seq, true);
+                r->draft_past = pos + 1;
+            }
+            if (draft_batch_.n_tokens == 0) break;
+            flush();
+        }
+    } catch (const std::exception &) {
+        for (request * r : rs) {
+            d.kv.seq_rm(r->seq, 0, -1);
+            r->draft_past = 0;
+            r->guess.clear();
+        }
+        draft_rows_.clear();
+    }
 }
 
 void engine::finish(request_ptr & r, smol_finish_reason reason, smol_token token,
@@ -457,12 +604,43 @@ int32_t engine::step() {
     int32_t n = 0;
     for (auto & r : running_) {
         r->nb = 0;
+        r->ng = 0;
         if (int32_t(r->tokens.size()) - r->n_past == 1 && budget > 0 && ctx_.kv.has_free(n + 1)) {
             r->b0 = n;
             r->nb = 1;
             ++n;
             --budget;
         }
+    }
+    // Guesses, once every decode token has its place: within the batch and
+    // the free cells (none are made for them), each request's limit and the
+    // tokens it may still generate, so that what is kept never passes
+    // max_tokens. The decode slices are laid out again with them.
+    if (params_.draft_max > 0 && n > 0) {
+        int32_t reserved = 0;
+        proposing_.clear();
+        for (auto & r : running_) {
+            r->guess.clear();
+            if (r->nb != 1 || r->draft_max == 0) continue;
+            int32_t k =
+                std::min({r->draft_max, r->max_tokens - r->n_generated - 1, budget - reserved});
+            while (k > 0 && !ctx_.kv.has_free(n + reserved + k)) --k;
+            if (k <= 0) continue;
+            r->ng = k; // the most it may get
+            reserved += k;
+            proposing_.push_back(r.get());
+        }
+        if (!proposing_.empty()) propose(proposing_);
+        int32_t at = 0;
+        for (auto & r : running_) {
+            if (r->nb == 0) continue;
+            r->ng = int32_t(r->guess.size());
+            r->b0 = at;
+            r->nb = 1 + r->ng;
+            at += r->nb;
+        }
+        n = at;
+        budget = batch_cap_ - n;
     }
     for (auto & r : running_) {
         const int32_t pending = int32_t(r->tokens.size()) - r->n_past;
@@ -503,10 +681,15 @@ int32_t engine::step() {
         batch_.n_tokens = 0;
         for (request * r : slices_) {
             SMOL_ASSERT_MSG(batch_.n_tokens == r->b0, "engine: a slice out of place");
-            for (int32_t j = 0; j < r->nb; ++j) {
+            for (int32_t j = 0; j < r->nb - r->ng; ++j) {
                 const int32_t p = r->n_past + j;
                 const bool last = p == int32_t(r->tokens.size()) - 1;
                 smol_batch_add(&batch_, batch_cap_, r->tokens[size_t(p)], p, r->seq, last);
+            }
+            // Guesses after the last known token, each with its logits.
+            for (int32_t j = 0; j < r->ng; ++j) {
+                smol_batch_add(&batch_, batch_cap_, r->guess[size_t(j)],
+                               int32_t(r->tokens.size()) + j, r->seq, true);
             }
         }
         int32_t n_prefill = 0, n_sampled = 0;
@@ -536,16 +719,21 @@ int32_t engine::step() {
         for (auto & r : running_) {
             if (!r || r->nb == 0) continue;
             r->cells.insert(r->cells.end(), cells + r->b0, cells + r->b0 + r->nb);
-            n_prefill += std::max(0, std::min(r->n_past + r->nb, r->n_prompt) - r->n_past);
-            r->n_past += r->nb;
+            const int32_t n_known = r->nb - r->ng;
+            n_prefill += std::max(0, std::min(r->n_past + n_known, r->n_prompt) - r->n_past);
+            r->n_past += n_known;
             if (!r->prompt_cached && r->n_past >= r->n_prompt) {
                 cache_prefix(*r, r->n_prompt);
                 r->prompt_cached = true;
             }
             if (r->n_past != int32_t(r->tokens.size())) continue;
-            // The last token known was decoded: draw the next.
-            const float * logits = ctx_.logits(r->b0 + r->nb - 1);
-            if (!logits) {
+            // The last token known was decoded: draw the next, or check the
+            // guesses and draw after those kept. Row i: the logits after
+            // the known tokens and guesses [0, i).
+            const int32_t row0 = r->b0 + n_known - 1;
+            rows_.clear();
+            for (int32_t i = 0; i <= r->ng; ++i) rows_.push_back(ctx_.logits(row0 + i));
+            if (std::find(rows_.begin(), rows_.end(), nullptr) != rows_.end()) {
                 // Cannot happen with the slices in place; were it to, this
                 // request alone ends, rather than a token -1 failing the
                 // next step for every request in it.
@@ -554,31 +742,68 @@ int32_t engine::step() {
                 r.reset();
                 continue;
             }
-            const smol_token t = smol_sampler_sample(r->sampler, logits, model_.hp.n_vocab);
-            if (t < 0) {
+            int32_t kept = 0;
+            smol_token after = -1;
+            if (r->draft_max > 0) {
+                kept = r->verifier.accept(rows_.data(), r->guess.data(), r->ng,
+                                          draft_ && r->verifier.sampling() ? r->q.data() : nullptr,
+                                          &after);
+                // The rejected guesses leave the target's cache and the draft's.
+                const int32_t n_rejected = r->ng - kept;
+                if (n_rejected > 0) {
+                    ctx_.kv.cells_rm_seq(r->cells.data() + r->n_past + kept, n_rejected, r->seq);
+                    r->cells.resize(size_t(r->n_past + kept));
+                }
+                r->n_past += kept;
+                if (draft_ && r->draft_past > r->n_past) {
+                    draft_->kv.seq_rm(r->seq, r->n_past, -1);
+                    r->draft_past = r->n_past;
+                }
+                if (r->ng > 0) {
+                    // Counted before its tokens' events: a caller that hears
+                    // of them sees them in the figures.
+                    std::lock_guard<std::mutex> lock(mu_);
+                    stats_.n_spec_drafted += r->ng;
+                    stats_.n_spec_accepted += kept;
+                    ++stats_.n_spec_verifies;
+                }
+            } else {
+                after = smol_sampler_sample(r->sampler, rows_[0], model_.hp.n_vocab);
+            }
+            if (after < 0) {
                 // A grammar that allows nothing more, in a vocabulary with no
                 // end-of-generation token.
-                finish(r, SMOL_FINISH_STOP, -1, logits);
+                finish(r, SMOL_FINISH_STOP, -1, rows_[0]);
                 r.reset();
                 continue;
             }
-            smol_sampler_accept(r->sampler, t);
-            r->tokens.push_back(t);
-            ++r->n_generated;
-            ++n_sampled;
-            smol_finish_reason why = SMOL_FINISH_NONE;
-            if ((!r->ignore_eog && model_.vocab.is_eog(t)) ||
-                std::find(r->stop.begin(), r->stop.end(), t) != r->stop.end()) {
-                why = SMOL_FINISH_STOP;
-            } else if (r->n_generated >= r->max_tokens) {
-                why = SMOL_FINISH_LENGTH;
-            }
-            if (why != SMOL_FINISH_NONE) {
-                finish(r, why, t, logits);
+            // The kept guesses, then the token after them, in order; the
+            // first that ends the request ends it (the cache keeps no
+            // position past the tokens it has then).
+            for (int32_t i = 0; i <= kept; ++i) {
+                const smol_token t = i < kept ? r->guess[size_t(i)] : after;
+                const float * logits = rows_[size_t(i)];
+                smol_sampler_accept(r->sampler, t);
+                r->tokens.push_back(t);
+                ++r->n_generated;
+                ++n_sampled;
+                smol_finish_reason why = SMOL_FINISH_NONE;
+                if ((!r->ignore_eog && model_.vocab.is_eog(t)) ||
+                    std::find(r->stop.begin(), r->stop.end(), t) != r->stop.end()) {
+                    why = SMOL_FINISH_STOP;
+                } else if (r->n_generated >= r->max_tokens) {
+                    why = SMOL_FINISH_LENGTH;
+                }
+                if (why == SMOL_FINISH_NONE && emit(*r, t, logits, SMOL_FINISH_NONE)) continue;
+                r->n_past = std::min(r->n_past, int32_t(r->tokens.size()));
+                r->cells.resize(size_t(r->n_past));
+                if (why != SMOL_FINISH_NONE) {
+                    finish(r, why, t, logits);
+                } else {
+                    finish(r, SMOL_FINISH_CANCELLED, -1, nullptr);
+                }
                 r.reset();
-            } else if (!emit(*r, t, logits, SMOL_FINISH_NONE)) {
-                finish(r, SMOL_FINISH_CANCELLED, -1, nullptr);
-                r.reset();
+                break;
             }
         }
         running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
@@ -632,6 +857,11 @@ smol_engine_params smol_engine_default_params(void) {
     p.prefix_cache = true;
     p.prefix_block = 16;
     p.worker_thread = false;
+    p.draft_max = 0;
+    p.ngram_min = 2;
+    p.ngram_max = 4;
+    p.draft_model = nullptr;
+    p.draft_n_threads = 0;
     return p;
 }
 
@@ -639,6 +869,7 @@ smol_request_params smol_request_default_params(void) {
     smol_request_params p{};
     p.sampler = smol_sampler_default_params();
     p.max_tokens = 0;
+    p.draft_max = -1; // the engine's
     return p;
 }
 

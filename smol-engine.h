@@ -5,12 +5,15 @@
 // and, when cells run out, evicts cached prefixes and then preempts the
 // youngest request (it is queued again and recomputed, with the same
 // result). A radix tree over token blocks lets a request reuse the KV of
-// any earlier request's prefix. The C API in smol.h wraps it.
+// any earlier request's prefix. Speculation lets a decoding request verify
+// guesses (n-gram lookup or a draft model) in the same batch, by the rule
+// smol-spec.h shares with smol_spec. The C API in smol.h wraps it.
 
 #ifndef SMOL_ENGINE_H
 #define SMOL_ENGINE_H
 
 #include "smol-llama.h"
+#include "smol-spec.h"
 #include "smol.h"
 
 #include <chrono>
@@ -112,8 +115,18 @@ class engine {
         bool counted = false;       // in the prompt and prefix-hit figures
         // Submission, first admission and first token (zero: not yet).
         std::chrono::steady_clock::time_point t_submit, t_admit, t_first;
-        // Within a step: the batch slice [b0, b0 + nb).
-        int32_t b0 = 0, nb = 0;
+        // Within a step: the batch slice [b0, b0 + nb), its last ng tokens
+        // the guesses.
+        int32_t b0 = 0, nb = 0, ng = 0;
+        // Speculation: most guesses a step (0: none), the acceptance rule
+        // and its generator, this step's guesses, the draft's probability
+        // rows of them (a sampling draft), and the tokens of `tokens` that
+        // the draft's cache holds (sequence seq of the draft's context).
+        int32_t draft_max = 0;
+        spec_verifier verifier;
+        std::vector<smol_token> guess;
+        std::vector<double> q;
+        int32_t draft_past = 0;
     };
     using request_ptr = std::unique_ptr<request>;
 
@@ -125,6 +138,7 @@ class engine {
     void release_seq(request & r);
     void cache_prefix(request & r, int32_t n);
     bool emit(request & r, smol_token token, const float * logits, smol_finish_reason reason);
+    void propose(const std::vector<request *> & rs);
 
     const llama_model & model_;
     smol_engine_params params_;
@@ -133,6 +147,12 @@ class engine {
     smol_seq_id cache_seq_; // the sequence that holds the cached prefixes' cells
     smol_batch batch_{};
     int32_t batch_cap_ = 0;
+    // Speculation with a draft model: its context and batch.
+    std::unique_ptr<llama_context> draft_;
+    smol_batch draft_batch_{};
+    std::vector<request *> proposing_;                      // a step's requests that guess
+    std::vector<std::pair<request *, int32_t>> draft_rows_; // their rows in a draft batch
+    std::vector<const float *> rows_;                       // a request's logits rows in acceptance
 
     std::vector<request_ptr> running_;
     std::deque<request_ptr> queue_;

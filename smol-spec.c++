@@ -6,7 +6,10 @@
 // cache. Built on the public API, contexts, batches, logits and
 // smol_kv_seq_rm, and on the sampler's transform (smol-sampler.h).
 
+#include "smol-spec.h"
+
 #include "smol-error.h"
+#include "smol-llama.h"
 #include "smol-sampler.h"
 #include "smol.h"
 
@@ -24,18 +27,118 @@ smol_token argmax(const float * l, int32_t n) {
     return smol::argmax(l, n);
 }
 
-std::string piece(const smol_model * m, smol_token t) {
-    char buf[256];
-    size_t n = 0;
-    if (smol_token_to_piece(m, t, true, buf, sizeof buf, &n) != SMOL_OK) return "?";
-    return std::string(buf, std::min(n, sizeof buf));
-}
-
 struct context_free {
     void operator()(smol_context * c) const { smol_context_free(c); }
 };
 
 } // namespace
+
+// --- shared with the engine (smol-spec.h) ---------------------------------------
+
+void smol::spec_verifier::init(const smol_sampler_params & sampling, int32_t n_vocab) {
+    sp_ = sampling;
+    sampling_ = sampling.temperature > 0.0f;
+    n_vocab_ = n_vocab;
+    rng_.seed(sampling.seed);
+    if (sampling_) p_.resize(size_t(n_vocab));
+}
+
+void smol::spec_verifier::probs(const float * l, double * out) {
+    double sum = 0;
+    const size_t n = sampler_keep(sp_, l, n_vocab_, cands_, &sum);
+    std::fill(out, out + n_vocab_, 0.0);
+    for (size_t i = 0; i < n; ++i) out[cands_[i].id] = double(cands_[i].p) / sum;
+}
+
+smol_token smol::spec_verifier::draw(const double * w) {
+    double sum = 0;
+    for (int32_t t = 0; t < n_vocab_; ++t) sum += w[t];
+    const double r = uniform01(rng_) * sum;
+    double acc = 0;
+    smol_token last = -1;
+    for (int32_t t = 0; t < n_vocab_; ++t) {
+        if (w[t] <= 0) continue;
+        acc += w[t];
+        last = t;
+        if (r < acc) return t;
+    }
+    return last;
+}
+
+smol_token smol::spec_verifier::pick(const float * l) {
+    if (!sampling_) return argmax(l, n_vocab_);
+    probs(l, p_.data());
+    return draw(p_.data());
+}
+
+int32_t smol::spec_verifier::accept(const float * const * rows, const smol_token * guesses,
+                                    int32_t n, const double * q, smol_token * after) {
+    if (!sampling_) {
+        int32_t kept = 0;
+        smol_token t = argmax(rows[0], n_vocab_);
+        while (kept < n && guesses[kept] == t) {
+            ++kept;
+            t = argmax(rows[kept], n_vocab_);
+        }
+        *after = t;
+        return kept;
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        probs(rows[i], p_.data());
+        const smol_token x = guesses[i];
+        // A draft model's guess was drawn from q; an n-gram's is certain.
+        const double * qi = q ? q + size_t(i) * size_t(n_vocab_) : nullptr;
+        const double qx = qi ? qi[x] : 1.0;
+        // Kept with probability min(1, p(x) / q(x)).
+        if (uniform01(rng_) * qx < p_[size_t(x)]) continue;
+        double left = 0;
+        for (int32_t t = 0; t < n_vocab_; ++t) {
+            const double r = p_[size_t(t)] - (qi ? qi[t] : t == x ? 1.0 : 0.0);
+            p_[size_t(t)] = r > 0 ? r : 0.0;
+            left += p_[size_t(t)];
+        }
+        // p == q up to rounding leaves no residual: p itself then.
+        if (!(left > 0)) probs(rows[i], p_.data());
+        *after = draw(p_.data());
+        return i;
+    }
+    probs(rows[n], p_.data());
+    *after = draw(p_.data());
+    return n;
+}
+
+void smol::spec_lookup(const smol_token * h, int32_t n, int32_t ngram_min, int32_t ngram_max,
+                       int32_t k, std::vector<smol_token> & out) {
+    const size_t k_end = out.size() + size_t(std::max(k, 0));
+    for (int32_t len = std::min(ngram_max, n - 1); len >= ngram_min; --len) {
+        const smol_token * suffix = h + n - len;
+        for (int32_t at = n - len - 1; at >= 0; --at) {
+            if (!std::equal(suffix, suffix + len, h + at)) continue;
+            for (int32_t i = at + len; i < n && out.size() < k_end; ++i) out.push_back(h[i]);
+            return;
+        }
+    }
+}
+
+void smol::spec_check_vocab(const llama_model & target, const llama_model & draft,
+                            const std::string & who) {
+    const int32_t nt = target.hp.n_vocab, nd = draft.hp.n_vocab;
+    for (smol_token t = 0; t < std::min(nt, nd); ++t) {
+        const std::string a = draft.vocab.token_to_piece(t, true);
+        const std::string b = target.vocab.token_to_piece(t, true);
+        if (a != b) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        who + ": the draft model's vocabulary differs from the target's at token " +
+                            std::to_string(t) + " (\"" + a + "\" against \"" + b +
+                            "\"); a draft must share the target's tokenizer");
+        }
+    }
+    if (nd != nt) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, who + ": the draft model has " + std::to_string(nd) +
+                                                   " tokens and the target " + std::to_string(nt) +
+                                                   "; a draft must share the target's tokenizer");
+    }
+}
 
 struct smol_spec {
     smol_context * target = nullptr;
@@ -59,8 +162,7 @@ struct smol_spec {
     // draft's distribution of each guess (draft_max rows of n_vocab) and
     // the target's of one position.
     bool sampling = false;
-    std::mt19937_64 rng;
-    std::vector<smol::sampler_cand> cands;
+    smol::spec_verifier verifier;
     std::vector<double> q, p;
 
     // A token tree (SpecExec): node 0 is next, the root; a node's draft
@@ -101,22 +203,11 @@ struct smol_spec {
         }
     }
 
-    // Up to k tokens to follow history + next, from the n-gram lookup: the
-    // tokens after the latest earlier occurrence of the longest suffix that
-    // occurred before.
+    // Up to k tokens to follow history + next, from the n-gram lookup.
     void lookup(int32_t k, std::vector<smol_token> & out) const {
         std::vector<smol_token> h = history;
         h.push_back(next);
-        const int32_t n = int32_t(h.size());
-        for (int32_t len = std::min(params.ngram_max, n - 1); len >= params.ngram_min; --len) {
-            const smol_token * suffix = h.data() + n - len;
-            for (int32_t at = n - len - 1; at >= 0; --at) {
-                if (!std::equal(suffix, suffix + len, h.data() + at)) continue;
-                for (int32_t i = at + len; i < n && int32_t(out.size()) < k; ++i)
-                    out.push_back(h[size_t(i)]);
-                return;
-            }
-        }
+        smol::spec_lookup(h.data(), int32_t(h.size()), params.ngram_min, params.ngram_max, k, out);
     }
 
     // Up to k tokens from the draft model after history + next: its argmax
@@ -145,29 +236,8 @@ struct smol_spec {
         }
     }
 
-    // The distribution sampling draws from after logits l, dense.
-    void probs(const float * l, double * out) {
-        double sum = 0;
-        const size_t n = smol::sampler_keep(params.sampling, l, n_vocab, cands, &sum);
-        std::fill(out, out + n_vocab, 0.0);
-        for (size_t i = 0; i < n; ++i) out[cands[i].id] = double(cands[i].p) / sum;
-    }
-
-    // A token drawn with probability w[t] / (the sum of w), w >= 0.
-    smol_token draw(const double * w) {
-        double sum = 0;
-        for (int32_t t = 0; t < n_vocab; ++t) sum += w[t];
-        const double r = smol::uniform01(rng) * sum;
-        double acc = 0;
-        smol_token last = -1;
-        for (int32_t t = 0; t < n_vocab; ++t) {
-            if (w[t] <= 0) continue;
-            acc += w[t];
-            last = t;
-            if (r < acc) return t;
-        }
-        return last;
-    }
+    void probs(const float * l, double * out) { verifier.probs(l, out); }
+    smol_token draw(const double * w) { return verifier.draw(w); }
 
     // Grows the token tree from the draft under tree_budget verify tokens,
     // best first: candidates (a token below a node, with its cumulative
@@ -379,7 +449,7 @@ struct smol_spec {
                 u.q_row >= 0 ? q.data() + size_t(u.q_row) * size_t(n_vocab) : nullptr;
             int32_t next_node = -1;
             for (const smol_token x : u.draws) {
-                if (smol::uniform01(rng) * qu[x] < p[size_t(x)]) {
+                if (smol::uniform01(verifier.rng()) * qu[x] < p[size_t(x)]) {
                     next_node = child(path.back(), x);
                     break;
                 }
@@ -415,37 +485,6 @@ struct smol_spec {
             }
         }
         return after;
-    }
-
-    // Speculative rejection sampling over the verify batch's logits: the
-    // guesses kept (*kept) and the token after them, drawn from the
-    // residual max(0, p - q) at the first rejection, else from p after the
-    // last guess.
-    smol_token verify_sampled(const std::vector<smol_token> & guess, int32_t * kept) {
-        const int32_t n = int32_t(guess.size());
-        for (int32_t i = 0; i < n; ++i) {
-            probs(smol_get_logits(target, i), p.data());
-            const smol_token x = guess[size_t(i)];
-            // A draft model's guess was drawn from q; an n-gram's is certain.
-            const double * qi = draft ? q.data() + size_t(i) * size_t(n_vocab) : nullptr;
-            const double qx = qi ? qi[x] : 1.0;
-            // Kept with probability min(1, p(x) / q(x)).
-            if (smol::uniform01(rng) * qx < p[size_t(x)]) {
-                ++*kept;
-                continue;
-            }
-            double left = 0;
-            for (int32_t t = 0; t < n_vocab; ++t) {
-                const double r = p[size_t(t)] - (qi ? qi[t] : t == x ? 1.0 : 0.0);
-                p[size_t(t)] = r > 0 ? r : 0.0;
-                left += p[size_t(t)];
-            }
-            // p == q up to rounding leaves no residual: p itself then.
-            if (!(left > 0)) probs(smol_get_logits(target, i), p.data());
-            return draw(p.data());
-        }
-        probs(smol_get_logits(target, n), p.data());
-        return draw(p.data());
     }
 };
 
@@ -533,32 +572,14 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                                       std::to_string(smol_context_n_seq_max(target)) + ")");
             }
         }
+        s->verifier.init(sp, s->n_vocab);
         if (s->sampling) {
-            s->rng.seed(sp.seed);
             s->p.resize(size_t(s->n_vocab));
             if (p.draft_model)
                 s->q.resize(size_t(std::max(p.draft_max, p.tree_budget)) * size_t(s->n_vocab));
         }
         if (p.draft_model) {
-            smol_model_info di;
-            smol_model_get_info(p.draft_model, &di);
-            const int32_t n = std::min(di.n_vocab, info.n_vocab);
-            for (smol_token t = 0; t < n; ++t) {
-                if (piece(p.draft_model, t) != piece(s->model, t)) {
-                    throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                                      "smol_spec: the draft model's vocabulary differs from the "
-                                      "target's at token " +
-                                          std::to_string(t) + " (\"" + piece(p.draft_model, t) +
-                                          "\" against \"" + piece(s->model, t) +
-                                          "\"); a draft must share the target's tokenizer");
-                }
-            }
-            if (di.n_vocab != info.n_vocab) {
-                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                                  "smol_spec: the draft model has " + std::to_string(di.n_vocab) +
-                                      " tokens and the target " + std::to_string(info.n_vocab) +
-                                      "; a draft must share the target's tokenizer");
-            }
+            smol::spec_check_vocab(*s->model->m, *p.draft_model->m, "smol_spec");
             smol_context_params cp = smol_context_default_params();
             cp.n_ctx = smol_context_n_ctx(target);
             cp.n_batch = uint32_t(s->n_batch);
@@ -595,12 +616,7 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
         s->history.assign(tokens, tokens + n);
         const float * l = smol_get_logits(s->target, -1);
-        if (s->sampling) {
-            s->probs(l, s->p.data());
-            s->next = s->draw(s->p.data());
-        } else {
-            s->next = argmax(l, s->n_vocab);
-        }
+        s->next = s->verifier.pick(l);
     });
 }
 
@@ -656,17 +672,13 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
         tokens.insert(tokens.end(), guess.begin(), guess.end());
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens.data(), int32_t(tokens.size()),
                           pos, true);
-        int32_t kept = 0; // guesses the target agrees with
+        std::vector<const float *> rows(tokens.size());
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = smol_get_logits(s->target, int32_t(i));
         smol_token after = -1;
-        if (s->sampling) {
-            after = s->verify_sampled(guess, &kept);
-        } else {
-            after = argmax(smol_get_logits(s->target, 0), s->n_vocab);
-            while (kept < int32_t(guess.size()) && guess[size_t(kept)] == after) {
-                ++kept;
-                after = argmax(smol_get_logits(s->target, kept), s->n_vocab);
-            }
-        }
+        // The guesses the target agrees with.
+        const int32_t kept =
+            s->verifier.accept(rows.data(), guess.data(), int32_t(guess.size()),
+                               s->draft && s->sampling ? s->q.data() : nullptr, &after);
         // The cache keeps next and the kept guesses; the draft's, what it
         // decoded of them.
         const int32_t n_new = 1 + kept;

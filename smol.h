@@ -583,6 +583,18 @@ SMOL_API smol_spec_stats smol_spec_get_stats(const smol_spec * spec);
 // preempted: queued again and recomputed later, which gives the same tokens.
 // On the CPU a request's logits are the same bits whatever else is batched
 // with it, so batching never changes greedy output.
+// Speculation (draft_max > 0): a decoding request adds up to draft_max
+// guesses after its next token to the step's batch, from n-gram lookup in
+// its prompt and output or from a draft model with the same vocabulary
+// (run in a context of its own, a sequence per slot); they are checked by
+// smol_spec's rule (greedy: the output is plain decoding's; sampling: exact
+// speculative rejection sampling, its draws from a generator of the
+// request's own, seeded with its sampler's seed) and the rejected ones
+// leave both caches. Guesses never take a place a decode token or a prompt
+// chunk needs before them in the batch, nor cells another request needs,
+// and never reach past max_tokens. A request with a grammar or a repeat
+// penalty does not speculate (the mask and the penalty of a guess depend on
+// guesses not yet accepted).
 
 typedef struct smol_engine smol_engine;
 typedef int64_t smol_request_id;
@@ -626,6 +638,13 @@ typedef struct smol_engine_params {
     bool prefix_cache;           // reuse the KV of earlier prefixes (true)
     uint32_t prefix_block;       // tokens per cached block (16)
     bool worker_thread;          // step on an internal thread (false: call step)
+    int32_t draft_max;           // most guesses per request and step (0: no speculation)
+    int32_t ngram_min;           // lookup: the shortest suffix matched (2)
+    int32_t ngram_max;           // lookup: the longest suffix tried first (4)
+    // NULL: n-gram lookup; else a draft model with the target's vocabulary
+    // and at most its parameters (not owned; outlives the engine).
+    smol_model * draft_model;
+    uint32_t draft_n_threads; // the draft context's threads (0: as the target's)
 } smol_engine_params;
 
 typedef struct smol_request_params {
@@ -637,6 +656,9 @@ typedef struct smol_request_params {
     int32_t n_stop_tokens;
     bool ignore_eog;      // keep generating through end-of-generation tokens
     const char * grammar; // GBNF the output must follow (smol_sampler_set_grammar); NULL: none
+    // Guesses per step: < 0 (the default) the engine's draft_max, 0 none
+    // (this request does not speculate), else at most this many.
+    int32_t draft_max;
     smol_engine_event_fn on_event;
     void * user_data;
 } smol_request_params;
@@ -658,6 +680,9 @@ typedef struct smol_engine_stats {
     int32_t n_cells_used;
     uint64_t kv_bytes_resident;  // bytes of the cells in use, in resident heads
     uint64_t kv_bytes_offloaded; // bytes of the cells in use, in heads offloaded to host memory
+    int64_t n_spec_drafted;      // guesses verified (speculation)
+    int64_t n_spec_accepted;     // of them, kept
+    int64_t n_spec_verifies;     // request-steps that verified at least one guess
 } smol_engine_stats;
 
 SMOL_API smol_engine_params smol_engine_default_params(void);

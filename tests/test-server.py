@@ -10,7 +10,9 @@ that concurrent greedy requests give exactly the text each gives alone; that
 a shared system prompt hits the prefix cache without changing the output;
 that every bad input gets its 4xx/503 JSON error in OpenAI's shape while a
 concurrent request completes; and that clients that hang up free their
-sequences. Then a server with API keys: 401s, keys from the command line
+sequences; that speculation (--lookup, --draft-model) gives the same
+greedy text, moves its /metrics counters and refuses bad flags. Then a
+server with API keys: 401s, keys from the command line
 and a file, and no start beyond loopback without one. Bounded: a few short
 requests, loopback only.
 
@@ -20,6 +22,7 @@ requests, loopback only.
 import concurrent.futures
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -151,11 +154,90 @@ def auth():
           f"beyond loopback without a key it does not start: {r.stderr.strip()[:100]!r}")
 
 
+def speculation(plain_port):
+    """--lookup and --draft-model: greedy text as the plain server gives it,
+    with the drafted and accepted counters moving; a request's
+    'speculative': false; the flags' errors."""
+    model = os.path.basename(MODEL).removesuffix(".gguf")
+    prompts = ["Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,",
+               "The cat sat on the mat. The dog sat on the log. The cat sat on the",
+               "Write a short poem about the sea."]
+
+    def choice(port, prompt, **extra):
+        status, body = raw(port, "POST", "/v1/completions", json.dumps(
+            {"model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0, **extra}))
+        check(status == 200, f"completion on port {port}: {status}")
+        return body["choices"][0] if status == 200 else None
+
+    def complete(port, prompt, **extra):
+        c = choice(port, prompt, **extra)
+        return c["text"] if c else None
+
+    want = [complete(plain_port, p) for p in prompts]
+    # Logprobs come from the target's logits at each position, and a stop
+    # string cuts the text where it did: both as without speculation.
+    with_lp = dict(logprobs=3, stop=[" The dog sat on the dog"])
+    want_lp = choice(plain_port, prompts[1], **with_lp)
+    for extra in (["--lookup"], ["--draft-model", MODEL, "--draft-max", "4"]):
+        with tempfile.TemporaryFile("w+") as log:
+            proc, port = start_server(log, extra)
+            try:
+                m0 = metrics(port)
+                with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                    got = list(pool.map(lambda p: complete(port, p), prompts))
+                m1 = metrics(port)
+                drafted = (m1["smol_spec_drafted_tokens_total"] -
+                           m0["smol_spec_drafted_tokens_total"])
+                accepted = (m1["smol_spec_accepted_tokens_total"] -
+                            m0["smol_spec_accepted_tokens_total"])
+                check(got == want, f"{extra[0]}: concurrent greedy completions give the plain "
+                      f"server's text ({sum(len(t or '') for t in got)} characters)")
+                check(0 < accepted <= drafted,
+                      f"{extra[0]}: /metrics counts {drafted:.0f} drafted tokens, {accepted:.0f} "
+                      "accepted")
+                got_lp = choice(port, prompts[1], **with_lp)
+                check(got_lp == want_lp and got_lp["finish_reason"] == "stop",
+                      f"{extra[0]}: logprobs and a stop string as the plain server gives them "
+                      f"({len(got_lp['logprobs']['tokens'])} tokens)")
+                sampled = [complete(port, prompts[2], temperature=0.9, seed=7) for _ in range(2)]
+                check(sampled[0] == sampled[1] and sampled[0],
+                      f"{extra[0]}: sampling with a seed replays ({sampled[0][:30]!r})")
+                m2 = metrics(port)
+                off = complete(port, prompts[0], speculative=False)
+                m3 = metrics(port)
+                check(off == want[0] and m3["smol_spec_drafted_tokens_total"] ==
+                      m2["smol_spec_drafted_tokens_total"],
+                      f"{extra[0]}: 'speculative': false gives the same text and drafts nothing")
+                status, body = raw(port, "POST", "/v1/completions", json.dumps(
+                    {"model": model, "prompt": "x", "max_tokens": 2, "speculative": "no"}))
+                check(is_openai_error(status, body, 400) and
+                      body["error"]["param"] == "speculative",
+                      f"{extra[0]}: 'speculative' must be a boolean: {status}")
+            finally:
+                stop_server(proc, log)
+
+    def refused(extra, flag, words):
+        r = subprocess.run([SERVER, "--model", MODEL, "--port", "0", "-c", "256", *extra],
+                           capture_output=True, text=True, timeout=120)
+        check(r.returncode != 0 and flag in r.stderr and all(w in r.stderr for w in words),
+              f"{' '.join(extra)[-40:]!r} is refused naming {flag}: {r.stderr.strip()[:160]!r}")
+
+    refused(["--lookup", "--draft-max", "300"], "--draft-max", ["draft_max 300"])
+    refused(["--draft-max", "4"], "--draft-max", ["--lookup"])
+    other = MODEL.rsplit("/", 1)[0] + "/gemma-3-270m-q4_k_m.gguf"
+    if os.path.exists(other):
+        refused(["--draft-model", other], "--draft-model", ["vocabulary", "token"])
+    else:
+        print(f"  skip: no {other} for the draft of another vocabulary (scripts/fetch-model.sh "
+              "gemma3-270m)")
+
+
 def main():
     with tempfile.TemporaryFile("w+") as log:
         proc, port = start_server(log)
         try:
             run(port)
+            speculation(port)
         finally:
             stop_server(proc, log)
     auth()

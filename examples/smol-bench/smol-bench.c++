@@ -27,6 +27,10 @@
 // heads, head group), the device's peak memory and the floor of a decode
 // step: (weights + resident KV read) / --device-bw + offloaded KV read /
 // --link-bw.
+// Speculation: --lookup or --md FILE (a draft model) makes tgN generate N
+// tokens greedily through smol_spec from a bos prompt (up to --draft-max
+// guesses a target pass); the row's name gives the share of guesses kept
+// and the tokens a target pass gave.
 
 #include "smol.h"
 
@@ -96,6 +100,10 @@ struct options {
     int engine_ctx = 8192;     // --engine-ctx: the engine's KV cells
     bool autotune = false;     // --autotune: write the matmul kernel table and stop
     std::string autotune_file; // where (empty: the device's default file)
+    bool lookup = false;       // --lookup: tg speculates by n-gram lookup
+    std::string draft;         // --md: tg speculates with this draft model
+    int draft_max = 8;
+    smol_model * draft_model = nullptr; // loaded from draft
 };
 
 // The attention kernel --attn names (checked by the parser).
@@ -312,6 +320,32 @@ void test_gen(bench_state & b, int n_gen, int pos0 = 0) {
     }
 }
 
+// Speculative generation: smol_spec from a one-token prompt until n_gen
+// tokens; adds its figures to the totals.
+void test_spec(bench_state & b, const options & o, int n_gen, smol_spec_stats & total) {
+    smol_spec_params sp = smol_spec_default_params();
+    sp.draft_max = o.draft_max;
+    sp.draft_model = o.draft_model;
+    smol_spec * raw = nullptr;
+    check(smol_spec_create(b.ctx, &sp, &raw), "speculation");
+    std::unique_ptr<smol_spec, void (*)(smol_spec *)> spec(raw, smol_spec_free);
+    const smol_token bos = std::max<smol_token>(0, smol_token_bos(b.model));
+    check(smol_spec_prompt(spec.get(), &bos, 1), "speculation's prompt");
+    std::vector<smol_token> out(size_t(o.draft_max) + 1);
+    for (int done = 0; done < n_gen;) {
+        int32_t n = 0;
+        check(smol_spec_next(spec.get(), out.data(),
+                             std::min<int32_t>(int32_t(out.size()), n_gen - done), &n),
+              "speculation");
+        done += n;
+    }
+    const smol_spec_stats st = smol_spec_get_stats(spec.get());
+    total.n_steps += st.n_steps;
+    total.n_drafted += st.n_drafted;
+    total.n_accepted += st.n_accepted;
+    total.n_tokens += st.n_tokens;
+}
+
 std::string now_iso8601() {
     const std::time_t t = std::time(nullptr);
     char buf[32];
@@ -340,8 +374,12 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     r.n_depth = n_depth;
     r.test_time = now_iso8601();
 
+    const bool spec = n_gen > 0 && n_prompt == 0 && (o.lookup || o.draft_model);
+    if (spec && n_depth > 0)
+        throw bench_error("--lookup and --md generate from an empty context: leave out -d");
     smol_context_params cparams = smol_context_default_params();
-    cparams.n_ctx = uint32_t(n_depth + n_prompt + n_gen);
+    // Speculation: the bos prompt and the last pass's guesses take room too.
+    cparams.n_ctx = uint32_t(n_depth + n_prompt + n_gen + (spec ? 1 + o.draft_max : 0));
     cparams.n_batch = uint32_t(n_batch);
     cparams.n_threads = n_threads;
     if (!device.empty()) cparams.device = device.c_str();
@@ -379,6 +417,8 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     }
     if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
     if (n_gen > 0) test_gen(b, 1, n_depth);
+    smol_spec_stats spec_total{};
+    if (spec) r.mode = o.lookup ? " lookup" : " draft";
     for (int rep = 0; rep < reps; rep++) {
         if (progress)
             std::fprintf(stderr, "smol-bench: %s %s t=%d rep %d/%d\n", r.model_label.c_str(),
@@ -387,9 +427,22 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
         b.restart();
         const auto t0 = std::chrono::steady_clock::now();
         if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
-        if (n_gen > 0) test_gen(b, n_gen, n_depth);
+        if (spec) {
+            test_spec(b, o, n_gen, spec_total);
+        } else if (n_gen > 0) {
+            test_gen(b, n_gen, n_depth);
+        }
         const auto t1 = std::chrono::steady_clock::now();
         r.samples_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    }
+    if (spec && spec_total.n_steps > 0) {
+        char note[96];
+        std::snprintf(note, sizeof note, " (%.0f%% kept, %.2f tok/pass)",
+                      spec_total.n_drafted > 0
+                          ? 100.0 * double(spec_total.n_accepted) / double(spec_total.n_drafted)
+                          : 0.0,
+                      double(spec_total.n_tokens) / double(spec_total.n_steps));
+        r.mode += note;
     }
     b.report(r.test_name());
     r.place.shown = n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto";
@@ -778,6 +831,17 @@ int run(options & o) {
                               "' does not exist; run scripts/fetch-model.sh for the default "
                               "model, or check the path");
     }
+    if (o.lookup && !o.draft.empty())
+        throw bench_error("--lookup and --md: give one proposer for the speculative tg tests");
+    if ((o.lookup || !o.draft.empty()) && o.sample)
+        throw bench_error("--sample with --lookup or --md: speculative tg here is greedy");
+    model_ptr draft;
+    if (!o.draft.empty()) {
+        smol_model * raw = nullptr;
+        check(smol_model_load(o.draft.c_str(), nullptr, &raw), "--md: cannot load " + o.draft);
+        draft.reset(raw);
+        o.draft_model = raw;
+    }
     if (o.autotune) {
         for (const std::string & file : o.models) {
             smol_model * raw = nullptr;
@@ -931,6 +995,13 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     app.add_option("--batched-gen", o.batched_gen, "timed steps of a batched test")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    app.add_flag("--lookup", o.lookup,
+                 "tg generates greedily with speculation by n-gram lookup (smol_spec)");
+    app.add_option("--md,--model-draft", o.draft,
+                   "tg generates greedily with speculation by this draft model");
+    app.add_option("--draft-max", o.draft_max, "with --lookup or --md: guesses per target pass")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     app.add_flag("--autotune", o.autotune,

@@ -138,6 +138,10 @@ gen_request parse_common(const served_model & m, const json & body) {
     if (!ie.is_null() && !ie.is_boolean())
         throw bad_request("'ignore_eos' must be a boolean", "ignore_eos");
     g.ignore_eos = ie.is_boolean() && ie.get<bool>();
+    const json & spec = field(body, "speculative");
+    if (!spec.is_null() && !spec.is_boolean())
+        throw bad_request("'speculative' must be a boolean", "speculative");
+    g.speculative = !spec.is_boolean() || spec.get<bool>();
     const json & so = field(body, "stream_options");
     if (so.is_object() && so.contains("include_usage") && so["include_usage"].is_boolean())
         g.include_usage = so["include_usage"].get<bool>();

@@ -59,6 +59,9 @@ struct gen_request {
     // GBNF the output follows: from response_format (json_object, or
     // json_schema's schema) or llama-server's 'grammar'; empty: none.
     std::string grammar;
+    // smol's extension: false keeps the request from speculating when the
+    // server does (--lookup, --draft-model); the output is the same.
+    bool speculative = true;
 };
 
 // The longest stop string a request may give.

@@ -67,6 +67,10 @@ struct options {
     std::vector<std::string> api_keys;
     std::string api_key_file;
     bool no_auth = false;
+    // Speculation: n-gram lookup or a draft model, draft_max guesses a step.
+    bool lookup = false;
+    std::string draft_model;
+    int draft_max = 0; // 0: 8 when --lookup or --draft-model is given
 };
 
 // --- errors in OpenAI's shape --------------------------------------------------
@@ -139,6 +143,7 @@ struct server_metrics {
 
 struct server_state {
     smol_model * model = nullptr;
+    smol_model * draft = nullptr; // --draft-model
     smol_engine * engine = nullptr;
     served_model served; // what requests are checked against
     std::chrono::milliseconds queue_wait{1000};
@@ -454,6 +459,7 @@ struct job {
         p.max_tokens = g.max_tokens;
         p.ignore_eog = g.ignore_eos;
         p.grammar = g.grammar.empty() ? nullptr : g.grammar.c_str();
+        if (!g.speculative) p.draft_max = 0;
         if (p.grammar) ++st.m.constrained;
         p.on_event = on_event;
         auto * ref = new std::shared_ptr<stream_state>(state);
@@ -1070,6 +1076,12 @@ std::string metrics(server_state & st) {
         "Bytes of the KV cells in use, in heads offloaded to host memory.",
         double(s.kv_bytes_offloaded));
     put("smol_engine_steps_total", "counter", "Batches run.", double(s.n_steps));
+    put("smol_spec_drafted_tokens_total", "counter",
+        "Guessed tokens verified by speculative decoding.", double(s.n_spec_drafted));
+    put("smol_spec_accepted_tokens_total", "counter", "Of those, tokens kept.",
+        double(s.n_spec_accepted));
+    put("smol_spec_verifies_total", "counter",
+        "Request steps that verified at least one guessed token.", double(s.n_spec_verifies));
     put("smol_http_errors_total", "counter", "Requests answered with an error.",
         double(st.n_http_errors.load()));
     put("smol_client_disconnects_total", "counter", "Requests whose client went away.",
@@ -1159,6 +1171,13 @@ int main(int argc, char ** argv) {
                    "a file of keys, one a line (# starts a comment)");
     app.add_flag("--no-auth", o.no_auth,
                  "serve beyond loopback without keys (by default that needs --api-key)");
+    app.add_flag("--lookup", o.lookup,
+                 "speculate by n-gram lookup in each request's prompt and output");
+    app.add_option("--draft-model,--model-draft,--md", o.draft_model,
+                   "speculate with this smaller GGUF model of the same vocabulary");
+    app.add_option("--draft-max", o.draft_max,
+                   "most guessed tokens per request and step (default 8 with --lookup or "
+                   "--draft-model)");
     CLI11_PARSE(app, argc, argv);
 
     std::vector<std::string> keys = o.api_keys;
@@ -1217,8 +1236,43 @@ int main(int argc, char ** argv) {
     ep.n_queue_max = o.max_queue;
     ep.prefix_cache = !o.no_prefix_cache;
     ep.worker_thread = true;
+    // Speculation; each error names the flag to change.
+    if (o.lookup && !o.draft_model.empty()) {
+        std::fprintf(stderr, "smol-server: --lookup and --draft-model: give one proposer\n");
+        smol_model_free(st.model);
+        return 1;
+    }
+    if (o.draft_max < 0 || (o.draft_max > 0 && !o.lookup && o.draft_model.empty())) {
+        std::fprintf(stderr,
+                     "smol-server: --draft-max %d: give --lookup or --draft-model with a "
+                     "positive --draft-max\n",
+                     o.draft_max);
+        smol_model_free(st.model);
+        return 1;
+    }
+    if (o.lookup || !o.draft_model.empty()) {
+        ep.draft_max = o.draft_max > 0 ? o.draft_max : 8;
+    }
+    if (!o.draft_model.empty()) {
+        if (smol_model_load(o.draft_model.c_str(), nullptr, &st.draft) != SMOL_OK) {
+            std::fprintf(stderr, "smol-server: --draft-model: %s\n", smol_last_error());
+            smol_model_free(st.model);
+            return 1;
+        }
+        ep.draft_model = st.draft;
+    }
     if (smol_engine_create(st.model, &ep, &st.engine) != SMOL_OK) {
-        std::fprintf(stderr, "smol-server: %s\n", smol_last_error());
+        const std::string msg = smol_last_error();
+        // A refusal of the speculation names the flag that asked for it.
+        const char * flag = msg.find("draft_max") != std::string::npos ? "--draft-max"
+                            : msg.find("draft") != std::string::npos   ? "--draft-model"
+                                                                       : nullptr;
+        if (flag) {
+            std::fprintf(stderr, "smol-server: %s: %s\n", flag, msg.c_str());
+        } else {
+            std::fprintf(stderr, "smol-server: %s\n", msg.c_str());
+        }
+        smol_model_free(st.draft);
         smol_model_free(st.model);
         return 1;
     }
@@ -1385,12 +1439,16 @@ int main(int argc, char ** argv) {
         std::fprintf(stderr, "smol-server: cannot listen on %s:%d\n", o.host.c_str(), o.port);
         server.reset();
         smol_engine_free(st.engine);
+        smol_model_free(st.draft);
         smol_model_free(st.model);
         return 1;
     }
     std::fprintf(
-        stderr, "smol-server: %s on http://%s:%d (%u slots, %u cells, %s; %s)\n",
+        stderr, "smol-server: %s on http://%s:%d (%u slots, %u cells, %s%s; %s)\n",
         st.served.id.c_str(), o.host.c_str(), port, o.parallel, o.n_ctx, smol_cpu_kernels_name(),
+        ep.draft_max == 0 ? ""
+        : ep.draft_model  ? ", speculating with a draft model"
+                          : ", speculating by n-gram lookup",
         keys.empty() ? "no API key" : (std::to_string(keys.size()) + " API key(s)").c_str());
     std::printf("listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);
@@ -1399,6 +1457,7 @@ int main(int argc, char ** argv) {
     server.reset();
     smol_context_free(st.embd);
     smol_engine_free(st.engine);
+    smol_model_free(st.draft);
     smol_model_free(st.model);
     return 0;
 }
