@@ -12,7 +12,9 @@ and the same tensors (names, order, types, shapes, bytes).
         sharded and not, converts each with both tools to f32, f16, bf16 and
         q8_0, and compares. Where LLAMA_BIN has llama-quantize, smol-convert's
         K-quant and legacy types are compared too, with llama-quantize's
-        requantization of convert_hf_to_gguf.py's f32 file. PY runs
+        requantization of convert_hf_to_gguf.py's f32 file. Then random
+        Gemma 3 checkpoints (scripts/make-hf-gemma3.py, run by PY: it needs
+        sentencepiece) the same way, to f32, f16, bf16 and q8_0. PY runs
         convert_hf_to_gguf.py (it needs torch, transformers, sentencepiece,
         safetensors); where they are missing, or the sources are, the test
         is skipped (exit status 77).
@@ -116,9 +118,10 @@ def test(a):
         print(f"check-convert: skipped: {a.python} cannot run convert_hf_to_gguf.py ({last}); "
               "pip install torch transformers sentencepiece safetensors tokenizers")
         return 77
-    if not os.path.isfile(a.vocab_from):
-        print(f"check-convert: skipped: {a.vocab_from} is absent (scripts/fetch-model.sh)")
-        return 77
+    llama_cases = os.path.isfile(a.vocab_from)
+    if not llama_cases:
+        print(f"check-convert: the Llama cases are skipped: {a.vocab_from} is absent "
+              "(scripts/fetch-model.sh); the Gemma 3 ones run")
     seed = int(os.environ.get("SMOL_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
     print(f"check-convert: seed {seed} (SMOL_TEST_SEED={seed} replays it)")
     tmp = tempfile.mkdtemp(prefix="smol-check-convert-")
@@ -136,7 +139,7 @@ def test(a):
                  ("bf16", 2, ["f32", "f16", "bf16"], []),
                  ("f16", 1, ["f32", "f16", "bf16"], []),
                  ("f32", 1, [], requant)]
-        for i, (dtype, shards, types, qtypes) in enumerate(cases):
+        for i, (dtype, shards, types, qtypes) in enumerate(cases if llama_cases else []):
             if not types and not qtypes:
                 continue
             model = os.path.join(tmp, f"tiny-{i}-{dtype}")
@@ -179,6 +182,26 @@ def test(a):
                 print(f"check-convert: {dtype} checkpoint (rows 256, 512) -> {t}: {same}/{n} "
                       f"tensors byte-identical to llama-quantize's of convert_hf_to_gguf's f32, "
                       f"{n_keys} keys; {status}")
+                for d in diffs:
+                    print("    " + d)
+                failures += bool(diffs)
+        gemma_cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"]),
+                       ("bf16", 2, ["f32", "f16", "bf16"]),
+                       ("f16", 1, ["f32", "f16", "bf16"])]
+        for i, (dtype, shards, types) in enumerate(gemma_cases):
+            model = os.path.join(tmp, f"gemma3-{i}-{dtype}")
+            run([a.python, os.path.join(HERE, "make-hf-gemma3.py"), model, "--seed",
+                 str(seed + 10 + i), "--dtype", dtype, "--shards", str(shards)])
+            for t in types:
+                ours = os.path.join(tmp, f"smol-gemma3-{dtype}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-gemma3-{dtype}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                run([a.python, convert, model, "--outfile", theirs, "--outtype", t,
+                     "--model-name", "tiny"], cwd=tmp)
+                diffs, same, n, n_keys = compare(ours, theirs)
+                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
+                print(f"check-convert: Gemma 3 {dtype} checkpoint, {shards} shard(s) -> {t}: "
+                      f"{same}/{n} tensors byte-identical, {n_keys} keys; {status}")
                 for d in diffs:
                     print("    " + d)
                 failures += bool(diffs)
