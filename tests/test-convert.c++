@@ -820,3 +820,25 @@ TEST_CASE("a Gemma 3 checkpoint whose tokenizer.model is cut short is refused") 
         .write(m.data(), std::streamsize(m.size()));
     check_refused(d, {"tokenizer.model", "past the end"});
 }
+
+TEST_CASE("a pair template with the eos between A and B adds it as the separator") {
+    // gguf-py's SpecialVocab reads TemplateProcessing's pair template:
+    // <bos> A <eos> B makes add_sep true, and the eos token the separator.
+    tiny_dir d("convert-pair-template");
+    json t = tiny_tokenizer();
+    auto special = [](const char * id) { return json{{"SpecialToken", {{"id", id}}}}; };
+    auto sequence = [](const char * id) { return json{{"Sequence", {{"id", id}}}}; };
+    t["post_processor"] = {
+        {"type", "TemplateProcessing"},
+        {"single", {special("<|im_start|>"), sequence("A")}},
+        {"pair",
+         {special("<|im_start|>"), sequence("A"), special("<|endoftext|>"), sequence("B")}}};
+    write_json(d.path / "tokenizer.json", t);
+    write_json(d.path / "tokenizer_config.json",
+               {{"bos_token", "<|im_start|>"}, {"eos_token", "<|endoftext|>"}});
+    convert(d.path, d.out(), "F16");
+    const auto f = gguf::file::open(d.out().string());
+    CHECK(f->get_bool("tokenizer.ggml.add_bos_token") == true);
+    CHECK(f->get_bool("tokenizer.ggml.add_sep_token") == true);
+    CHECK(f->get_u64("tokenizer.ggml.seperator_token_id") == 0);
+}

@@ -128,7 +128,9 @@ void add_special_vocab(gguf::writer & w, const std::string & dir, const std::str
             if (e.first == typ) return;
         special_ids.emplace_back(typ, uint32_t(id.get<int64_t>()));
     };
+    std::string sep_fallback; // the eos text, where the pair template adds it as sep
     auto token_text = [&](const std::string & typ) -> std::string {
+        if (typ == "sep" && !sep_fallback.empty()) return sep_fallback;
         if (!tc.is_object() || !tc.contains(typ + "_token")) return "";
         const json & e = tc[typ + "_token"];
         if (e.is_string()) return e.get<std::string>();
@@ -151,18 +153,44 @@ void add_special_vocab(gguf::writer & w, const std::string & dir, const std::str
                 set_add("eos", true, true);
                 set_add("sep", true, true);
             } else if (t == "TemplateProcessing") {
+                auto special_of = [](const json & e) -> std::string {
+                    if (e.is_object() && e.contains("SpecialToken") &&
+                        e["SpecialToken"].is_object())
+                        return e["SpecialToken"].value("id", "");
+                    return "";
+                };
+                auto sequence_of = [](const json & e) -> std::string {
+                    if (e.is_object() && e.contains("Sequence") && e["Sequence"].is_object())
+                        return e["Sequence"].value("id", "");
+                    return "";
+                };
                 const json single = p.contains("single") ? p["single"] : json::array();
+                std::string first, last;
                 if (single.is_array() && single.size() > 1) {
-                    auto special_of = [](const json & e) -> std::string {
-                        if (e.is_object() && e.contains("SpecialToken") &&
-                            e["SpecialToken"].is_object())
-                            return e["SpecialToken"].value("id", "");
-                        return "";
-                    };
-                    const std::string first = special_of(single.front());
-                    const std::string last = special_of(single.back());
+                    first = special_of(single.front());
+                    last = special_of(single.back());
                     if (!first.empty()) set_add("bos", first == token_text("bos"), true);
                     if (!last.empty()) set_add("eos", last == token_text("eos"), true);
+                }
+                // The pair template, A [sep] [sep] B between the single
+                // one's ends, says whether a separator is added.
+                json pair = p.contains("pair") && p["pair"].is_array() ? p["pair"] : json::array();
+                if (!pair.empty()) {
+                    size_t from = !first.empty() && special_of(pair.front()) == first ? 1 : 0;
+                    size_t to = pair.size();
+                    if (!last.empty() && special_of(pair.back()) == last) --to;
+                    if (from < to && sequence_of(pair[from]) == "A" &&
+                        sequence_of(pair[to - 1]) == "B" && to - from > 2) {
+                        const std::string sep = token_text("sep"), eos = token_text("eos");
+                        auto is_sep = [&](const std::string & id) {
+                            return !id.empty() && (id == sep || id == eos);
+                        };
+                        bool add_sep = is_sep(special_of(pair[from + 1])) && last.empty();
+                        if (to - from - 2 == 2 && is_sep(special_of(pair[from + 2])))
+                            add_sep = true;
+                        set_add("sep", add_sep, true);
+                        if (add_sep && sep.empty()) sep_fallback = eos;
+                    }
                 }
             } else {
                 throw convert_error(tok_path + ": post_processor of type \"" + t +
