@@ -7,8 +7,11 @@ safetensors (one file or shards with model.safetensors.index.json; norm
 weights stored as HF stores them, the offset from 1), tokenizer.model (a
 SentencePiece BPE model with byte fallback, trained here on Python's own
 documentation, pydoc_data.topics), tokenizer_config.json (a chat template,
-special tokens, added_tokens_decoder) and generation_config.json. There is
-no tokenizer.json: llama.cpp's converter reads tokenizer.model when present.
+special tokens, added_tokens_decoder) and generation_config.json; with
+--tokenizer-json also a tokenizer.json in the shape of Gemma's (its
+vocabulary, added tokens and the post-processor that adds <bos>), which
+llama.cpp's converter reads for special tokens only when tokenizer.model is
+there.
 
 reference.json beside them gives, for a few texts, the ids the sentencepiece
 library gives, and for a few token sequences the logits of an independent
@@ -123,6 +126,39 @@ def from_bf16_bits(b):
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
+def write_tokenizer_json(out_dir, sp, specials):
+    """What the converter reads of Gemma's tokenizer.json: added tokens and
+    a TemplateProcessing post-processor adding <bos>."""
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i, t in specials.items()]
+    tok = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "<bos>", "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}},
+        },
+        "decoder": None,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+
+
 # --- the forward pass, after transformers' modeling_gemma3 -----------------
 
 def gemma_rms_norm(x, w, eps):
@@ -207,6 +243,7 @@ def main():
     ap.add_argument("--vocab-pad", type=int, default=6,
                     help="config.json's vocab_size past the tokenizer's pieces")
     ap.add_argument("--softcap", type=float, default=None)
+    ap.add_argument("--tokenizer-json", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print(f"make-hf-gemma3: seed {a.seed}, {a.dtype}, {a.shards} shard(s) -> {a.out}")
@@ -234,6 +271,9 @@ def main():
     }
     with open(os.path.join(a.out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tok_config, f, indent=2, ensure_ascii=False)
+
+    if a.tokenizer_json:
+        write_tokenizer_json(a.out, sp, specials)
 
     E, L, H, KV, F, hd = a.hidden, a.layers, a.heads, a.kv_heads, a.ff, a.head_dim
     pattern = 6
