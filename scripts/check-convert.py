@@ -14,7 +14,8 @@ and the same tensors (names, order, types, shapes, bytes).
         K-quant and legacy types are compared too, with llama-quantize's
         requantization of convert_hf_to_gguf.py's f32 file. Then random
         Gemma 3 checkpoints (scripts/make-hf-gemma3.py, run by PY: it needs
-        sentencepiece) the same way, to f32, f16, bf16 and q8_0. PY runs
+        sentencepiece) the same way, to f32, f16, bf16, q8_0 and the
+        llama-quantize types. PY runs
         convert_hf_to_gguf.py (it needs torch, transformers, sentencepiece,
         safetensors); where they are missing, or the sources are, the test
         is skipped (exit status 77).
@@ -186,25 +187,48 @@ def test(a):
                     print("    " + d)
                 failures += bool(diffs)
         # The f16 checkpoint has a tokenizer.json beside tokenizer.model,
-        # as Gemma's do: its added tokens and post-processor count too.
-        gemma_cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"], []),
-                       ("bf16", 2, ["f32", "f16", "bf16"], []),
-                       ("f16", 1, ["f32", "f16", "bf16"], ["--tokenizer-json"])]
-        for i, (dtype, shards, types, extra) in enumerate(gemma_cases):
+        # as Gemma's do: its added tokens and post-processor count too. The
+        # last one's rows (256, 512) fill K-quant blocks.
+        wide = ["--hidden", "256", "--ff", "512", "--head-dim", "64"]
+        gemma_cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"], [], []),
+                       ("bf16", 2, ["f32", "f16", "bf16"], [], []),
+                       ("f16", 1, ["f32", "f16", "bf16"], [], ["--tokenizer-json"]),
+                       ("f32", 1, [], requant, wide)]
+        for i, (dtype, shards, types, qtypes, extra) in enumerate(gemma_cases):
+            if not types and not qtypes:
+                continue
             model = os.path.join(tmp, f"gemma3-{i}-{dtype}")
             run([a.python, os.path.join(HERE, "make-hf-gemma3.py"), model, "--seed",
                  str(seed + 10 + i), "--dtype", dtype, "--shards", str(shards)] + extra)
+            what = " and tokenizer.json" if "--tokenizer-json" in extra else ""
             for t in types:
-                ours = os.path.join(tmp, f"smol-gemma3-{dtype}-{t}.gguf")
-                theirs = os.path.join(tmp, f"llama-gemma3-{dtype}-{t}.gguf")
+                ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-gemma3-{i}-{t}.gguf")
                 run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
                 run([a.python, convert, model, "--outfile", theirs, "--outtype", t,
                      "--model-name", "tiny"], cwd=tmp)
                 diffs, same, n, n_keys = compare(ours, theirs)
                 status = "identical" if not diffs else f"{len(diffs)} difference(s)"
-                what = " and tokenizer.json" if extra else ""
                 print(f"check-convert: Gemma 3 {dtype} checkpoint{what}, {shards} shard(s) -> {t}: "
                       f"{same}/{n} tensors byte-identical, {n_keys} keys; {status}")
+                for d in diffs:
+                    print("    " + d)
+                failures += bool(diffs)
+            if qtypes:
+                f32 = os.path.join(tmp, f"llama-gemma3-{i}-f32.gguf")
+                run([a.python, convert, model, "--outfile", f32, "--outtype", "f32",
+                     "--model-name", "tiny"], cwd=tmp)
+            for t in qtypes:
+                ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-gemma3-{i}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                env = dict(os.environ, LD_LIBRARY_PATH=a.llama_bin)
+                run([quantize, f32, theirs, t], env=env)
+                diffs, same, n, n_keys = compare(ours, theirs)
+                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
+                print(f"check-convert: Gemma 3 {dtype} checkpoint (rows 256, 512) -> {t}: "
+                      f"{same}/{n} tensors byte-identical to llama-quantize's of "
+                      f"convert_hf_to_gguf's f32, {n_keys} keys; {status}")
                 for d in diffs:
                     print("    " + d)
                 failures += bool(diffs)
