@@ -15,6 +15,7 @@
 #include "test-handles.h"
 #include "test-seed.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -841,4 +842,45 @@ TEST_CASE("a pair template with the eos between A and B adds it as the separator
     CHECK(f->get_bool("tokenizer.ggml.add_bos_token") == true);
     CHECK(f->get_bool("tokenizer.ggml.add_sep_token") == true);
     CHECK(f->get_u64("tokenizer.ggml.seperator_token_id") == 0);
+}
+
+TEST_CASE("a Gemma 3 with linear RoPE scaling gets llama.cpp's scaling keys") {
+    tiny_gemma_dir d("convert-gemma-linear");
+    json c = tiny_gemma_config();
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+    write_json(d.path / "config.json", c);
+    convert(d.path, d.out(), "F32");
+    const auto f = gguf::file::open(d.out().string());
+    CHECK(f->get_str("gemma3.rope.scaling.type") == "linear");
+    CHECK(f->get_f64("gemma3.rope.scaling.factor") == 8.0);
+    CHECK(f->get_f64("gemma3.rope.freq_base") == 1000000.0);
+    CHECK(f->get_f64("gemma3.rope.freq_base_swa") == 10000.0);
+}
+
+TEST_CASE("a Gemma 3 config with RoPE scaling other than linear is refused, named") {
+    tiny_gemma_dir d("convert-gemma-yarn");
+    json c = tiny_gemma_config();
+    c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    write_json(d.path / "config.json", c);
+    check_refused(d, {"config.json", "rope_scaling", "yarn"});
+}
+
+TEST_CASE("a Gemma 3 config with another activation is refused, named") {
+    tiny_gemma_dir d("convert-gemma-act");
+    json c = tiny_gemma_config();
+    c["hidden_activation"] = "silu";
+    write_json(d.path / "config.json", c);
+    check_refused(d, {"config.json", "hidden_activation", "silu"});
+}
+
+TEST_CASE("a Gemma 3 checkpoint missing a per-head norm is refused, named") {
+    tiny_gemma_dir d("convert-gemma-missing");
+    auto t = tiny_gemma_tensors();
+    t.erase(std::remove_if(t.begin(), t.end(),
+                           [](const st_entry & e) {
+                               return e.name == "model.layers.0.self_attn.k_norm.weight";
+                           }),
+            t.end());
+    write_safetensors(d.path / "model.safetensors", t);
+    check_refused(d, {"model.layers.0.self_attn.k_norm.weight", "missing"});
 }
