@@ -188,18 +188,26 @@ def test(a):
                 failures += bool(diffs)
         # The f16 checkpoint has a tokenizer.json beside tokenizer.model,
         # as Gemma's do: its added tokens and post-processor count too. The
-        # last one's rows (256, 512) fill K-quant blocks.
+        # bf16 one has linear RoPE scaling and a final soft-cap (Gemma 3
+        # 4B's and Gemma 2's settings). The last one's rows (256, 512) fill
+        # K-quant blocks.
         wide = ["--hidden", "256", "--ff", "512", "--head-dim", "64"]
         gemma_cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"], [], []),
-                       ("bf16", 2, ["f32", "f16", "bf16"], [], []),
+                       ("bf16", 2, ["f32", "f16", "bf16"], [],
+                        ["--rope-linear", "8", "--softcap", "30"]),
                        ("f16", 1, ["f32", "f16", "bf16"], [], ["--tokenizer-json"]),
                        ("f32", 1, [], requant, wide)]
         for i, (dtype, shards, types, qtypes, extra) in enumerate(gemma_cases):
             if not types and not qtypes:
                 continue
             model = os.path.join(tmp, f"gemma3-{i}-{dtype}")
-            run([a.python, os.path.join(HERE, "make-hf-gemma3.py"), model, "--seed",
-                 str(seed + 10 + i), "--dtype", dtype, "--shards", str(shards)] + extra)
+            made = run([a.python, os.path.join(HERE, "make-hf-gemma3.py"), model, "--seed",
+                        str(seed + 10 + i), "--dtype", dtype, "--shards", str(shards),
+                        "--check-transformers"] + extra)
+            for line in made.stdout.splitlines():
+                if "transformers' logits" in line:
+                    print(f"check-convert: Gemma 3 {dtype} checkpoint {i}: " +
+                          line.split(": ", 1)[1])
             what = " and tokenizer.json" if "--tokenizer-json" in extra else ""
             for t in types:
                 ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")

@@ -23,7 +23,11 @@ attention scale query_pre_attn_scalar**-0.5, tied output, final soft-capping
 when set); the logits are in reference-logits.f64 (little-endian float64,
 sequence after sequence, position after position, n_vocab each).
 
-    make-hf-gemma3.py OUT_DIR --seed 7 [--dtype bf16] [--shards 2]
+    make-hf-gemma3.py OUT_DIR --seed 7 [--dtype bf16] [--shards 2] [--check-transformers]
+
+--check-transformers loads the checkpoint with transformers (torch) in
+float64 and fails unless its logits are those of the numpy pass, within
+1e-5 of the largest (transformers keeps RoPE's frequencies in float32).
 
 Exit status 77 (a skip for ctest) when numpy, safetensors or sentencepiece
 is missing.
@@ -175,8 +179,10 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def rope_tables(T, hd, base):
-    inv = 1.0 / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+def rope_tables(T, hd, base, factor=1.0):
+    # Linear scaling (global layers only, as transformers applies it)
+    # divides the frequencies.
+    inv = 1.0 / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd) / factor
     ang = np.outer(np.arange(T, dtype=np.float64), inv)
     emb = np.concatenate([ang, ang], axis=-1)
     return np.cos(emb), np.sin(emb)
@@ -187,7 +193,9 @@ def forward(w, cfg, ids):
     hd, eps = cfg["head_dim"], cfg["rms_norm_eps"]
     T = len(ids)
     x = w["model.embed_tokens.weight"][ids] * np.sqrt(E)
-    tables = {"full_attention": rope_tables(T, hd, cfg["rope_theta"]),
+    scaling = cfg.get("rope_scaling") or {}
+    factor = scaling.get("factor", 1.0) if scaling.get("rope_type") == "linear" else 1.0
+    tables = {"full_attention": rope_tables(T, hd, cfg["rope_theta"], factor),
               "sliding_attention": rope_tables(T, hd, cfg["rope_local_base_freq"])}
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     causal = j <= i
@@ -226,6 +234,25 @@ def forward(w, cfg, ids):
     return y
 
 
+def check_transformers(out_dir, seqs):
+    """The numpy pass against transformers' own Gemma3ForCausalLM."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(out_dir, torch_dtype=torch.float64,
+                                             attn_implementation="eager").eval()
+    ref = np.fromfile(os.path.join(out_dir, "reference-logits.f64"), "<f8")
+    at, worst = 0, 0.0
+    for ids in seqs:
+        with torch.no_grad():
+            y = m(torch.tensor([ids])).logits[0].numpy()
+        r = ref[at:at + y.size].reshape(y.shape)
+        at += y.size
+        worst = max(worst, float(np.abs(y - r).max() / np.abs(r).max()))
+    print(f"make-hf-gemma3: transformers' logits within {worst:.1e} of the numpy pass's")
+    if worst > 1e-5:
+        sys.exit("make-hf-gemma3: the numpy forward pass disagrees with transformers")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
@@ -243,7 +270,10 @@ def main():
     ap.add_argument("--vocab-pad", type=int, default=6,
                     help="config.json's vocab_size past the tokenizer's pieces")
     ap.add_argument("--softcap", type=float, default=None)
+    ap.add_argument("--rope-linear", type=float, default=None,
+                    help="rope_scaling {rope_type: linear, factor: F} for the global layers")
     ap.add_argument("--tokenizer-json", action="store_true")
+    ap.add_argument("--check-transformers", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print(f"make-hf-gemma3: seed {a.seed}, {a.dtype}, {a.shards} shard(s) -> {a.out}")
@@ -302,7 +332,8 @@ def main():
         "query_pre_attn_scalar": hd,
         "rms_norm_eps": 1e-06,
         "rope_local_base_freq": 10000.0,
-        "rope_scaling": None,
+        "rope_scaling": {"rope_type": "linear", "factor": a.rope_linear} if a.rope_linear
+        else None,
         "rope_theta": 1000000.0,
         "sliding_window": a.window,
         "sliding_window_pattern": pattern,
@@ -392,6 +423,8 @@ def main():
         json.dump({"seed": a.seed, "dtype": a.dtype, "n_vocab": n_vocab, "texts": tokenized,
                    "sequences": seqs, "logits_file": "reference-logits.f64"}, f,
                   ensure_ascii=False)
+    if a.check_transformers:
+        check_transformers(a.out, seqs)
     print(f"make-hf-gemma3: {len(names)} tensors, {total / 2**20:.1f} MiB, "
           f"{sp.get_piece_size()} pieces; {len(texts)} texts, {len(seqs)} sequences "
           f"(largest |logit| {max(biggest):.3f})")
