@@ -12,7 +12,10 @@ and the same tensors (names, order, types, shapes, bytes).
         sharded and not, converts each with both tools to f32, f16, bf16 and
         q8_0, and compares. Where LLAMA_BIN has llama-quantize, smol-convert's
         K-quant and legacy types are compared too, with llama-quantize's
-        requantization of convert_hf_to_gguf.py's f32 file. PY runs
+        requantization of convert_hf_to_gguf.py's f32 file. Then random
+        Gemma 3 checkpoints (scripts/make-hf-gemma3.py, run by PY: it needs
+        sentencepiece) the same way, to f32, f16, bf16, q8_0 and the
+        llama-quantize types. PY runs
         convert_hf_to_gguf.py (it needs torch, transformers, sentencepiece,
         safetensors); where they are missing, or the sources are, the test
         is skipped (exit status 77).
@@ -116,9 +119,10 @@ def test(a):
         print(f"check-convert: skipped: {a.python} cannot run convert_hf_to_gguf.py ({last}); "
               "pip install torch transformers sentencepiece safetensors tokenizers")
         return 77
-    if not os.path.isfile(a.vocab_from):
-        print(f"check-convert: skipped: {a.vocab_from} is absent (scripts/fetch-model.sh)")
-        return 77
+    llama_cases = os.path.isfile(a.vocab_from)
+    if not llama_cases:
+        print(f"check-convert: the Llama cases are skipped: {a.vocab_from} is absent "
+              "(scripts/fetch-model.sh); the Gemma 3 ones run")
     seed = int(os.environ.get("SMOL_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
     print(f"check-convert: seed {seed} (SMOL_TEST_SEED={seed} replays it)")
     tmp = tempfile.mkdtemp(prefix="smol-check-convert-")
@@ -136,7 +140,7 @@ def test(a):
                  ("bf16", 2, ["f32", "f16", "bf16"], []),
                  ("f16", 1, ["f32", "f16", "bf16"], []),
                  ("f32", 1, [], requant)]
-        for i, (dtype, shards, types, qtypes) in enumerate(cases):
+        for i, (dtype, shards, types, qtypes) in enumerate(cases if llama_cases else []):
             if not types and not qtypes:
                 continue
             model = os.path.join(tmp, f"tiny-{i}-{dtype}")
@@ -179,6 +183,60 @@ def test(a):
                 print(f"check-convert: {dtype} checkpoint (rows 256, 512) -> {t}: {same}/{n} "
                       f"tensors byte-identical to llama-quantize's of convert_hf_to_gguf's f32, "
                       f"{n_keys} keys; {status}")
+                for d in diffs:
+                    print("    " + d)
+                failures += bool(diffs)
+        # The f16 checkpoint has a tokenizer.json beside tokenizer.model,
+        # as Gemma's do: its added tokens and post-processor count too. The
+        # bf16 one has linear RoPE scaling and a final soft-cap (Gemma 3
+        # 4B's and Gemma 2's settings). The last one's rows (256, 512) fill
+        # K-quant blocks.
+        wide = ["--hidden", "256", "--ff", "512", "--head-dim", "64"]
+        gemma_cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"], [], []),
+                       ("bf16", 2, ["f32", "f16", "bf16"], [],
+                        ["--rope-linear", "8", "--softcap", "30"]),
+                       ("f16", 1, ["f32", "f16", "bf16"], [], ["--tokenizer-json"]),
+                       ("f32", 1, [], requant, wide)]
+        for i, (dtype, shards, types, qtypes, extra) in enumerate(gemma_cases):
+            if not types and not qtypes:
+                continue
+            model = os.path.join(tmp, f"gemma3-{i}-{dtype}")
+            made = run([a.python, os.path.join(HERE, "make-hf-gemma3.py"), model, "--seed",
+                        str(seed + 10 + i), "--dtype", dtype, "--shards", str(shards),
+                        "--check-transformers"] + extra)
+            for line in made.stdout.splitlines():
+                if "transformers' logits" in line:
+                    print(f"check-convert: Gemma 3 {dtype} checkpoint {i}: " +
+                          line.split(": ", 1)[1])
+            what = " and tokenizer.json" if "--tokenizer-json" in extra else ""
+            for t in types:
+                ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-gemma3-{i}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                run([a.python, convert, model, "--outfile", theirs, "--outtype", t,
+                     "--model-name", "tiny"], cwd=tmp)
+                diffs, same, n, n_keys = compare(ours, theirs)
+                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
+                print(f"check-convert: Gemma 3 {dtype} checkpoint{what}, {shards} shard(s) -> {t}: "
+                      f"{same}/{n} tensors byte-identical, {n_keys} keys; {status}")
+                for d in diffs:
+                    print("    " + d)
+                failures += bool(diffs)
+            if qtypes:
+                f32 = os.path.join(tmp, f"llama-gemma3-{i}-f32.gguf")
+                run([a.python, convert, model, "--outfile", f32, "--outtype", "f32",
+                     "--model-name", "tiny"], cwd=tmp)
+            for t in qtypes:
+                ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-gemma3-{i}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                env = dict(os.environ, LD_LIBRARY_PATH=a.llama_bin)
+                run([quantize, f32, theirs, t], env=env)
+                diffs, same, n, n_keys = compare(ours, theirs)
+                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
+                print(f"check-convert: Gemma 3 {dtype} checkpoint (rows 256, 512) -> {t}: "
+                      f"{same}/{n} tensors byte-identical to llama-quantize's of "
+                      f"convert_hf_to_gguf's f32, {n_keys} keys; {status}")
                 for d in diffs:
                     print("    " + d)
                 failures += bool(diffs)

@@ -7,6 +7,7 @@
 #   fuzz-chat-template   bytes as a chat template and a conversation
 #   fuzz-server-request  bytes as smol-server's request bodies
 #   fuzz-safetensors     bytes as a safetensors file through smol-convert's reader
+#   fuzz-sentencepiece   bytes as a tokenizer.model through smol-convert's reader
 #   fuzz-grammar         bytes as GBNF and a text, or as a JSON schema
 # The GGUF targets start from small random llama files (written here, never
 # committed); the others from tests/fuzz/corpus/<target>. A crash, a
@@ -34,12 +35,12 @@ case "${1:-}" in
 esac
 build="build-fuzz"
 all=(fuzz-gguf fuzz-model-load fuzz-tokenizer fuzz-chat-template fuzz-server-request
-    fuzz-safetensors fuzz-grammar)
+    fuzz-safetensors fuzz-sentencepiece fuzz-grammar)
 targets=("${all[@]}")
 [ $# -gt 0 ] && targets=("$@")
 declare -A dict=([fuzz-gguf]=gguf [fuzz-model-load]=gguf [fuzz-tokenizer]=tokenizer
     [fuzz-chat-template]=chat-template [fuzz-server-request]=json [fuzz-safetensors]=json
-    [fuzz-grammar]=grammar)
+    [fuzz-sentencepiece]=sentencepiece [fuzz-grammar]=grammar)
 
 scripts/install-packages.sh clang libclang-rt-14-dev nlohmann-json3-dev
 scripts/fetch-model.sh >/dev/null # fuzz-tokenizer's vocabulary

@@ -38,7 +38,7 @@ struct llama_config {
 
 int64_t need_int(const json & c, const std::string & path, const char * key) {
     if (!c.contains(key))
-        throw convert_error(path + ": " + key + " is missing (a Llama config.json has it)");
+        throw convert_error(path + ": " + key + " is missing (the model's sizes need it)");
     if (!c[key].is_number_integer() || c[key].get<int64_t>() <= 0)
         throw convert_error(path + ": " + key + " is " + c[key].dump() +
                             ", not a positive integer");
@@ -108,6 +108,69 @@ llama_config read_llama_config(const json & c, const std::string & path) {
     return m;
 }
 
+// Gemma3ForCausalLM's config.json (Gemma3TextConfig), its defaults where
+// transformers has them, as convert_hf_to_gguf reads it through AutoConfig.
+struct gemma3_config {
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, head_dim, n_ctx, n_swa;
+    double eps, rope_theta, rope_local, softcap, linear_factor; // 0: none
+    bool write_swa, tied;
+};
+
+gemma3_config read_gemma3_config(const json & c, const std::string & path) {
+    gemma3_config m{};
+    m.n_embd = need_int(c, path, "hidden_size");
+    m.n_layer = need_int(c, path, "num_hidden_layers");
+    m.n_ff = need_int(c, path, "intermediate_size");
+    m.n_vocab = need_int(c, path, "vocab_size");
+    m.n_head = opt_int(c, path, "num_attention_heads", 8);
+    m.n_head_kv = opt_int(c, path, "num_key_value_heads", 4);
+    m.head_dim = opt_int(c, path, "head_dim", 256);
+    m.n_ctx = opt_int(c, path, "max_position_embeddings", 131072);
+    m.n_swa = opt_int(c, path, "sliding_window", 4096);
+    m.eps = opt_num(c, path, "rms_norm_eps", 1e-6);
+    m.rope_theta = opt_num(c, path, "rope_theta", 1000000.0);
+    m.rope_local = opt_num(c, path, "rope_local_base_freq", 10000.0);
+    m.softcap = opt_num(c, path, "final_logit_softcapping", 0.0);
+    if (m.n_head % m.n_head_kv != 0)
+        throw convert_error(path + ": num_attention_heads " + std::to_string(m.n_head) +
+                            " is not divisible by num_key_value_heads " +
+                            std::to_string(m.n_head_kv));
+    // Gemma 3 dropped attention soft-capping; llama.cpp's converter
+    // insists on its absence.
+    if (c.contains("attn_logit_softcapping") && !c["attn_logit_softcapping"].is_null())
+        throw convert_error(path + ": attn_logit_softcapping is set; Gemma 3 has none");
+    m.write_swa =
+        !(c.contains("sliding_window_pattern") && c["sliding_window_pattern"].is_number_integer() &&
+          c["sliding_window_pattern"].get<int64_t>() == 1);
+    if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
+        throw convert_error(path + ": tie_word_embeddings is not true or false");
+    m.tied = c.value("tie_word_embeddings", true);
+    const char * act_key = c.contains("hidden_activation") ? "hidden_activation" : "hidden_act";
+    const std::string act = c.contains(act_key) && c[act_key].is_string()
+                                ? c[act_key].get<std::string>()
+                                : "gelu_pytorch_tanh";
+    if (act != "gelu_pytorch_tanh")
+        throw convert_error(path + ": " + act_key + " \"" + act +
+                            "\" is not supported (gelu_pytorch_tanh is)");
+    if (c.contains("attention_bias") && c["attention_bias"].is_boolean() &&
+        c["attention_bias"].get<bool>())
+        throw convert_error(path + ": attention_bias is true; biases are not supported");
+    if (c.contains("rope_parameters") && !c["rope_parameters"].is_null())
+        throw convert_error(path + ": rope_parameters is not supported (rope_theta, "
+                                   "rope_local_base_freq and rope_scaling are)");
+    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+        const json & r = c["rope_scaling"];
+        const std::string type = r.is_object() ? r.value("rope_type", r.value("type", "")) : "";
+        if (type == "linear" && r.contains("factor") && r["factor"].is_number()) {
+            m.linear_factor = r["factor"].get<double>();
+        } else if (type != "default") {
+            throw convert_error(path + ": rope_scaling " + r.dump().substr(0, 120) +
+                                " is not supported (linear scaling is)");
+        }
+    }
+    return m;
+}
+
 // --- tensors -------------------------------------------------------------
 
 // A tensor the model needs: its GGUF name and shape (fastest first), the
@@ -118,6 +181,7 @@ struct wanted {
     std::vector<int64_t> ne;
     std::string because;
     int64_t permute_heads = 0;
+    bool plus_one = false; // Gemma's norms: HF scales by 1 + w, GGUF by w
 };
 
 std::map<std::string, wanted> llama_tensors(const llama_config & m) {
@@ -145,6 +209,42 @@ std::map<std::string, wanted> llama_tensors(const llama_config & m) {
         t[hf + "self_attn.o_proj.weight"] = {
             gg + "attn_output.weight", {q, m.n_embd}, Q + ", " + E};
         t[hf + "post_attention_layernorm.weight"] = {gg + "ffn_norm.weight", {m.n_embd}, E};
+        t[hf + "mlp.gate_proj.weight"] = {gg + "ffn_gate.weight", {m.n_embd, m.n_ff}, F + ", " + E};
+        t[hf + "mlp.up_proj.weight"] = {gg + "ffn_up.weight", {m.n_embd, m.n_ff}, F + ", " + E};
+        t[hf + "mlp.down_proj.weight"] = {gg + "ffn_down.weight", {m.n_ff, m.n_embd}, F + ", " + E};
+    }
+    return t;
+}
+
+std::map<std::string, wanted> gemma3_tensors(const gemma3_config & m) {
+    const std::string E = "hidden_size " + std::to_string(m.n_embd);
+    const std::string V = "vocab_size " + std::to_string(m.n_vocab);
+    const std::string F = "intermediate_size " + std::to_string(m.n_ff);
+    const std::string D = "head_dim " + std::to_string(m.head_dim);
+    const std::string Q = "num_attention_heads " + std::to_string(m.n_head) + " x " + D;
+    const std::string K = "num_key_value_heads " + std::to_string(m.n_head_kv) + " x " + D;
+    const int64_t q = m.n_head * m.head_dim, kv = m.n_head_kv * m.head_dim;
+    std::map<std::string, wanted> t;
+    t["model.embed_tokens.weight"] = {"token_embd.weight", {m.n_embd, m.n_vocab}, V + ", " + E};
+    t["model.norm.weight"] = {"output_norm.weight", {m.n_embd}, E, 0, true};
+    if (!m.tied) t["lm_head.weight"] = {"output.weight", {m.n_embd, m.n_vocab}, V + ", " + E};
+    for (int64_t l = 0; l < m.n_layer; ++l) {
+        const std::string hf = "model.layers." + std::to_string(l) + ".";
+        const std::string gg = "blk." + std::to_string(l) + ".";
+        t[hf + "input_layernorm.weight"] = {gg + "attn_norm.weight", {m.n_embd}, E, 0, true};
+        t[hf + "post_attention_layernorm.weight"] = {
+            gg + "post_attention_norm.weight", {m.n_embd}, E, 0, true};
+        t[hf + "pre_feedforward_layernorm.weight"] = {
+            gg + "ffn_norm.weight", {m.n_embd}, E, 0, true};
+        t[hf + "post_feedforward_layernorm.weight"] = {
+            gg + "post_ffw_norm.weight", {m.n_embd}, E, 0, true};
+        t[hf + "self_attn.q_norm.weight"] = {gg + "attn_q_norm.weight", {m.head_dim}, D, 0, true};
+        t[hf + "self_attn.k_norm.weight"] = {gg + "attn_k_norm.weight", {m.head_dim}, D, 0, true};
+        t[hf + "self_attn.q_proj.weight"] = {gg + "attn_q.weight", {m.n_embd, q}, Q + ", " + E};
+        t[hf + "self_attn.k_proj.weight"] = {gg + "attn_k.weight", {m.n_embd, kv}, K + ", " + E};
+        t[hf + "self_attn.v_proj.weight"] = {gg + "attn_v.weight", {m.n_embd, kv}, K + ", " + E};
+        t[hf + "self_attn.o_proj.weight"] = {
+            gg + "attn_output.weight", {q, m.n_embd}, Q + ", " + E};
         t[hf + "mlp.gate_proj.weight"] = {gg + "ffn_gate.weight", {m.n_embd, m.n_ff}, F + ", " + E};
         t[hf + "mlp.up_proj.weight"] = {gg + "ffn_up.weight", {m.n_embd, m.n_ff}, F + ", " + E};
         t[hf + "mlp.down_proj.weight"] = {gg + "ffn_down.weight", {m.n_ff, m.n_embd}, F + ", " + E};
@@ -287,6 +387,50 @@ void add_sampling(gguf::writer & w, const std::string & path) {
     }
 }
 
+// The hyperparameters convert_hf_to_gguf writes for Llama (TextModel's,
+// then LlamaModel's), file type included unless to is null (a requantized
+// file has it at the end).
+void add_llama_params(gguf::writer & w, const llama_config & m, const smol::recipe * to) {
+    using gguf::value;
+    w.set("llama.block_count", value::make_u32(uint32_t(m.n_layer)));
+    w.set("llama.context_length", value::make_u32(uint32_t(m.n_ctx)));
+    w.set("llama.embedding_length", value::make_u32(uint32_t(m.n_embd)));
+    w.set("llama.feed_forward_length", value::make_u32(uint32_t(m.n_ff)));
+    w.set("llama.attention.head_count", value::make_u32(uint32_t(m.n_head)));
+    w.set("llama.attention.head_count_kv", value::make_u32(uint32_t(m.n_head_kv)));
+    w.set("llama.rope.freq_base", value::make_f32(float(m.rope_theta)));
+    w.set("llama.attention.layer_norm_rms_epsilon", value::make_f32(float(m.eps)));
+    w.set("llama.attention.key_length", value::make_u32(uint32_t(m.head_dim)));
+    w.set("llama.attention.value_length", value::make_u32(uint32_t(m.head_dim)));
+    if (to) w.set("general.file_type", value::make_u32(to->ftype));
+    w.set("llama.vocab_size", value::make_u32(uint32_t(m.n_vocab)));
+    w.set("llama.rope.dimension_count", value::make_u32(uint32_t(m.head_dim)));
+}
+
+// Gemma3Model's: TextModel's keys in their order (Gemma3Model overwrites
+// some in place), then the soft-cap and the window.
+void add_gemma3_params(gguf::writer & w, const gemma3_config & g, const smol::recipe * to) {
+    using gguf::value;
+    w.set("gemma3.block_count", value::make_u32(uint32_t(g.n_layer)));
+    w.set("gemma3.context_length", value::make_u32(uint32_t(g.n_ctx)));
+    w.set("gemma3.embedding_length", value::make_u32(uint32_t(g.n_embd)));
+    w.set("gemma3.feed_forward_length", value::make_u32(uint32_t(g.n_ff)));
+    w.set("gemma3.attention.head_count", value::make_u32(uint32_t(g.n_head)));
+    w.set("gemma3.attention.head_count_kv", value::make_u32(uint32_t(g.n_head_kv)));
+    if (g.linear_factor > 0) {
+        w.set("gemma3.rope.scaling.type", value::make_str("linear"));
+        w.set("gemma3.rope.scaling.factor", value::make_f32(float(g.linear_factor)));
+    }
+    w.set("gemma3.rope.freq_base", value::make_f32(float(g.rope_theta)));
+    w.set("gemma3.rope.freq_base_swa", value::make_f32(float(g.rope_local)));
+    w.set("gemma3.attention.layer_norm_rms_epsilon", value::make_f32(float(g.eps)));
+    w.set("gemma3.attention.key_length", value::make_u32(uint32_t(g.head_dim)));
+    w.set("gemma3.attention.value_length", value::make_u32(uint32_t(g.head_dim)));
+    if (to) w.set("general.file_type", value::make_u32(to->ftype));
+    if (g.softcap > 0) w.set("gemma3.final_logit_softcapping", value::make_f32(float(g.softcap)));
+    if (g.write_swa) w.set("gemma3.attention.sliding_window", value::make_u32(uint32_t(g.n_swa)));
+}
+
 struct planned {
     const st_tensor * src;
     wanted want;
@@ -318,10 +462,19 @@ void to_f32(st_dtype t, const uint8_t * src, float * dst, int64_t n) {
     }
 }
 
+// Gemma's 1 + w as torch computes it in convert_hf_to_gguf: bf16 is widened
+// to f32 first, f16 is added to in f16 (one rounding to f16).
+void add_one(st_dtype t, float * x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] += 1.0f;
+        if (t == st_dtype::F16) x[i] = cpu::fp16_to_fp32(cpu::fp32_to_fp16(x[i]));
+    }
+}
+
 } // namespace
 
 std::string supported_architectures() {
-    return "LlamaForCausalLM";
+    return "LlamaForCausalLM, Gemma3ForCausalLM";
 }
 
 summary convert_model(const options & o) {
@@ -335,16 +488,36 @@ summary convert_model(const options & o) {
         config["architectures"].empty() || !config["architectures"][0].is_string())
         throw convert_error(cfg_path + ": architectures is missing or not a list of names");
     sum.architecture = config["architectures"][0].get<std::string>();
-    if (sum.architecture != "LlamaForCausalLM")
+    const bool gemma = sum.architecture == "Gemma3ForCausalLM";
+    if (sum.architecture != "LlamaForCausalLM" && !gemma)
         throw convert_error(cfg_path + ": architectures names \"" + sum.architecture +
                             "\", which smol-convert does not convert (it converts " +
                             supported_architectures() + ")");
-    const llama_config m = read_llama_config(config, cfg_path);
+    // The sizes both families share, for the tensor checks and type choice.
+    llama_config m{};
+    gemma3_config g{};
+    if (gemma) {
+        g = read_gemma3_config(config, cfg_path);
+        m.n_embd = g.n_embd;
+        m.n_layer = g.n_layer;
+        m.n_head = g.n_head;
+        m.n_head_kv = g.n_head_kv;
+        m.n_vocab = g.n_vocab;
+        m.tied = g.tied;
+    } else {
+        m = read_llama_config(config, cfg_path);
+    }
+    // Gemma's tokenizer is SentencePiece; without tokenizer.model llama.cpp
+    // reads tokenizer.json as byte-level BPE, which Gemma's is not.
+    if (gemma && !fs::exists(fs::path(dir) / "tokenizer.model"))
+        throw convert_error((fs::path(dir) / "tokenizer.model").string() +
+                            ": is missing; smol-convert reads a Gemma 3 tokenizer from it "
+                            "(SentencePiece), and tokenizer.json alone is not supported");
     const smol::recipe & to = o.to ? *o.to : *smol::find_recipe("F16");
 
     // Every tensor accounted for, of the shape config.json implies.
     const auto shards = open_shards(dir);
-    std::map<std::string, wanted> want = llama_tensors(m);
+    std::map<std::string, wanted> want = gemma ? gemma3_tensors(g) : llama_tensors(m);
     std::map<std::string, std::string> seen; // hf name -> file
     std::vector<planned> plan;
     for (const auto & s : shards) {
@@ -359,11 +532,11 @@ summary convert_model(const options & o) {
                 continue;
             const auto w = want.find(t.name);
             if (w == want.end())
-                throw convert_error(s->path() + ": tensor '" + t.name +
-                                    "' is not one of a LlamaForCausalLM of config.json's "
-                                    "num_hidden_layers " +
-                                    std::to_string(m.n_layer) +
-                                    " (or its layout is not supported)");
+                throw convert_error(
+                    s->path() + ": tensor '" + t.name + "' is not one of a " + sum.architecture +
+                    " of config.json's "
+                    "num_hidden_layers " +
+                    std::to_string(m.n_layer) + " (or its layout is not supported)");
             std::vector<int64_t> expect(w->second.ne.rbegin(), w->second.ne.rend());
             if (t.shape != expect)
                 throw convert_error(s->path() + ": tensor '" + t.name + "' has shape " +
@@ -410,28 +583,23 @@ summary convert_model(const options & o) {
     gguf::writer w;
     const std::string name =
         o.name.empty() ? fs::path(dir).lexically_normal().filename().string() : o.name;
-    w.set("general.architecture", value::make_str("llama"));
+    w.set("general.architecture", value::make_str(gemma ? "gemma3" : "llama"));
     w.set("general.type", value::make_str("model"));
     add_sampling(w, (fs::path(dir) / "generation_config.json").string());
     w.set(
         "general.name",
         value::make_str(name.empty() ? fs::absolute(dir).parent_path().filename().string() : name));
     w.set("general.size_label", value::make_str(size_label(sum.n_params)));
-    w.set("llama.block_count", value::make_u32(uint32_t(m.n_layer)));
-    w.set("llama.context_length", value::make_u32(uint32_t(m.n_ctx)));
-    w.set("llama.embedding_length", value::make_u32(uint32_t(m.n_embd)));
-    w.set("llama.feed_forward_length", value::make_u32(uint32_t(m.n_ff)));
-    w.set("llama.attention.head_count", value::make_u32(uint32_t(m.n_head)));
-    w.set("llama.attention.head_count_kv", value::make_u32(uint32_t(m.n_head_kv)));
-    w.set("llama.rope.freq_base", value::make_f32(float(m.rope_theta)));
-    w.set("llama.attention.layer_norm_rms_epsilon", value::make_f32(float(m.eps)));
-    w.set("llama.attention.key_length", value::make_u32(uint32_t(m.head_dim)));
-    w.set("llama.attention.value_length", value::make_u32(uint32_t(m.head_dim)));
-    if (!requantized) w.set("general.file_type", value::make_u32(to.ftype));
-    w.set("llama.vocab_size", value::make_u32(uint32_t(m.n_vocab)));
-    w.set("llama.rope.dimension_count", value::make_u32(uint32_t(m.head_dim)));
-    if (!requantized) w.set("general.quantization_version", value::make_u32(2));
-    add_tokenizer(w, dir, config, m.n_vocab, o.pre);
+    if (gemma) {
+        add_gemma3_params(w, g, requantized ? nullptr : &to);
+        if (!requantized) w.set("general.quantization_version", value::make_u32(2));
+        add_tokenizer_sentencepiece(w, dir, config, g.n_vocab);
+        w.set("tokenizer.ggml.add_space_prefix", value::make_bool(false));
+    } else {
+        add_llama_params(w, m, requantized ? nullptr : &to);
+        if (!requantized) w.set("general.quantization_version", value::make_u32(2));
+        add_tokenizer(w, dir, config, m.n_vocab, o.pre);
+    }
     if (requantized) {
         w.set("general.quantization_version", value::make_u32(2));
         w.set("general.file_type", value::make_u32(to.ftype));
@@ -457,7 +625,7 @@ summary convert_model(const options & o) {
         const size_t out_row = type_row_bytes(p.type, cols);
         sum.bytes_in += p.src->nbytes;
         sum.bytes_out += out_row * size_t(rows);
-        const bool raw = smol_type_of(p.src->dtype) == p.type;
+        const bool raw = smol_type_of(p.src->dtype) == p.type && !p.want.plus_one;
         auto done = std::make_shared<int64_t>(0);
         auto source = [p, i, cols, rows, in_row, out_row, raw, done, n_threads, &o,
                        count = plan.size()](uint64_t row0, uint64_t n_rows, void * dst) {
@@ -478,6 +646,7 @@ summary convert_model(const options & o) {
                         std::memcpy(out, in, in_row);
                     } else {
                         to_f32(p.src->dtype, in, row.data(), cols);
+                        if (p.want.plus_one) add_one(p.src->dtype, row.data(), cols);
                         quantize_row(p.type, row.data(), out, cols);
                     }
                 }

@@ -1,13 +1,15 @@
-// hf-convert.h - a Hugging Face model directory (config.json, safetensors
-// weights in one file or in shards named by model.safetensors.index.json,
-// tokenizer.json, tokenizer_config.json) to a GGUF file that llama.cpp and
-// smol load: tensor names, metadata keys and their order as llama.cpp's
+// hf-convert.h - a Hugging Face Llama or Gemma 3 model directory
+// (config.json, safetensors weights in one file or in shards named by
+// model.safetensors.index.json, tokenizer.json or tokenizer.model,
+// tokenizer_config.json) to a GGUF file that llama.cpp and smol load:
+// tensor names, metadata keys and their order as llama.cpp's
 // convert_hf_to_gguf.py writes them, Llama's Q and K rows permuted from
-// HF's half-split RoPE to GGUF's interleaved one, and every matmul weight
-// written in the type a llama.cpp file type gives it (smol-recipe.h), in the
-// same pass: f32, f16, bf16 and q8_0 files as convert_hf_to_gguf.py writes
-// them, the other types as llama-quantize writes its requantization of
-// convert_hf_to_gguf.py's f32 file. Everything is read and checked before the output is written
+// HF's half-split RoPE to GGUF's interleaved one, Gemma's norm weights
+// shifted by one, and every matmul weight written in the type a llama.cpp
+// file type gives it (smol-recipe.h), in the same pass: f32, f16, bf16 and
+// q8_0 files as convert_hf_to_gguf.py writes them, the other types as
+// llama-quantize writes its requantization of convert_hf_to_gguf.py's f32
+// file. Everything is read and checked before the output is written
 // (through a temporary file), so a bad input never leaves a file behind.
 
 #ifndef SMOL_CONVERT_HF_CONVERT_H
@@ -25,7 +27,7 @@
 namespace smol::convert {
 
 // The architectures (config.json "architectures") that convert.
-std::string supported_architectures(); // "LlamaForCausalLM"
+std::string supported_architectures(); // "LlamaForCausalLM, Gemma3ForCausalLM"
 
 // What is reported of each tensor once it is written.
 struct tensor_report {

@@ -1,8 +1,9 @@
 // hf-tokenizer.c++ - see hf-tokenizer.h. The rules follow convert_hf_to_gguf
-// (get_vocab_base, _set_vocab_gpt2) and gguf-py's SpecialVocab of the
-// llama.cpp that scripts/peers.sh unpacks: ids with no token become
-// "[PAD<id>]" of type UNUSED; added tokens are CONTROL when special or when
-// they look special (<|...|>, <unused...>, ...), else USER_DEFINED; merges
+// (get_vocab_base, _set_vocab_gpt2, _create_vocab_sentencepiece) and
+// gguf-py's SpecialVocab of the llama.cpp that scripts/peers.sh unpacks:
+// ids with no token become "[PAD<id>]" of type UNUSED; added tokens are
+// CONTROL when special or when they look special (<|...|>, <unused...>,
+// ...), else USER_DEFINED; merges
 // given as pairs are joined with a space, a space inside a part written as
 // U+0120; special ids come from tokenizer_config.json's *_token texts looked
 // up in tokenizer.json's added_tokens, then from config.json's *_token_id.
@@ -10,6 +11,7 @@
 #include "hf-tokenizer.h"
 
 #include "safetensors.h"
+#include "sentencepiece-model.h"
 
 #include <filesystem>
 #include <fstream>
@@ -25,7 +27,14 @@ using nlohmann::json;
 namespace {
 
 // llama.cpp's llama_token_type.
-enum token_type : int32_t { NORMAL = 1, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5 };
+enum token_type : int32_t {
+    NORMAL = 1,
+    UNKNOWN = 2,
+    CONTROL = 3,
+    USER_DEFINED = 4,
+    UNUSED = 5,
+    BYTE = 6,
+};
 
 // SpecialVocab's types, in its order, and the GGUF key of each id.
 const char * const special_types[] = {"bos", "eos", "unk", "sep", "pad", "cls", "mask"};
@@ -82,6 +91,156 @@ std::string recognise_pre(const json & pt, const std::string & path) {
         path + ": pre_tokenizer " + pt.dump().substr(0, 200) +
         " is not one smol-convert recognises (SmolLM2's Digits + ByteLevel, or "
         "GPT-2's ByteLevel); name llama.cpp's tokenizer.ggml.pre for it with --pre");
+}
+
+// gguf-py's SpecialVocab: which special tokens are added (from
+// tokenizer.json's post-processor, then tokenizer_config.json) and their ids
+// (tokenizer_config.json's *_token texts looked up in tokenizer.json's
+// added_tokens, then config.json's *_token_id; ids at or past n_vocab
+// skipped when n_vocab >= 0), then the chat template. tok is null where
+// there is no tokenizer.json.
+void add_special_vocab(gguf::writer & w, const std::string & dir, const std::string & tok_path,
+                       const json & tok, const json & tc, const json & config, int64_t n_vocab) {
+    const std::string cfg_path = (fs::path(dir) / "tokenizer_config.json").string();
+    const json added =
+        tok.is_object() && tok.contains("added_tokens") && tok["added_tokens"].is_array()
+            ? tok["added_tokens"]
+            : json::array();
+    // Special tokens: which are added (from the post-processor, then
+    // tokenizer_config.json) and their ids, each list in the order set.
+    std::vector<std::pair<std::string, bool>> add_special;
+    std::vector<std::pair<std::string, uint32_t>> special_ids;
+    auto set_add = [&](const std::string & typ, bool v, bool overwrite) {
+        for (auto & e : add_special) {
+            if (e.first == typ) {
+                if (overwrite) e.second = v;
+                return;
+            }
+        }
+        add_special.emplace_back(typ, v);
+    };
+    auto set_id = [&](const std::string & typ, const json & id) {
+        if (!id.is_number_integer()) return;
+        if (id.get<int64_t>() < 0)
+            throw convert_error(tok_path + ": the " + typ + " token's id is negative");
+        if (n_vocab >= 0 && id.get<int64_t>() >= n_vocab) return;
+        for (const auto & e : special_ids)
+            if (e.first == typ) return;
+        special_ids.emplace_back(typ, uint32_t(id.get<int64_t>()));
+    };
+    std::string sep_fallback; // the eos text, where the pair template adds it as sep
+    auto token_text = [&](const std::string & typ) -> std::string {
+        if (typ == "sep" && !sep_fallback.empty()) return sep_fallback;
+        if (!tc.is_object() || !tc.contains(typ + "_token")) return "";
+        const json & e = tc[typ + "_token"];
+        if (e.is_string()) return e.get<std::string>();
+        if (e.is_object() && e.contains("content") && e["content"].is_string())
+            return e["content"].get<std::string>();
+        return "";
+    };
+    if (tok.is_object() && tok.contains("post_processor") && tok["post_processor"].is_object()) {
+        const json & pp = tok["post_processor"];
+        const json procs = pp.contains("processors") && pp["processors"].is_array()
+                               ? pp["processors"]
+                               : json::array({pp});
+        for (const json & p : procs) {
+            const std::string t = p.is_object() ? p.value("type", "") : "";
+            if (t == "ByteLevel") {
+                set_add("bos", false, false);
+                set_add("eos", false, false);
+            } else if (t == "RobertaProcessing") {
+                set_add("bos", true, true);
+                set_add("eos", true, true);
+                set_add("sep", true, true);
+            } else if (t == "TemplateProcessing") {
+                auto special_of = [](const json & e) -> std::string {
+                    if (e.is_object() && e.contains("SpecialToken") &&
+                        e["SpecialToken"].is_object())
+                        return e["SpecialToken"].value("id", "");
+                    return "";
+                };
+                auto sequence_of = [](const json & e) -> std::string {
+                    if (e.is_object() && e.contains("Sequence") && e["Sequence"].is_object())
+                        return e["Sequence"].value("id", "");
+                    return "";
+                };
+                const json single = p.contains("single") ? p["single"] : json::array();
+                std::string first, last;
+                if (single.is_array() && single.size() > 1) {
+                    first = special_of(single.front());
+                    last = special_of(single.back());
+                    if (!first.empty()) set_add("bos", first == token_text("bos"), true);
+                    if (!last.empty()) set_add("eos", last == token_text("eos"), true);
+                }
+                // The pair template, A [sep] [sep] B between the single
+                // one's ends, says whether a separator is added.
+                json pair = p.contains("pair") && p["pair"].is_array() ? p["pair"] : json::array();
+                if (!pair.empty()) {
+                    size_t from = !first.empty() && special_of(pair.front()) == first ? 1 : 0;
+                    size_t to = pair.size();
+                    if (!last.empty() && special_of(pair.back()) == last) --to;
+                    if (from < to && sequence_of(pair[from]) == "A" &&
+                        sequence_of(pair[to - 1]) == "B" && to - from > 2) {
+                        const std::string sep = token_text("sep"), eos = token_text("eos");
+                        auto is_sep = [&](const std::string & id) {
+                            return !id.empty() && (id == sep || id == eos);
+                        };
+                        bool add_sep = is_sep(special_of(pair[from + 1])) && last.empty();
+                        if (to - from - 2 == 2 && is_sep(special_of(pair[from + 2])))
+                            add_sep = true;
+                        set_add("sep", add_sep, true);
+                        if (add_sep && sep.empty()) sep_fallback = eos;
+                    }
+                }
+            } else {
+                throw convert_error(tok_path + ": post_processor of type \"" + t +
+                                    "\" is not supported (ByteLevel, TemplateProcessing and "
+                                    "RobertaProcessing are)");
+            }
+        }
+    }
+    std::string chat_template;
+    bool has_template = false;
+    if (tc.is_object()) {
+        const fs::path jinja = fs::path(dir) / "chat_template.jinja";
+        if (tc.contains("chat_template") && tc["chat_template"].is_string()) {
+            chat_template = tc["chat_template"].get<std::string>();
+            has_template = true;
+        } else if (tc.contains("chat_template") && !tc["chat_template"].is_null()) {
+            throw convert_error(cfg_path + ": chat_template is not a string (named template "
+                                           "lists are not supported)");
+        } else if (fs::exists(jinja)) {
+            std::ifstream in(jinja, std::ios::binary);
+            std::stringstream ss;
+            ss << in.rdbuf();
+            chat_template = ss.str();
+            has_template = true;
+        }
+        for (const char * typ : special_types) {
+            const std::string t = typ;
+            if (tc.contains("add_" + t + "_token") && tc["add_" + t + "_token"].is_boolean())
+                set_add(t, tc["add_" + t + "_token"].get<bool>(), false);
+            const std::string text = token_text(t);
+            if (text.empty()) continue;
+            for (const json & a : added) {
+                if (a.is_object() && a.contains("content") && a["content"] == text &&
+                    a.contains("id")) {
+                    set_id(t, a["id"]);
+                    break;
+                }
+            }
+        }
+    }
+    for (const char * typ : special_types) {
+        const std::string key = std::string(typ) + "_token_id";
+        if (config.contains(key)) set_id(typ, config[key]);
+    }
+
+    using gguf::value;
+    for (const auto & e : special_ids) w.set(special_key(e.first), value::make_u32(e.second));
+    for (const auto & e : add_special)
+        w.set("tokenizer.ggml.add_" + e.first + "_token", value::make_bool(e.second));
+    if (has_template) w.set("tokenizer.chat_template", value::make_str(chat_template));
 }
 
 } // namespace
@@ -194,106 +353,6 @@ void add_tokenizer(gguf::writer & w, const std::string & dir, const json & confi
         throw convert_error(tok_path + ": model.merges is missing or empty; a BPE tokenizer "
                                        "needs its merges");
 
-    // Special tokens: which are added (from the post-processor, then
-    // tokenizer_config.json) and their ids, each list in the order set.
-    std::vector<std::pair<std::string, bool>> add_special;
-    std::vector<std::pair<std::string, uint32_t>> special_ids;
-    auto set_add = [&](const std::string & typ, bool v, bool overwrite) {
-        for (auto & e : add_special) {
-            if (e.first == typ) {
-                if (overwrite) e.second = v;
-                return;
-            }
-        }
-        add_special.emplace_back(typ, v);
-    };
-    auto set_id = [&](const std::string & typ, const json & id) {
-        if (!id.is_number_integer()) return;
-        if (id.get<int64_t>() < 0)
-            throw convert_error(tok_path + ": the " + typ + " token's id is negative");
-        for (const auto & e : special_ids)
-            if (e.first == typ) return;
-        special_ids.emplace_back(typ, uint32_t(id.get<int64_t>()));
-    };
-    auto token_text = [&](const std::string & typ) -> std::string {
-        if (!tc.is_object() || !tc.contains(typ + "_token")) return "";
-        const json & e = tc[typ + "_token"];
-        if (e.is_string()) return e.get<std::string>();
-        if (e.is_object() && e.contains("content") && e["content"].is_string())
-            return e["content"].get<std::string>();
-        return "";
-    };
-    if (tok.contains("post_processor") && tok["post_processor"].is_object()) {
-        const json & pp = tok["post_processor"];
-        const json procs = pp.contains("processors") && pp["processors"].is_array()
-                               ? pp["processors"]
-                               : json::array({pp});
-        for (const json & p : procs) {
-            const std::string t = p.is_object() ? p.value("type", "") : "";
-            if (t == "ByteLevel") {
-                set_add("bos", false, false);
-                set_add("eos", false, false);
-            } else if (t == "RobertaProcessing") {
-                set_add("bos", true, true);
-                set_add("eos", true, true);
-                set_add("sep", true, true);
-            } else if (t == "TemplateProcessing") {
-                const json single = p.contains("single") ? p["single"] : json::array();
-                if (single.is_array() && single.size() > 1) {
-                    auto special_of = [](const json & e) -> std::string {
-                        if (e.is_object() && e.contains("SpecialToken") &&
-                            e["SpecialToken"].is_object())
-                            return e["SpecialToken"].value("id", "");
-                        return "";
-                    };
-                    const std::string first = special_of(single.front());
-                    const std::string last = special_of(single.back());
-                    if (!first.empty()) set_add("bos", first == token_text("bos"), true);
-                    if (!last.empty()) set_add("eos", last == token_text("eos"), true);
-                }
-            } else {
-                throw convert_error(tok_path + ": post_processor of type \"" + t +
-                                    "\" is not supported (ByteLevel, TemplateProcessing and "
-                                    "RobertaProcessing are)");
-            }
-        }
-    }
-    std::string chat_template;
-    bool has_template = false;
-    if (tc.is_object()) {
-        const fs::path jinja = fs::path(dir) / "chat_template.jinja";
-        if (tc.contains("chat_template") && tc["chat_template"].is_string()) {
-            chat_template = tc["chat_template"].get<std::string>();
-            has_template = true;
-        } else if (tc.contains("chat_template") && !tc["chat_template"].is_null()) {
-            throw convert_error(cfg_path + ": chat_template is not a string (named template "
-                                           "lists are not supported)");
-        } else if (fs::exists(jinja)) {
-            std::ifstream in(jinja, std::ios::binary);
-            std::stringstream ss;
-            ss << in.rdbuf();
-            chat_template = ss.str();
-            has_template = true;
-        }
-        for (const char * typ : special_types) {
-            const std::string t = typ;
-            if (tc.contains("add_" + t + "_token") && tc["add_" + t + "_token"].is_boolean())
-                set_add(t, tc["add_" + t + "_token"].get<bool>(), false);
-            const std::string text = token_text(t);
-            if (text.empty()) continue;
-            for (const json & a : added) {
-                if (a["content"] == text) {
-                    set_id(t, a["id"]);
-                    break;
-                }
-            }
-        }
-    }
-    for (const char * typ : special_types) {
-        const std::string key = std::string(typ) + "_token_id";
-        if (config.contains(key)) set_id(typ, config[key]);
-    }
-
     using gguf::value;
     if (tc.is_object() && tc.contains("add_prefix_space") && tc["add_prefix_space"].is_boolean())
         w.set("tokenizer.ggml.add_space_prefix",
@@ -306,10 +365,111 @@ void add_tokenizer(gguf::writer & w, const std::string & dir, const json & confi
     for (int32_t t : types) type_values.push_back(value::make_i32(t));
     w.set("tokenizer.ggml.token_type", value::make_array(gguf::type::INT32, type_values));
     w.set("tokenizer.ggml.merges", value::make_str_array(merges));
-    for (const auto & e : special_ids) w.set(special_key(e.first), value::make_u32(e.second));
-    for (const auto & e : add_special)
-        w.set("tokenizer.ggml.add_" + e.first + "_token", value::make_bool(e.second));
-    if (has_template) w.set("tokenizer.chat_template", value::make_str(chat_template));
+    add_special_vocab(w, dir, tok_path, tok, tc, config, -1);
+}
+
+void add_tokenizer_sentencepiece(gguf::writer & w, const std::string & dir, const json & config,
+                                 int64_t n_vocab) {
+    const std::string model_path = (fs::path(dir) / "tokenizer.model").string();
+    const std::string tok_path = (fs::path(dir) / "tokenizer.json").string();
+    const std::string cfg_path = (fs::path(dir) / "tokenizer_config.json").string();
+    const std::string added_path = (fs::path(dir) / "added_tokens.json").string();
+    if (!fs::exists(model_path))
+        throw convert_error(model_path + ": is missing; smol-convert reads this model's "
+                                         "SentencePiece tokenizer from it");
+    const std::vector<sp_piece> pieces = read_sentencepiece_model(model_path);
+
+    // config.json's vocab_size ids: the pieces, the rest "[PAD<id>]".
+    std::vector<std::string> tokens(static_cast<size_t>(n_vocab));
+    std::vector<float> scores(size_t(n_vocab), -10000.0f);
+    std::vector<int32_t> types(size_t(n_vocab), UNUSED);
+    for (int64_t i = 0; i < n_vocab; ++i) tokens[size_t(i)] = "[PAD" + std::to_string(i) + "]";
+    for (size_t i = 0; i < pieces.size() && int64_t(i) < n_vocab; ++i) {
+        // As convert_hf_to_gguf asks sentencepiece: unknown, control,
+        // unused and byte pieces keep their type; user-defined ones are
+        // NORMAL.
+        int32_t t = NORMAL;
+        switch (pieces[i].type) {
+        case sp_type::UNKNOWN:
+            t = UNKNOWN;
+            break;
+        case sp_type::CONTROL:
+            t = CONTROL;
+            break;
+        case sp_type::UNUSED:
+            t = UNUSED;
+            break;
+        case sp_type::BYTE:
+            t = BYTE;
+            break;
+        case sp_type::NORMAL:
+        case sp_type::USER_DEFINED:
+            break;
+        }
+        tokens[i] = pieces[i].piece;
+        scores[i] = pieces[i].score;
+        types[i] = t;
+    }
+    const json added_file = read_json(added_path, false);
+    if (added_file.is_object()) {
+        for (auto it = added_file.begin(); it != added_file.end(); ++it) {
+            if (!it->is_number_integer() || it->get<int64_t>() < 0)
+                throw convert_error(added_path + ": \"" + it.key() +
+                                    "\" has an id that is not a non-negative integer");
+            const int64_t i = it->get<int64_t>();
+            if (i >= n_vocab) continue;
+            tokens[size_t(i)] = it.key();
+            scores[size_t(i)] = -1000.0f;
+            types[size_t(i)] = USER_DEFINED;
+        }
+    }
+    const json tc = read_json(cfg_path, false);
+    if (tc.is_object() && tc.contains("added_tokens_decoder") &&
+        tc["added_tokens_decoder"].is_object()) {
+        const json & dec = tc["added_tokens_decoder"];
+        for (auto it = dec.begin(); it != dec.end(); ++it) {
+            int64_t i = -1;
+            try {
+                size_t used = 0;
+                i = std::stoll(it.key(), &used);
+                if (used != it.key().size()) i = -1;
+            } catch (const std::exception &) {
+                i = -1;
+            }
+            if (i < 0)
+                throw convert_error(cfg_path + ": added_tokens_decoder has key \"" + it.key() +
+                                    "\", not a token id");
+            if (!it->is_object() || !it->contains("content") || !(*it)["content"].is_string())
+                throw convert_error(cfg_path + ": added_tokens_decoder entry " + it.key() +
+                                    " has no content");
+            if (i >= n_vocab) continue;
+            const std::string text = (*it)["content"].get<std::string>();
+            const bool special = it->contains("special") && (*it)["special"].is_boolean() &&
+                                 (*it)["special"].get<bool>();
+            if (special || looks_special(text)) {
+                tokens[size_t(i)] = text;
+                types[size_t(i)] = CONTROL;
+            } else {
+                tokens[size_t(i)] = replace_all(text, "\xE2\x96\x81", " ");
+                types[size_t(i)] = USER_DEFINED;
+            }
+            scores[size_t(i)] = -1000.0f;
+        }
+    }
+
+    using gguf::value;
+    w.set("tokenizer.ggml.model", value::make_str("llama"));
+    w.set("tokenizer.ggml.pre", value::make_str("default"));
+    w.set("tokenizer.ggml.tokens", value::make_str_array(tokens));
+    std::vector<value> score_values, type_values;
+    score_values.reserve(scores.size());
+    type_values.reserve(types.size());
+    for (float f : scores) score_values.push_back(value::make_f32(f));
+    for (int32_t t : types) type_values.push_back(value::make_i32(t));
+    w.set("tokenizer.ggml.scores", value::make_array(gguf::type::FLOAT32, score_values));
+    w.set("tokenizer.ggml.token_type", value::make_array(gguf::type::INT32, type_values));
+    const json tok = read_json(tok_path, false);
+    add_special_vocab(w, dir, tok_path, tok, tc, config, n_vocab);
 }
 
 } // namespace smol::convert

@@ -1,5 +1,6 @@
-// hf-tokenizer.h - a Hugging Face byte-level BPE tokenizer (tokenizer.json,
-// tokenizer_config.json, the special-token ids of config.json) as GGUF
+// hf-tokenizer.h - a Hugging Face tokenizer (byte-level BPE from
+// tokenizer.json, or SentencePiece from tokenizer.model; tokenizer_config.json,
+// the special-token ids of config.json) as GGUF
 // tokenizer.* metadata, with the keys, values and order llama.cpp's
 // convert_hf_to_gguf.py and gguf-py's SpecialVocab give them.
 
@@ -23,6 +24,15 @@ nlohmann::json read_json(const std::string & path, bool required);
 // pre-tokenizer tokenizer.json describes, or convert_error saying to name it.
 void add_tokenizer(gguf::writer & w, const std::string & dir, const nlohmann::json & config,
                    int64_t n_vocab, const std::string & pre);
+
+// Sets tokenizer.* in w from a SentencePiece tokenizer.model (with
+// added_tokens.json and tokenizer_config.json's added_tokens_decoder over
+// it), as convert_hf_to_gguf's _set_vocab_sentencepiece writes them:
+// n_vocab ids (config.json's vocab_size), those without a piece
+// "[PAD<id>]". tokenizer.json, where present, gives special ids and
+// post-processor only.
+void add_tokenizer_sentencepiece(gguf::writer & w, const std::string & dir,
+                                 const nlohmann::json & config, int64_t n_vocab);
 
 } // namespace smol::convert
 
