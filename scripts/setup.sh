@@ -19,12 +19,13 @@ scripts/install-packages.sh build-essential cmake git python3 python3-pip python
 # The cross-check scripts read GGUF with the independent `gguf` package; the
 # server test talks to smol-server through the official `openai` client; the
 # chat-template test renders with Python's `jinja2` as the truth; the
-# converter's test writes Hugging Face checkpoints with `safetensors` and
-# tokenizes with HF's `tokenizers`; structured output is validated by
+# converter's test writes Hugging Face checkpoints with `safetensors`,
+# tokenizes with HF's `tokenizers` and trains Gemma's tokenizer.model with
+# `sentencepiece`; structured output is validated by
 # `jsonschema`; the chat page's test drives Chromium (Debian's chromium and
 # chromium-driver) through `selenium`.
-py_packages="gguf numpy openai jinja2 safetensors tokenizers jsonschema selenium"
-if ! python3 -c "import gguf, numpy, openai, jinja2, safetensors, tokenizers, jsonschema, selenium" 2>/dev/null; then
+py_packages="gguf numpy openai jinja2 safetensors tokenizers sentencepiece jsonschema selenium"
+if ! python3 -c "import gguf, numpy, openai, jinja2, safetensors, tokenizers, sentencepiece, jsonschema, selenium" 2>/dev/null; then
     echo "setup: installing the Python packages $py_packages"
     # shellcheck disable=SC2086
     python3 -m pip install --quiet $py_packages 2>/dev/null ||
