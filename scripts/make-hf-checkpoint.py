@@ -26,19 +26,20 @@ tokenizers is missing.
 import argparse
 import json
 import os
-import struct
 import sys
 
 try:
     import gguf
     import numpy as np
-    import safetensors.numpy
+    import safetensors.numpy  # noqa: F401 (hf_checkpoint writes with it)
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers, processors
 except ImportError as e:
     print(f"make-hf-checkpoint: skipped: {e.name} is not installed "
           "(pip install numpy gguf safetensors tokenizers)")
     sys.exit(77)
+
+from hf_checkpoint import rotate_half, stored_and_exact, write_reference, write_weights
 
 # Texts whose ids the converted model's tokenizer must reproduce: real prose
 # and code, and the edges of byte-level BPE.
@@ -89,43 +90,8 @@ def build_tokenizer(vocab_gguf):
     return tok, tokens, chat_template
 
 
-def write_bf16(path, tensors):
-    """safetensors with BF16 tensors (numpy has no bfloat16): the format
-    written by hand from uint16 arrays holding the bits."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        bits = tensors[name]
-        data = bits.astype("<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(bits.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-
-
-def to_bf16_bits(x):
-    """float32 -> bfloat16 bits, round to nearest even."""
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16_bits(b):
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
 def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
 def forward(w, cfg, ids):
@@ -256,57 +222,18 @@ def main():
             x = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
             x = (0.08 * rng.standard_normal(shape)).astype(np.float32)
-        if a.dtype == "f16":
-            x = x.astype(np.float16)
-            stored[name] = x
-            exact[name] = x.astype(np.float64)
-        elif a.dtype == "bf16":
-            bits = to_bf16_bits(x)
-            stored[name] = bits
-            exact[name] = from_bf16_bits(bits).astype(np.float64)
-        else:
-            stored[name] = x
-            exact[name] = x.astype(np.float64)
+        stored[name], exact[name] = stored_and_exact(x, a.dtype)
 
-    names = sorted(stored)
-    if a.shards == 1:
-        parts = {"model.safetensors": names}
-    else:
-        parts = {}
-        for s in range(a.shards):
-            part = f"model-{s + 1:05d}-of-{a.shards:05d}.safetensors"
-            parts[part] = names[s::a.shards]
-    weight_map, total = {}, 0
-    for part, part_names in parts.items():
-        subset = {n: stored[n] for n in part_names}
-        if a.dtype == "bf16":
-            write_bf16(os.path.join(a.out, part), subset)
-        else:
-            safetensors.numpy.save_file(subset, os.path.join(a.out, part),
-                                        metadata={"format": "pt"})
-        for n in part_names:
-            weight_map[n] = part
-            total += stored[n].nbytes
-    if a.shards > 1:
-        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    names, total = write_weights(a.out, stored, a.dtype, a.shards)
 
     texts = EDGE_TEXTS + pydoc_texts(6)
     tokenized = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in texts]
     seqs = [tokenized[0]["ids"], tokenized[2]["ids"][:24], tokenized[4]["ids"],
             [int(i) for i in rng.integers(0, n_vocab, 16)]]
-    logits = []
-    with open(os.path.join(a.out, "reference-logits.f64"), "wb") as f:
-        for ids in seqs:
-            y = forward(exact, cfg, ids)
-            f.write(y.astype("<f8").tobytes())
-            logits.append(float(np.abs(y).max()))
-    with open(os.path.join(a.out, "reference.json"), "w", encoding="utf-8") as f:
-        json.dump({"seed": a.seed, "dtype": a.dtype, "n_vocab": n_vocab, "texts": tokenized,
-                   "sequences": seqs, "logits_file": "reference-logits.f64"}, f,
-                  ensure_ascii=False)
+    largest = write_reference(a.out, a.seed, a.dtype, n_vocab, tokenized, seqs,
+                              lambda ids: forward(exact, cfg, ids))
     print(f"make-hf-checkpoint: {len(names)} tensors, {total / 2**20:.1f} MiB; "
-          f"{len(texts)} texts, {len(seqs)} sequences (largest |logit| {max(logits):.3f})")
+          f"{len(texts)} texts, {len(seqs)} sequences (largest |logit| {largest:.3f})")
 
 
 if __name__ == "__main__":

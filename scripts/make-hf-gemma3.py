@@ -36,18 +36,19 @@ is missing.
 import argparse
 import json
 import os
-import struct
 import sys
 import tempfile
 
 try:
     import numpy as np
-    import safetensors.numpy
+    import safetensors.numpy  # noqa: F401 (hf_checkpoint writes with it)
     import sentencepiece as spm
 except ImportError as e:
     print(f"make-hf-gemma3: skipped: {e.name} is not installed "
           "(pip install numpy safetensors sentencepiece)")
     sys.exit(77)
+
+from hf_checkpoint import rotate_half, stored_and_exact, write_reference, write_weights
 
 EDGE_TEXTS = [
     "Hello world",
@@ -103,33 +104,6 @@ def train_tokenizer(out_dir, n_pieces):
     return sp
 
 
-def write_bf16(path, tensors):
-    """safetensors with BF16 tensors (numpy has no bfloat16), by hand."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        data = tensors[name].astype("<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-
-
-def to_bf16_bits(x):
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16_bits(b):
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
 def write_tokenizer_json(out_dir, sp, specials):
     """What the converter reads of Gemma's tokenizer.json: added tokens and
     a TemplateProcessing post-processor adding <bos>."""
@@ -168,11 +142,6 @@ def write_tokenizer_json(out_dir, sp, specials):
 def gemma_rms_norm(x, w, eps):
     # Gemma3RMSNorm: x / rms(x), times (1 + w).
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + w)
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
 def gelu_tanh(x):
@@ -378,56 +347,21 @@ def main():
             x = (0.08 * rng.standard_normal(shape)).astype(np.float32)
         else:
             x = ((1.0 / np.sqrt(shape[1])) * rng.standard_normal(shape)).astype(np.float32)
-        if a.dtype == "f16":
-            stored[name] = x.astype(np.float16)
-            exact[name] = stored[name].astype(np.float64)
-        elif a.dtype == "bf16":
-            stored[name] = to_bf16_bits(x)
-            exact[name] = from_bf16_bits(stored[name]).astype(np.float64)
-        else:
-            stored[name] = x
-            exact[name] = x.astype(np.float64)
+        stored[name], exact[name] = stored_and_exact(x, a.dtype)
 
-    names = sorted(stored)
-    if a.shards == 1:
-        parts = {"model.safetensors": names}
-    else:
-        parts = {f"model-{s + 1:05d}-of-{a.shards:05d}.safetensors": names[s::a.shards]
-                 for s in range(a.shards)}
-    weight_map, total = {}, 0
-    for part, part_names in parts.items():
-        subset = {n: stored[n] for n in part_names}
-        if a.dtype == "bf16":
-            write_bf16(os.path.join(a.out, part), subset)
-        else:
-            safetensors.numpy.save_file(subset, os.path.join(a.out, part),
-                                        metadata={"format": "pt"})
-        for n in part_names:
-            weight_map[n] = part
-            total += stored[n].nbytes
-    if a.shards > 1:
-        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    names, total = write_weights(a.out, stored, a.dtype, a.shards)
 
     texts = EDGE_TEXTS + [d[:1500] for d in pydoc_corpus()[:8]]
     tokenized = [{"text": t, "ids": sp.encode(t)} for t in texts]
     seqs = [[2] + tokenized[0]["ids"], [2] + tokenized[2]["ids"][:23], tokenized[4]["ids"],
             [int(i) for i in rng.integers(0, sp.get_piece_size(), 20)]]
-    biggest = []
-    with open(os.path.join(a.out, "reference-logits.f64"), "wb") as f:
-        for ids in seqs:
-            y = forward(exact, cfg, ids)
-            f.write(y.astype("<f8").tobytes())
-            biggest.append(float(np.abs(y).max()))
-    with open(os.path.join(a.out, "reference.json"), "w", encoding="utf-8") as f:
-        json.dump({"seed": a.seed, "dtype": a.dtype, "n_vocab": n_vocab, "texts": tokenized,
-                   "sequences": seqs, "logits_file": "reference-logits.f64"}, f,
-                  ensure_ascii=False)
+    largest = write_reference(a.out, a.seed, a.dtype, n_vocab, tokenized, seqs,
+                              lambda ids: forward(exact, cfg, ids))
     if a.check_transformers:
         check_transformers(a.out, seqs)
     print(f"make-hf-gemma3: {len(names)} tensors, {total / 2**20:.1f} MiB, "
           f"{sp.get_piece_size()} pieces; {len(texts)} texts, {len(seqs)} sequences "
-          f"(largest |logit| {max(biggest):.3f})")
+          f"(largest |logit| {largest:.3f})")
 
 
 if __name__ == "__main__":
