@@ -4,7 +4,8 @@
 // q5_K, q6_K and iq4_xs (256 elements, activations in block_q8_K), with
 // q4_K, q5_K and q6_K taking four tokens per pass over a row (AVX2), and
 // q4_K and q5_K four rows per pass over a token (ARM dotprod; smol-cpu-
-// matmul.c++ takes iq4_nl, q5_0 and q5_1 there). Compiled once
+// matmul.c++ takes iq4_nl, q5_0 and q5_1 there), and q4_K, q5_K and q6_K
+// in tiles of four rows and four tokens (ARM i8mm's smmla). Compiled once
 // per instruction set, as smol-cpu-matmul.c++ (whose rules hold here),
 // which hands these types to matmul_dots.
 //
@@ -293,6 +294,265 @@ static void dot_k_type1_rows(const Block * const * w, const block_q8_K * a, int6
         }
     }
     for (int r = 0; r < NR; r++) out[r] = acc[r];
+}
+#endif
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// ARM's i8mm variant: q4_K and q5_K prefill in tiles of 4 rows and 4 tokens,
+// as smol-cpu-matmul.c++'s q_tile_mmla for the 32-element types. Four smmla
+// give a pair of rows and a pair of tokens a sub-block's four exact code
+// products [r0 t0, r0 t1, r1 t0, r1 t1], which meet the two rows' scales
+// of that sub-block (looked up into [s0, s0, s1, s1]) in one multiply-add;
+// the mins meet the tokens' sub-block sums in widening multiplies and
+// pairwise sums. These are the integers of k_type1_ints, whatever the
+// order, and each lane then takes dot_k_type1's two float steps, so the
+// outputs are its bits. A row's codes are decoded once for four tokens.
+//
+// Lanes [v[2h], v[2h], v[2h + 1], v[2h + 1]]: row pair h's values, each
+// once for both tokens.
+static inline float32x4_t k_row_pair(float32x4_t v, int h) {
+    const float32x4_t u = h ? vextq_f32(v, v, 2) : v;
+    return vzip1q_f32(u, u);
+}
+
+// Rows w[0..3] times tokens a[0..3], all stored: y[j * ldy + r].
+template <int bits, class Block>
+__attribute__((noinline)) static void k_tile_mmla(const Block * const w[4],
+                                                  const block_q8_K * const a[4], int64_t nb,
+                                                  float * y, int64_t ldy) {
+    // Table indices of sub-block s's scale of row pair's rows 0 and 1 (bytes
+    // s and 8 + s of the pair's table) into int32 lanes [s0, s0, s1, s1];
+    // 0xff looks up 0.
+    uint8x16_t idx[8];
+    for (int s = 0; s < 8; s++) {
+        const uint32_t lo = (uint32_t)s | 0xffffff00u, hi = (uint32_t)(8 + s) | 0xffffff00u;
+        const uint32x4_t v = {lo, lo, hi, hi};
+        idx[s] = vreinterpretq_u8_u32(v);
+    }
+    // acc[rp][tp]: rows 2 rp, 2 rp + 1 with tokens 2 tp, 2 tp + 1.
+    float32x4_t acc[2][2];
+    for (int rp = 0; rp < 2; rp++)
+        for (int tp = 0; tp < 2; tp++) acc[rp][tp] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const Block * wb[4] = {w[0] + b, w[1] + b, w[2] + b, w[3] + b};
+        const block_q8_K * ak[4] = {a[0] + b, a[1] + b, a[2] + b, a[3] + b};
+        // tab[rp]: the scales of rows 2 rp (bytes 0-7) and 2 rp + 1 (8-15).
+        uint8x16_t tab[2];
+        int16x8_t mins[4];
+        for (int rp = 0; rp < 2; rp++) {
+            uint64_t sc0, m0, sc1, m1;
+            scales_mins_k4(wb[2 * rp]->scales, sc0, m0);
+            scales_mins_k4(wb[2 * rp + 1]->scales, sc1, m1);
+            tab[rp] = vcombine_u8(vcreate_u8(sc0), vcreate_u8(sc1));
+            mins[2 * rp] = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(m0)));
+            mins[2 * rp + 1] = vreinterpretq_s16_u16(vmovl_u8(vcreate_u8(m1)));
+        }
+        int32x4_t isum[2][2];
+        for (int rp = 0; rp < 2; rp++)
+            for (int tp = 0; tp < 2; tp++) isum[rp][tp] = vdupq_n_s32(0);
+        for (int p = 0; p < 4; p++) {
+            // Sub-blocks 2p (low nibbles) and 2p + 1 (high) share 32 code
+            // bytes; c[rp][half][k]: elements 8k..8k+7 of that sub-block of
+            // rows 2 rp and 2 rp + 1.
+            int8x16_t c[2][2][4];
+            for (int rp = 0; rp < 2; rp++) {
+                const uint8_t * q0 = wb[2 * rp]->qs + 32 * p;
+                const uint8_t * q1 = wb[2 * rp + 1]->qs + 32 * p;
+                uint8x16_t z[4];
+                for (int h = 0; h < 2; h++) {
+                    const uint64x2_t u0 = vreinterpretq_u64_u8(vld1q_u8(q0 + 16 * h));
+                    const uint64x2_t u1 = vreinterpretq_u64_u8(vld1q_u8(q1 + 16 * h));
+                    z[2 * h] = vreinterpretq_u8_u64(vzip1q_u64(u0, u1));
+                    z[2 * h + 1] = vreinterpretq_u8_u64(vzip2q_u64(u0, u1));
+                }
+                for (int k = 0; k < 4; k++) {
+                    uint8x16_t lo = vandq_u8(z[k], vdupq_n_u8(0xF)), hi = vshrq_n_u8(z[k], 4);
+                    if constexpr (bits == 5) {
+                        // The fifth bits: bit s of qh[j] for element j of
+                        // sub-block s, in the codes' byte order.
+                        const block_q5_K * h0 = (const block_q5_K *)wb[2 * rp];
+                        const block_q5_K * h1 = (const block_q5_K *)wb[2 * rp + 1];
+                        const uint64x2_t g0 = vreinterpretq_u64_u8(vld1q_u8(h0->qh + 16 * (k / 2)));
+                        const uint64x2_t g1 = vreinterpretq_u64_u8(vld1q_u8(h1->qh + 16 * (k / 2)));
+                        const uint8x16_t hz =
+                            vreinterpretq_u8_u64(k % 2 ? vzip2q_u64(g0, g1) : vzip1q_u64(g0, g1));
+                        const uint8x16_t f = vdupq_n_u8(0x10);
+                        lo = vorrq_u8(
+                            lo, vandq_u8(vtstq_u8(hz, vdupq_n_u8((uint8_t)(1 << (2 * p)))), f));
+                        hi = vorrq_u8(
+                            hi, vandq_u8(vtstq_u8(hz, vdupq_n_u8((uint8_t)(2 << (2 * p)))), f));
+                    }
+                    c[rp][0][k] = vreinterpretq_s8_u8(lo);
+                    c[rp][1][k] = vreinterpretq_s8_u8(hi);
+                }
+            }
+            for (int half = 0; half < 2; half++) {
+                const int s = 2 * p + half;
+                // x[tp][k]: elements 8k..8k+7 of sub-block s of tokens 2 tp
+                // and 2 tp + 1.
+                int8x16_t x[2][4];
+                for (int tp = 0; tp < 2; tp++) {
+                    for (int h = 0; h < 2; h++) {
+                        const int64x2_t u0 =
+                            vreinterpretq_s64_s8(vld1q_s8(ak[2 * tp]->qs + 32 * s + 16 * h));
+                        const int64x2_t u1 =
+                            vreinterpretq_s64_s8(vld1q_s8(ak[2 * tp + 1]->qs + 32 * s + 16 * h));
+                        x[tp][2 * h] = vreinterpretq_s8_s64(vzip1q_s64(u0, u1));
+                        x[tp][2 * h + 1] = vreinterpretq_s8_s64(vzip2q_s64(u0, u1));
+                    }
+                }
+                for (int rp = 0; rp < 2; rp++) {
+                    const int32x4_t sc = vreinterpretq_s32_u8(vqtbl1q_u8(tab[rp], idx[s]));
+                    for (int tp = 0; tp < 2; tp++) {
+                        int32x4_t d = vdupq_n_s32(0);
+                        for (int k = 0; k < 4; k++) d = vmmlaq_s32(d, c[rp][half][k], x[tp][k]);
+                        isum[rp][tp] = vmlaq_s32(isum[rp][tp], d, sc);
+                    }
+                }
+            }
+        }
+        int16x8_t bs[4];
+        for (int j = 0; j < 4; j++)
+            bs[j] = vpaddq_s16(vld1q_s16(ak[j]->bsums), vld1q_s16(ak[j]->bsums + 8));
+        float32x4_t dw, dmin;
+        {
+            uint16x4_t v = vdup_n_u16(0), m = vdup_n_u16(0);
+            v = vld1_lane_u16(&wb[0]->d, v, 0);
+            v = vld1_lane_u16(&wb[1]->d, v, 1);
+            v = vld1_lane_u16(&wb[2]->d, v, 2);
+            v = vld1_lane_u16(&wb[3]->d, v, 3);
+            m = vld1_lane_u16(&wb[0]->dmin, m, 0);
+            m = vld1_lane_u16(&wb[1]->dmin, m, 1);
+            m = vld1_lane_u16(&wb[2]->dmin, m, 2);
+            m = vld1_lane_u16(&wb[3]->dmin, m, 3);
+            dw = vcvt_f32_f16(vreinterpret_f16_u16(v));
+            dmin = vcvt_f32_f16(vreinterpret_f16_u16(m));
+        }
+        for (int tp = 0; tp < 2; tp++) {
+            const float d0 = ak[2 * tp]->d, d1 = ak[2 * tp + 1]->d;
+            const float32x4_t da = {d0, d1, d0, d1};
+            for (int rp = 0; rp < 2; rp++) {
+                int32x4_t m[4];
+                for (int k = 0; k < 4; k++) {
+                    const int16x8_t mv = mins[2 * rp + k / 2], bv = bs[2 * tp + k % 2];
+                    m[k] = vmlal_high_s16(vmull_s16(vget_low_s16(bv), vget_low_s16(mv)), bv, mv);
+                }
+                const int32x4_t msum = vpaddq_s32(vpaddq_s32(m[0], m[1]), vpaddq_s32(m[2], m[3]));
+                const float32x4_t dd = vmulq_f32(k_row_pair(dw, rp), da);
+                const float32x4_t dm = vnegq_f32(vmulq_f32(k_row_pair(dmin, rp), da));
+                acc[rp][tp] = vfmaq_f32(acc[rp][tp], vcvtq_f32_s32(isum[rp][tp]), dd);
+                acc[rp][tp] = vfmaq_f32(acc[rp][tp], vcvtq_f32_s32(msum), dm);
+            }
+        }
+    }
+    for (int rp = 0; rp < 2; rp++) {
+        for (int tp = 0; tp < 2; tp++) {
+            float o[4];
+            vst1q_f32(o, acc[rp][tp]);
+            for (int k = 0; k < 4; k++) y[(2 * tp + k % 2) * ldy + 2 * rp + k / 2] = o[k];
+        }
+    }
+}
+
+// q6_K likewise: a 16-element group's four exact code products from two
+// smmla, times the rows' signed group scales (looked up into the top
+// bytes of [s0, s0, s1, s1] and shifted down), the integers of dot_q6_K,
+// then its one float step per lane.
+__attribute__((noinline)) static void q6_tile_mmla(const block_q6_K * const w[4],
+                                                   const block_q8_K * const a[4], int64_t nb,
+                                                   float * y, int64_t ldy) {
+    uint8x16_t idx[16];
+    for (int j = 0; j < 16; j++) {
+        const uint32_t lo = (uint32_t)j << 24 | 0xffffffu,
+                       hi = (uint32_t)(16 + j) << 24 | 0xffffffu;
+        const uint32x4_t v = {lo, lo, hi, hi};
+        idx[j] = vreinterpretq_u8_u32(v);
+    }
+    float32x4_t acc[2][2];
+    for (int rp = 0; rp < 2; rp++)
+        for (int tp = 0; tp < 2; tp++) acc[rp][tp] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q6_K * wb[4] = {w[0] + b, w[1] + b, w[2] + b, w[3] + b};
+        const block_q8_K * ak[4] = {a[0] + b, a[1] + b, a[2] + b, a[3] + b};
+        int8x16x2_t tab[2];
+        for (int rp = 0; rp < 2; rp++)
+            tab[rp] = {{vld1q_s8(wb[2 * rp]->scales), vld1q_s8(wb[2 * rp + 1]->scales)}};
+        int32x4_t isum[2][2];
+        for (int rp = 0; rp < 2; rp++)
+            for (int tp = 0; tp < 2; tp++) isum[rp][tp] = vdupq_n_s32(0);
+        for (int h = 0; h < 2; h++) {
+            // zl[rp][k][e], zh[rp][k][e]: bytes 8e..8e+7 of ql's vector k
+            // and qh's vector k of this half, rows 2 rp then 2 rp + 1.
+            uint8x16_t zl[2][4][2], zh[2][2][2];
+            for (int rp = 0; rp < 2; rp++) {
+                const block_q6_K * w0 = wb[2 * rp];
+                const block_q6_K * w1 = wb[2 * rp + 1];
+                for (int k = 0; k < 4; k++) {
+                    const uint64x2_t u0 = vreinterpretq_u64_u8(vld1q_u8(w0->ql + 64 * h + 16 * k));
+                    const uint64x2_t u1 = vreinterpretq_u64_u8(vld1q_u8(w1->ql + 64 * h + 16 * k));
+                    zl[rp][k][0] = vreinterpretq_u8_u64(vzip1q_u64(u0, u1));
+                    zl[rp][k][1] = vreinterpretq_u8_u64(vzip2q_u64(u0, u1));
+                }
+                for (int k = 0; k < 2; k++) {
+                    const uint64x2_t u0 = vreinterpretq_u64_u8(vld1q_u8(w0->qh + 32 * h + 16 * k));
+                    const uint64x2_t u1 = vreinterpretq_u64_u8(vld1q_u8(w1->qh + 32 * h + 16 * k));
+                    zh[rp][k][0] = vreinterpretq_u8_u64(vzip1q_u64(u0, u1));
+                    zh[rp][k][1] = vreinterpretq_u8_u64(vzip2q_u64(u0, u1));
+                }
+            }
+            for (int jj = 0; jj < 8; jj++) {
+                const int j = 8 * h + jj;
+                // x[tp][e]: elements 8e..8e+7 of group j of tokens 2 tp and
+                // 2 tp + 1.
+                int8x16_t x[2][2];
+                for (int tp = 0; tp < 2; tp++) {
+                    const int64x2_t u0 = vreinterpretq_s64_s8(vld1q_s8(ak[2 * tp]->qs + 16 * j));
+                    const int64x2_t u1 =
+                        vreinterpretq_s64_s8(vld1q_s8(ak[2 * tp + 1]->qs + 16 * j));
+                    x[tp][0] = vreinterpretq_s8_s64(vzip1q_s64(u0, u1));
+                    x[tp][1] = vreinterpretq_s8_s64(vzip2q_s64(u0, u1));
+                }
+                for (int rp = 0; rp < 2; rp++) {
+                    // As dot_q6_K's group jj, on the zipped bytes.
+                    int8x16_t c[2];
+                    for (int e = 0; e < 2; e++) {
+                        const uint8x16_t lo = jj < 4 ? vandq_u8(zl[rp][jj][e], vdupq_n_u8(0xF))
+                                                     : vshrq_n_u8(zl[rp][jj - 4][e], 4);
+                        const uint8x16_t hi =
+                            vandq_u8(shr_u8(zh[rp][jj % 2][e], 2 * (jj / 2)), vdupq_n_u8(3));
+                        c[e] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))),
+                                        vdupq_n_s8(32));
+                    }
+                    const int32x4_t sc =
+                        vshrq_n_s32(vreinterpretq_s32_s8(vqtbl2q_s8(tab[rp], idx[j])), 24);
+                    for (int tp = 0; tp < 2; tp++) {
+                        const int32x4_t d =
+                            vmmlaq_s32(vmmlaq_s32(vdupq_n_s32(0), c[0], x[tp][0]), c[1], x[tp][1]);
+                        isum[rp][tp] = vmlaq_s32(isum[rp][tp], d, sc);
+                    }
+                }
+            }
+        }
+        uint16x4_t v = vld1_dup_u16(&wb[0]->d);
+        v = vld1_lane_u16(&wb[1]->d, v, 1);
+        v = vld1_lane_u16(&wb[2]->d, v, 2);
+        v = vld1_lane_u16(&wb[3]->d, v, 3);
+        const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(v));
+        for (int tp = 0; tp < 2; tp++) {
+            const float d0 = ak[2 * tp]->d, d1 = ak[2 * tp + 1]->d;
+            const float32x4_t da = {d0, d1, d0, d1};
+            for (int rp = 0; rp < 2; rp++)
+                acc[rp][tp] = vfmaq_f32(acc[rp][tp], vcvtq_f32_s32(isum[rp][tp]),
+                                        vmulq_f32(k_row_pair(dw, rp), da));
+        }
+    }
+    for (int rp = 0; rp < 2; rp++) {
+        for (int tp = 0; tp < 2; tp++) {
+            float o[4];
+            vst1q_f32(o, acc[rp][tp]);
+            for (int k = 0; k < 4; k++) y[(2 * tp + k % 2) * ldy + 2 * rp + k / 2] = o[k];
+        }
+    }
 }
 #endif
 
@@ -1037,7 +1297,8 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
         const int64_t t1 = std::min(n_tok, t0 + tc);
         int64_t r = r0;
 #if defined(__ARM_FEATURE_DOTPROD)
-        // q4_K and q5_K four rows at a time (each output as dot_row's).
+        // q4_K and q5_K four rows at a time (each output as dot_row's),
+        // with i8mm four tokens at a time too.
         if (t == SMOL_TYPE_Q4_K || t == SMOL_TYPE_Q5_K) {
             for (; r + 4 <= r1; r += 4) {
                 const block_q4_K * w4[4];
@@ -1046,7 +1307,19 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
                     w4[k] = (const block_q4_K *)(wb + (size_t)(r + k) * w_row_bytes);
                     w5[k] = (const block_q5_K *)(wb + (size_t)(r + k) * w_row_bytes);
                 }
-                for (int64_t i = t0; i < t1; i++) {
+                int64_t i = t0;
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+                for (; i + 4 <= t1; i += 4) {
+                    const block_q8_K * a[4];
+                    for (int j = 0; j < 4; j++)
+                        a[j] = (const block_q8_K *)(ab + (size_t)(i + j) * act_row_bytes);
+                    if (t == SMOL_TYPE_Q4_K)
+                        k_tile_mmla<4>(w4, a, K / QK_K, y + i * ldy + r, ldy);
+                    else
+                        k_tile_mmla<5>(w5, a, K / QK_K, y + i * ldy + r, ldy);
+                }
+#endif
+                for (; i < t1; i++) {
                     const block_q8_K * a = (const block_q8_K *)(ab + (size_t)i * act_row_bytes);
                     float out[4];
                     if (t == SMOL_TYPE_Q4_K)
@@ -1055,6 +1328,27 @@ void matmul_dots(smol_type t, const void * w, size_t w_row_bytes, int64_t K, int
                         dot_k_type1_rows<5, 4>(w5, a, K / QK_K, out);
                     for (int k = 0; k < 4; k++) y[i * ldy + r + k] = out[k];
                 }
+            }
+        }
+#endif
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+        // q6_K in tiles of four rows and four tokens, the tokens past the
+        // last tile as dot_row.
+        if (t == SMOL_TYPE_Q6_K && t1 - t0 >= 4) {
+            for (; r + 4 <= r1; r += 4) {
+                const block_q6_K * w6[4];
+                for (int k = 0; k < 4; k++)
+                    w6[k] = (const block_q6_K *)(wb + (size_t)(r + k) * w_row_bytes);
+                int64_t i = t0;
+                for (; i + 4 <= t1; i += 4) {
+                    const block_q8_K * a[4];
+                    for (int j = 0; j < 4; j++)
+                        a[j] = (const block_q8_K *)(ab + (size_t)(i + j) * act_row_bytes);
+                    q6_tile_mmla(w6, a, K / QK_K, y + i * ldy + r, ldy);
+                }
+                for (; i < t1; i++)
+                    for (int k = 0; k < 4; k++)
+                        y[i * ldy + r + k] = dot_row(t, w6[k], ab + (size_t)i * act_row_bytes, K);
             }
         }
 #endif

@@ -207,50 +207,99 @@ static inline float32x4_t block_step(float32x4_t c, float32x4_t isum, float32x4_
 
 // Four f16 values, one from each of four blocks at byte offset o.
 static inline float32x4_t halves4(const uint8_t * const b[4], size_t o) {
-    uint16x4_t v = vdup_n_u16(0);
-    v = vld1_lane_u16((const uint16_t *)(b[0] + o), v, 0);
+    uint16x4_t v = vld1_dup_u16((const uint16_t *)(b[0] + o));
     v = vld1_lane_u16((const uint16_t *)(b[1] + o), v, 1);
     v = vld1_lane_u16((const uint16_t *)(b[2] + o), v, 2);
     v = vld1_lane_u16((const uint16_t *)(b[3] + o), v, 3);
     return vcvt_f32_f16(vreinterpret_f16_u16(v));
 }
 
+// A q8_0 block at p, its scale into lane L of d and its codes into lo and
+// hi, p advanced to the next block: two loads and no address arithmetic
+// (the compiler's code took five instructions more a row, most of them
+// reloading spilled row pointers).
+template <int L>
+static inline void q8_0_next(const uint8_t *& p, uint16x4_t & d, int8x16_t & lo, int8x16_t & hi) {
+    const auto & blk = *(const uint8_t(*)[sizeof(block_q8_0)])p;
+    if constexpr (L == 0)
+        __asm__("ld1r {%[d].4h}, [%[p]], #2\n\t"
+                "ldp %q[lo], %q[hi], [%[p]], #32"
+                : [p] "+r"(p), [d] "=w"(d), [lo] "=w"(lo), [hi] "=w"(hi)
+                : "m"(blk));
+    else
+        __asm__("ld1 {%[d].h}[%[l]], [%[p]], #2\n\t"
+                "ldp %q[lo], %q[hi], [%[p]], #32"
+                : [p] "+r"(p), [d] "+w"(d), [lo] "=w"(lo), [hi] "=w"(hi)
+                : [l] "i"(L), "m"(blk));
+}
+
 // Rows w[0..4G) (of which the first n are stored) times tokens i0..i0+NT-1,
 // G vectors of four rows.
+//
+// With few outputs (G * NT <= 2: decode) a row's sdot accumulator is not
+// zeroed a block but runs through the blocks: the lane sums after block b
+// are the row's running total (modulo 2^32, as sdot and addp wrap), and
+// the block's sum is the difference from the last block's, exact as it
+// fits in an int32. That leaves, per block of four rows, eight sdot, three
+// addp and one subtraction for the four integers.
 template <smol_type T, int G, int NT>
 static inline void q_rows(const uint8_t * const * w, int n, int64_t nb, const uint8_t * ab,
                           size_t act_row_bytes, int64_t i0, float * y, int64_t ldy) {
     constexpr size_t bs = q_block_bytes<T>();
+    constexpr bool running = G * NT <= 2;
     float32x4_t acc[G][NT];
+    // s: the rows' accumulators; tot: their lane sums at the last block.
+    int32x4_t s[G][NT][4], tot[G][NT];
     for (int g = 0; g < G; g++)
-        for (int j = 0; j < NT; j++) acc[g][j] = vdupq_n_f32(0.0f);
+        for (int j = 0; j < NT; j++) {
+            acc[g][j] = vdupq_n_f32(0.0f);
+            tot[g][j] = vdupq_n_s32(0);
+            for (int r = 0; r < 4; r++) s[g][j][r] = vdupq_n_s32(0);
+        }
+    const uint8_t * p[4 * G];
+    for (int r = 0; r < 4 * G; r++) p[r] = w[r];
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t * blk[4 * G];
         int8x16_t lo[4 * G], hi[4 * G];
         float32x4_t dw[G], mw[G];
-        for (int r = 0; r < 4 * G; r++) {
-            blk[r] = w[r] + b * bs;
-            block_codes<T>(blk[r], lo[r], hi[r]);
-        }
-        for (int g = 0; g < G; g++) {
-            dw[g] = halves4(blk + 4 * g, 0);
-            mw[g] = vdupq_n_f32(0.0f);
-            if constexpr (T == SMOL_TYPE_Q4_1 || T == SMOL_TYPE_Q5_1)
-                mw[g] = halves4(blk + 4 * g, 2);
+        if constexpr (T == SMOL_TYPE_Q8_0) {
+            for (int g = 0; g < G; g++) {
+                uint16x4_t d;
+                q8_0_next<0>(p[4 * g], d, lo[4 * g], hi[4 * g]);
+                q8_0_next<1>(p[4 * g + 1], d, lo[4 * g + 1], hi[4 * g + 1]);
+                q8_0_next<2>(p[4 * g + 2], d, lo[4 * g + 2], hi[4 * g + 2]);
+                q8_0_next<3>(p[4 * g + 3], d, lo[4 * g + 3], hi[4 * g + 3]);
+                dw[g] = vcvt_f32_f16(vreinterpret_f16_u16(d));
+                mw[g] = vdupq_n_f32(0.0f);
+            }
+        } else {
+            for (int r = 0; r < 4 * G; r++) block_codes<T>(p[r], lo[r], hi[r]);
+            for (int g = 0; g < G; g++) {
+                dw[g] = halves4(p + 4 * g, 0);
+                mw[g] = vdupq_n_f32(0.0f);
+                if constexpr (T == SMOL_TYPE_Q4_1 || T == SMOL_TYPE_Q5_1)
+                    mw[g] = halves4(p + 4 * g, 2);
+            }
+            for (int r = 0; r < 4 * G; r++) p[r] += bs;
         }
         for (int j = 0; j < NT; j++) {
             const block_q8_act * a =
                 (const block_q8_act *)(ab + (size_t)(i0 + j) * act_row_bytes) + b;
             const int8x16_t a0 = vld1q_s8(a->qs), a1 = vld1q_s8(a->qs + 16);
             for (int g = 0; g < G; g++) {
-                int32x4_t s[4];
+                int32x4_t * sg = s[g][j];
                 for (int r = 0; r < 4; r++)
-                    s[r] =
-                        vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo[4 * g + r], a0), hi[4 * g + r], a1);
-                const float32x4_t isum =
-                    vcvtq_f32_s32(vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3])));
+                    sg[r] =
+                        vdotq_s32(vdotq_s32(running ? sg[r] : vdupq_n_s32(0), lo[4 * g + r], a0),
+                                  hi[4 * g + r], a1);
+                const int32x4_t t = vpaddq_s32(vpaddq_s32(sg[0], sg[1]), vpaddq_s32(sg[2], sg[3]));
+                int32x4_t isum = t;
+                if constexpr (running) {
+                    isum = vsubq_s32(t, tot[g][j]);
+                    tot[g][j] = t;
+                }
                 const float32x4_t dd = vmulq_n_f32(dw[g], a->d);
-                acc[g][j] = block_step<T>(acc[g][j], isum, dd, mw[g], vdupq_n_f32(a->s));
+                acc[g][j] =
+                    block_step<T>(acc[g][j], vcvtq_f32_s32(isum), dd, mw[g], vdupq_n_f32(a->s));
             }
         }
     }

@@ -17,11 +17,21 @@
 # of a Raspberry Pi 5 (17 GB/s) and a Graviton 3 (300 GB/s): estimates of
 # the bound, not measurements.
 #
-#   scripts/arm-insns.sh           all three models (about 25 minutes)
-#   scripts/arm-insns.sh --quick   the 135M files only
+#   scripts/arm-insns.sh                 all three models (about 25 minutes)
+#   scripts/arm-insns.sh --quick         the 135M files only
+#   scripts/arm-insns.sh --only Q8_0     the models whose file names hold Q8_0
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+quick=0 only=
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) quick=1 ;;
+    --only) only=$2; shift ;;
+    *) echo "usage: scripts/arm-insns.sh [--quick] [--only PATTERN]" >&2; exit 2 ;;
+    esac
+    shift
+done
 
 scripts/install-packages.sh qemu-user gcc
 scripts/test-arm64.sh --build >/dev/null
@@ -38,7 +48,7 @@ for type in Q4_0 Q8_0; do
     [ -f "$f" ] || build/examples/smol-quantize "$real" "$f" "$type" >/dev/null
     models+=("$f")
 done
-if [ "${1:-}" != "--quick" ]; then
+if [ "$quick" = 0 ]; then
     f="$work/1.7B-random-Q4_K.gguf"
     [ -f "$f" ] || build/examples/smol-quantize --random 1.7B --type q4_k_m --pure \
         --vocab-from "$real" "$f" >/dev/null
@@ -62,6 +72,7 @@ variants=(generic dotprod i8mm)
 printf '%-18s %-8s %14s %14s %14s %9s %9s\n' model phase generic dotprod i8mm "dp/gen" "i8mm/gen"
 for m in "${models[@]}"; do
     name=$(basename "$m" .gguf)
+    case "$name" in *"$only"*) ;; *) continue ;; esac
     # Decode: generating N tokens against 2, over N - 2.
     case "$m" in *1.7B*) n=4 ;; *) n=10 ;; esac
     dec=()
@@ -84,7 +95,7 @@ for m in "${models[@]}"; do
         awk -v m="$name" -v ph="$phase" -v g="${c[0]}" -v d="${c[1]}" -v i="${c[2]}" 'BEGIN {
             printf "%-18s %-8s %14.0f %14.0f %14.0f %9.3f %9.3f\n", m, ph, g, d, i, d / g, i / g }'
     done
-    bytes=$(stat -c %s "$m")
+    bytes=$(stat -L -c %s "$m")
     awk -v m="$name" -v b="$bytes" 'BEGIN {
         printf "%-18s reads %.1f MB a decoded token: at most %.1f t/s at 17 GB/s, %.1f at 300 GB/s\n",
             m, b / 1e6, 17e9 / b, 300e9 / b }'
