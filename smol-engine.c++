@@ -548,6 +548,26 @@ void engine::admit() {
 
 int32_t engine::step() {
     std::lock_guard<std::mutex> step_lock(step_mu_);
+    take_news();
+    admit();
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.n_running = int32_t(running_.size());
+        stats_.n_queued = int32_t(queue_.size());
+    }
+    const int32_t n = plan_batch();
+    if (n > 0) run_batch(n);
+
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.n_running = int32_t(running_.size());
+    stats_.n_queued = int32_t(queue_.size());
+    stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
+    stats_.n_prefix_blocks = tree_.n_blocks();
+    return stats_.n_running + stats_.n_queued + int32_t(incoming_.size());
+}
+
+// Submissions move to the queue; cancelled requests, queued or running, end.
+void engine::take_news() {
     std::vector<smol_request_id> cancels;
     {
         std::lock_guard<std::mutex> lock(mu_);
@@ -576,14 +596,11 @@ int32_t engine::step() {
             }
         }
     }
+}
 
-    admit();
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.n_running = int32_t(running_.size());
-        stats_.n_queued = int32_t(queue_.size());
-    }
-
+// Returns the batch's size; each request's slice is b0, nb (the last ng of
+// them guesses).
+int32_t engine::plan_batch() {
     // Plan the batch: one token for every request that is decoding, then
     // prompt chunks, oldest request first, within the batch and the cells.
     // Cells for the decode tokens come first: cached prefixes are evicted,
@@ -667,158 +684,160 @@ int32_t engine::step() {
         running_.clear();
     }
 
-    if (n > 0) {
-        // The batch in the order of the slices planned above (decode tokens,
-        // then prompt chunks), which is not always the requests' order: a
-        // younger request decodes while an older one is still in its prompt
-        // when, say, the prefix cache left it one token to compute.
-        slices_.clear();
+    return n;
+}
+
+// Decodes the planned batch of n tokens and moves each request in it on.
+void engine::run_batch(int32_t n) {
+    // The batch in the order of the slices planned above (decode tokens,
+    // then prompt chunks), which is not always the requests' order: a
+    // younger request decodes while an older one is still in its prompt
+    // when, say, the prefix cache left it one token to compute.
+    slices_.clear();
+    for (auto & r : running_) {
+        if (r->nb > 0) slices_.push_back(r.get());
+    }
+    std::sort(slices_.begin(), slices_.end(),
+              [](const request * a, const request * b) { return a->b0 < b->b0; });
+    batch_.n_tokens = 0;
+    for (request * r : slices_) {
+        SMOL_ASSERT_MSG(batch_.n_tokens == r->b0, "engine: a slice out of place");
+        for (int32_t j = 0; j < r->nb - r->ng; ++j) {
+            const int32_t p = r->n_past + j;
+            const bool last = p == int32_t(r->tokens.size()) - 1;
+            smol_batch_add(&batch_, batch_cap_, r->tokens[size_t(p)], p, r->seq, last);
+        }
+        // Guesses after the last known token, each with its logits.
+        for (int32_t j = 0; j < r->ng; ++j) {
+            smol_batch_add(&batch_, batch_cap_, r->guess[size_t(j)], int32_t(r->tokens.size()) + j,
+                           r->seq, true);
+        }
+    }
+    int32_t n_prefill = 0, n_sampled = 0;
+    try {
+        ctx_.decode(batch_);
+    } catch (const std::exception & e) {
+        // The batch was checked as it was built: this is a bug or a
+        // backend failure. Every request in it ends with the message,
+        // which says what the step held.
+        int32_t n_req = 0;
+        for (auto & r : running_) n_req += r->nb > 0;
+        set_last_error(std::string(e.what()) + " (in a step of " + std::to_string(n) +
+                       " tokens from " + std::to_string(n_req) + " requests; " +
+                       std::to_string(ctx_.kv.n_cells - ctx_.kv.n_free()) + " of " +
+                       std::to_string(ctx_.kv.n_cells) + " cells held, " +
+                       std::to_string(ctx_.kv.n_used) + " in the used range)");
         for (auto & r : running_) {
-            if (r->nb > 0) slices_.push_back(r.get());
-        }
-        std::sort(slices_.begin(), slices_.end(),
-                  [](const request * a, const request * b) { return a->b0 < b->b0; });
-        batch_.n_tokens = 0;
-        for (request * r : slices_) {
-            SMOL_ASSERT_MSG(batch_.n_tokens == r->b0, "engine: a slice out of place");
-            for (int32_t j = 0; j < r->nb - r->ng; ++j) {
-                const int32_t p = r->n_past + j;
-                const bool last = p == int32_t(r->tokens.size()) - 1;
-                smol_batch_add(&batch_, batch_cap_, r->tokens[size_t(p)], p, r->seq, last);
-            }
-            // Guesses after the last known token, each with its logits.
-            for (int32_t j = 0; j < r->ng; ++j) {
-                smol_batch_add(&batch_, batch_cap_, r->guess[size_t(j)],
-                               int32_t(r->tokens.size()) + j, r->seq, true);
-            }
-        }
-        int32_t n_prefill = 0, n_sampled = 0;
-        try {
-            ctx_.decode(batch_);
-        } catch (const std::exception & e) {
-            // The batch was checked as it was built: this is a bug or a
-            // backend failure. Every request in it ends with the message,
-            // which says what the step held.
-            int32_t n_req = 0;
-            for (auto & r : running_) n_req += r->nb > 0;
-            set_last_error(std::string(e.what()) + " (in a step of " + std::to_string(n) +
-                           " tokens from " + std::to_string(n_req) + " requests; " +
-                           std::to_string(ctx_.kv.n_cells - ctx_.kv.n_free()) + " of " +
-                           std::to_string(ctx_.kv.n_cells) + " cells held, " +
-                           std::to_string(ctx_.kv.n_used) + " in the used range)");
-            for (auto & r : running_) {
-                if (r->nb > 0) {
-                    finish(r, SMOL_FINISH_ERROR, -1, nullptr);
-                    r.reset();
-                }
-            }
-            running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
-            n = 0;
-        }
-        const int32_t * cells = ctx_.last_cells();
-        for (auto & r : running_) {
-            if (!r || r->nb == 0) continue;
-            r->cells.insert(r->cells.end(), cells + r->b0, cells + r->b0 + r->nb);
-            const int32_t n_known = r->nb - r->ng;
-            n_prefill += std::max(0, std::min(r->n_past + n_known, r->n_prompt) - r->n_past);
-            r->n_past += n_known;
-            if (!r->prompt_cached && r->n_past >= r->n_prompt) {
-                cache_prefix(*r, r->n_prompt);
-                r->prompt_cached = true;
-            }
-            if (r->n_past != int32_t(r->tokens.size())) continue;
-            // The last token known was decoded: draw the next, or check the
-            // guesses and draw after those kept. Row i: the logits after
-            // the known tokens and guesses [0, i).
-            const int32_t row0 = r->b0 + n_known - 1;
-            rows_.clear();
-            for (int32_t i = 0; i <= r->ng; ++i) rows_.push_back(ctx_.logits(row0 + i));
-            if (std::find(rows_.begin(), rows_.end(), nullptr) != rows_.end()) {
-                // Cannot happen with the slices in place; were it to, this
-                // request alone ends, rather than a token -1 failing the
-                // next step for every request in it.
-                set_last_error("engine: no logits for request " + std::to_string(r->id));
+            if (r->nb > 0) {
                 finish(r, SMOL_FINISH_ERROR, -1, nullptr);
                 r.reset();
-                continue;
-            }
-            int32_t kept = 0;
-            smol_token after = -1;
-            if (r->draft_max > 0) {
-                kept = r->verifier.accept(rows_.data(), r->guess.data(), r->ng,
-                                          draft_ && r->verifier.sampling() ? r->q.data() : nullptr,
-                                          &after);
-                // The rejected guesses leave the target's cache and the draft's.
-                const int32_t n_rejected = r->ng - kept;
-                if (n_rejected > 0) {
-                    ctx_.kv.cells_rm_seq(r->cells.data() + r->n_past + kept, n_rejected, r->seq);
-                    r->cells.resize(size_t(r->n_past + kept));
-                }
-                r->n_past += kept;
-                if (draft_ && r->draft_past > r->n_past) {
-                    draft_->kv.seq_rm(r->seq, r->n_past, -1);
-                    r->draft_past = r->n_past;
-                }
-                if (r->ng > 0) {
-                    // Counted before its tokens' events: a caller that hears
-                    // of them sees them in the figures.
-                    std::lock_guard<std::mutex> lock(mu_);
-                    stats_.n_spec_drafted += r->ng;
-                    stats_.n_spec_accepted += kept;
-                    ++stats_.n_spec_verifies;
-                }
-            } else {
-                after = smol_sampler_sample(r->sampler, rows_[0], model_.hp.n_vocab);
-            }
-            if (after < 0) {
-                // A grammar that allows nothing more, in a vocabulary with no
-                // end-of-generation token.
-                finish(r, SMOL_FINISH_STOP, -1, rows_[0]);
-                r.reset();
-                continue;
-            }
-            // The kept guesses, then the token after them, in order; the
-            // first that ends the request ends it (the cache keeps no
-            // position past the tokens it has then).
-            for (int32_t i = 0; i <= kept; ++i) {
-                const smol_token t = i < kept ? r->guess[size_t(i)] : after;
-                const float * logits = rows_[size_t(i)];
-                smol_sampler_accept(r->sampler, t);
-                r->tokens.push_back(t);
-                ++r->n_generated;
-                ++n_sampled;
-                smol_finish_reason why = SMOL_FINISH_NONE;
-                if ((!r->ignore_eog && model_.vocab.is_eog(t)) ||
-                    std::find(r->stop.begin(), r->stop.end(), t) != r->stop.end()) {
-                    why = SMOL_FINISH_STOP;
-                } else if (r->n_generated >= r->max_tokens) {
-                    why = SMOL_FINISH_LENGTH;
-                }
-                if (why == SMOL_FINISH_NONE && emit(*r, t, logits, SMOL_FINISH_NONE)) continue;
-                r->n_past = std::min(r->n_past, int32_t(r->tokens.size()));
-                r->cells.resize(size_t(r->n_past));
-                if (why != SMOL_FINISH_NONE) {
-                    finish(r, why, t, logits);
-                } else {
-                    finish(r, SMOL_FINISH_CANCELLED, -1, nullptr);
-                }
-                r.reset();
-                break;
             }
         }
         running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.n_prefill_tokens += n_prefill;
-        stats_.n_generated_tokens += n_sampled;
-        ++stats_.n_steps;
     }
-
+    const int32_t * cells = ctx_.last_cells();
+    for (auto & r : running_) {
+        if (r->nb > 0) advance(r, cells, n_prefill, n_sampled);
+    }
+    running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.n_running = int32_t(running_.size());
-    stats_.n_queued = int32_t(queue_.size());
-    stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
-    stats_.n_prefix_blocks = tree_.n_blocks();
-    return stats_.n_running + stats_.n_queued + int32_t(incoming_.size());
+    stats_.n_prefill_tokens += n_prefill;
+    stats_.n_generated_tokens += n_sampled;
+    ++stats_.n_steps;
+}
+
+// Moves r on after a decode that held its slice (cells: the batch's cells):
+// its cells and prompt cache; where its last known token was decoded, its
+// guesses checked and the next token drawn, each token emitted, and r reset
+// when it ends.
+void engine::advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill,
+                     int32_t & n_sampled) {
+    r->cells.insert(r->cells.end(), cells + r->b0, cells + r->b0 + r->nb);
+    const int32_t n_known = r->nb - r->ng;
+    n_prefill += std::max(0, std::min(r->n_past + n_known, r->n_prompt) - r->n_past);
+    r->n_past += n_known;
+    if (!r->prompt_cached && r->n_past >= r->n_prompt) {
+        cache_prefix(*r, r->n_prompt);
+        r->prompt_cached = true;
+    }
+    if (r->n_past != int32_t(r->tokens.size())) return;
+    // The last token known was decoded: draw the next, or check the
+    // guesses and draw after those kept. Row i: the logits after
+    // the known tokens and guesses [0, i).
+    const int32_t row0 = r->b0 + n_known - 1;
+    rows_.clear();
+    for (int32_t i = 0; i <= r->ng; ++i) rows_.push_back(ctx_.logits(row0 + i));
+    if (std::find(rows_.begin(), rows_.end(), nullptr) != rows_.end()) {
+        // Cannot happen with the slices in place; were it to, this
+        // request alone ends, rather than a token -1 failing the
+        // next step for every request in it.
+        set_last_error("engine: no logits for request " + std::to_string(r->id));
+        finish(r, SMOL_FINISH_ERROR, -1, nullptr);
+        r.reset();
+        return;
+    }
+    int32_t kept = 0;
+    smol_token after = -1;
+    if (r->draft_max > 0) {
+        kept = r->verifier.accept(rows_.data(), r->guess.data(), r->ng,
+                                  draft_ && r->verifier.sampling() ? r->q.data() : nullptr, &after);
+        // The rejected guesses leave the target's cache and the draft's.
+        const int32_t n_rejected = r->ng - kept;
+        if (n_rejected > 0) {
+            ctx_.kv.cells_rm_seq(r->cells.data() + r->n_past + kept, n_rejected, r->seq);
+            r->cells.resize(size_t(r->n_past + kept));
+        }
+        r->n_past += kept;
+        if (draft_ && r->draft_past > r->n_past) {
+            draft_->kv.seq_rm(r->seq, r->n_past, -1);
+            r->draft_past = r->n_past;
+        }
+        if (r->ng > 0) {
+            // Counted before its tokens' events: a caller that hears
+            // of them sees them in the figures.
+            std::lock_guard<std::mutex> lock(mu_);
+            stats_.n_spec_drafted += r->ng;
+            stats_.n_spec_accepted += kept;
+            ++stats_.n_spec_verifies;
+        }
+    } else {
+        after = smol_sampler_sample(r->sampler, rows_[0], model_.hp.n_vocab);
+    }
+    if (after < 0) {
+        // A grammar that allows nothing more, in a vocabulary with no
+        // end-of-generation token.
+        finish(r, SMOL_FINISH_STOP, -1, rows_[0]);
+        r.reset();
+        return;
+    }
+    // The kept guesses, then the token after them, in order; the
+    // first that ends the request ends it (the cache keeps no
+    // position past the tokens it has then).
+    for (int32_t i = 0; i <= kept; ++i) {
+        const smol_token t = i < kept ? r->guess[size_t(i)] : after;
+        const float * logits = rows_[size_t(i)];
+        smol_sampler_accept(r->sampler, t);
+        r->tokens.push_back(t);
+        ++r->n_generated;
+        ++n_sampled;
+        smol_finish_reason why = SMOL_FINISH_NONE;
+        if ((!r->ignore_eog && model_.vocab.is_eog(t)) ||
+            std::find(r->stop.begin(), r->stop.end(), t) != r->stop.end()) {
+            why = SMOL_FINISH_STOP;
+        } else if (r->n_generated >= r->max_tokens) {
+            why = SMOL_FINISH_LENGTH;
+        }
+        if (why == SMOL_FINISH_NONE && emit(*r, t, logits, SMOL_FINISH_NONE)) continue;
+        r->n_past = std::min(r->n_past, int32_t(r->tokens.size()));
+        r->cells.resize(size_t(r->n_past));
+        if (why != SMOL_FINISH_NONE) {
+            finish(r, why, t, logits);
+        } else {
+            finish(r, SMOL_FINISH_CANCELLED, -1, nullptr);
+        }
+        r.reset();
+        break;
+    }
 }
 
 smol_engine_stats engine::stats() const {

@@ -131,7 +131,11 @@ class engine {
     using request_ptr = std::unique_ptr<request>;
 
     void worker();
+    void take_news();
     void admit();
+    int32_t plan_batch();
+    void run_batch(int32_t n);
+    void advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill, int32_t & n_sampled);
     bool make_room(int32_t cells); // evicts cached prefixes; false if short
     void preempt(request & r);
     void finish(request_ptr & r, smol_finish_reason reason, smol_token token, const float * logits);
