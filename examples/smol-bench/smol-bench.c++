@@ -355,10 +355,9 @@ std::string now_iso8601() {
 
 std::string kernels_of(smol_context * ctx);
 
-result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
-                const options & o, int n_batch, int n_threads, int n_prompt, int n_gen,
-                int n_depth) {
-    const std::string & device = o.device;
+// A row for a test of the model in file, before it runs.
+result new_result(const std::string & file, const smol_model_info & info,
+                  const std::string & device, int n_threads, int n_prompt, int n_gen) {
     result r;
     r.model_file = file;
     r.model_label = std::filesystem::path(file).stem().string();
@@ -367,12 +366,20 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     r.size = info.n_bytes;
     r.n_params = info.n_params;
     r.device = device.empty() ? "cpu" : device;
-    r.n_batch = n_batch;
     r.n_threads = n_threads;
     r.n_prompt = n_prompt;
     r.n_gen = n_gen;
-    r.n_depth = n_depth;
     r.test_time = now_iso8601();
+    return r;
+}
+
+result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
+                const options & o, int n_batch, int n_threads, int n_prompt, int n_gen,
+                int n_depth) {
+    const std::string & device = o.device;
+    result r = new_result(file, info, device, n_threads, n_prompt, n_gen);
+    r.n_batch = n_batch;
+    r.n_depth = n_depth;
 
     const bool spec = n_gen > 0 && n_prompt == 0 && (o.lookup || o.draft_model);
     if (spec && n_depth > 0)
@@ -505,19 +512,8 @@ result run_batched(smol_model * model, const smol_model_info & info, const std::
                    const options & o, int n_threads, int n_seq) {
     const std::string & device = o.device;
     const int n_prompt = o.batched_prompt, n_gen = o.batched_gen, reps = o.reps;
-    result r;
-    r.model_file = file;
-    r.model_label = std::filesystem::path(file).stem().string();
-    const char * type = smol_type_name(info.ftype);
-    r.type = type ? type : "?";
-    r.size = info.n_bytes;
-    r.n_params = info.n_params;
-    r.device = device.empty() ? "cpu" : device;
-    r.n_threads = n_threads;
-    r.n_prompt = n_prompt;
-    r.n_gen = n_gen;
+    result r = new_result(file, info, device, n_threads, n_prompt, n_gen);
     r.n_seq = n_seq;
-    r.test_time = now_iso8601();
 
     smol_context_params cparams = smol_context_default_params();
     cparams.n_ctx = uint32_t(n_seq * (n_prompt + n_gen + 3));
@@ -573,20 +569,9 @@ bool engine_counted(const smol_engine_event * ev, void * user) {
 result run_engine(smol_model * model, const smol_model_info & info, const std::string & file,
                   const options & o, int n_threads, int n_req) {
     const int n_prompt = o.batched_prompt, n_gen = o.batched_gen;
-    result r;
-    r.model_file = file;
-    r.model_label = std::filesystem::path(file).stem().string();
-    const char * type = smol_type_name(info.ftype);
-    r.type = type ? type : "?";
-    r.size = info.n_bytes;
-    r.n_params = info.n_params;
-    r.device = o.device.empty() ? "cpu" : o.device;
-    r.n_threads = n_threads;
-    r.n_prompt = n_prompt;
-    r.n_gen = n_gen;
+    result r = new_result(file, info, o.device, n_threads, n_prompt, n_gen);
     r.n_seq = n_req;
     r.mode = " engine";
-    r.test_time = now_iso8601();
 
     smol_engine_params ep = smol_engine_default_params();
     ep.context.n_ctx = uint32_t(std::max(o.engine_ctx, n_req * (n_prompt + n_gen + 1)));
