@@ -9,6 +9,7 @@
 
 #include "smol-sampler.h"
 
+#include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-grammar.h"
 #include "smol-llama.h"
@@ -182,6 +183,26 @@ size_t smol::sampler_keep(const smol_sampler_params & p, const float * l, int32_
     if (p.top_k > 0 && p.top_k < n_vocab) {
         sampler_best(l, n_vocab, size_t(p.top_k), c);
         return sampler_keep_cands(p, c, size_t(p.top_k), total);
+    }
+    if (p.top_p >= 1.0f && p.min_p <= 0.0f) {
+        // No cut: every token, weighed by the CPU kernels' vector exp of
+        // logit / temperature less the largest.
+        thread_local std::vector<float> scaled, w;
+        const size_t n = size_t(n_vocab);
+        scaled.resize(n);
+        w.resize(n);
+        const float inv_t = 1.0f / p.temperature;
+        for (size_t i = 0; i < n; ++i) scaled[i] = l[i] * inv_t;
+        cpu::kernels_best().softmax_exp(w.data(), scaled.data(), scaled[size_t(argmax(l, n_vocab))],
+                                        int64_t(n));
+        c.resize(n);
+        double sum[4] = {0, 0, 0, 0};
+        for (size_t i = 0; i < n; ++i) {
+            c[i] = {smol_token(i), l[i], w[i]};
+            sum[i & 3] += w[i];
+        }
+        *total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+        return n;
     }
     c.resize(size_t(n_vocab));
     for (int32_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {i, l[i], 0.0f};
