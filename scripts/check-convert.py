@@ -134,6 +134,41 @@ def test(a):
         if not requant:
             print(f"check-convert: {quantize} is absent: the quantized types are not compared "
                   "(scripts/peers.sh builds it)")
+        def outputs(tag, label, qlabel, model, types, qtypes):
+            """smol-convert's file of each type against convert_hf_to_gguf.py's,
+            and of each quantized type against llama-quantize's of that
+            converter's f32; prints each; returns how many differ."""
+            bad = 0
+
+            def same(ours, theirs, what):
+                diffs, equal, n, n_keys = compare(ours, theirs)
+                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
+                print(f"check-convert: {what}: {equal}/{n} tensors byte-identical, "
+                      f"{n_keys} keys; {status}")
+                for d in diffs:
+                    print("    " + d)
+                return bool(diffs)
+
+            for t in types:
+                ours = os.path.join(tmp, f"smol-{tag}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-{tag}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                run([a.python, convert, model, "--outfile", theirs, "--outtype", t,
+                     "--model-name", "tiny"], cwd=tmp)
+                bad += same(ours, theirs, f"{label} -> {t}")
+            if qtypes:
+                f32 = os.path.join(tmp, f"llama-{tag}-f32.gguf")
+                run([a.python, convert, model, "--outfile", f32, "--outtype", "f32",
+                     "--model-name", "tiny"], cwd=tmp)
+            for t in qtypes:
+                ours = os.path.join(tmp, f"smol-{tag}-{t}.gguf")
+                theirs = os.path.join(tmp, f"llama-{tag}-{t}.gguf")
+                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
+                run([quantize, f32, theirs, t], env=dict(os.environ, LD_LIBRARY_PATH=a.llama_bin))
+                bad += same(ours, theirs, f"{qlabel} -> {t} (llama-quantize's of "
+                            "convert_hf_to_gguf's f32)")
+            return bad
+
         # The last checkpoint's rows (256, 512) fill K-quant blocks, so
         # its weights get the recipes' K-quants rather than their fallbacks.
         cases = [("f32", 1, ["f32", "f16", "bf16", "q8_0"], []),
@@ -155,37 +190,8 @@ def test(a):
             if r.returncode != 0:
                 sys.stderr.write(r.stdout + r.stderr)
                 return 1
-            for t in types:
-                ours = os.path.join(tmp, f"smol-{dtype}-{t}.gguf")
-                theirs = os.path.join(tmp, f"llama-{dtype}-{t}.gguf")
-                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
-                run([a.python, convert, model, "--outfile", theirs, "--outtype", t,
-                     "--model-name", "tiny"], cwd=tmp)
-                diffs, same, n, n_keys = compare(ours, theirs)
-                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
-                print(f"check-convert: {dtype} checkpoint, {shards} shard(s) -> {t}: "
-                      f"{same}/{n} tensors byte-identical, {n_keys} keys; {status}")
-                for d in diffs:
-                    print("    " + d)
-                failures += bool(diffs)
-            if qtypes:
-                f32 = os.path.join(tmp, f"llama-{i}-f32.gguf")
-                run([a.python, convert, model, "--outfile", f32, "--outtype", "f32",
-                     "--model-name", "tiny"], cwd=tmp)
-            for t in qtypes:
-                ours = os.path.join(tmp, f"smol-{i}-{t}.gguf")
-                theirs = os.path.join(tmp, f"llama-{i}-{t}.gguf")
-                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
-                env = dict(os.environ, LD_LIBRARY_PATH=a.llama_bin)
-                run([quantize, f32, theirs, t], env=env)
-                diffs, same, n, n_keys = compare(ours, theirs)
-                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
-                print(f"check-convert: {dtype} checkpoint (rows 256, 512) -> {t}: {same}/{n} "
-                      f"tensors byte-identical to llama-quantize's of convert_hf_to_gguf's f32, "
-                      f"{n_keys} keys; {status}")
-                for d in diffs:
-                    print("    " + d)
-                failures += bool(diffs)
+            failures += outputs(f"tiny-{i}", f"{dtype} checkpoint, {shards} shard(s)",
+                                f"{dtype} checkpoint (rows 256, 512)", model, types, qtypes)
         # The f16 checkpoint has a tokenizer.json beside tokenizer.model,
         # as Gemma's do: its added tokens and post-processor count too. The
         # bf16 one has linear RoPE scaling and a final soft-cap (Gemma 3
@@ -209,37 +215,9 @@ def test(a):
                     print(f"check-convert: Gemma 3 {dtype} checkpoint {i}: " +
                           line.split(": ", 1)[1])
             what = " and tokenizer.json" if "--tokenizer-json" in extra else ""
-            for t in types:
-                ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")
-                theirs = os.path.join(tmp, f"llama-gemma3-{i}-{t}.gguf")
-                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
-                run([a.python, convert, model, "--outfile", theirs, "--outtype", t,
-                     "--model-name", "tiny"], cwd=tmp)
-                diffs, same, n, n_keys = compare(ours, theirs)
-                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
-                print(f"check-convert: Gemma 3 {dtype} checkpoint{what}, {shards} shard(s) -> {t}: "
-                      f"{same}/{n} tensors byte-identical, {n_keys} keys; {status}")
-                for d in diffs:
-                    print("    " + d)
-                failures += bool(diffs)
-            if qtypes:
-                f32 = os.path.join(tmp, f"llama-gemma3-{i}-f32.gguf")
-                run([a.python, convert, model, "--outfile", f32, "--outtype", "f32",
-                     "--model-name", "tiny"], cwd=tmp)
-            for t in qtypes:
-                ours = os.path.join(tmp, f"smol-gemma3-{i}-{t}.gguf")
-                theirs = os.path.join(tmp, f"llama-gemma3-{i}-{t}.gguf")
-                run([a.smol_convert, model, ours, "--type", t, "--name", "tiny"])
-                env = dict(os.environ, LD_LIBRARY_PATH=a.llama_bin)
-                run([quantize, f32, theirs, t], env=env)
-                diffs, same, n, n_keys = compare(ours, theirs)
-                status = "identical" if not diffs else f"{len(diffs)} difference(s)"
-                print(f"check-convert: Gemma 3 {dtype} checkpoint (rows 256, 512) -> {t}: "
-                      f"{same}/{n} tensors byte-identical to llama-quantize's of "
-                      f"convert_hf_to_gguf's f32, {n_keys} keys; {status}")
-                for d in diffs:
-                    print("    " + d)
-                failures += bool(diffs)
+            failures += outputs(f"gemma3-{i}",
+                                f"Gemma 3 {dtype} checkpoint{what}, {shards} shard(s)",
+                                f"Gemma 3 {dtype} checkpoint (rows 256, 512)", model, types, qtypes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"check-convert: {'FAILED' if failures else 'passed'}")
