@@ -299,6 +299,17 @@ __device__ __forceinline__ double warp_sum_f64(double v) {
     return v;
 }
 
+// The sum of v over the block, the same in every thread: warps' sums, then
+// those in warp order (red: a shared array of a double a warp).
+__device__ __forceinline__ double block_sum_f64(double v, double * red) {
+    v = warp_sum_f64(v);
+    if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = v;
+    __syncthreads();
+    double sum = 0.0;
+    for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
+    return sum;
+}
+
 // 1 / rms of a row from its sum of squares, which is taken in double as the
 // CPU (and ggml) do, so the scale agrees to the last bit.
 __device__ __forceinline__ float rms_scale(double sum_sq, int n, float eps) {

@@ -76,12 +76,7 @@ __global__ void rms_norm_kernel(const float * x, const float * b, size_t ldb, si
             ss += double(v) * double(v);
         }
     }
-    ss = warp_sum_f64(ss);
-    if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = ss;
-    __syncthreads();
-    double sum = 0.0;
-    for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
-    const float scale = rms_scale(sum, n, eps);
+    const float scale = rms_scale(block_sum_f64(ss, red), n, eps);
     // Each thread reads back the sums it stored itself.
     const float * y = b ? h + row : xr;
     if (vec) {
@@ -207,12 +202,7 @@ __global__ void norm_add_kernel(const float * x, size_t ldx, const float * w, fl
     const float * xr = x + blockIdx.x * ldx;
     double ss = 0.0;
     for (int e = threadIdx.x; e < n; e += blockDim.x) ss += double(xr[e]) * double(xr[e]);
-    ss = warp_sum_f64(ss);
-    if (threadIdx.x % warp_size == 0) red[threadIdx.x / warp_size] = ss;
-    __syncthreads();
-    double sum = 0.0;
-    for (int i = 0; i < int(blockDim.x / warp_size); ++i) sum += red[i];
-    const float scale = rms_scale(sum, n, eps);
+    const float scale = rms_scale(block_sum_f64(ss, red), n, eps);
     const float * rr = res + blockIdx.x * ldr;
     float * d = dst + blockIdx.x * ld_dst;
     for (int e = threadIdx.x; e < n; e += blockDim.x) d[e] = rr[e] + (xr[e] * scale) * w[e];
