@@ -401,6 +401,52 @@ static float softmax_exp(float * y, const float * x, float max, int64_t n) {
     return sum;
 }
 
+static int64_t argmax(const float * x, int64_t n) {
+    // The largest value in lanes, then the first index that holds it: two
+    // passes, the second over what the first left in cache, most often
+    // stopping early.
+    float best = -INFINITY;
+    int64_t i = 0;
+#if defined(__AVX2__)
+    // max_ps(x, m) is x > m ? x : m, so a NaN in x is passed over.
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    for (; i + 32 <= n; i += 32) {
+        m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+        m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+        m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+        m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
+    }
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    best = _mm_cvtss_f32(h);
+#else
+    // Lanes that compilers may vectorise.
+    constexpr int lanes = 16;
+    float lm[lanes];
+    for (int j = 0; j < lanes; ++j) lm[j] = -INFINITY;
+    for (; i + lanes <= n; i += lanes) {
+        for (int j = 0; j < lanes; ++j) lm[j] = x[i + j] > lm[j] ? x[i + j] : lm[j];
+    }
+    for (int j = 0; j < lanes; ++j) best = lm[j] > best ? lm[j] : best;
+#endif
+    for (; i < n; i++) best = x[i] > best ? x[i] : best;
+    if (!(best > -INFINITY)) return 0;
+    int64_t k = 0;
+#if defined(__AVX2__)
+    const __m256 vb = _mm256_set1_ps(best);
+    for (; k + 8 <= n; k += 8) {
+        const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + k), vb, _CMP_EQ_OQ));
+        if (eq) return k + __builtin_ctz(unsigned(eq));
+    }
+#endif
+    for (; k < n; k++) {
+        if (x[k] == best) return k;
+    }
+    return 0;
+}
+
 // --- attention over the cells of a sequence ---------------------------------------
 //
 // The queries of one kv head (GQA) share each K and V row they read. For
@@ -576,6 +622,7 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
         v::add,
         v::swiglu,
         v::softmax_exp,
+        v::argmax,
         v::attn_scores,
         v::attn_values,
     };

@@ -82,6 +82,9 @@ struct kernels {
     void (*swiglu)(float * y, const float * g, const float * u, int64_t n); // y = silu(g) * u
     // y[i] = exp(x[i] - max) for i < n; returns the sum.
     float (*softmax_exp)(float * y, const float * x, float max, int64_t n);
+    // The first index of the largest of x[0, n) (a NaN is never the
+    // largest; 0 when nothing exceeds -inf): greedy decoding's draw.
+    int64_t (*argmax)(const float * x, int64_t n);
 
     // Attention of nq queries (of one kv head) over a sequence's cells:
     // rows hd long in an f16 cache, at cells[j] * hd. attn_scores:

@@ -62,21 +62,7 @@ struct smol_sampler {
 };
 
 smol_token smol::argmax(const float * l, int32_t n) {
-    // The maximum over lanes that compilers vectorise, then its first index.
-    constexpr int32_t lanes = 16;
-    float m[lanes];
-    std::fill(m, m + lanes, -INFINITY);
-    int32_t i = 0;
-    for (; i + lanes <= n; i += lanes) {
-        for (int32_t j = 0; j < lanes; ++j) m[j] = l[i + j] > m[j] ? l[i + j] : m[j];
-    }
-    float best = -INFINITY;
-    for (int32_t j = 0; j < lanes; ++j) best = m[j] > best ? m[j] : best;
-    for (; i < n; ++i) best = l[i] > best ? l[i] : best;
-    for (int32_t k = 0; k < n; ++k) {
-        if (l[k] == best) return k;
-    }
-    return 0;
+    return smol_token(cpu::kernels_best().argmax(l, n));
 }
 
 void smol::sampler_best(const float * l, int32_t n, size_t k, std::vector<sampler_cand> & c) {

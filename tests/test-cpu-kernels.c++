@@ -1146,6 +1146,46 @@ TEST_CASE("the f32 vector primitives match float64") {
     }
 }
 
+TEST_CASE("argmax gives the first index of the largest value and passes over NaN") {
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        int bad = 0, n_cases = 0;
+        for (int64_t n : {1, 2, 7, 8, 9, 31, 32, 33, 63, 100, 1000, 49159}) {
+            for (int round = 0; round < 12; ++round) {
+                std::vector<float> x = gaussian(rng, n, 0.0f, 3.0f);
+                // Ties: values rounded, so the largest often repeats.
+                if (round % 3 == 1)
+                    for (float & v : x) v = std::round(v);
+                if (round % 4 == 2) x[size_t(rng() % uint64_t(n))] = nan;
+                if (round % 4 == 3) x[size_t(rng() % uint64_t(n))] = inf;
+                if (round == 11) std::fill(x.begin(), x.end(), -inf);
+                if (round == 10 && n > 1) {
+                    std::fill(x.begin(), x.end(), nan);
+                    x[size_t(n - 1)] = -1.0f;
+                }
+                // The reference: the first strictly larger value wins.
+                int64_t want = 0;
+                float best = -inf;
+                for (int64_t i = 0; i < n; ++i) {
+                    if (x[size_t(i)] > best) {
+                        best = x[size_t(i)];
+                        want = i;
+                    }
+                }
+                bad += k->argmax(x.data(), n) != want;
+                ++n_cases;
+            }
+        }
+        CHECK(bad == 0);
+        MESSAGE(variant << ": " << n_cases << " cases");
+    }
+}
+
 TEST_CASE("swiglu and softmax_exp are accurate to about 1e-6 relative") {
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
