@@ -12,6 +12,7 @@
 #include "smol-log.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -182,6 +183,7 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
         throw error(SMOL_ERR_OUT_OF_MEMORY, "smol_engine_create: no memory");
     }
     stats_.n_cells = ctx_.kv.n_cells;
+    draw_pool_ = std::make_unique<thread_pool>(std::min(8, ctx_.params.n_threads));
     if (params_.worker_thread) worker_ = std::thread([this] { worker(); });
 }
 
@@ -736,8 +738,13 @@ void engine::run_batch(int32_t n) {
         running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
     }
     const int32_t * cells = ctx_.last_cells();
+    drawing_.clear();
     for (auto & r : running_) {
-        if (r->nb > 0) advance(r, cells, n_prefill, n_sampled);
+        if (r->nb > 0 && settle(r, cells, n_prefill)) drawing_.push_back(r.get());
+    }
+    draw_all();
+    for (auto & r : running_) {
+        if (r && r->drawing) advance(r, n_sampled);
     }
     running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
     std::lock_guard<std::mutex> lock(mu_);
@@ -746,12 +753,11 @@ void engine::run_batch(int32_t n) {
     ++stats_.n_steps;
 }
 
-// Moves r on after a decode that held its slice (cells: the batch's cells):
-// its cells and prompt cache; where its last known token was decoded, its
-// guesses checked and the next token drawn, each token emitted, and r reset
-// when it ends.
-void engine::advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill,
-                     int32_t & n_sampled) {
+// Moves r on after a decode that held its slice (cells: the batch's
+// cells): its cells and prompt cache. True when its last known token was
+// decoded, so that it draws; r is reset if it ends.
+bool engine::settle(request_ptr & r, const int32_t * cells, int32_t & n_prefill) {
+    r->drawing = false;
     r->cells.insert(r->cells.end(), cells + r->b0, cells + r->b0 + r->nb);
     const int32_t n_known = r->nb - r->ng;
     n_prefill += std::max(0, std::min(r->n_past + n_known, r->n_prompt) - r->n_past);
@@ -760,27 +766,73 @@ void engine::advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill
         cache_prefix(*r, r->n_prompt);
         r->prompt_cached = true;
     }
-    if (r->n_past != int32_t(r->tokens.size())) return;
-    // The last token known was decoded: draw the next, or check the
-    // guesses and draw after those kept. Row i: the logits after
-    // the known tokens and guesses [0, i).
+    if (r->n_past != int32_t(r->tokens.size())) return false;
     const int32_t row0 = r->b0 + n_known - 1;
-    rows_.clear();
-    for (int32_t i = 0; i <= r->ng; ++i) rows_.push_back(ctx_.logits(row0 + i));
-    if (std::find(rows_.begin(), rows_.end(), nullptr) != rows_.end()) {
+    r->rows.clear();
+    for (int32_t i = 0; i <= r->ng; ++i) r->rows.push_back(ctx_.logits(row0 + i));
+    if (std::find(r->rows.begin(), r->rows.end(), nullptr) != r->rows.end()) {
         // Cannot happen with the slices in place; were it to, this
         // request alone ends, rather than a token -1 failing the
         // next step for every request in it.
         set_last_error("engine: no logits for request " + std::to_string(r->id));
         finish(r, SMOL_FINISH_ERROR, -1, nullptr);
         r.reset();
+        return false;
+    }
+    r->drawing = true;
+    return true;
+}
+
+// Checks r's guesses and draws the token after those kept. It touches r
+// alone (its sampler, verifier and rows), so requests draw on several
+// threads at once.
+void engine::draw(request & r) {
+    r.kept = 0;
+    r.after = -1;
+    r.draw_error.clear();
+    try {
+        if (r.draft_max > 0) {
+            r.kept =
+                r.verifier.accept(r.rows.data(), r.guess.data(), r.ng,
+                                  draft_ && r.verifier.sampling() ? r.q.data() : nullptr, &r.after);
+        } else {
+            r.after = smol_sampler_sample(r.sampler, r.rows[0], model_.hp.n_vocab);
+        }
+    } catch (const std::exception & e) {
+        // Out of memory in a grammar, say: this request ends with it.
+        r.kept = 0;
+        r.draw_error =
+            std::string("engine: drawing for request ") + std::to_string(r.id) + ": " + e.what();
+    }
+}
+
+void engine::draw_all() {
+    // Below a few draws, waking the threads costs more than it saves.
+    constexpr size_t min_parallel = 4;
+    const size_t n = drawing_.size();
+    if (n < min_parallel || draw_pool_->size() == 1) {
+        for (request * r : drawing_) draw(*r);
         return;
     }
-    int32_t kept = 0;
-    smol_token after = -1;
+    std::atomic<size_t> next{0};
+    draw_pool_->run([&](int, int) {
+        for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) draw(*drawing_[i]);
+    });
+}
+
+// Moves r on after its draw: its rejected guesses leave the caches, each
+// token is emitted, and r is reset when it ends.
+void engine::advance(request_ptr & r, int32_t & n_sampled) {
+    r->drawing = false;
+    if (!r->draw_error.empty()) {
+        set_last_error(r->draw_error);
+        finish(r, SMOL_FINISH_ERROR, -1, nullptr);
+        r.reset();
+        return;
+    }
+    const int32_t kept = r->kept;
+    const smol_token after = r->after;
     if (r->draft_max > 0) {
-        kept = r->verifier.accept(rows_.data(), r->guess.data(), r->ng,
-                                  draft_ && r->verifier.sampling() ? r->q.data() : nullptr, &after);
         // The rejected guesses leave the target's cache and the draft's.
         const int32_t n_rejected = r->ng - kept;
         if (n_rejected > 0) {
@@ -800,13 +852,11 @@ void engine::advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill
             stats_.n_spec_accepted += kept;
             ++stats_.n_spec_verifies;
         }
-    } else {
-        after = smol_sampler_sample(r->sampler, rows_[0], model_.hp.n_vocab);
     }
     if (after < 0) {
         // A grammar that allows nothing more, in a vocabulary with no
         // end-of-generation token.
-        finish(r, SMOL_FINISH_STOP, -1, rows_[0]);
+        finish(r, SMOL_FINISH_STOP, -1, r->rows[0]);
         r.reset();
         return;
     }
@@ -815,7 +865,7 @@ void engine::advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill
     // position past the tokens it has then).
     for (int32_t i = 0; i <= kept; ++i) {
         const smol_token t = i < kept ? r->guess[size_t(i)] : after;
-        const float * logits = rows_[size_t(i)];
+        const float * logits = r->rows[size_t(i)];
         smol_sampler_accept(r->sampler, t);
         r->tokens.push_back(t);
         ++r->n_generated;

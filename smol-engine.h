@@ -12,6 +12,7 @@
 #ifndef SMOL_ENGINE_H
 #define SMOL_ENGINE_H
 
+#include "smol-cpu.h"
 #include "smol-llama.h"
 #include "smol-spec.h"
 #include "smol.h"
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -127,6 +129,14 @@ class engine {
         std::vector<smol_token> guess;
         std::vector<double> q;
         int32_t draft_past = 0;
+        // Within a step, when its last known token was decoded: its logits
+        // rows (row i after the known tokens and guesses [0, i)) and what
+        // was drawn from them, the guesses kept and the token after them.
+        bool drawing = false;
+        std::vector<const float *> rows;
+        int32_t kept = 0;
+        smol_token after = -1;
+        std::string draw_error; // what failed in the draw, if anything
     };
     using request_ptr = std::unique_ptr<request>;
 
@@ -135,7 +145,10 @@ class engine {
     void admit();
     int32_t plan_batch();
     void run_batch(int32_t n);
-    void advance(request_ptr & r, const int32_t * cells, int32_t & n_prefill, int32_t & n_sampled);
+    bool settle(request_ptr & r, const int32_t * cells, int32_t & n_prefill);
+    void draw(request & r);
+    void draw_all();
+    void advance(request_ptr & r, int32_t & n_sampled);
     bool make_room(int32_t cells); // evicts cached prefixes; false if short
     void preempt(request & r);
     void finish(request_ptr & r, smol_finish_reason reason, smol_token token, const float * logits);
@@ -156,7 +169,11 @@ class engine {
     smol_batch draft_batch_{};
     std::vector<request *> proposing_;                      // a step's requests that guess
     std::vector<std::pair<request *, int32_t>> draft_rows_; // their rows in a draft batch
-    std::vector<const float *> rows_;                       // a request's logits rows in acceptance
+    // A step's requests that draw, and the threads that draw for them
+    // (a greedy draw reads a whole logits row: at 64 requests a step, one
+    // thread's reads are a large part of the step).
+    std::vector<request *> drawing_;
+    std::unique_ptr<thread_pool> draw_pool_;
 
     std::vector<request_ptr> running_;
     std::deque<request_ptr> queue_;

@@ -346,13 +346,19 @@ engine_ptr make_engine(smol_model * m, uint32_t n_ctx, uint32_t parallel, uint32
     return engine_ptr(e);
 }
 
+// Greedy, or with sampler.seed > 0 sampled from that seed.
 smol_request_id submit(smol_engine * e, const std::vector<int> & prompt, int max_tokens,
-                       result * out) {
+                       result * out, uint32_t sample_seed = 0) {
     smol_request_params p = smol_request_default_params();
     p.prompt = prompt.data();
     p.n_prompt = int32_t(prompt.size());
     p.max_tokens = max_tokens;
     p.sampler.temperature = 0; // greedy
+    if (sample_seed > 0) {
+        p.sampler.temperature = 1.5f;
+        p.sampler.top_k = 20;
+        p.sampler.seed = sample_seed;
+    }
     p.ignore_eog = true;
     p.on_event = collect;
     p.user_data = out;
@@ -397,20 +403,48 @@ TEST_CASE("concurrent requests give exactly the tokens and logits each gives alo
         CHECK(alone[i].finish == SMOL_FINISH_LENGTH);
         CHECK(alone[i].tokens.size() == 12);
     }
-    // Four slots for six requests, prompts in chunks of 8 beside decode steps.
-    engine_ptr e = make_engine(f.model.get(), 256, 4, 8, false);
-    std::vector<result> together(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) submit(e.get(), prompts[i], 12, &together[i]);
+    // Four slots for six requests, prompts in chunks of 8 beside decode
+    // steps; then eight, so that all six draw in one step (on the engine's
+    // drawing threads).
+    for (uint32_t slots : {4u, 8u}) {
+        CAPTURE(slots);
+        engine_ptr e = make_engine(f.model.get(), 512, slots, 8, false);
+        std::vector<result> together(prompts.size());
+        for (size_t i = 0; i < prompts.size(); ++i) submit(e.get(), prompts[i], 12, &together[i]);
+        run(e.get());
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            CAPTURE(i);
+            check_same(together[i], alone[i]);
+            CHECK(together[i].events_after_finish == 0);
+        }
+        const smol_engine_stats st = smol_engine_get_stats(e.get());
+        CHECK(st.n_finished == 6);
+        CHECK(st.n_generated_tokens == 72);
+        CHECK(st.n_cells_used == 0); // no prefix cache: everything freed
+    }
+}
+
+TEST_CASE("seeded sampling requests draw the same tokens alone and six at once") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q4_1, seed, "sampled.gguf");
+    std::mt19937 rng(seed);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 6; ++i) prompts.push_back(random_ids(rng, 4 + 3 * i, 0, f.n_vocab));
+    std::vector<result> alone(prompts.size()), together(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        engine_ptr e = make_engine(f.model.get(), 256, 1, 256, false);
+        submit(e.get(), prompts[i], 16, &alone[i], 100 + uint32_t(i));
+        run(e.get());
+    }
+    engine_ptr e = make_engine(f.model.get(), 256, 8, 256, false);
+    for (size_t i = 0; i < prompts.size(); ++i)
+        submit(e.get(), prompts[i], 16, &together[i], 100 + uint32_t(i));
     run(e.get());
     for (size_t i = 0; i < prompts.size(); ++i) {
         CAPTURE(i);
+        CHECK(together[i].tokens.size() == 16);
         check_same(together[i], alone[i]);
-        CHECK(together[i].events_after_finish == 0);
     }
-    const smol_engine_stats st = smol_engine_get_stats(e.get());
-    CHECK(st.n_finished == 6);
-    CHECK(st.n_generated_tokens == 72);
-    CHECK(st.n_cells_used == 0); // no prefix cache: everything freed
 }
 
 TEST_CASE("with every KV head offloaded on the simulated device, the engine gives the CPU's "
