@@ -19,7 +19,9 @@
 // taking a random one, and --json-schema
 // FILE (with --sample) constrains those draws to the schema's grammar, as
 // smol-server's response_format does; a document that completes starts
-// again. The two rows side by side give the grammar's cost.
+// again (in --engine rows its request ends). The two rows side by side
+// give the grammar's cost; --engine rows draw as the engine does, a
+// step's draws on several threads.
 // Long contexts: -d N fills N tokens of context first (outside the test's
 // timing; the row's note gives the fill's own time), so tgN measures
 // decoding at that depth; with --gpu-mem and --kv-offload the KV
@@ -247,29 +249,46 @@ struct bench_state {
     }
 };
 
-// With --sample, n samplers drawing at temperature 1 with --top-k (and
-// constrained by --json-schema); mode names them in the row.
-void make_samplers(bench_state & b, const options & o, int n, std::string & mode) {
-    if (!o.sample) return;
+// --sample's draw: temperature 1, --top-k, nothing else.
+smol_sampler_params sample_params(const options & o) {
     smol_sampler_params sp = smol_sampler_default_params();
     sp.temperature = 1.0f;
     sp.top_k = o.top_k;
     sp.top_p = 1.0f;
     sp.min_p = 0.0f;
+    return sp;
+}
+
+// --json-schema as GBNF (empty without one).
+std::string schema_grammar(const options & o) {
+    if (o.json_schema.empty()) return "";
+    std::ifstream f(o.json_schema);
+    const std::string schema((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (!f) throw std::runtime_error("cannot read " + o.json_schema);
     std::string gbnf;
-    if (!o.json_schema.empty()) {
-        std::ifstream f(o.json_schema);
-        const std::string schema((std::istreambuf_iterator<char>(f)),
-                                 std::istreambuf_iterator<char>());
-        if (!f) throw std::runtime_error("cannot read " + o.json_schema);
-        size_t len = 0;
-        smol_status st = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &len);
-        if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
-            gbnf.resize(len);
-            st = smol_json_schema_to_grammar(schema.c_str(), &gbnf[0], len, &len);
-        }
-        check(st, o.json_schema);
+    size_t len = 0;
+    smol_status st = smol_json_schema_to_grammar(schema.c_str(), nullptr, 0, &len);
+    if (st == SMOL_ERR_BUFFER_TOO_SMALL) {
+        gbnf.resize(len);
+        st = smol_json_schema_to_grammar(schema.c_str(), &gbnf[0], len, &len);
     }
+    check(st, o.json_schema);
+    return gbnf;
+}
+
+// The row's mode for a sampled test.
+std::string sample_mode(const options & o, bool grammar) {
+    std::string mode = grammar ? " json-schema" : " sampled";
+    if (o.top_k > 0) mode += " k" + std::to_string(o.top_k);
+    return mode;
+}
+
+// With --sample, n samplers drawing at temperature 1 with --top-k (and
+// constrained by --json-schema); mode names them in the row.
+void make_samplers(bench_state & b, const options & o, int n, std::string & mode) {
+    if (!o.sample) return;
+    smol_sampler_params sp = sample_params(o);
+    const std::string gbnf = schema_grammar(o);
     for (int i = 0; i < n; ++i) {
         sp.seed = uint64_t(42 + i);
         smol_sampler * s = nullptr;
@@ -279,8 +298,7 @@ void make_samplers(bench_state & b, const options & o, int n, std::string & mode
     }
     b.next.assign(size_t(n), 0);
     b.restart();
-    mode = gbnf.empty() ? " sampled" : " json-schema";
-    if (o.top_k > 0) mode += " k" + std::to_string(o.top_k);
+    mode = sample_mode(o, !gbnf.empty());
 }
 
 // Prompt processing: n_prompt fresh random tokens in chunks of the batch
@@ -572,6 +590,8 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
     result r = new_result(file, info, o.device, n_threads, n_prompt, n_gen);
     r.n_seq = n_req;
     r.mode = " engine";
+    const std::string gbnf = o.sample ? schema_grammar(o) : "";
+    if (o.sample) r.mode += sample_mode(o, !gbnf.empty());
 
     smol_engine_params ep = smol_engine_default_params();
     ep.context.n_ctx = uint32_t(std::max(o.engine_ctx, n_req * (n_prompt + n_gen + 1)));
@@ -606,8 +626,17 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
             rp.prompt = prompt.data();
             rp.n_prompt = n_prompt;
             rp.sampler.temperature = 0.0f;
+            if (o.sample) {
+                rp.sampler = sample_params(o);
+                rp.sampler.seed = uint64_t(42 + i);
+            }
             rp.max_tokens = n_gen;
             rp.ignore_eog = true;
+            if (!gbnf.empty()) {
+                // A request ends when its document does.
+                rp.grammar = gbnf.c_str();
+                rp.ignore_eog = false;
+            }
             rp.on_event = engine_counted;
             rp.user_data = &count;
             smol_request_id id = 0;
@@ -955,8 +984,8 @@ int main(int argc, char ** argv) {
         ->check(CLI::PositiveNumber);
     app.add_flag("--progress", o.progress, "report each repetition on stderr");
     app.add_flag("--sample", o.sample,
-                 "tg and --batched draw each token from the logits (temperature 1), a "
-                 "sampler a sequence, instead of a random one");
+                 "tg, --batched and --engine draw each token from the logits (temperature 1), "
+                 "a sampler a sequence, instead of a random one (or greedy)");
     app.add_option("--top-k", o.top_k, "with --sample: top-k (0: off, the default)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--json-schema", o.json_schema,
@@ -966,10 +995,11 @@ int main(int argc, char ** argv) {
                    "(e.g. 1,8,32,128)")
         ->delimiter(',')
         ->check(CLI::PositiveNumber);
-    app.add_option("--engine", o.engine,
-                   "serving-engine tests: M requests generating together through smol_engine "
-                   "(as smol-server runs them, without HTTP), greedy, --batched-prompt and "
-                   "--batched-gen tokens each; a comma list")
+    app.add_option(
+           "--engine", o.engine,
+           "serving-engine tests: M requests generating together through smol_engine "
+           "(as smol-server runs them, without HTTP), greedy or --sample, --batched-prompt and "
+           "--batched-gen tokens each; a comma list")
         ->delimiter(',')
         ->check(CLI::Range(1, 127));
     app.add_option("--engine-ctx", o.engine_ctx,
