@@ -200,9 +200,14 @@ class llama_context {
 
 } // namespace smol
 
-// The C API's model handle (smol.c++, smol-engine.c++).
+// The C API's model and context handles (smol.c++, smol-engine.c++,
+// smol-spec.c++).
 struct smol_model {
     std::unique_ptr<smol::llama_model> m;
+};
+struct smol_context {
+    smol_model * model;
+    std::unique_ptr<smol::llama_context> c;
 };
 
 #endif // SMOL_LLAMA_H

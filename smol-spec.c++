@@ -154,6 +154,7 @@ struct smol_spec {
 
     std::unique_ptr<smol_context, context_free> draft;
     int32_t draft_past = 0; // history tokens the draft's cache holds
+    int32_t draft_cap = 0;  // the draft context's batch
 
     smol_batch batch{};
     smol_spec_stats stats{};
@@ -214,10 +215,11 @@ struct smol_spec {
     // (greedy) or draws from its distribution, kept in q (sampling).
     void from_draft(int32_t k, std::vector<smol_token> & out) {
         smol_context * d = draft.get();
+        if (params.self_window > 0) slide_window();
         // Catch the draft up: the history it lacks, then next.
         std::vector<smol_token> feed(history.begin() + draft_past, history.end());
         feed.push_back(next);
-        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false);
         draft_past = int32_t(history.size()) + 1;
         for (int32_t i = 0; i < k; ++i) {
             const float * l = smol_get_logits(d, -1);
@@ -231,9 +233,27 @@ struct smol_spec {
             }
             out.push_back(t);
             if (i + 1 == k) break;
-            decode(d, batch, n_batch, &t, 1, draft_past, false);
+            decode(d, batch, draft_cap, &t, 1, draft_past, false);
             ++draft_past;
         }
+    }
+
+    // Self-speculation: the draft keeps the text's first sink positions
+    // and the window of self_window that ends at next's position; what
+    // slid out of the window leaves its cache (keys keep their positions,
+    // so the gap is only unseen text) and the catch-up starts at the
+    // window. A long prompt's middle is never decoded by the draft.
+    void slide_window() {
+        constexpr int32_t sink = SMOL_SPEC_SELF_SINK;
+        const int32_t start = int32_t(history.size()) + 1 - params.self_window;
+        if (start <= sink) return;
+        if (draft_past < sink) {
+            decode(draft.get(), batch, draft_cap, history.data() + draft_past, sink - draft_past,
+                   draft_past, false);
+            draft_past = sink;
+        }
+        smol_kv_seq_rm(draft.get(), 0, sink, start);
+        draft_past = std::max(draft_past, start);
     }
 
     void probs(const float * l, double * out) { verifier.probs(l, out); }
@@ -498,6 +518,7 @@ smol_spec_params smol_spec_default_params(void) {
     p.sampling = smol_sampler_default_params();
     p.sampling.temperature = 0.0f; // greedy
     p.tree_budget = 0;
+    p.self_window = 0;
     return p;
 }
 
@@ -572,10 +593,29 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                                       std::to_string(smol_context_n_seq_max(target)) + ")");
             }
         }
+        if (p.self_window < 0 || (p.self_window > 0 && p.draft_model)) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              p.self_window < 0
+                                  ? "smol_spec: self_window must be 0 (off) or a window of tokens"
+                                  : "smol_spec: self_window (self-speculation) and draft_model "
+                                    "are two proposers; give one");
+        }
+        const int64_t self_cells =
+            int64_t(SMOL_SPEC_SELF_SINK) + int64_t(p.self_window) + int64_t(p.draft_max) + 1;
+        if (p.self_window > 0 && self_cells > int64_t(smol_context_n_ctx(target))) {
+            throw smol::error(
+                SMOL_ERR_INVALID_ARGUMENT,
+                "smol_spec: self_window " + std::to_string(p.self_window) +
+                    " is too large for the context of " +
+                    std::to_string(smol_context_n_ctx(target)) + " tokens: the draft keeps " +
+                    std::to_string(SMOL_SPEC_SELF_SINK) + " first tokens, the window and " +
+                    std::to_string(p.draft_max) +
+                    " guesses; a window smaller than the context is what makes it a draft");
+        }
         s->verifier.init(sp, s->n_vocab);
         if (s->sampling) {
             s->p.resize(size_t(s->n_vocab));
-            if (p.draft_model)
+            if (p.draft_model || p.self_window > 0)
                 s->q.resize(size_t(std::max(p.draft_max, p.tree_budget)) * size_t(s->n_vocab));
         }
         if (p.draft_model) {
@@ -594,6 +634,24 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
             }
             s->draft.reset(d);
         }
+        if (p.self_window > 0) {
+            // The target's model on the target's device, every head
+            // resident: its few cells cost little device memory.
+            smol_context_params cp = smol_context_default_params();
+            cp.device = target->c->device().name();
+            cp.n_ctx = uint32_t(self_cells);
+            cp.n_batch = uint32_t(std::min<int64_t>(s->n_batch, self_cells));
+            cp.n_threads = p.draft_n_threads ? p.draft_n_threads : target->c->params.n_threads;
+            smol_context * d = nullptr;
+            const smol_status st = smol_context_create(target->model, &cp, &d);
+            if (st != SMOL_OK) {
+                throw smol::error(st, std::string("smol_spec: the self-speculation draft's "
+                                                  "context: ") +
+                                          smol_last_error());
+            }
+            s->draft.reset(d);
+        }
+        if (s->draft) s->draft_cap = int32_t(smol_context_n_batch(s->draft.get()));
         s->batch = smol_batch_init(s->n_batch);
         *out = s.release();
     });

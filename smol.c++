@@ -35,11 +35,6 @@ void set_last_error(const std::string & message) {
 
 } // namespace smol
 
-struct smol_context {
-    smol_model * model;
-    std::unique_ptr<smol::llama_context> c;
-};
-
 using smol::guard;
 
 namespace {

@@ -520,7 +520,8 @@ SMOL_API smol_status smol_json_schema_to_grammar(const char * schema, char * buf
 // Proposers: n-gram lookup in the prompt and the text so far (draft_model
 // NULL), or a smaller draft model with the same vocabulary, run in a
 // context of its own (greedily, or drawing from its own distribution after
-// the same transform). With tree_budget (a draft model), SpecExec: the
+// the same transform), or the target's own model over a window of the text
+// (self_window). With tree_budget (a draft model), SpecExec: the
 // draft expands the likeliest continuations best first, by their cumulative
 // draft probability, into a token tree, and the target verifies the whole
 // tree in one decode, each branch a sequence (1, 2, ...) sharing the cells
@@ -546,7 +547,17 @@ typedef struct smol_spec_params {
     // context needs n_seq_max >= max(1, tree_budget / 2) + 1 (a sequence a branch
     // besides 0). draft_max is then unused. 0: a chain of draft_max (the default).
     int32_t tree_budget;
+    // > 0 (no draft_model): self-speculation. The target's own model is the
+    // draft, in a context of its own on the target's device, every head
+    // resident, whose attention sees the text's first SMOL_SPEC_SELF_SINK
+    // tokens and its last self_window: a draft step moves no offloaded KV,
+    // and the target verifies against its whole cache. 0: off (the default).
+    int32_t self_window;
 } smol_spec_params;
+
+// The first tokens of the text a self-speculation draft keeps beside its
+// window (attention sinks, as StreamingLLM keeps them).
+#define SMOL_SPEC_SELF_SINK 4
 
 typedef struct smol_spec_stats {
     int64_t n_steps;    // target decodes made by smol_spec_next

@@ -107,6 +107,7 @@ struct options {
     std::string draft_model;
     int32_t draft_max = 8;
     int32_t spec_tree = 0; // --spec-tree: a token tree of this budget
+    int32_t self_spec = 0; // --self-spec: the model as its own draft over this window
 };
 
 // The default model: models/<name> under the current directory, else beside
@@ -339,6 +340,7 @@ int run_speculative(session & s, const options & o, const std::vector<smol_token
     p.draft_max = o.draft_max;
     p.tree_budget = o.spec_tree;
     p.draft_model = s.draft;
+    p.self_window = o.self_spec;
     p.sampling = s.sampling;
     smol_spec * raw = nullptr;
     check(smol_spec_create(s.ctx, &p, &raw), "speculative decoding");
@@ -380,9 +382,10 @@ int run_speculative(session & s, const options & o, const std::vector<smol_token
     std::fprintf(stderr,
                  "smol-cli: speculative (%s, %s): %lld tokens in %.1f ms (%.2f tokens/s), %lld "
                  "target decodes (%.2f tokens each), %lld of %lld guesses kept (%.1f%%)\n",
-                 o.spec_tree > 0 ? "token tree"
-                 : s.draft       ? "draft model"
-                                 : "n-gram lookup",
+                 o.spec_tree > 0   ? "token tree"
+                 : s.draft         ? "draft model"
+                 : o.self_spec > 0 ? "self-speculation"
+                                   : "n-gram lookup",
                  s.sampling.temperature > 0 ? "sampling" : "greedy", (long long)st.n_tokens, ms,
                  ms > 0 ? 1e3 * double(st.n_tokens) / ms : 0.0, (long long)st.n_steps,
                  st.n_steps ? double(st.n_tokens) / double(st.n_steps) : 0.0,
@@ -406,7 +409,7 @@ int run_completion(session & s, const options & o, const std::string & prompt) {
         std::fwrite(prompt.data(), 1, prompt.size(), stdout);
         std::fflush(stdout);
     }
-    if (o.lookup || s.draft) return run_speculative(s, o, tokens);
+    if (o.lookup || s.draft || o.self_spec > 0) return run_speculative(s, o, tokens);
     decode(s, tokens);
     const generation g = generate(s, o.n_predict, false);
     std::fputc('\n', stdout);
@@ -546,14 +549,15 @@ int run(const options & o, const char * argv0) {
     if (!o.chat && prompt.empty() && !dump_only)
         throw cli_error("no prompt: give one with -p TEXT or -f FILE, or use --chat");
     const std::string path = find_model(o, argv0);
-    const bool speculative = o.lookup || !o.draft_model.empty();
+    const bool speculative = o.lookup || !o.draft_model.empty() || o.self_spec > 0;
     if (speculative && o.chat)
-        throw cli_error("--lookup and --model-draft work with -p only so far; leave out --chat");
+        throw cli_error("--lookup, --model-draft and --self-spec work with -p only so far; leave "
+                        "out --chat");
     if (speculative && o.sampling.temperature > 0 && o.sampling.repeat_penalty != 1.0f)
-        throw cli_error("--lookup and --model-draft sample without a repetition penalty; leave "
-                        "out --repeat-penalty (or give --temp 0)");
-    if (o.lookup && !o.draft_model.empty())
-        throw cli_error("give --lookup or --model-draft FILE, not both");
+        throw cli_error("--lookup, --model-draft and --self-spec sample without a repetition "
+                        "penalty; leave out --repeat-penalty (or give --temp 0)");
+    if (int(o.lookup) + int(!o.draft_model.empty()) + int(o.self_spec > 0) > 1)
+        throw cli_error("give one of --lookup, --model-draft FILE and --self-spec WINDOW");
     if (o.spec_tree != 0) {
         if (o.draft_model.empty())
             throw cli_error("--spec-tree needs --model-draft FILE (the tree is the draft's)");
@@ -734,6 +738,11 @@ int main(int argc, char ** argv) {
     app.add_option("--spec-tree", o.spec_tree,
                    "with --model-draft: a token tree of the draft's likeliest continuations, "
                    "at most this many tokens verified per target decode");
+    app.add_option("--self-spec", o.self_spec,
+                   "self-speculation: the model drafts for itself in a small resident context "
+                   "that sees the text's first tokens and the last WINDOW, so a draft step "
+                   "moves no offloaded KV; the target verifies against its whole cache (-p only)")
+        ->check(CLI::PositiveNumber);
     app.add_option("--draft-max", o.draft_max, "most tokens guessed per target decode")
         ->check(CLI::Range(1, 256))
         ->capture_default_str();
