@@ -374,6 +374,8 @@ class cuda_backend final : public backend {
     // prompt decoded in one call runs faster than in chunks of 512.
     uint32_t default_batch() const override { return 4096; }
     bool wants_seq_cells() const override { return false; }
+    // Its cell tables (uploads, tiles, graph keys) are the cache's alone.
+    bool supports_window_store() const override { return false; }
     bool reruns_graphs() const override { return true; }
     // The types with_weight_type dispatches: every type smol loads.
     bool supports_weights(smol_type t) const override { return traits_of(t) != nullptr; }
