@@ -129,6 +129,10 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     if (params_.n_queue_max == 0) params_.n_queue_max = 256;
     if (params_.prefix_block == 0) params_.prefix_block = 16;
     cache_seq_ = smol_seq_id(ctx_.params.n_seq_max - 1);
+    // The cache sequence holds many prompts' positions at once: it keeps no
+    // window-store slots of its own (a prefix stays reusable while a
+    // request holding it keeps its window; see admit).
+    ctx_.win.passive = seq_mask::of(cache_seq_);
     for (smol_seq_id s = cache_seq_ - 1; s >= 0; --s) free_seqs_.push_back(s);
     batch_cap_ = int32_t(ctx_.params.n_batch);
     if (params_.ngram_min == 0) params_.ngram_min = 2;
@@ -166,6 +170,7 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
         cp.n_ctx = ctx_.params.n_ctx;
         cp.n_batch = ctx_.params.n_batch;
         cp.n_seq_max = uint32_t(cache_seq_); // a sequence per slot, the same ids
+        cp.swa_full = params.context.swa_full;
         cp.n_threads = params_.draft_n_threads ? params_.draft_n_threads : ctx_.params.n_threads;
         try {
             draft_ = std::make_unique<llama_context>(dm, cp);
@@ -507,6 +512,15 @@ void engine::admit() {
         std::vector<radix_tree::node *> path;
         if (params_.prefix_cache) {
             path = tree_.match(r.tokens.data(), n, (n - 1) / tree_.block_size());
+        }
+        // Sliding-window layers go on exactly only from a prefix whose last
+        // window they still keep: shorter prefixes, else none (recomputed).
+        while (ctx_.win.on() && !path.empty()) {
+            scratch_cells_.clear();
+            for (const radix_tree::node * x : path)
+                scratch_cells_.insert(scratch_cells_.end(), x->cells.begin(), x->cells.end());
+            if (ctx_.window_kept(scratch_cells_.data(), int32_t(scratch_cells_.size()))) break;
+            path.pop_back();
         }
         const int32_t n_hit = int32_t(path.size()) * tree_.block_size();
         // Admit only what can start: its first chunk must find cells, but
