@@ -213,6 +213,15 @@ int32_t kv_window::take(int32_t c, smol_pos pos, smol_seq_id seq) {
     return s;
 }
 
+int32_t kv_window::n_held(const kv_cache & kv) const {
+    int32_t n = 0;
+    for (int32_t s = 0; s < table.n_used; ++s) {
+        const int32_t c = slot_cell[size_t(s)];
+        n += c >= 0 && kv.cell_pos[size_t(c)] >= 0;
+    }
+    return n;
+}
+
 bool kv_window::holds(const int32_t * cells, int32_t n) const {
     for (int32_t i = 0; i < n; ++i)
         if (cell_slot[size_t(cells[i])] < 0) return false;

@@ -234,6 +234,9 @@ struct kv_window {
     smol_pos first_exact(smol_seq_id seq) const {
         return lost[size_t(seq)] < 0 ? 0 : lost[size_t(seq)] + window;
     }
+    // The slots whose cells are held (a freed cell's slot is given back at
+    // the next sync).
+    int32_t n_held(const kv_cache & kv) const;
     // Whether every one of these cells still has its slot.
     bool holds(const int32_t * cells, int32_t n) const;
 

@@ -545,6 +545,17 @@ TEST_CASE("a Gemma engine reuses a prefix only while its window is kept, giving 
         CHECK(out[1].n_cached == 16);
         CHECK(out[2].n_cached == 16);
         CHECK(out[3].n_cached == (swa_full ? 16 : 0));
+        // The cached cells' bytes: K and V of one head of 16 a cell in the
+        // global layer, and in the two local ones those still in the store.
+        const smol_engine_stats st = smol_engine_get_stats(e.get());
+        const uint64_t global = uint64_t(st.n_cells_used) * 64;
+        CHECK(st.kv_bytes_offloaded == 0);
+        if (swa_full) {
+            CHECK(st.kv_bytes_resident == 3 * global);
+        } else {
+            CHECK(st.kv_bytes_resident >= global);
+            CHECK(st.kv_bytes_resident < 3 * global);
+        }
     }
     std::filesystem::remove(path);
 }
