@@ -374,8 +374,6 @@ class cuda_backend final : public backend {
     // prompt decoded in one call runs faster than in chunks of 512.
     uint32_t default_batch() const override { return 4096; }
     bool wants_seq_cells() const override { return false; }
-    // Its cell tables (uploads, tiles, graph keys) are the cache's alone.
-    bool supports_window_store() const override { return false; }
     bool reruns_graphs() const override { return true; }
     // The types with_weight_type dispatches: every type smol loads.
     bool supports_weights(smol_type t) const override { return traits_of(t) != nullptr; }
@@ -547,6 +545,14 @@ class cuda_backend final : public backend {
     int32_t * d_cell_pos_ = nullptr;
     uint64_t * d_cell_seqs_ = nullptr; // two planes of n_cells words (attn_params)
     cell_tile * d_cell_tiles_ = nullptr;
+    // The window store's table (batch_info::local, kv_window) and each
+    // token's slot: small, staged whole each step; the sliding-window
+    // attention that reads it is the classic kernel's, which reads no tile
+    // summaries. Its n_used is d_params_[2].
+    buffer win_cells_;
+    int32_t * d_slot_ = nullptr;
+    int32_t * d_win_pos_ = nullptr;
+    uint64_t * d_win_seqs_ = nullptr;
 
     // What the device holds of the cache's cell table, to upload only changes.
     // While the cache's version stays shadow_version_, only the cells a

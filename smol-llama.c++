@@ -445,6 +445,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
             plan.resident.assign(size_t(hp.n_layer) * size_t(plan.n_group), 1);
             graph_.clear();
             graph_.batch.kv = &kv;
+            set_local_batch(false);
             build_graph(shape_of(n, std::min(n, chunk_outputs)));
             most = std::max<uint64_t>(most, be_->compute_bytes(graph_));
         }
@@ -475,6 +476,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     // plan counted, so no later batch grows past it.
     graph_.clear();
     graph_.batch.kv = &kv;
+    set_local_batch(false);
     build_graph(shape_of(plan.chunk, params.gpu_mem > 0 ? std::min(plan.chunk, chunk_outputs) : 1));
     be_->reserve(graph_);
 }
