@@ -258,6 +258,11 @@ TEST_CASE("the plan counts windowed layers at the window store's size, resident"
     CHECK(plan_text(c.get()).find("window store: 2 sliding-window layer(s) keep 82 cells of 256") !=
           std::string::npos);
     CHECK(plan_text(full.get()).find("window store") == std::string::npos);
+    // A store as large as the cache would save nothing: every position kept.
+    smol_context_params wide = params("sim", false, SMOL_KV_OFFLOAD_ALL);
+    wide.n_batch = 256;
+    context_ptr w = make_context(g.m.get(), wide);
+    CHECK(plan_text(w.get()).find("window store") == std::string::npos);
 }
 
 TEST_CASE("a model without sliding-window layers has no window store and the same plan") {
