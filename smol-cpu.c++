@@ -429,17 +429,24 @@ void run_rope(tensor * t, const op_args & a) {
     }
 }
 
-void run_kv_store(tensor * t, const op_args & a) {
-    const kv_view view = node_kv_view(t, *a.batch.kv);
-    const batch_info & b = batch_of_view(a.batch, view);
-    const kv_cache & kv = *b.kv;
+// The arguments as a KV_STORE or ATTENTION node of its view sees them: a
+// window store's view works on the store's slots (batch_info::local).
+op_args args_of_view(const op_args & a, const tensor * t) {
+    const batch_info & b = batch_of_view(a.batch, node_kv_view(t, *a.batch.kv));
+    return {a.k, a.pool, b, a.work, a.scratch, a.ith, a.nth, a.chunks};
+}
+
+void run_kv_store(tensor * t, const op_args & args) {
+    const op_args a = args_of_view(args, t);
+    const kv_cache & kv = *a.batch.kv;
     const tensor * k = t->src[0];
     const tensor * v = t->src[1];
+    const kv_view view = node_kv_view(t, kv);
     const int hd = kv.head_dim;
     int64_t i0, i1;
     split(k->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const size_t at = size_t(b.cell[i]) * size_t(hd);
+        const size_t at = size_t(a.batch.cell[i]) * size_t(hd);
         const float * ks = row_f32(k, i);
         const float * vs = row_f32(v, i);
         for (int h = view.h0; h < view.h1; ++h) {
@@ -461,11 +468,11 @@ void run_kv_store(tensor * t, const op_args & a) {
 // how many queries share the kernel calls. A node covers the query heads of
 // its view's kv heads; K and V come from the view's bases, resident memory
 // or a staging slot alike (both indexed by cell).
-void run_attention(tensor * t, const op_args & a) {
-    const kv_view view = node_kv_view(t, *a.batch.kv);
-    const batch_info & b = batch_of_view(a.batch, view);
-    const kv_cache & kv = *b.kv;
+void run_attention(tensor * t, const op_args & args) {
+    const op_args a = args_of_view(args, t);
+    const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
+    const kv_view view = node_kv_view(t, kv);
     const int n_head = t->iparams[1], n_head_kv = t->iparams[2], hd = t->iparams[3];
     const int group = n_head / n_head_kv;
     const int n_kv = view.h1 - view.h0;
@@ -493,11 +500,11 @@ void run_attention(tensor * t, const op_args & a) {
         const int r = int(w % (n_kv * items_per_kv));
         const int hk = view.h0 + r / items_per_kv;
         const int h0 = hk * group + (r % items_per_kv) * per_item;
-        const smol_pos p = b.pos[i];
-        const smol_seq_id s = b.seq[i];
-        if (b.seq_cells) {
-            const int32_t * list = b.seq_cells + b.seq_begin[s];
-            const int32_t n_list = b.seq_begin[s + 1] - b.seq_begin[s];
+        const smol_pos p = a.batch.pos[i];
+        const smol_seq_id s = a.batch.seq[i];
+        if (a.batch.seq_cells) {
+            const int32_t * list = a.batch.seq_cells + a.batch.seq_begin[s];
+            const int32_t n_list = a.batch.seq_begin[s + 1] - a.batch.seq_begin[s];
             cells = list;
             n_vis = 0;
             while (n_vis < n_list && kv.cell_pos[list[n_vis]] <= p) ++n_vis;

@@ -862,16 +862,25 @@ smol_engine_stats engine::stats() const {
     s.n_queued += int32_t(incoming_.size()); // submitted since the last step
     s.prefix_hit_rate =
         s.n_prompt_tokens > 0 ? double(s.n_prefix_hit_tokens) / double(s.n_prompt_tokens) : 0.0;
-    // The cells in use, split by where their heads live (per-head placement);
-    // a layer in the window store holds only its slots.
-    const kv_plan & p = ctx_.plan;
-    const uint64_t group_cell = uint64_t(p.G) * uint64_t(p.head_dim) * 2 * sizeof(uint16_t);
-    s.kv_bytes_resident = s.kv_bytes_offloaded = 0;
-    for (int32_t l = 0; l < p.n_layer; ++l) {
-        const uint64_t cells = uint64_t(p.is_windowed(l) ? slots_used_ : s.n_cells_used);
-        for (int32_t g = 0; g < p.n_group; ++g)
-            (p.is_resident(l, g) ? s.kv_bytes_resident : s.kv_bytes_offloaded) +=
-                cells * group_cell;
+    const uint64_t cell_bytes = uint64_t(ctx_.kv.n_layer) * uint64_t(ctx_.kv.n_head_kv) *
+                                uint64_t(ctx_.kv.head_dim) * 2 * sizeof(uint16_t);
+    // The cells in use, split by where their heads live (per-head placement).
+    const smol_memory_info mi = ctx_.memory_info();
+    const uint64_t used = uint64_t(s.n_cells_used) * cell_bytes;
+    const uint64_t n_heads = uint64_t(std::max(mi.n_heads, 1));
+    s.kv_bytes_offloaded = used / n_heads * (n_heads - uint64_t(mi.n_heads_resident));
+    s.kv_bytes_resident = used - s.kv_bytes_offloaded;
+    // A layer in the window store holds only its slots: counted by layer.
+    if (ctx_.win.on()) {
+        const kv_plan & p = ctx_.plan;
+        const uint64_t group_cell = cell_bytes / uint64_t(p.n_layer) / uint64_t(p.n_group);
+        s.kv_bytes_resident = s.kv_bytes_offloaded = 0;
+        for (int32_t l = 0; l < p.n_layer; ++l) {
+            const uint64_t cells = uint64_t(p.is_windowed(l) ? slots_used_ : s.n_cells_used);
+            for (int32_t g = 0; g < p.n_group; ++g)
+                (p.is_resident(l, g) ? s.kv_bytes_resident : s.kv_bytes_offloaded) +=
+                    cells * group_cell;
+        }
     }
     return s;
 }

@@ -135,7 +135,14 @@ int32_t kv_window::slots_needed(int32_t n_cells, int32_t n_seq_max, int32_t wind
 void kv_window::init(const kv_cache & kv, int32_t w, int32_t r, int32_t n_slots) {
     window = w;
     reserve = r;
-    table.init(kv.n_layer, kv.n_head_kv, kv.head_dim, n_slots);
+    // The cache's shape and kind (whatever a cell's row holds), n_slots
+    // cells, all free.
+    table = kv;
+    table.n_cells = n_slots;
+    table.cell_pos.assign(size_t(n_slots), -1);
+    table.cell_seqs.assign(size_t(n_slots), seq_mask::none());
+    table.n_used = 0;
+    table.touch();
     slot_cell.assign(size_t(n_slots), -1);
     cell_slot.assign(size_t(kv.n_cells), -1);
     newest.assign(kv_max_seqs, -1);
@@ -298,8 +305,11 @@ kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) con
         return v;
     }
     uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
-    v.head_stride = size_t(plan_.layer_cells(layer)) * size_t(kv_.head_dim);
-    v.local = plan_.is_windowed(layer);
+    v.head_stride = size_t(kv_.n_cells) * size_t(kv_.head_dim);
+    if (plan_.is_windowed(layer)) { // the window store's slots
+        v.head_stride = v.head_stride / size_t(kv_.n_cells) * size_t(plan_.window_cells);
+        v.local = true;
+    }
     v.k = base;
     v.v = base + size_t(plan_.G) * v.head_stride;
     v.h0 = group * plan_.G;

@@ -358,6 +358,16 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
                     "n_ctx " + std::to_string(params.n_ctx) + " is too large for the CPU cache");
     }
     kv.init(hp.n_layer, hp.n_head_kv, hp.head_dim, int32_t(params.n_ctx));
+    const size_t nb = params.n_batch;
+    tokens_.resize(nb);
+    positions_.resize(nb);
+    seqs_.resize(nb);
+    cells_.resize(nb);
+    batch_cells_.resize(nb);
+    out_ids_.resize(nb);
+    out_row_.resize(nb);
+    slots_.resize(nb);
+    reserve_logits(size_t(out_width()));
     // Sliding-window layers keep their window plus a reserve of n_batch
     // positions per sequence (kv_window), unless asked to keep all, or the
     // backend cannot, or that would be no smaller.
@@ -368,16 +378,6 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
                                     int32_t(params.n_batch), int32_t(params.n_batch));
         if (n_slots < kv.n_cells) win.init(kv, hp.n_swa, int32_t(params.n_batch), n_slots);
     }
-    const size_t nb = params.n_batch;
-    slots_.resize(nb);
-    tokens_.resize(nb);
-    positions_.resize(nb);
-    seqs_.resize(nb);
-    cells_.resize(nb);
-    batch_cells_.resize(nb);
-    out_ids_.resize(nb);
-    out_row_.resize(nb);
-    reserve_logits(size_t(out_width()));
 
     // A weight type the device does not compute with is refused before
     // anything is placed, naming the first such tensor.

@@ -97,17 +97,20 @@ kv_plan make_plan(const plan_input & in) {
         p.n_group = in.n_head_kv / G;
     };
     const int32_t n_batch = int32_t(std::max<uint32_t>(1, in.n_batch));
-    // Per kv head of a layer: K and V of its cells.
-    const uint64_t head_cell = 4ull * uint64_t(in.head_dim);
-    uint64_t all_kv = 0, window_kv = 0;
+    const uint64_t all_kv = 4ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) *
+                            uint64_t(in.n_cells) * uint64_t(in.head_dim);
+    // The window store's layers hold window_cells cells each, not n_cells.
+    const uint64_t layer_cell =
+        in.n_layer > 0 && in.n_cells > 0 ? all_kv / uint64_t(in.n_layer) / uint64_t(in.n_cells) : 0;
+    uint64_t window_kv = 0;
     std::vector<int32_t> global; // the layers outside the window store
     for (int32_t l = 0; l < in.n_layer; ++l) {
-        const bool w = !in.windowed.empty() && in.windowed[size_t(l)];
-        (w ? window_kv : all_kv) +=
-            head_cell * uint64_t(in.n_head_kv) * uint64_t(w ? in.window_cells : in.n_cells);
-        if (!w) global.push_back(l);
+        if (!in.windowed.empty() && in.windowed[size_t(l)])
+            window_kv += layer_cell * uint64_t(in.window_cells);
+        else
+            global.push_back(l);
     }
-    all_kv += window_kv;
+    const uint64_t kv_total = layer_cell * uint64_t(in.n_cells) * global.size() + window_kv;
 
     // Everything resident: what "none" asks for, and what "auto" does when
     // it fits.
@@ -130,7 +133,7 @@ kv_plan make_plan(const plan_input & in) {
                         "the device budget of " + format_bytes(in.budget) +
                             " cannot hold the whole KV cache: it needs " + format_bytes(need) +
                             " (weights " + format_bytes(p.weight_bytes) + ", compute " +
-                            format_bytes(p.compute_bytes) + ", KV " + format_bytes(all_kv) +
+                            format_bytes(p.compute_bytes) + ", KV " + format_bytes(kv_total) +
                             " for " + std::to_string(in.n_cells) +
                             " cells); use --kv-offload auto, a larger --gpu-mem or a "
                             "smaller context");

@@ -55,18 +55,17 @@ struct kv_plan {
     // One group's K and V for every cell: [K: G heads][V: G heads] x
     // [n_cells][head_dim] f16, the unit of placement and of one copy.
     uint64_t group_bytes() const { return 4ull * uint64_t(G) * uint64_t(n_cells) * head_dim; }
+    bool is_resident(int32_t layer, int32_t group) const {
+        return resident[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
+    }
+    int32_t n_resident_groups() const;
     bool is_windowed(int32_t layer) const { return !windowed.empty() && windowed[size_t(layer)]; }
-    int32_t layer_cells(int32_t layer) const { return is_windowed(layer) ? window_cells : n_cells; }
     // A group of this layer: group_bytes() of a global one, less for a
     // windowed one.
     uint64_t group_bytes_at(int32_t layer) const {
         return is_windowed(layer) ? group_bytes() / uint64_t(n_cells) * uint64_t(window_cells)
                                   : group_bytes();
     }
-    bool is_resident(int32_t layer, int32_t group) const {
-        return resident[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
-    }
-    int32_t n_resident_groups() const;
     int32_t n_offloaded_groups() const { return n_layer * n_group - n_resident_groups(); }
     uint64_t slot_bytes() const { return n_slots ? group_bytes() : 0; }
     uint64_t resident_kv_bytes() const { return kv_bytes(true); }
