@@ -306,11 +306,11 @@ kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) con
     }
     uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
     v.head_stride = size_t(kv_.n_cells) * size_t(kv_.head_dim);
+    v.k = base;
     if (plan_.is_windowed(layer)) { // the window store's slots
         v.head_stride = v.head_stride / size_t(kv_.n_cells) * size_t(plan_.window_cells);
         v.local = true;
     }
-    v.k = base;
     v.v = base + size_t(plan_.G) * v.head_stride;
     v.h0 = group * plan_.G;
     v.h1 = v.h0 + plan_.G;

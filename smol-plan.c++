@@ -99,6 +99,7 @@ kv_plan make_plan(const plan_input & in) {
     const int32_t n_batch = int32_t(std::max<uint32_t>(1, in.n_batch));
     const uint64_t all_kv = 4ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) *
                             uint64_t(in.n_cells) * uint64_t(in.head_dim);
+
     // The window store's layers hold window_cells cells each, not n_cells.
     const uint64_t layer_cell =
         in.n_layer > 0 && in.n_cells > 0 ? all_kv / uint64_t(in.n_layer) / uint64_t(in.n_cells) : 0;
