@@ -1,6 +1,7 @@
 // smol-kv-cache.c++ - the KV cache (declared in smol-kv-cache.h): its cells
 // (which sequences hold each cell at which position, freeing and sharing
-// them, the search for the cell of a sequence's next token) and the
+// them, the search for the cell of a sequence's next token), the window
+// store of sliding-window layers (slots taken and given back) and the
 // placement of its head groups (their storage by the plan, the staging
 // slots, the PREFETCH and OFFLOAD copy nodes of a step's graph).
 

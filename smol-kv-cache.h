@@ -3,11 +3,13 @@
 // pages a sequence's cells fill, the one rule of which cells a query sees,
 // struct kv_cache (the cells' positions and sequences, the K and V arrays its
 // owner allocates), and kv_view, the K and V heads one KV_STORE or
-// ATTENTION node works on. And the per-head placement ("HeadInfer"),
-// kv_placement: the storage of each (layer, kv-head group) by the plan,
-// resident in device memory or offloaded to host memory and streamed
-// through two staging slots, and the PREFETCH and OFFLOAD copy nodes that
-// move offloaded groups through a step's graph.
+// ATTENTION node works on; kv_window, the smaller store of sliding-window
+// layers' K and V (slots for the cells their window still sees). And the
+// per-head placement ("HeadInfer"), kv_placement: the storage of each
+// (layer, kv-head group) by the plan, resident in device memory or
+// offloaded to host memory and streamed through two staging slots, and the
+// PREFETCH and OFFLOAD copy nodes that move offloaded groups through a
+// step's graph.
 
 #ifndef SMOL_KV_CACHE_H
 #define SMOL_KV_CACHE_H
