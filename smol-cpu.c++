@@ -429,15 +429,7 @@ void run_rope(tensor * t, const op_args & a) {
     }
 }
 
-// The arguments as a KV_STORE or ATTENTION node of its view sees them: a
-// window store's view works on the store's slots (batch_info::local).
-op_args args_of_view(const op_args & a, const tensor * t) {
-    const batch_info & b = batch_of_view(a.batch, node_kv_view(t, *a.batch.kv));
-    return {a.k, a.pool, b, a.work, a.scratch, a.ith, a.nth, a.chunks};
-}
-
-void run_kv_store(tensor * t, const op_args & args) {
-    const op_args a = args_of_view(args, t);
+void run_kv_store(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * k = t->src[0];
     const tensor * v = t->src[1];
@@ -468,8 +460,7 @@ void run_kv_store(tensor * t, const op_args & args) {
 // how many queries share the kernel calls. A node covers the query heads of
 // its view's kv heads; K and V come from the view's bases, resident memory
 // or a staging slot alike (both indexed by cell).
-void run_attention(tensor * t, const op_args & args) {
-    const op_args a = args_of_view(args, t);
+void run_attention(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
     const kv_view view = node_kv_view(t, kv);
@@ -562,9 +553,27 @@ void run_copy(tensor * t, const op_args & a) {
 }
 
 using op_fn = void (*)(tensor *, const op_args &);
+
+// A KV_STORE or ATTENTION node of a window store's view works on the store's
+// slots: its kernel is given that batch (batch_info::local).
+template <op_fn run> void run_on_view(tensor * t, const op_args & a) {
+    const batch_info & b = batch_of_view(a.batch, node_kv_view(t, *a.batch.kv));
+    run(t, op_args{a.k, a.pool, b, a.work, a.scratch, a.ith, a.nth, a.chunks});
+}
+
 const op_fn op_table[OP_COUNT] = {
-    nullptr,      run_get_rows,  run_rms_norm, run_mul_mat, run_add,   run_rope,
-    run_kv_store, run_attention, run_swiglu,   run_copy,    run_scale, run_geglu,
+    nullptr,
+    run_get_rows,
+    run_rms_norm,
+    run_mul_mat,
+    run_add,
+    run_rope,
+    run_on_view<run_kv_store>,
+    run_on_view<run_attention>,
+    run_swiglu,
+    run_copy,
+    run_scale,
+    run_geglu,
 };
 
 } // namespace
