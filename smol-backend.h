@@ -90,6 +90,10 @@ class backend {
     // position (batch_info::seq_cells; the CPU's kernels), which costs the
     // host a pass over the cache a step. A GPU reads the cell table.
     virtual bool wants_seq_cells() const { return true; }
+    // Whether its KV_STORE and ATTENTION follow a local view to the window
+    // store's batch (batch_info::local, kv_view::local). Without, a context
+    // keeps every position for sliding-window layers (as swa_full).
+    virtual bool supports_window_store() const { return true; }
     // Whether run() may be given the graph of its last run again, neither
     // cleared nor changed but for its batch (positions, sequences, cells),
     // and run it as before. Elsewhere a decode step builds its graph anew.

@@ -553,9 +553,27 @@ void run_copy(tensor * t, const op_args & a) {
 }
 
 using op_fn = void (*)(tensor *, const op_args &);
+
+// A KV_STORE or ATTENTION node of a window store's view works on the store's
+// slots: its kernel is given that batch (batch_info::local).
+template <op_fn run> void run_on_view(tensor * t, const op_args & a) {
+    const batch_info & b = batch_of_view(a.batch, node_kv_view(t, *a.batch.kv));
+    run(t, op_args{a.k, a.pool, b, a.work, a.scratch, a.ith, a.nth, a.chunks});
+}
+
 const op_fn op_table[OP_COUNT] = {
-    nullptr,      run_get_rows,  run_rms_norm, run_mul_mat, run_add,   run_rope,
-    run_kv_store, run_attention, run_swiglu,   run_copy,    run_scale, run_geglu,
+    nullptr,
+    run_get_rows,
+    run_rms_norm,
+    run_mul_mat,
+    run_add,
+    run_rope,
+    run_on_view<run_kv_store>,
+    run_on_view<run_attention>,
+    run_swiglu,
+    run_copy,
+    run_scale,
+    run_geglu,
 };
 
 } // namespace

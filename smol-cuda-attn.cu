@@ -881,12 +881,15 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.window = t->iparams[4];
     p.pos = d_pos_;
     p.seq = d_seq_;
-    p.cell = d_cell_;
-    p.cell_pos = d_cell_pos_;
-    p.cell_seqs = d_cell_seqs_;
-    p.seq_plane = seq_plane_words(kv.n_cells);
-    p.tiles = d_cell_tiles_;
-    p.n_used = d_params_;
+    // A window store's view (sliding-window layers, the classic kernel)
+    // walks its slots' table, not the cache's.
+    const bool local = view.local && b.local;
+    p.cell = local ? d_slot_ : d_cell_;
+    p.cell_pos = local ? d_win_pos_ : d_cell_pos_;
+    p.cell_seqs = local ? d_win_seqs_ : d_cell_seqs_;
+    p.seq_plane = seq_plane_words(local ? b.local->kv->n_cells : kv.n_cells);
+    p.tiles = local ? nullptr : d_cell_tiles_;
+    p.n_used = local ? d_params_ + 2 : d_params_;
     const attn_choice a = choose_attention(t);
     p.S = a.S;
     p.Q = a.Q;

@@ -88,6 +88,7 @@ void cuda_backend::signature() {
     ptr(arena_.p);
     ptr(d_params_);
     ptr(d_cell_pos_);
+    ptr(d_win_pos_);
     ptr(work_.p);
     ptr(rope_.p);
     ptr(done_.p);

@@ -196,7 +196,7 @@ void cuda_backend::stage(graph & g) {
         }
     }
     const size_t tok_bytes = align_up(size_t(n_tok) * sizeof(int32_t), 256);
-    size_t off = 256 + 3 * tok_bytes;
+    size_t off = 256 + 4 * tok_bytes;
     std::vector<size_t> leaf_off(leaves.size());
     for (size_t i = 0; i < leaves.size(); ++i) {
         leaf_off[i] = off;
@@ -253,19 +253,28 @@ void cuda_backend::stage(graph & g) {
         tiles_hi_ = 0;
     }
     const size_t tile_bytes = size_t(t_hi - t_lo) * sizeof(cell_tile);
+    // The window store's table, whole.
+    const kv_cache * wk = b.local ? b.local->kv : nullptr;
+    const size_t w_used = wk ? size_t(wk->n_used) : 0;
+    const size_t w_pos_bytes = align_up(w_used * sizeof(int32_t), 8);
+    const size_t w_at = dyn_bytes + align_up(cell_bytes, 8) + mask_bytes + tile_bytes;
     grow(dyn_, dyn_bytes, "input staging");
     SMOL_GPU_CHECK(cudaEventSynchronize(staged_)); // the pinned buffer is free again
-    grow_host(dyn_bytes + align_up(cell_bytes, 8) + mask_bytes + tile_bytes);
+    grow_host(w_at + w_pos_bytes + w_used * sizeof(seq_mask));
 
     uint8_t * h = static_cast<uint8_t *>(host_stage_);
     uint8_t * d = static_cast<uint8_t *>(dyn_.p);
     int32_t * params = reinterpret_cast<int32_t *>(h);
     params[0] = kv ? kv->n_used : 0;
     params[1] = n_tok;
+    params[2] = int32_t(w_used);
     if (n_tok > 0) {
         std::memcpy(h + 256, b.pos, size_t(n_tok) * sizeof(int32_t));
         std::memcpy(h + 256 + tok_bytes, b.seq, size_t(n_tok) * sizeof(int32_t));
         if (b.cell) std::memcpy(h + 256 + 2 * tok_bytes, b.cell, size_t(n_tok) * sizeof(int32_t));
+        if (wk && b.local->cell) {
+            std::memcpy(h + 256 + 3 * tok_bytes, b.local->cell, size_t(n_tok) * sizeof(int32_t));
+        }
     }
     for (size_t i = 0; i < leaves.size(); ++i) {
         std::memcpy(h + leaf_off[i], leaves[i]->data, leaves[i]->nbytes());
@@ -275,6 +284,27 @@ void cuda_backend::stage(graph & g) {
     d_pos_ = reinterpret_cast<int32_t *>(d + 256);
     d_seq_ = reinterpret_cast<int32_t *>(d + 256 + tok_bytes);
     d_cell_ = reinterpret_cast<int32_t *>(d + 256 + 2 * tok_bytes);
+    d_slot_ = reinterpret_cast<int32_t *>(d + 256 + 3 * tok_bytes);
+    if (wk) {
+        uint8_t * table = static_cast<uint8_t *>(win_cells_.p);
+        d_win_pos_ = reinterpret_cast<int32_t *>(table);
+        d_win_seqs_ = reinterpret_cast<uint64_t *>(table + cell_seqs_offset(wk->n_cells));
+    }
+    if (w_used > 0) {
+        uint8_t * hp = h + w_at;
+        std::memcpy(hp, wk->cell_pos.data(), w_used * sizeof(int32_t));
+        uint64_t * hw = reinterpret_cast<uint64_t *>(hp + w_pos_bytes);
+        for (size_t i = 0; i < w_used; ++i) {
+            hw[i] = wk->cell_seqs[i].w[0];
+            hw[w_used + i] = wk->cell_seqs[i].w[1];
+        }
+        SMOL_GPU_CHECK(cudaMemcpyAsync(d_win_pos_, hp, w_used * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream_));
+        SMOL_GPU_CHECK(cudaMemcpy2DAsync(d_win_seqs_,
+                                         seq_plane_words(wk->n_cells) * sizeof(uint64_t), hw,
+                                         w_used * sizeof(uint64_t), w_used * sizeof(uint64_t), 2,
+                                         cudaMemcpyHostToDevice, stream_));
+    }
     if (kv) {
         uint8_t * table = static_cast<uint8_t *>(cells_.p);
         d_cell_pos_ = reinterpret_cast<int32_t *>(table);

@@ -425,7 +425,7 @@ kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) c
     p.hd = kv.head_dim;
     p.h0 = view.h0;
     p.n_head_kv = view.h1 - view.h0;
-    p.cell = d_cell_;
+    p.cell = view.local ? d_slot_ : d_cell_; // a window store's rows are slots
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const auto at = [](const void * q) { return reinterpret_cast<uintptr_t>(q); };
     p.vec = p.hd % 4 == 0 && p.ldk % 4 == 0 && p.ldv % 4 == 0 && p.k_lo % 4 == 0 &&

@@ -116,8 +116,9 @@ size_t cuda_backend::compute_bytes(graph & g) {
                 staging += align_up(src->nbytes(), 256);
         }
     }
-    staging += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
-    const size_t cells = g.batch.kv ? cell_table_bytes(g.batch.kv->n_cells) : 0;
+    staging += 4 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
+    const size_t cells = (g.batch.kv ? cell_table_bytes(g.batch.kv->n_cells) : 0) +
+                         (g.batch.local ? cell_table_bytes(g.batch.local->kv->n_cells) : 0);
     size_t fixed = done_.size;
 #if defined(SMOL_HAVE_BLAS)
     fixed += blas_ws_.size;
@@ -184,6 +185,10 @@ void cuda_backend::prepare(graph & g) {
             grow(cells_, n, "cache cell table");
             shadow_kv_ = nullptr; // the device copy of the table is gone
         }
+    }
+    if (g.batch.local) {
+        const size_t n = cell_table_bytes(g.batch.local->kv->n_cells);
+        if (n > win_cells_.size) grow(win_cells_, n, "window store cell table");
     }
 }
 

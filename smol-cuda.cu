@@ -113,9 +113,10 @@ void cuda_backend::reserve(graph & g) {
             }
         }
     }
-    host_bytes += 3 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
+    host_bytes += 4 * align_up(size_t(n_tok) * sizeof(int32_t), 256);
     grow(dyn_, host_bytes, "input staging");
-    grow_host(host_bytes + (g.batch.kv ? cell_table_bytes(g.batch.kv->n_cells) : 0));
+    grow_host(host_bytes + (g.batch.kv ? cell_table_bytes(g.batch.kv->n_cells) : 0) +
+              (g.batch.local ? cell_table_bytes(g.batch.local->kv->n_cells) : 0));
 }
 
 void cuda_backend::run(graph & g) {

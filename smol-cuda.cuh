@@ -545,6 +545,14 @@ class cuda_backend final : public backend {
     int32_t * d_cell_pos_ = nullptr;
     uint64_t * d_cell_seqs_ = nullptr; // two planes of n_cells words (attn_params)
     cell_tile * d_cell_tiles_ = nullptr;
+    // The window store's table (batch_info::local, kv_window) and each
+    // token's slot: small, staged whole each step; the sliding-window
+    // attention that reads it is the classic kernel's, which reads no tile
+    // summaries. Its n_used is d_params_[2].
+    buffer win_cells_;
+    int32_t * d_slot_ = nullptr;
+    int32_t * d_win_pos_ = nullptr;
+    uint64_t * d_win_seqs_ = nullptr;
 
     // What the device holds of the cache's cell table, to upload only changes.
     // While the cache's version stays shadow_version_, only the cells a

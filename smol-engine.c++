@@ -130,6 +130,10 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     if (params_.n_queue_max == 0) params_.n_queue_max = 256;
     if (params_.prefix_block == 0) params_.prefix_block = 16;
     cache_seq_ = smol_seq_id(ctx_.params.n_seq_max - 1);
+    // The cache sequence holds many prompts' positions at once: it keeps no
+    // window-store slots of its own (a prefix stays reusable while a
+    // request holding it keeps its window; see admit).
+    ctx_.win.passive = seq_mask::of(cache_seq_);
     for (smol_seq_id s = cache_seq_ - 1; s >= 0; --s) free_seqs_.push_back(s);
     batch_cap_ = int32_t(ctx_.params.n_batch);
     if (params_.ngram_min == 0) params_.ngram_min = 2;
@@ -167,6 +171,7 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
         cp.n_ctx = ctx_.params.n_ctx;
         cp.n_batch = ctx_.params.n_batch;
         cp.n_seq_max = uint32_t(cache_seq_); // a sequence per slot, the same ids
+        cp.swa_full = params.context.swa_full;
         cp.n_threads = params_.draft_n_threads ? params_.draft_n_threads : ctx_.params.n_threads;
         try {
             draft_ = std::make_unique<llama_context>(dm, cp);
@@ -467,6 +472,7 @@ void engine::finish(request_ptr & r, smol_finish_reason reason, smol_token token
         ++stats_.n_finished;
         --n_active_;
         stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
+        slots_used_ = ctx_.win.on() ? ctx_.win.n_held(ctx_.kv) : 0;
     }
     emit(*r, token, logits, reason);
     // One line a request: its tokens, its times and how it ended.
@@ -509,6 +515,15 @@ void engine::admit() {
         std::vector<radix_tree::node *> path;
         if (params_.prefix_cache) {
             path = tree_.match(r.tokens.data(), n, (n - 1) / tree_.block_size());
+        }
+        // Sliding-window layers go on exactly only from a prefix whose last
+        // window they still keep: shorter prefixes, else none (recomputed).
+        while (ctx_.win.on() && !path.empty()) {
+            scratch_cells_.clear();
+            for (const radix_tree::node * x : path)
+                scratch_cells_.insert(scratch_cells_.end(), x->cells.begin(), x->cells.end());
+            if (ctx_.window_kept(scratch_cells_.data(), int32_t(scratch_cells_.size()))) break;
+            path.pop_back();
         }
         const int32_t n_hit = int32_t(path.size()) * tree_.block_size();
         // Admit only what can start: its first chunk must find cells, but
@@ -564,6 +579,7 @@ int32_t engine::step() {
     stats_.n_running = int32_t(running_.size());
     stats_.n_queued = int32_t(queue_.size());
     stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
+    slots_used_ = ctx_.win.on() ? ctx_.win.n_held(ctx_.kv) : 0;
     stats_.n_prefix_blocks = tree_.n_blocks();
     return stats_.n_running + stats_.n_queued + int32_t(incoming_.size());
 }
@@ -904,6 +920,18 @@ smol_engine_stats engine::stats() const {
     const uint64_t n_heads = uint64_t(std::max(mi.n_heads, 1));
     s.kv_bytes_offloaded = used / n_heads * (n_heads - uint64_t(mi.n_heads_resident));
     s.kv_bytes_resident = used - s.kv_bytes_offloaded;
+    // A layer in the window store holds only its slots: counted by layer.
+    if (ctx_.win.on()) {
+        const kv_plan & p = ctx_.plan;
+        const uint64_t group_cell = cell_bytes / uint64_t(p.n_layer) / uint64_t(p.n_group);
+        s.kv_bytes_resident = s.kv_bytes_offloaded = 0;
+        for (int32_t l = 0; l < p.n_layer; ++l) {
+            const uint64_t cells = uint64_t(p.is_windowed(l) ? slots_used_ : s.n_cells_used);
+            for (int32_t g = 0; g < p.n_group; ++g)
+                (p.is_resident(l, g) ? s.kv_bytes_resident : s.kv_bytes_offloaded) +=
+                    cells * group_cell;
+        }
+    }
     return s;
 }
 

@@ -190,6 +190,7 @@ class engine {
     smol_request_id next_id_ = 1;
     int64_t n_active_ = 0; // submitted and not finished
     smol_engine_stats stats_{};
+    int32_t slots_used_ = 0; // the window store's slots in use, as of stats_
     bool stop_ = false;
     std::mutex step_mu_;
     std::thread worker_;

@@ -105,7 +105,16 @@ struct batch_info {
     // cells lie, so its logits do not depend on the rest of the batch.
     const int32_t * seq_cells = nullptr;
     const int32_t * seq_begin = nullptr;
+    // The window store's (kv_window) batch, for the nodes of a local view
+    // (kv_view::local): the same tokens, kv its slots' table, cell each
+    // token's slot, seq_cells its slots. Null: no window store.
+    const batch_info * local = nullptr;
 };
+
+// The batch as a KV_STORE or ATTENTION node of this view sees it.
+inline const batch_info & batch_of_view(const batch_info & b, const kv_view & v) {
+    return v.local && b.local ? *b.local : b;
+}
 
 // --- graph ------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // smol-kv-cache.c++ - the KV cache (declared in smol-kv-cache.h): its cells
 // (which sequences hold each cell at which position, freeing and sharing
-// them, the search for the cell of a sequence's next token) and the
+// them, the search for the cell of a sequence's next token), the window
+// store of sliding-window layers (slots taken and given back) and the
 // placement of its head groups (their storage by the plan, the staging
 // slots, the PREFETCH and OFFLOAD copy nodes of a step's graph).
 
@@ -124,6 +125,117 @@ void kv_cache::cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
     shrink_used();
 }
 
+// --- the window store ------------------------------------------------------------
+
+int32_t kv_window::slots_needed(int32_t n_cells, int32_t n_seq_max, int32_t window, int32_t reserve,
+                                int32_t n_batch) {
+    const int64_t n = int64_t(std::max(n_seq_max, 1)) * (int64_t(window) + reserve) + n_batch;
+    return int32_t(std::min<int64_t>(n_cells, n));
+}
+
+void kv_window::init(const kv_cache & kv, int32_t w, int32_t r, int32_t n_slots) {
+    window = w;
+    reserve = r;
+    // The cache's shape and kind (whatever a cell's row holds), n_slots
+    // cells, all free.
+    table = kv;
+    table.n_cells = n_slots;
+    table.cell_pos.assign(size_t(n_slots), -1);
+    table.cell_seqs.assign(size_t(n_slots), seq_mask::none());
+    table.n_used = 0;
+    table.touch();
+    slot_cell.assign(size_t(n_slots), -1);
+    cell_slot.assign(size_t(kv.n_cells), -1);
+    newest.assign(kv_max_seqs, -1);
+    lost.assign(kv_max_seqs, -1);
+    next_free_ = 0;
+    synced = kv.version;
+}
+
+void kv_window::free_slot(int32_t s) {
+    const int32_t c = slot_cell[size_t(s)];
+    if (c >= 0) cell_slot[size_t(c)] = -1;
+    slot_cell[size_t(s)] = -1;
+    table.cell_pos[size_t(s)] = -1;
+    table.cell_seqs[size_t(s)] = seq_mask::none();
+    next_free_ = std::min(next_free_, s);
+}
+
+void kv_window::sync(const kv_cache & kv) {
+    for (int32_t s = 0; s < table.n_used; ++s) {
+        const int32_t c = slot_cell[size_t(s)];
+        if (c < 0) continue;
+        if (kv.cell_pos[size_t(c)] < 0) {
+            free_slot(s);
+            continue;
+        }
+        table.cell_pos[size_t(s)] = kv.cell_pos[size_t(c)];
+        table.cell_seqs[size_t(s)] = kv.cell_seqs[size_t(c)];
+    }
+    while (table.n_used > 0 && table.cell_pos[size_t(table.n_used - 1)] < 0) --table.n_used;
+    std::fill(newest.begin(), newest.end(), -1);
+    std::fill(lost.begin(), lost.end(), -1);
+    for (int32_t c = 0; c < kv.n_used; ++c) {
+        const smol_pos p = kv.cell_pos[size_t(c)];
+        if (p < 0) continue;
+        for (seq_mask m = kv.cell_seqs[size_t(c)]; m; m = m.rest()) {
+            const size_t q = size_t(m.first());
+            newest[q] = std::max(newest[q], p);
+            if (cell_slot[size_t(c)] < 0) lost[q] = std::max(lost[q], p);
+        }
+    }
+    table.touch();
+    synced = kv.version;
+}
+
+void kv_window::release_old(const kv_cache & kv) {
+    bool any = false;
+    for (int32_t s = 0; s < table.n_used; ++s) {
+        const int32_t c = slot_cell[size_t(s)];
+        if (c < 0) continue;
+        const smol_pos p = kv.cell_pos[size_t(c)];
+        bool keep = false;
+        for (seq_mask m = kv.cell_seqs[size_t(c)] & ~passive; m && !keep; m = m.rest())
+            keep = int64_t(p) > int64_t(newest[size_t(m.first())]) - window - reserve;
+        if (keep) continue;
+        for (seq_mask m = kv.cell_seqs[size_t(c)]; m; m = m.rest())
+            lost[size_t(m.first())] = std::max(lost[size_t(m.first())], p);
+        free_slot(s);
+        any = true;
+    }
+    if (!any) return;
+    while (table.n_used > 0 && table.cell_pos[size_t(table.n_used - 1)] < 0) --table.n_used;
+    table.touch();
+}
+
+int32_t kv_window::take(int32_t c, smol_pos pos, smol_seq_id seq) {
+    while (next_free_ < table.n_cells && slot_cell[size_t(next_free_)] >= 0) ++next_free_;
+    if (next_free_ >= table.n_cells) return -1;
+    const int32_t s = next_free_++;
+    slot_cell[size_t(s)] = c;
+    cell_slot[size_t(c)] = s;
+    table.cell_pos[size_t(s)] = pos;
+    table.cell_seqs[size_t(s)] = seq_mask::of(seq);
+    table.n_used = std::max(table.n_used, s + 1);
+    newest[size_t(seq)] = std::max(newest[size_t(seq)], pos);
+    return s;
+}
+
+int32_t kv_window::n_held(const kv_cache & kv) const {
+    int32_t n = 0;
+    for (int32_t s = 0; s < table.n_used; ++s) {
+        const int32_t c = slot_cell[size_t(s)];
+        n += c >= 0 && kv.cell_pos[size_t(c)] >= 0;
+    }
+    return n;
+}
+
+bool kv_window::holds(const int32_t * cells, int32_t n) const {
+    for (int32_t i = 0; i < n; ++i)
+        if (cell_slot[size_t(cells[i])] < 0) return false;
+    return true;
+}
+
 // --- placement: storage --------------------------------------------------------
 
 kv_placement::~kv_placement() {
@@ -140,14 +252,15 @@ void kv_placement::alloc(backend & be) {
     const uint64_t gb = plan_.group_bytes();
     const int32_t n_groups = plan_.n_layer * plan_.n_group;
     group_base_.assign(size_t(n_groups), nullptr);
-    if (const int32_t n_res = plan_.n_resident_groups(); n_res > 0) {
-        uint8_t * base = static_cast<uint8_t *>(be.alloc(gb * uint64_t(n_res)));
+    if (const uint64_t res = plan_.resident_kv_bytes(); res > 0) {
+        uint8_t * base = static_cast<uint8_t *>(be.alloc(res));
         owned_.push_back(base);
-        be.memset(base, 0, gb * uint64_t(n_res));
-        int32_t k = 0;
+        be.memset(base, 0, res);
+        uint64_t at = 0;
         for (int32_t i = 0; i < n_groups; ++i) {
-            if (plan_.resident[size_t(i)])
-                group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(base + gb * uint64_t(k++));
+            if (!plan_.resident[size_t(i)]) continue;
+            group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(base + at);
+            at += plan_.group_bytes_at(i / plan_.n_group);
         }
     }
     if (plan_.n_slots > 0) {
@@ -195,6 +308,10 @@ kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) con
     uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
     v.head_stride = size_t(kv_.n_cells) * size_t(kv_.head_dim);
     v.k = base;
+    if (plan_.is_windowed(layer)) { // the window store's slots
+        v.head_stride = v.head_stride / size_t(kv_.n_cells) * size_t(plan_.window_cells);
+        v.local = true;
+    }
     v.v = base + size_t(plan_.G) * v.head_stride;
     v.h0 = group * plan_.G;
     v.h1 = v.h0 + plan_.G;

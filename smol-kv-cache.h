@@ -3,11 +3,13 @@
 // pages a sequence's cells fill, the one rule of which cells a query sees,
 // struct kv_cache (the cells' positions and sequences, the K and V arrays its
 // owner allocates), and kv_view, the K and V heads one KV_STORE or
-// ATTENTION node works on. And the per-head placement ("HeadInfer"),
-// kv_placement: the storage of each (layer, kv-head group) by the plan,
-// resident in device memory or offloaded to host memory and streamed
-// through two staging slots, and the PREFETCH and OFFLOAD copy nodes that
-// move offloaded groups through a step's graph.
+// ATTENTION node works on; kv_window, the smaller store of sliding-window
+// layers' K and V (slots for the cells their window still sees). And the
+// per-head placement ("HeadInfer"), kv_placement: the storage of each
+// (layer, kv-head group) by the plan, resident in device memory or
+// offloaded to host memory and streamed through two staging slots, and the
+// PREFETCH and OFFLOAD copy nodes that move offloaded groups through a
+// step's graph.
 
 #ifndef SMOL_KV_CACHE_H
 #define SMOL_KV_CACHE_H
@@ -35,6 +37,9 @@ struct kv_view {
     size_t head_stride = 0;
     int32_t h0 = 0, h1 = 0;
     int32_t slot = -1; // the staging slot it names; -1: resident memory
+    // The window store's (kv_window): rows are slots, and its nodes see
+    // batch_info::local, not the cache's cells.
+    bool local = false;
 };
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -179,6 +184,67 @@ struct kv_cache {
 
   private:
     void shrink_used();
+};
+
+// --- the window store: what sliding-window layers keep ----------------------
+
+// A layer whose attention sees only the last `window` positions (Gemma 3's
+// local layers) keeps the K and V of those positions only, in a store of
+// its own smaller than the cache: n_slots slots, each holding the K and V
+// of one cell. The cells stay the cache's (positions, sequences, seq_rm,
+// seq_cp, find_cell); a new token's cell takes a slot, and a slot is given
+// back when its cell is freed or has fallen out of the window of every
+// sequence that holds it by more than `reserve` positions (n_batch: a
+// rollback of up to that many tokens, as speculative decoding does, stays
+// exact). To a backend the store is a second cell table, `table`: the
+// slots' positions and sequences (their cells'), which the local layers'
+// KV_STORE and ATTENTION use instead of the cache's (batch_info::local).
+//
+// Sizing (kv_window::slots_needed): every sequence keeps at most window +
+// reserve slots at a step's start (its positions are distinct), and a
+// step adds at most n_batch, so n_seq_max * (window + reserve) + n_batch
+// slots never run out.
+//
+// Exactness: a sequence that would attend to a position whose slot is gone
+// (a rollback past the reserve, a copied prefix whose last window was
+// released) is refused (first_exact), never computed without it.
+struct kv_window {
+    int32_t window = 0, reserve = 0;
+    kv_cache table;                            // the slots as cells; no K or V of its own
+    std::vector<int32_t> slot_cell, cell_slot; // -1: none
+    // Per sequence: its newest position, and the newest position of a cell
+    // it holds whose slot was released (-1: none).
+    std::vector<smol_pos> newest, lost;
+    // Sequences whose cells do not keep slots (a prefix cache's holder,
+    // which holds many prompts' positions at once).
+    seq_mask passive = seq_mask::none();
+    uint64_t synced = 0; // the cache's version at the last sync
+
+    static int32_t slots_needed(int32_t n_cells, int32_t n_seq_max, int32_t window, int32_t reserve,
+                                int32_t n_batch);
+    bool on() const { return window > 0; }
+    void init(const kv_cache & kv, int32_t window, int32_t reserve, int32_t n_slots);
+    // Follows the cache's changes since the last sync: gives back the slots
+    // of freed cells, copies positions and sequences, recounts newest and
+    // lost. Before any cell is taken after the cache changed.
+    void sync(const kv_cache & kv);
+    // Gives back the slots no sequence's window (plus reserve) still needs.
+    void release_old(const kv_cache & kv);
+    // A slot for cell c, just taken by a token of seq at pos; -1: none left.
+    int32_t take(int32_t c, smol_pos pos, smol_seq_id seq);
+    // The lowest position at which seq can go on exactly (0: any).
+    smol_pos first_exact(smol_seq_id seq) const {
+        return lost[size_t(seq)] < 0 ? 0 : lost[size_t(seq)] + window;
+    }
+    // The slots whose cells are held (a freed cell's slot is given back at
+    // the next sync).
+    int32_t n_held(const kv_cache & kv) const;
+    // Whether every one of these cells still has its slot.
+    bool holds(const int32_t * cells, int32_t n) const;
+
+  private:
+    void free_slot(int32_t s);
+    int32_t next_free_ = 0; // no free slot below it
 };
 
 // --- placement: where each head group lives, the copies that move it -----------

@@ -366,7 +366,18 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
+    slots_.resize(nb);
     reserve_logits(size_t(out_width()));
+    // Sliding-window layers keep their window plus a reserve of n_batch
+    // positions per sequence (kv_window), unless asked to keep all, or the
+    // backend cannot, or that would be no smaller.
+    if (hp.n_swa > 0 && std::find(hp.swa.begin(), hp.swa.end(), true) != hp.swa.end() &&
+        !params.swa_full && be_->supports_window_store()) {
+        const int32_t n_slots =
+            kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), hp.n_swa,
+                                    int32_t(params.n_batch), int32_t(params.n_batch));
+        if (n_slots < kv.n_cells) win.init(kv, hp.n_swa, int32_t(params.n_batch), n_slots);
+    }
 
     // A weight type the device does not compute with is refused before
     // anything is placed, naming the first such tensor.
@@ -418,6 +429,10 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     in.mode = params.kv_offload;
     in.head_group = params.head_group;
     in.weight_bytes = weight_bytes;
+    if (win.on()) {
+        in.windowed.assign(hp.swa.begin(), hp.swa.end());
+        in.window_cells = win.table.n_cells;
+    }
     // The most of one head group per layer and of single heads (whose k and
     // v stay live across more nodes), as many tokens keeping their logits as
     // a chunk may.
@@ -430,6 +445,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
             plan.resident.assign(size_t(hp.n_layer) * size_t(plan.n_group), 1);
             graph_.clear();
             graph_.batch.kv = &kv;
+            set_local_batch(false);
             build_graph(shape_of(n, std::min(n, chunk_outputs)));
             most = std::max<uint64_t>(most, be_->compute_bytes(graph_));
         }
@@ -460,6 +476,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     // plan counted, so no later batch grows past it.
     graph_.clear();
     graph_.batch.kv = &kv;
+    set_local_batch(false);
     build_graph(shape_of(plan.chunk, params.gpu_mem > 0 ? std::min(plan.chunk, chunk_outputs) : 1));
     be_->reserve(graph_);
 }
@@ -594,6 +611,7 @@ void llama_context::decode(const smol_batch & b) {
         }
     }
     seq_version_ = ~uint64_t(0);
+    if (win.on() && win.synced != kv.version) win.sync(kv);
     for (int32_t i = 0; i < n; ++i) {
         if (b.token[i] < 0 || b.token[i] >= hp.n_vocab) {
             throw error(SMOL_ERR_INVALID_ARGUMENT,
@@ -613,6 +631,18 @@ void llama_context::decode(const smol_batch & b) {
                             std::to_string(s) + " does not follow the " +
                             std::to_string(seq_max[size_t(s)]) +
                             " it already holds; remove those positions first (smol_kv_seq_rm)");
+        }
+        if (win.on() && b.pos[i] < win.first_exact(s)) {
+            throw error(SMOL_ERR_WINDOW_GONE,
+                        "smol_decode: position " + std::to_string(b.pos[i]) + " of sequence " +
+                            std::to_string(s) + " would attend to position " +
+                            std::to_string(win.lost[size_t(s)]) +
+                            ", whose keys the sliding-window layers no longer keep (they keep " +
+                            std::to_string(win.window) + " positions and a reserve of " +
+                            std::to_string(win.reserve) +
+                            " = n_batch); recompute the sequence from position 0, roll back "
+                            "at most n_batch tokens, or create the context with swa_full "
+                            "(--swa-full)");
         }
         seq_max[size_t(s)] = b.pos[i];
     }
@@ -693,6 +723,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
     // several sequences then writes cells far apart: an offloaded group's
     // OFFLOAD copies the range between them.)
     int32_t page_from = 0, cell_from = 0, n_out = 0;
+    if (win.on()) win.release_old(kv);
     for (int32_t j = 0; j < n; ++j) {
         const int32_t i = i0 + j;
         int32_t & tail = seq_tail_[size_t(b.seq_id[i])];
@@ -703,13 +734,19 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         kv.cell_seqs[c] = seq_mask::of(b.seq_id[i]);
         kv.n_used = std::max(kv.n_used, c + 1);
         batch_cells_[size_t(i)] = c;
+        if (win.on()) {
+            slots_[size_t(j)] = win.take(c, b.pos[i], b.seq_id[i]);
+            // slots_needed's bound makes this a programmer's error.
+            SMOL_ASSERT_MSG(slots_[size_t(j)] >= 0, "the window store has no free slot");
+        }
         tokens_[size_t(j)] = b.token[i];
         positions_[size_t(j)] = b.pos[i];
         seqs_[size_t(j)] = b.seq_id[i];
         if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
     }
     const bool lists = be_->wants_seq_cells();
-    if (lists) list_seq_cells(n);
+    if (lists) list_seq_cells(n, kv, seq_cells_, seq_begin_);
+    if (lists && win.on()) list_seq_cells(n, win.table, seq_slots_, seq_slot_begin_);
     // A backend that runs a graph again gets the last one, unless the step's
     // shape changed or graph_ was rebuilt for something else since.
     const step_shape shape = shape_of(n, n_out);
@@ -725,6 +762,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
                               &kv,
                               lists ? seq_cells_.data() : nullptr,
                               lists ? seq_begin_.data() : nullptr};
+    set_local_batch(lists);
     if (!again) {
         build_graph(shape);
         built_ = shape;
@@ -779,6 +817,8 @@ std::string llama_context::schedule_text(int32_t n) {
     for (int32_t j = 0; j < n; ++j) kv.cell_pos[size_t(cells_[size_t(j)])] = -1;
     graph_.clear();
     graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
+    for (int32_t j = 0; j < n; ++j) slots_[size_t(j)] = win.on() ? j % win.table.n_cells : 0;
+    set_local_batch(false);
     build_graph(shape_of(n, 1));
     kv.n_used = n_used;
     schedule s;
@@ -788,31 +828,58 @@ std::string llama_context::schedule_text(int32_t n) {
     return out + format_schedule(graph_, s);
 }
 
-// Lists, for each sequence of the batch, the cells it holds sorted by
-// position (two passes: count, then place; no allocation once warm).
-void llama_context::list_seq_cells(int32_t n) {
+// The window store's batch beside graph_.batch (its tokens, their slots).
+void llama_context::set_local_batch(bool lists) {
+    if (!win.on()) return;
+    local_batch_ = graph_.batch;
+    local_batch_.kv = &win.table;
+    local_batch_.cell = slots_.data();
+    local_batch_.seq_cells = lists ? seq_slots_.data() : nullptr;
+    local_batch_.seq_begin = lists ? seq_slot_begin_.data() : nullptr;
+    graph_.batch.local = &local_batch_;
+}
+
+smol_pos llama_context::seq_pos_exact(smol_seq_id seq) {
+    if (!win.on() || seq < 0 || seq >= kv_max_seqs) return 0;
+    if (win.synced != kv.version) win.sync(kv);
+    return win.first_exact(seq);
+}
+
+bool llama_context::window_kept(const int32_t * cells, int32_t n) const {
+    if (!win.on() || n <= 0) return true;
+    const int32_t w = std::min(n, win.window - 1);
+    return win.holds(cells + (n - w), w);
+}
+
+// Lists, for each sequence of the batch, the cells of table (the cache's or
+// the window store's) it holds sorted by position (two passes: count, then
+// place; no allocation once warm).
+void llama_context::list_seq_cells(int32_t n, const kv_cache & table, std::vector<int32_t> & cells,
+                                   std::vector<int32_t> & begin) {
     seq_mask in_batch = seq_mask::none();
     for (int32_t i = 0; i < n; ++i) in_batch |= seq_mask::of(seqs_[i]);
-    seq_begin_.assign(kv_max_seqs + 1, 0);
-    for (int32_t c = 0; c < kv.n_used; ++c) {
-        if (kv.cell_pos[c] < 0) continue;
-        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m = m.rest())
-            ++seq_begin_[size_t(m.first()) + 1];
+    begin.assign(kv_max_seqs + 1, 0);
+    for (int32_t c = 0; c < table.n_used; ++c) {
+        if (table.cell_pos[c] < 0) continue;
+        for (seq_mask m = table.cell_seqs[c] & in_batch; m; m = m.rest())
+            ++begin[size_t(m.first()) + 1];
     }
-    for (int32_t s = 0; s < kv_max_seqs; ++s) seq_begin_[size_t(s) + 1] += seq_begin_[size_t(s)];
-    seq_cells_.resize(size_t(std::max(seq_begin_[kv_max_seqs], 1)));
-    fill_.assign(seq_begin_.begin(), seq_begin_.end() - 1);
-    for (int32_t c = 0; c < kv.n_used; ++c) {
-        if (kv.cell_pos[c] < 0) continue;
-        for (seq_mask m = kv.cell_seqs[c] & in_batch; m; m = m.rest())
-            seq_cells_[size_t(fill_[size_t(m.first())]++)] = c;
+    for (int32_t s = 0; s < kv_max_seqs; ++s) begin[size_t(s) + 1] += begin[size_t(s)];
+    cells.resize(size_t(std::max(begin[kv_max_seqs], 1)));
+    fill_.assign(begin.begin(), begin.end() - 1);
+    for (int32_t c = 0; c < table.n_used; ++c) {
+        if (table.cell_pos[c] < 0) continue;
+        for (seq_mask m = table.cell_seqs[c] & in_batch; m; m = m.rest())
+            cells[size_t(fill_[size_t(m.first())]++)] = c;
     }
     // A sequence takes cells in rising order, so a list is usually sorted
     // already (a page freed below its others breaks that).
-    const auto by_pos = [this](int32_t x, int32_t y) { return kv.cell_pos[x] < kv.cell_pos[y]; };
+    const auto by_pos = [&table](int32_t x, int32_t y) {
+        return table.cell_pos[x] < table.cell_pos[y];
+    };
     for (int32_t s = 0; s < kv_max_seqs; ++s) {
-        int32_t * b = seq_cells_.data() + seq_begin_[size_t(s)];
-        int32_t * e = seq_cells_.data() + seq_begin_[size_t(s) + 1];
+        int32_t * b = cells.data() + begin[size_t(s)];
+        int32_t * e = cells.data() + begin[size_t(s) + 1];
         if (!std::is_sorted(b, e, by_pos)) std::sort(b, e, by_pos);
     }
 }

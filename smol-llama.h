@@ -141,10 +141,19 @@ class llama_context {
     const graph & last_graph() const { return graph_; }
     // The cache cell each token of the last decoded batch went to.
     const int32_t * last_cells() const { return batch_cells_.data(); }
+    // The lowest position at which seq can be decoded exactly (0: any; see
+    // kv_window::first_exact).
+    smol_pos seq_pos_exact(smol_seq_id seq);
+    // Whether a sequence holding these cells, positions 0 .. n - 1 in
+    // order, could go on at position n exactly: the window store keeps the
+    // last window of them (always, without a window store).
+    bool window_kept(const int32_t * cells, int32_t n) const;
 
     const llama_model & model;
     smol_context_params params;
     kv_cache kv;
+    // The sliding-window layers' store (off: they keep every cell).
+    kv_window win;
     kv_plan plan;
     smol_perf perf{};
 
@@ -160,7 +169,9 @@ class llama_context {
     void build_graph(const step_shape & s);
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
     void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
-    void list_seq_cells(int32_t n_tokens);
+    void list_seq_cells(int32_t n_tokens, const kv_cache & table, std::vector<int32_t> & cells,
+                        std::vector<int32_t> & begin);
+    void set_local_batch(bool lists);
 
     void * to_backend(const weight & w);
 
@@ -185,6 +196,9 @@ class llama_context {
     uint64_t seq_version_ = ~uint64_t(0);
     // Per batch: the cells of each sequence by position (batch_info).
     std::vector<int32_t> seq_cells_, seq_begin_;
+    // The same for the window store, each token's slot, and its batch.
+    std::vector<int32_t> seq_slots_, seq_slot_begin_, slots_;
+    batch_info local_batch_;
     std::vector<int32_t> batch_cells_; // the cell of each token of the last batch, all chunks
     std::vector<int32_t> fill_;
     int32_t last_out_ = -1;

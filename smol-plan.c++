@@ -30,6 +30,15 @@ int32_t kv_plan::n_resident_groups() const {
     return int32_t(std::count(resident.begin(), resident.end(), uint8_t(1)));
 }
 
+uint64_t kv_plan::kv_bytes(bool resident_groups) const {
+    uint64_t n = 0;
+    for (int32_t l = 0; l < n_layer; ++l) {
+        for (int32_t g = 0; g < n_group; ++g)
+            if (is_resident(l, g) == resident_groups) n += group_bytes_at(l);
+    }
+    return n;
+}
+
 namespace {
 
 const char * mode_name(smol_kv_offload m) {
@@ -74,6 +83,8 @@ kv_plan make_plan(const plan_input & in) {
     p.budget = in.budget;
     p.mode = in.mode;
     p.weight_bytes = in.weight_bytes;
+    p.windowed = in.windowed;
+    p.window_cells = in.window_cells;
     if (in.head_group < 0 || (in.head_group > 0 && in.n_head_kv % in.head_group != 0)) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "head group " + std::to_string(in.head_group) + " does not divide the " +
@@ -88,6 +99,19 @@ kv_plan make_plan(const plan_input & in) {
     const int32_t n_batch = int32_t(std::max<uint32_t>(1, in.n_batch));
     const uint64_t all_kv = 4ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) *
                             uint64_t(in.n_cells) * uint64_t(in.head_dim);
+
+    // The window store's layers hold window_cells cells each, not n_cells.
+    const uint64_t layer_cell =
+        in.n_layer > 0 && in.n_cells > 0 ? all_kv / uint64_t(in.n_layer) / uint64_t(in.n_cells) : 0;
+    uint64_t window_kv = 0;
+    std::vector<int32_t> global; // the layers outside the window store
+    for (int32_t l = 0; l < in.n_layer; ++l) {
+        if (!in.windowed.empty() && in.windowed[size_t(l)])
+            window_kv += layer_cell * uint64_t(in.window_cells);
+        else
+            global.push_back(l);
+    }
+    const uint64_t kv_total = layer_cell * uint64_t(in.n_cells) * global.size() + window_kv;
 
     // Everything resident: what "none" asks for, and what "auto" does when
     // it fits.
@@ -110,7 +134,7 @@ kv_plan make_plan(const plan_input & in) {
                         "the device budget of " + format_bytes(in.budget) +
                             " cannot hold the whole KV cache: it needs " + format_bytes(need) +
                             " (weights " + format_bytes(p.weight_bytes) + ", compute " +
-                            format_bytes(p.compute_bytes) + ", KV " + format_bytes(all_kv) +
+                            format_bytes(p.compute_bytes) + ", KV " + format_bytes(kv_total) +
                             " for " + std::to_string(in.n_cells) +
                             " cells); use --kv-offload auto, a larger --gpu-mem or a "
                             "smaller context");
@@ -151,37 +175,49 @@ kv_plan make_plan(const plan_input & in) {
             if (p.group_bytes() >= copy_target) break;
         }
     };
-    auto minimum = [&]() { return p.weight_bytes + p.compute_bytes + 2 * p.group_bytes(); };
+    // The window store's groups stay resident whatever the mode.
+    auto minimum = [&]() {
+        return p.weight_bytes + p.compute_bytes + 2 * p.group_bytes() + window_kv;
+    };
     choose_group();
     while (in.budget > 0 && minimum() > in.budget && p.chunk > 1) {
         p.chunk /= 2;
         choose_group();
     }
     if (in.budget > 0 && minimum() > in.budget) {
-        throw error(SMOL_ERR_OUT_OF_MEMORY,
-                    "the device budget of " + format_bytes(in.budget) +
-                        " is too small for the smallest plan, which needs " +
-                        format_bytes(minimum()) + ": weights " + format_bytes(p.weight_bytes) +
-                        ", compute " + format_bytes(p.compute_bytes) + " (chunks of " +
-                        std::to_string(p.chunk) + " tokens), two staging slots of " +
-                        format_bytes(p.group_bytes()) + " (" + std::to_string(p.G) +
-                        " kv head(s) x " + std::to_string(in.n_cells) +
-                        " cells); raise --gpu-mem, lower the context size (-c)" +
-                        (p.G > 1 ? " or use --head-group 1" : ""));
+        throw error(
+            SMOL_ERR_OUT_OF_MEMORY,
+            "the device budget of " + format_bytes(in.budget) +
+                " is too small for the smallest plan, which needs " + format_bytes(minimum()) +
+                ": weights " + format_bytes(p.weight_bytes) +
+                (window_kv ? ", sliding-window layers' KV " + format_bytes(window_kv) : "") +
+                ", compute " + format_bytes(p.compute_bytes) + " (chunks of " +
+                std::to_string(p.chunk) + " tokens), two staging slots of " +
+                format_bytes(p.group_bytes()) + " (" + std::to_string(p.G) + " kv head(s) x " +
+                std::to_string(in.n_cells) +
+                " cells); raise --gpu-mem, lower the context size (-c)" +
+                (p.G > 1 ? " or use --head-group 1" : ""));
     }
-    const int32_t total = p.n_layer * p.n_group;
+    const int32_t total = int32_t(global.size()) * p.n_group;
     int32_t n_res = 0;
     if (in.mode == SMOL_KV_OFFLOAD_AUTO && in.budget > 0) {
         n_res =
             int32_t(std::min<uint64_t>(uint64_t(total), (in.budget - minimum()) / p.group_bytes()));
     }
-    // Spread the resident groups evenly over the layers, so every layer
-    // streams about as much as the next; in a layer, its first groups stay.
-    p.resident.assign(size_t(total), 0);
+    // Spread the resident groups evenly over the (global) layers, so every
+    // layer streams about as much as the next; in a layer, its first groups
+    // stay. The window store's layers stay whole.
+    p.resident.assign(size_t(p.n_layer) * size_t(p.n_group), 0);
     for (int32_t l = 0; l < p.n_layer; ++l) {
-        const int32_t k = n_res / p.n_layer + (l < n_res % p.n_layer ? 1 : 0);
-        for (int32_t g = 0; g < std::min(k, p.n_group); ++g)
+        if (!p.is_windowed(l)) continue;
+        for (int32_t g = 0; g < p.n_group; ++g)
             p.resident[size_t(l) * size_t(p.n_group) + size_t(g)] = 1;
+    }
+    const int32_t n_global = int32_t(global.size());
+    for (int32_t i = 0; i < n_global; ++i) {
+        const int32_t k = n_res / n_global + (i < n_res % n_global ? 1 : 0);
+        for (int32_t g = 0; g < std::min(k, p.n_group); ++g)
+            p.resident[size_t(global[size_t(i)]) * size_t(p.n_group) + size_t(g)] = 1;
     }
     if (p.n_offloaded_groups() == 0) p.n_slots = 0;
     return p;
@@ -209,6 +245,20 @@ std::string kv_plan::format() const {
                   format_bytes(host_kv_bytes()).c_str(), heads - res_heads, heads,
                   format_bytes(group_bytes()).c_str());
     s += b;
+    if (const auto n_win = int32_t(std::count(windowed.begin(), windowed.end(), uint8_t(1)))) {
+        uint64_t win_bytes = 0;
+        for (int32_t l = 0; l < n_layer; ++l)
+            if (is_windowed(l)) win_bytes += group_bytes_at(l) * uint64_t(n_group);
+        std::snprintf(b, sizeof b,
+                      "  window store: %d sliding-window layer(s) keep %d cells of %d, KV %s "
+                      "(resident), %s per group\n",
+                      n_win, window_cells, n_cells, format_bytes(win_bytes).c_str(),
+                      format_bytes(group_bytes_at(int32_t(
+                                       std::find(windowed.begin(), windowed.end(), uint8_t(1)) -
+                                       windowed.begin())))
+                          .c_str());
+        s += b;
+    }
     // Resident heads per layer, runs of equal layers folded.
     s += "  resident heads per layer:";
     for (int32_t l0 = 0; l0 < n_layer;) {

@@ -23,7 +23,11 @@ struct plan_input {
     uint32_t n_batch = 512; // most tokens of one decode call
     uint64_t budget = 0;    // device bytes (0: no budget)
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
-    int32_t head_group = 0;    // 0: the planner chooses
+    int32_t head_group = 0; // 0: the planner chooses
+    // Layers whose K and V live in the window store (kv_window; empty:
+    // none), window_cells cells each instead of n_cells.
+    std::vector<uint8_t> windowed;
+    int32_t window_cells = 0;
     uint64_t weight_bytes = 0; // device bytes of the weights
     // Device bytes the backend holds to run a chunk of n tokens (arena,
     // work space, staging): measured, not guessed.
@@ -40,6 +44,11 @@ struct kv_plan {
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
     bool group_forced = false;
     std::vector<uint8_t> resident; // [layer * n_group + group]
+    // Layers in the window store (empty: none) and its cells: their groups
+    // are that small and always resident (used every step, and the global
+    // layers' groups free more memory per group offloaded).
+    std::vector<uint8_t> windowed;
+    int32_t window_cells = 0;
 
     uint64_t weight_bytes = 0, compute_bytes = 0;
 
@@ -50,10 +59,18 @@ struct kv_plan {
         return resident[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
     }
     int32_t n_resident_groups() const;
+    bool is_windowed(int32_t layer) const { return !windowed.empty() && windowed[size_t(layer)]; }
+    // A group of this layer: group_bytes() of a global one, less for a
+    // windowed one.
+    uint64_t group_bytes_at(int32_t layer) const {
+        return is_windowed(layer) ? group_bytes() / uint64_t(n_cells) * uint64_t(window_cells)
+                                  : group_bytes();
+    }
     int32_t n_offloaded_groups() const { return n_layer * n_group - n_resident_groups(); }
     uint64_t slot_bytes() const { return n_slots ? group_bytes() : 0; }
-    uint64_t resident_kv_bytes() const { return group_bytes() * uint64_t(n_resident_groups()); }
-    uint64_t host_kv_bytes() const { return group_bytes() * uint64_t(n_offloaded_groups()); }
+    uint64_t resident_kv_bytes() const { return kv_bytes(true); }
+    uint64_t host_kv_bytes() const { return kv_bytes(false); }
+    uint64_t kv_bytes(bool resident_groups) const;
     uint64_t device_bytes() const {
         return weight_bytes + compute_bytes + uint64_t(n_slots) * slot_bytes() +
                resident_kv_bytes();

@@ -135,6 +135,8 @@ const char * smol_status_name(smol_status s) {
         return "SMOL_ERR_BUSY";
     case SMOL_ERR_ABORTED:
         return "SMOL_ERR_ABORTED";
+    case SMOL_ERR_WINDOW_GONE:
+        return "SMOL_ERR_WINDOW_GONE";
     }
     return "SMOL_ERR_UNKNOWN";
 }
@@ -452,6 +454,7 @@ smol_context_params smol_context_default_params(void) {
     p.abort_callback = nullptr;
     p.abort_user_data = nullptr;
     p.embeddings = false;
+    p.swa_full = false;
     return p;
 }
 
@@ -629,6 +632,10 @@ void smol_kv_seq_cp(smol_context * ctx, smol_seq_id src, smol_seq_id dst, smol_p
 
 int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq) {
     return ctx ? ctx->c->kv.seq_len(seq) : 0;
+}
+
+smol_pos smol_kv_seq_pos_exact(smol_context * ctx, smol_seq_id seq) {
+    return ctx ? ctx->c->seq_pos_exact(seq) : 0;
 }
 
 int32_t smol_kv_free_cells(const smol_context * ctx) {

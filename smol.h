@@ -41,6 +41,9 @@ typedef enum smol_status {
     SMOL_ERR_BACKEND = 8,          // a device backend reported an error
     SMOL_ERR_BUSY = 9,             // the engine's queue is full; retry later
     SMOL_ERR_ABORTED = 10,         // the abort callback stopped the call
+    // A sliding-window layer would need keys its window store released (a
+    // rollback past n_batch tokens, an old prefix); see swa_full.
+    SMOL_ERR_WINDOW_GONE = 11,
 } smol_status;
 
 // The message for the last failed call on this thread ("" if none).
@@ -288,6 +291,11 @@ typedef struct smol_context_params {
     // The outputs are the final hidden states (n_embd floats a token, after
     // the output norm: smol_get_embeddings), not logits (false).
     bool embeddings;
+    // Sliding-window layers (Gemma 3's local ones) keep every position, as
+    // global ones do (false: only their window plus n_batch positions per
+    // sequence, a fraction of the memory; rolling back further, or reusing
+    // a prefix whose window is gone, is then SMOL_ERR_WINDOW_GONE).
+    bool swa_full;
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);
@@ -375,6 +383,10 @@ SMOL_API void smol_kv_seq_cp(smol_context * ctx, smol_seq_id src, smol_seq_id ds
                              smol_pos p1);
 // The number of tokens seq_id holds in the cache.
 SMOL_API int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq_id);
+// The lowest position at which sequence seq_id can be decoded further
+// exactly: 0 unless its sliding-window layers lost keys a later position
+// would see (then decoding below it is SMOL_ERR_WINDOW_GONE).
+SMOL_API smol_pos smol_kv_seq_pos_exact(smol_context * ctx, smol_seq_id seq_id);
 // Free KV cells.
 SMOL_API int32_t smol_kv_free_cells(const smol_context * ctx);
 

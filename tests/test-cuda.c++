@@ -1521,6 +1521,75 @@ TEST_CASE("random Gemma 3 models decode on the GPU to the float64 logits, past t
     }
 }
 
+TEST_CASE("a Gemma 3 keeping only its window on the GPU decodes to the float64 logits, with a "
+          "second sequence, rollbacks and replayed graphs") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("gemma-window.gguf");
+    tiny::shape s; // as above: Gemma 3 270M's heads, local, global, local
+    s.gemma = true;
+    s.n_embd = 256;
+    s.n_ff = 512;
+    s.n_head = 4;
+    s.n_head_kv = 1;
+    s.head_dim = 256;
+    s.n_layer = 3;
+    s.window = 24;
+    s.rope_base = 1000000.0f;
+    const tiny::model ref = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 112, s.n_vocab);
+    const std::vector<int> other = random_ids(rng, 112, s.n_vocab);
+    const auto want = tiny::reference(ref, ids);
+    for (const bool swa_full : {false, true}) {
+        CAPTURE(swa_full);
+        smol_context_params p = smol_context_default_params();
+        p.swa_full = swa_full;
+        // n_batch 16, two sequences: 2 x (24 + 16) + 16 = 96 slots of 512.
+        context_ptr c = make_context(m.get(), "cuda:0", 512, 16, 2, 4, p);
+        std::string plan(4096, '\0');
+        size_t n_plan = 0;
+        REQUIRE(smol_context_plan_dump(c.get(), plan.data(), plan.size(), &n_plan) == SMOL_OK);
+        CHECK((plan.find("keep 96 cells of 512") != std::string::npos) == !swa_full);
+        // Sequence 0 the reference's tokens, sequence 1 others beside it in
+        // every batch: prompts in chunks of 8, then single tokens (replayed
+        // graphs); at 88 both roll back 8 (within the reserve of 16) and
+        // decode them again.
+        std::vector<std::vector<float>> got(ids.size());
+        smol_batch b = smol_batch_init(16);
+        bool rolled = false;
+        for (int i = 0; i < int(ids.size());) {
+            if (i == 88 && !rolled) {
+                smol_kv_seq_rm(c.get(), 0, 80, -1);
+                smol_kv_seq_rm(c.get(), 1, 80, -1);
+                i = 80;
+                rolled = true;
+            }
+            const int n = i < 48 ? 8 : 1;
+            b.n_tokens = 0;
+            for (int j = i; j < i + n; ++j) {
+                smol_batch_add(&b, 16, ids[size_t(j)], j, 0, true);
+                smol_batch_add(&b, 16, other[size_t(j)], j, 1, false);
+            }
+            const smol_status st = smol_decode(c.get(), &b);
+            INFO(std::string(smol_last_error()));
+            REQUIRE(st == SMOL_OK);
+            for (int j = 0; j < n; ++j) {
+                const float * l = smol_get_logits(c.get(), 2 * j);
+                REQUIRE(l);
+                got[size_t(i + j)].assign(l, l + s.n_vocab);
+            }
+            i += n;
+        }
+        smol_batch_free(&b);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            CAPTURE(i);
+            CHECK(rel_err(got[i], want[i]) < 5e-3);
+        }
+    }
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("replayed CUDA graphs and unfused ops give the logits of plain launches") {
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("replay.gguf");

@@ -108,12 +108,13 @@ struct engine_setup {
     bool prefix = false;
     int32_t draft_max = 0;
     smol_model * draft = nullptr;
+    uint32_t n_batch = 0; // 0: n_ctx
 };
 
 engine_ptr make_engine(smol_model * m, const engine_setup & s) {
     smol_engine_params p = smol_engine_default_params();
     p.context.n_ctx = s.n_ctx;
-    p.context.n_batch = s.n_ctx;
+    p.context.n_batch = s.n_batch ? s.n_batch : s.n_ctx;
     p.context.n_seq_max = s.parallel;
     p.context.n_threads = 2;
     p.n_chunk = s.chunk;
@@ -246,6 +247,32 @@ TEST_CASE("greedy decoding with n-gram lookup gives plain decoding's tokens and 
         CHECK(st.n_spec_verifies > 0);
         CHECK(st.n_spec_drafted <= int64_t(draft_max) * st.n_spec_verifies);
     }
+}
+
+TEST_CASE("a Gemma keeping only its window, lookup's rejected guesses rolled back, gives plain "
+          "decoding's tokens and logits") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::shape s = tiny_file::shape_of(SMOL_TYPE_Q8_0);
+    s.gemma = true;
+    s.n_layer = 3; // local, global, local
+    s.head_dim = 16;
+    s.window = 6;
+    tiny_file f(s, seed, "gemma-lookup.gguf");
+    std::mt19937 rng(seed);
+    const std::vector<job> jobs = mixed_jobs(f.model.get(), f.n_vocab, rng);
+    // Plain: n_batch = n_ctx, so every position is kept. With lookup:
+    // n_batch 16, a window store of 4 x (6 + 16) + 16 of 256 cells, whose
+    // reserve of 16 covers every rollback of up to 4 guesses.
+    engine_setup plain;
+    const std::vector<result> want = serve(f.model.get(), plain, jobs);
+    engine_setup spec;
+    spec.n_batch = 16;
+    spec.draft_max = 4;
+    smol_engine_stats st{};
+    const std::vector<result> got = serve(f.model.get(), spec, jobs, &st);
+    check_same(got, want);
+    CHECK(st.n_spec_accepted > 0);
+    CHECK(st.n_spec_accepted < st.n_spec_drafted);
 }
 
 TEST_CASE("with the prefix cache and preemption, lookup still gives plain decoding's output") {

@@ -328,12 +328,14 @@ bool collect(const smol_engine_event * ev, void * user) {
 
 engine_ptr make_engine(smol_model * m, uint32_t n_ctx, uint32_t parallel, uint32_t chunk,
                        bool prefix = true, const char * device = nullptr,
-                       smol_kv_offload offload = SMOL_KV_OFFLOAD_AUTO) {
+                       smol_kv_offload offload = SMOL_KV_OFFLOAD_AUTO, uint32_t n_batch = 0,
+                       bool swa_full = false) {
     smol_engine_params p = smol_engine_default_params();
     p.context.device = device;
     p.context.kv_offload = offload;
     p.context.n_ctx = n_ctx;
-    p.context.n_batch = n_ctx;
+    p.context.n_batch = n_batch ? n_batch : n_ctx;
+    p.context.swa_full = swa_full;
     p.context.n_seq_max = parallel;
     p.context.n_threads = 2;
     p.n_chunk = chunk;
@@ -524,6 +526,72 @@ TEST_CASE("a shared prefix is reused from the cache and gives the logits of reco
     submit(fresh.get(), prompts[1], 6, &recomputed);
     run(fresh.get());
     check_same(second, recomputed);
+}
+
+TEST_CASE("a Gemma engine reuses a prefix only while its window is kept, giving the same text") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("gemma-engine.gguf");
+    tiny::shape s;
+    s.gemma = true;
+    s.n_layer = 3; // local, global, local
+    s.n_head_kv = 1;
+    s.head_dim = 16;
+    s.window = 6;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // Two blocks of 8 shared, then tails of their own.
+    const std::vector<int> system = random_ids(rng, 16, 0, s.n_vocab);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 4; ++i) {
+        std::vector<int> p = system;
+        const std::vector<int> tail = random_ids(rng, 3 + 5 * i, 0, s.n_vocab);
+        p.insert(p.end(), tail.begin(), tail.end());
+        prompts.push_back(p);
+    }
+    std::vector<result> alone(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        engine_ptr e = make_engine(m.get(), 256, 1, 8, false, nullptr, SMOL_KV_OFFLOAD_AUTO, 16);
+        submit(e.get(), prompts[i], 10, &alone[i]);
+        run(e.get());
+    }
+    // The first request alone for four steps (its prompt in chunks of 8
+    // and a token), two more while it runs, the fourth after all finished.
+    // n_batch 16: the window store keeps 6 + 16 positions a sequence.
+    for (const bool swa_full : {false, true}) {
+        CAPTURE(swa_full);
+        engine_ptr e =
+            make_engine(m.get(), 256, 3, 8, true, nullptr, SMOL_KV_OFFLOAD_AUTO, 16, swa_full);
+        std::vector<result> out(prompts.size());
+        submit(e.get(), prompts[0], 10, &out[0]);
+        int32_t active = 0;
+        for (int i = 0; i < 4; ++i) REQUIRE(smol_engine_step(e.get(), &active) == SMOL_OK);
+        for (size_t i = 1; i < 3; ++i) submit(e.get(), prompts[i], 10, &out[i]);
+        run(e.get());
+        submit(e.get(), prompts[3], 10, &out[3]);
+        run(e.get());
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            CAPTURE(i);
+            check_same(out[i], alone[i]);
+        }
+        // While the first request holds the prefix's window, the others
+        // reuse it; after, only a cache that keeps every position can.
+        CHECK(out[1].n_cached == 16);
+        CHECK(out[2].n_cached == 16);
+        CHECK(out[3].n_cached == (swa_full ? 16 : 0));
+        // The cached cells' bytes: K and V of one head of 16 a cell in the
+        // global layer, and in the two local ones those still in the store.
+        const smol_engine_stats st = smol_engine_get_stats(e.get());
+        const uint64_t global = uint64_t(st.n_cells_used) * 64;
+        CHECK(st.kv_bytes_offloaded == 0);
+        if (swa_full) {
+            CHECK(st.kv_bytes_resident == 3 * global);
+        } else {
+            CHECK(st.kv_bytes_resident >= global);
+            CHECK(st.kv_bytes_resident < 3 * global);
+        }
+    }
+    std::filesystem::remove(path);
 }
 
 TEST_CASE("a request the prefix cache leaves one token to compute decodes beside an older "

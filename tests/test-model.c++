@@ -741,3 +741,53 @@ TEST_CASE("Gemma 3 270M picks llama.cpp's greedy token at every decisive step") 
     model_ptr m = load_gemma();
     CHECK(test::check_greedy(m.get(), fx, 2 * gemma_logit_tol) >= 40); // of 128 steps
 }
+
+TEST_CASE("Gemma 3 270M gives the same bits keeping its local layers' window or every position") {
+    // n_batch 32: the window store keeps 512 + 32 positions, so the longest
+    // fixture prompt (652 tokens, in batches of 32) outgrows it by a hundred
+    // and its first positions' local K and V are released.
+    const nlohmann::json fx = read_fixture("gemma3/logits.json");
+    model_ptr m = load_gemma();
+    const nlohmann::json * longest = nullptr;
+    for (const auto & pr : fx["prompts"])
+        if (!longest || pr["ids"].size() > (*longest)["ids"].size()) longest = &pr;
+    REQUIRE(longest);
+    const std::vector<int> ids = (*longest)["ids"].get<std::vector<int>>();
+    REQUIRE(ids.size() > 512 + 32 + 64);
+    std::vector<size_t> keep;
+    for (const auto & at : (*longest)["positions"]) keep.push_back(at["pos"].get<size_t>());
+    if (keep.back() != ids.size() - 1) keep.push_back(ids.size() - 1);
+    std::vector<std::vector<float>> rows[2];
+    for (const bool swa_full : {false, true}) {
+        smol_context_params p = smol_context_default_params();
+        p.n_ctx = 2048;
+        p.n_batch = 32;
+        p.n_threads = 2;
+        p.swa_full = swa_full;
+        smol_context * raw = nullptr;
+        REQUIRE(smol_context_create(m.get(), &p, &raw) == SMOL_OK);
+        context_ptr c(raw);
+        smol_batch b = smol_batch_init(32);
+        for (size_t i0 = 0; i0 < ids.size(); i0 += 32) {
+            b.n_tokens = 0;
+            for (size_t i = i0; i < std::min(ids.size(), i0 + 32); ++i) {
+                const bool want = std::find(keep.begin(), keep.end(), i) != keep.end();
+                smol_batch_add(&b, 32, ids[i], smol_pos(i), 0, want);
+            }
+            REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+            for (int i = 0; i < b.n_tokens; ++i) {
+                if (!b.logits[i]) continue;
+                const float * l = smol_get_logits(c.get(), i);
+                REQUIRE(l);
+                rows[swa_full].emplace_back(l, l + 262144);
+            }
+        }
+        smol_batch_free(&b);
+    }
+    REQUIRE(rows[0].size() == keep.size());
+    REQUIRE(rows[1].size() == keep.size());
+    for (size_t i = 0; i < keep.size(); ++i) {
+        CAPTURE(keep[i]);
+        CHECK(std::memcmp(rows[0][i].data(), rows[1][i].data(), 262144 * sizeof(float)) == 0);
+    }
+}

@@ -94,6 +94,7 @@ struct options {
     double device_bw = 4200;   // GB/s: a device-to-device copy measured on the H200
     double link_bw = 53;       // GB/s: pinned host-to-device copies measured on the H200 host
     bool json = false;
+    bool swa_full = false;
     bool progress = false;
     std::vector<int> batched;  // --batched: sequences decoding together
     int batched_prompt = 16;   // prompt tokens per sequence before they decode
@@ -415,6 +416,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
     cparams.attn = attn_kernel_of(o.attn);
+    cparams.swa_full = o.swa_full;
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
@@ -976,6 +978,9 @@ int main(int argc, char ** argv) {
                    "flash or classic")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "decode", "decode-warps", "flash", "classic"}));
+    app.add_flag("--swa-full", o.swa_full,
+                 "sliding-window layers (Gemma 3's local ones) keep every position, not only "
+                 "their window: more memory, rollbacks and prefix reuse of any length");
     app.add_option("--device-bw", o.device_bw, "device memory bandwidth in GB/s, for the floor")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);

@@ -97,6 +97,7 @@ struct options {
     int32_t head_group = 0;
     bool dump_plan = false;
     bool dump_schedule = false;
+    bool swa_full = false;
     smol_sampler_params sampling = smol_sampler_default_params();
     int64_t seed = -1;
     bool chat = false;
@@ -595,6 +596,7 @@ int run(const options & o, const char * argv0) {
     if (o.n_ctx) cparams.n_ctx = o.n_ctx;
     if (o.n_batch) cparams.n_batch = o.n_batch;
     cparams.n_threads = o.n_threads;
+    cparams.swa_full = o.swa_full;
     if (!o.device.empty()) cparams.device = o.device.c_str();
     if (!o.gpu_mem.empty())
         check(smol_parse_size(o.gpu_mem.c_str(), &cparams.gpu_mem), "--gpu-mem");
@@ -712,6 +714,9 @@ int main(int argc, char ** argv) {
     app.add_flag("--dump-plan", o.dump_plan, "print the KV placement plan to stderr");
     app.add_flag("--dump-schedule", o.dump_schedule,
                  "print the program of one decode step (streams, copies, events) to stderr");
+    app.add_flag("--swa-full", o.swa_full,
+                 "sliding-window layers (Gemma 3's local ones) keep every position, not only "
+                 "their window: more memory, rollbacks and prefix reuse of any length");
     app.add_option("--temp", o.sampling.temperature, "temperature (<= 0: greedy)")
         ->capture_default_str();
     app.add_option("--top-k", o.sampling.top_k, "top-k sampling (<= 0: off)")

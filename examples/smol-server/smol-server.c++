@@ -61,6 +61,7 @@ struct options {
     uint32_t chunk = 256;
     int threads = 0;
     bool no_prefix_cache = false;
+    bool swa_full = false; // sliding-window layers keep every position
     std::string device = "cpu";
     std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
@@ -1164,6 +1165,9 @@ int main(int argc, char ** argv) {
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->check(CLI::IsMember({"auto", "none", "all"}));
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
+    app.add_flag("--swa-full", o.swa_full,
+                 "sliding-window layers (Gemma 3's local ones) keep every position, not only "
+                 "their window: more memory, rollbacks and prefix reuse of any length");
     app.add_option("--api-key", o.api_keys,
                    "a key every request but /health must carry (Authorization: Bearer KEY); "
                    "may be given several times");
@@ -1235,6 +1239,7 @@ int main(int argc, char ** argv) {
     ep.n_chunk = o.chunk;
     ep.n_queue_max = o.max_queue;
     ep.prefix_cache = !o.no_prefix_cache;
+    ep.context.swa_full = o.swa_full;
     ep.worker_thread = true;
     // Speculation; each error names the flag to change.
     if (o.lookup && !o.draft_model.empty()) {
