@@ -76,23 +76,30 @@ void radix_tree::release(const std::vector<node *> & path) {
     }
 }
 
-bool radix_tree::evict(std::vector<int32_t> & freed) {
-    // The tree holds at most n_ctx / block nodes: a walk is cheap next to a
-    // decode step.
+bool radix_tree::evict(std::vector<int32_t> & freed, bool chain) {
     node * best = nullptr;
-    std::vector<node *> stack{&root_};
-    while (!stack.empty()) {
-        node * x = stack.back();
-        stack.pop_back();
-        for (auto & kv : x->children) stack.push_back(kv.second.get());
-        if (x != &root_ && x->children.empty() && x->refs == 0 &&
-            (!best || x->last_use < best->last_use)) {
-            best = x;
+    if (chain && chain_ && chain_->children.empty() && chain_->refs == 0) {
+        best = chain_;
+    } else {
+        // The tree holds at most n_ctx / block nodes: a walk is cheap next
+        // to a decode step.
+        std::vector<node *> stack{&root_};
+        while (!stack.empty()) {
+            node * x = stack.back();
+            stack.pop_back();
+            for (auto & kv : x->children) stack.push_back(kv.second.get());
+            if (x != &root_ && x->children.empty() && x->refs == 0 &&
+                (!best || x->last_use < best->last_use)) {
+                best = x;
+            }
         }
     }
+    chain_ = nullptr;
     if (!best) return false;
     freed.insert(freed.end(), best->cells.begin(), best->cells.end());
-    best->parent->children.erase(best->key);
+    node * parent = best->parent;
+    parent->children.erase(best->key);
+    if (parent != &root_) chain_ = parent;
     --n_blocks_;
     return true;
 }
@@ -498,13 +505,43 @@ void engine::preempt(request & r) {
     ++stats_.n_preempted;
 }
 
-bool engine::make_room(int32_t cells) {
-    while (!ctx_.kv.has_free(cells)) {
+bool engine::make_room(int32_t cells, int32_t pages) {
+    auto evict_one = [&](bool chain) {
         scratch_cells_.clear();
-        if (!tree_.evict(scratch_cells_)) return false;
+        if (!tree_.evict(scratch_cells_, chain)) return false;
         ctx_.kv.cells_rm_seq(scratch_cells_.data(), int32_t(scratch_cells_.size()), cache_seq_);
+        return true;
+    };
+    while (!ctx_.kv.has_free(cells)) {
+        if (!evict_one(false)) return false;
+    }
+    // A sequence whose page is full takes a wholly free page, else any free
+    // cell: tokens scattered among other sequences' pages make every later
+    // attention read those pages too. So when cached prefixes hold the
+    // pages, evict on (the least recent text from its end, block after
+    // block, which empties its pages one by one) until the sequences that
+    // start a page have one; a few pages' worth of blocks at most, so that
+    // cells held by running requests do not empty the cache for nothing.
+    if (pages > 0 && ctx_.kv.n_free_pages() < pages) {
+        int32_t budget = 2 * pages * (kv_page / tree_.block_size() + 1);
+        while (budget-- > 0 && evict_one(true) && ctx_.kv.n_free_pages() < pages) {
+        }
     }
     return true;
+}
+
+// The decode tokens of this step that cannot go on in their sequence's page
+// (it is full, or its next cell is taken): each takes a page.
+int32_t engine::pages_for_decode() const {
+    const kv_cache & kv = ctx_.kv;
+    int32_t n = 0;
+    for (const auto & r : running_) {
+        if (int32_t(r->tokens.size()) - r->n_past != 1) continue;
+        const int32_t next = r->cells.empty() ? -1 : r->cells.back() + 1;
+        n += next <= 0 || next >= kv.n_cells || next % kv_page == 0 ||
+             kv.cell_pos[size_t(next)] >= 0;
+    }
+    return n;
 }
 
 void engine::admit() {
@@ -629,7 +666,8 @@ int32_t engine::plan_batch() {
     for (;;) {
         int32_t n_decode = 0;
         for (auto & r : running_) n_decode += int32_t(r->tokens.size()) - r->n_past == 1;
-        if (make_room(std::min(n_decode, batch_cap_)) || running_.size() <= 1) break;
+        if (make_room(std::min(n_decode, batch_cap_), pages_for_decode()) || running_.size() <= 1)
+            break;
         request_ptr victim = std::move(running_.back());
         running_.pop_back();
         preempt(*victim);
@@ -677,11 +715,13 @@ int32_t engine::plan_batch() {
         n = at;
         budget = batch_cap_ - n;
     }
+    int32_t chunk_pages = pages_for_decode();
     for (auto & r : running_) {
         const int32_t pending = int32_t(r->tokens.size()) - r->n_past;
         if (pending <= 1 || budget <= 0) continue;
         int32_t take = std::min({pending, int32_t(params_.n_chunk), budget});
-        make_room(n + take);
+        chunk_pages += (take + kv_page - 1) / kv_page;
+        make_room(n + take, chunk_pages);
         if (!ctx_.kv.has_free(n + take)) take = std::min(take, ctx_.kv.n_free() - n);
         if (take <= 0) continue;
         r->b0 = n;

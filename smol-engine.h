@@ -63,10 +63,14 @@ class radix_tree {
     void acquire(const std::vector<node *> & path);
     void release(const std::vector<node *> & path);
     // Removes the least recently used leaf that no request uses and appends
-    // its cells to freed; false when there is none.
-    bool evict(std::vector<int32_t> & freed);
+    // its cells to freed; false when there is none. With chain, the leaf
+    // is the parent of the last block it removed, if that is now a leaf no
+    // request uses: one cached text is taken back from its end, so that
+    // its pages empty one by one.
+    bool evict(std::vector<int32_t> & freed, bool chain = false);
 
   private:
+    node * chain_ = nullptr; // what the last eviction left a leaf, if any
     int32_t block_;
     int32_t n_blocks_ = 0;
     uint64_t clock_ = 0;
@@ -149,7 +153,10 @@ class engine {
     void draw(request & r);
     void draw_all();
     void advance(request_ptr & r, int32_t & n_sampled);
-    bool make_room(int32_t cells); // evicts cached prefixes; false if short
+    // Evicts cached prefixes until `cells` are free (false if it cannot),
+    // then, as far as a few more evictions go, until `pages` whole pages are.
+    bool make_room(int32_t cells, int32_t pages = 0);
+    int32_t pages_for_decode() const;
     void preempt(request & r);
     void finish(request_ptr & r, smol_finish_reason reason, smol_token token, const float * logits);
     void release_seq(request & r);

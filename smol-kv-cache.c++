@@ -86,6 +86,19 @@ int32_t kv_cache::seq_len(smol_seq_id seq) const {
     return n;
 }
 
+int32_t kv_cache::n_free_pages() const {
+    const int32_t n_pages = (n_cells + kv_page - 1) / kv_page;
+    const int32_t used_pages = (n_used + kv_page - 1) / kv_page;
+    int32_t n = n_pages - used_pages; // past n_used every cell is free
+    for (int32_t pg = 0; pg < used_pages; ++pg) {
+        const int32_t c0 = pg * kv_page, c1 = std::min(n_cells, c0 + kv_page);
+        int32_t c = c0;
+        while (c < c1 && cell_pos[size_t(c)] < 0) ++c;
+        n += c == c1;
+    }
+    return n;
+}
+
 int32_t kv_cache::find_cell(int32_t after, int32_t & page_from, int32_t & cell_from) const {
     auto page_free = [&](int32_t pg) {
         const int32_t c0 = pg * kv_page, c1 = std::min(n_cells, c0 + kv_page);

@@ -163,6 +163,8 @@ struct kv_cache {
     // Whether n cells are free: at once when the cells past n_used (all
     // free) are enough, else by counting.
     bool has_free(int32_t n) const { return n_cells - n_used >= n || n_free() >= n; }
+    // Pages (kv_page cells) no sequence holds a cell of.
+    int32_t n_free_pages() const;
     void clear();
     // Drops seq from the cells it holds in [p0, p1) (p1 < 0: to the end;
     // seq < 0: every sequence); a cell no sequence holds is free.

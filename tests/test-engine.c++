@@ -491,6 +491,60 @@ TEST_CASE("with every KV head offloaded on the simulated device, the engine give
     CHECK(sim_st.kv_bytes_offloaded == cpu_st.kv_bytes_resident);
 }
 
+TEST_CASE("with the prefix cache holding every cell, new requests still get pages of their own") {
+    // Eviction frees a few cached blocks a step; were new tokens put in
+    // those cells wherever they lie, each sequence's cells would spread
+    // over pages shared with others, which a GPU's attention reads whole.
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "pages.gguf");
+    std::mt19937 rng(seed);
+    smol_engine_params p = smol_engine_default_params();
+    p.context.n_ctx = 256; // four pages
+    p.context.n_batch = 256;
+    p.context.n_seq_max = 4;
+    p.context.n_threads = 2;
+    p.n_chunk = 64;
+    p.prefix_block = 8;
+    smol::engine e(*f.model->m, p);
+    const smol::kv_cache & kv = e.context().kv;
+    std::vector<result> out(8);
+    int worst = 0; // pages a sequence holds beyond what its cells fill
+    for (int round = 0; round < 2; ++round) {
+        std::vector<std::vector<int>> prompts;
+        for (int i = 0; i < 4; ++i) prompts.push_back(random_ids(rng, 12, 0, f.n_vocab));
+        for (int i = 0; i < 4; ++i) {
+            smol_request_params rp = smol_request_default_params();
+            rp.prompt = prompts[size_t(i)].data();
+            rp.n_prompt = 12;
+            rp.max_tokens = 48;
+            rp.sampler.temperature = 0;
+            rp.ignore_eog = true;
+            rp.on_event = collect;
+            rp.user_data = &out[size_t(round * 4 + i)];
+            e.submit(rp);
+        }
+        while (e.step() > 0) {
+            if (round == 0) continue;
+            for (smol_seq_id s = 0; s < 4; ++s) {
+                std::vector<int> pages;
+                int n = 0;
+                for (int32_t c = 0; c < kv.n_cells; ++c) {
+                    if (kv.cell_pos[size_t(c)] < 0 || !kv.cell_seqs[size_t(c)].has(s)) continue;
+                    ++n;
+                    if (std::find(pages.begin(), pages.end(), c / smol::kv_page) == pages.end())
+                        pages.push_back(c / smol::kv_page);
+                }
+                worst =
+                    std::max(worst, int(pages.size()) - (n + smol::kv_page - 1) / smol::kv_page);
+            }
+        }
+        if (round == 0) CHECK(kv.n_free() <= 32); // the cache holds the first round's text
+    }
+    for (const result & r : out) CHECK(r.tokens.size() == 48);
+    CHECK(worst <= 1);
+    MESSAGE("the most pages a sequence held beyond its cells' count: " << worst);
+}
+
 TEST_CASE("a shared prefix is reused from the cache and gives the logits of recomputing it") {
     model_ptr m = load_real();
     const std::string system = "<|im_start|>system\nYou are a helpful assistant who answers in "
