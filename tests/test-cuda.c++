@@ -1652,7 +1652,11 @@ TEST_CASE("sequences batched together on the GPU give the logits each gives alon
         const float * got = smol_get_logits(both.get(), int32_t(i));
         REQUIRE(got);
         CAPTURE(i);
-        CHECK(rel_err(std::vector<float>(got, got + s.n_vocab), want) < 1e-5);
+        // The batch of 19 tokens and the lone sequences' 12 and 7 may take
+        // different matmul kernels, whose sums round in other orders (a few
+        // K * 2^-24 relative); a token reading another sequence's keys, or
+        // its own wrongly, would be off by far more.
+        CHECK(rel_err(std::vector<float>(got, got + s.n_vocab), want) < 5e-5);
     }
     smol_batch_free(&batch);
     std::filesystem::remove(path);
