@@ -557,6 +557,41 @@ static void attn_values(const uint16_t * v, const int32_t * cells, const float *
     }
 }
 
+static void attn_scores_q(smol_type t, const void * k, const int32_t * cells, int32_t n, int64_t hd,
+                          const float * q, int nq, float scale, float * out, int64_t ldo,
+                          float * mx) {
+    const size_t rb = smol::type_row_bytes(t, hd);
+    float row[1024];
+    for (int g = 0; g < nq; g++) mx[g] = -INFINITY;
+    for (int32_t j = 0; j < n; j++) {
+        row_to_f32(t, (const uint8_t *)k + (size_t)cells[j] * rb, row, hd);
+        for (int g = 0; g < nq; g++) {
+            const float s = dot_f32(row, q + g * hd, hd) * scale;
+            out[g * ldo + j] = s;
+            mx[g] = mx[g] > s ? mx[g] : s;
+        }
+    }
+}
+
+static void attn_values_q(smol_type t, const void * v, const int32_t * cells, const float * p,
+                          int64_t ldp, int nq, int32_t n, int64_t hd, float * acc) {
+    const size_t rb = smol::type_row_bytes(t, hd);
+    float row[1024];
+    for (int64_t i = 0; i < nq * hd; i++) acc[i] = 0.0f;
+    for (int32_t j = 0; j < n; j++) {
+        bool any = false;
+        for (int g = 0; g < nq; g++) any |= p[g * ldp + j] != 0.0f;
+        if (!any) continue;
+        row_to_f32(t, (const uint8_t *)v + (size_t)cells[j] * rb, row, hd);
+        for (int g = 0; g < nq; g++) {
+            const float pj = p[g * ldp + j];
+            if (pj == 0.0f) continue;
+            float * a = acc + g * hd;
+            for (int64_t d = 0; d < hd; d++) a[d] += pj * row[d];
+        }
+    }
+}
+
 } // namespace SMOL_CPU_VARIANT
 
 const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
@@ -578,6 +613,8 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
         v::softmax_exp,
         v::attn_scores,
         v::attn_values,
+        v::attn_scores_q,
+        v::attn_values_q,
     };
     return k;
 }
