@@ -438,13 +438,18 @@ void run_kv_store(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(k->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const size_t at = size_t(a.batch.cell[i]) * size_t(hd);
+        const size_t at = size_t(a.batch.cell[i]) * size_t(kv.row_words);
         const float * ks = row_f32(k, i);
         const float * vs = row_f32(v, i);
         for (int h = view.h0; h < view.h1; ++h) {
             const size_t head = size_t(h - view.h0) * view.head_stride;
-            a.k.f32_to_f16(ks + h * hd, view.k + head + at, hd);
-            a.k.f32_to_f16(vs + h * hd, view.v + head + at, hd);
+            if (kv.type == SMOL_TYPE_F16) {
+                a.k.f32_to_f16(ks + h * hd, view.k + head + at, hd);
+                a.k.f32_to_f16(vs + h * hd, view.v + head + at, hd);
+            } else { // quantized blocks by ggml's reference rule
+                a.k.row_from_f32(kv.type, ks + h * hd, view.k + head + at, hd);
+                a.k.row_from_f32(kv.type, vs + h * hd, view.v + head + at, hd);
+            }
         }
     }
 }
@@ -521,7 +526,10 @@ void run_attention(tensor * t, const op_args & a) {
         }
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
-        a.k.attn_scores(K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
+        if (kv.type == SMOL_TYPE_F16)
+            a.k.attn_scores(K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
+        else
+            a.k.attn_scores_q(kv.type, K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
         for (int g = 0; g < per_item; ++g) {
             float * sc = scores + g * ld;
             a.k.softmax_exp(sc, sc, mx[g], n_vis);
@@ -542,7 +550,10 @@ void run_attention(tensor * t, const op_args & a) {
                 a.k.row_to_f32(SMOL_TYPE_F16, h16, sc + j0, n);
             }
         }
-        a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
+        if (kv.type == SMOL_TYPE_F16)
+            a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
+        else
+            a.k.attn_values_q(kv.type, V, cells, scores, ld, per_item, n_vis, hd, acc);
         for (int g = 0; g < per_item; ++g)
             std::memcpy(row_f32(t, i) + (h0 + g) * hd, acc + g * hd, size_t(hd) * sizeof(float));
     }

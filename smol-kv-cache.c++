@@ -10,6 +10,7 @@
 #include "smol-error.h"
 #include "smol-graph.h"
 #include "smol-plan.h"
+#include "smol-quant.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,10 +26,16 @@ void kv_cache::touch() {
     version = fresh_number();
 }
 
-void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
+size_t kv_row_bytes(smol_type t, int32_t head_dim) {
+    return type_row_bytes(t, head_dim);
+}
+
+void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells, smol_type t) {
     n_layer = layers;
     n_head_kv = heads;
     head_dim = dim;
+    type = t;
+    row_words = int32_t(kv_row_bytes(t, dim) / sizeof(uint16_t));
     n_cells = cells;
     cell_pos.assign(cells, -1);
     cell_seqs.assign(cells, seq_mask::none());
@@ -193,7 +200,7 @@ kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) con
         return v;
     }
     uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
-    v.head_stride = size_t(kv_.n_cells) * size_t(kv_.head_dim);
+    v.head_stride = size_t(kv_.n_cells) * size_t(kv_.row_words);
     v.k = base;
     v.v = base + size_t(plan_.G) * v.head_stride;
     v.h0 = group * plan_.G;
@@ -249,8 +256,8 @@ void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, t
     const int32_t o = n_met_++;
     attend_[size_t(o)] = att;
     if (group_base_.empty() || copies_.c1 <= copies_.c0) return;
-    const size_t row = size_t(kv_.head_dim) * sizeof(uint16_t);
-    const size_t cells_from = size_t(copies_.c0) * size_t(kv_.head_dim);
+    const size_t row = size_t(kv_.row_words) * sizeof(uint16_t);
+    const size_t cells_from = size_t(copies_.c0) * size_t(kv_.row_words);
     copy_desc c;
     c.width = size_t(copies_.c1 - copies_.c0) * row;
     c.height = size_t(2 * plan_.G);
@@ -267,7 +274,7 @@ void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, t
 // The PREFETCH of offloaded group o, (layer, group), into its slot.
 void kv_placement::issue_prefetch(int32_t o, int32_t layer, int32_t group) {
     if (group_base_.empty()) return;
-    const size_t row = size_t(kv_.head_dim) * sizeof(uint16_t);
+    const size_t row = size_t(kv_.row_words) * sizeof(uint16_t);
     copy_desc c;
     c.width = size_t(copies_.n_copy) * row;
     c.height = size_t(2 * plan_.G);

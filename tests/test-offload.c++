@@ -60,7 +60,7 @@ struct placement_case {
 };
 
 smol_context_params sim_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                               const placement_case & pc) {
+                               const placement_case & pc, smol_type kv_type = SMOL_TYPE_F16) {
     smol_context_params p = smol_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -70,6 +70,7 @@ smol_context_params sim_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
     p.kv_offload = pc.mode;
     p.head_group = pc.head_group;
     p.gpu_mem = pc.budget;
+    p.kv_type = kv_type;
     return p;
 }
 
@@ -146,7 +147,7 @@ bool same_bits(const std::vector<std::vector<float>> & a,
 // offloaded for each head group, and budgets that keep about a third and
 // two thirds of the groups resident.
 std::vector<placement_case> placements(smol_model * m, uint32_t n_ctx, uint32_t n_batch,
-                                       int n_head_kv) {
+                                       int n_head_kv, smol_type kv_type) {
     std::vector<placement_case> cases = {{"resident", SMOL_KV_OFFLOAD_AUTO, 0, 0},
                                          {"resident G=1", SMOL_KV_OFFLOAD_NONE, 1, 0}};
     for (int G = 1; G <= n_head_kv; ++G) {
@@ -154,7 +155,7 @@ std::vector<placement_case> placements(smol_model * m, uint32_t n_ctx, uint32_t 
     }
     // The fixed part of a budget from an all-offloaded plan with G = 1.
     context_ptr probe =
-        make_context(m, sim_params(n_ctx, n_batch, 2, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+        make_context(m, sim_params(n_ctx, n_batch, 2, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}, kv_type));
     const smol_memory_info mi = memory_of(probe.get());
     const uint64_t fixed = mi.device_weights + mi.device_compute + mi.device_staging;
     for (int thirds = 1; thirds <= 2; ++thirds)
@@ -177,16 +178,17 @@ tiny::shape placed_shape() {
 void check_placements_agree(const std::string & path, uint32_t n_ctx, uint32_t n_batch,
                             int n_head_kv, int n_vocab,
                             const std::vector<std::vector<int>> & prompts,
-                            const std::vector<int> & steps) {
+                            const std::vector<int> & steps, smol_type kv_type = SMOL_TYPE_F16) {
     model_ptr m = load(path);
     std::vector<float> want;
     int32_t chunk = 0;
-    for (const placement_case & pc : placements(m.get(), n_ctx, n_batch, n_head_kv)) {
+    for (const placement_case & pc : placements(m.get(), n_ctx, n_batch, n_head_kv, kv_type)) {
         CAPTURE(pc.name);
         CAPTURE(pc.head_group);
         CAPTURE(pc.budget);
-        context_ptr c =
-            make_context(m.get(), sim_params(n_ctx, n_batch, uint32_t(prompts.size()), pc));
+        context_ptr c = make_context(
+            m.get(), sim_params(n_ctx, n_batch, uint32_t(prompts.size()), pc, kv_type));
+        CHECK(memory_of(c.get()).kv_type == kv_type);
         const smol_memory_info mi = memory_of(c.get());
         CAPTURE(mi.n_heads_resident);
         CAPTURE(mi.head_group);
@@ -223,6 +225,26 @@ TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or 
                                                    random_ids(rng, 20, s.n_vocab)};
     check_placements_agree(path, 256, 16, s.n_head_kv, s.n_vocab, prompts,
                            random_ids(rng, 8, s.n_vocab));
+    std::filesystem::remove(path);
+}
+
+// Only placement changes, never the arithmetic, with quantized KV too: the
+// blocks stored are the same bytes wherever they live and travel.
+TEST_CASE("a q8_0 or q4_0 cache gives bit-identical logits resident, offloaded or mixed") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("place-q.gguf");
+    tiny::shape s = placed_shape();
+    s.n_embd = 256; // heads of 32: a block each
+    s.n_layer = 2;
+    tiny::write(path, s, seed);
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 30, s.n_vocab),
+                                                   random_ids(rng, 12, s.n_vocab)};
+    const std::vector<int> steps = random_ids(rng, 8, s.n_vocab);
+    for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        CAPTURE(std::string(smol_type_name(t)));
+        check_placements_agree(path, 256, 16, s.n_head_kv, s.n_vocab, prompts, steps, t);
+    }
     std::filesystem::remove(path);
 }
 
@@ -565,6 +587,37 @@ TEST_CASE("the planner keeps everything resident exactly up to the budget's limi
     CHECK(below.n_offloaded_groups() > 0);
     CHECK(below.n_slots == 2);
     CHECK(below.device_bytes() <= in.budget);
+}
+
+TEST_CASE("the planner counts a q8_0 or q4_0 cache by its blocks and keeps more of it resident") {
+    // 1M cells of the 1.7B shape under 24 GiB: a tenth of the f16 KV fits.
+    smol::plan_input in = shape_17b(24 * GiB, 1 << 20);
+    const smol::kv_plan f16 = smol::make_plan(in);
+    in.kv_type = SMOL_TYPE_Q8_0;
+    const smol::kv_plan q8 = smol::make_plan(in);
+    in.kv_type = SMOL_TYPE_Q4_0;
+    const smol::kv_plan q4 = smol::make_plan(in);
+    // A row of 64 elements: 128 bytes of f16, two blocks of 34 (q8_0) or 18.
+    CHECK(f16.row_bytes() == 128);
+    CHECK(q8.row_bytes() == 68);
+    CHECK(q4.row_bytes() == 36);
+    for (const smol::kv_plan * p : {&f16, &q8, &q4}) {
+        CHECK(p->group_bytes() == 2ull * uint64_t(p->G) * (1u << 20) * p->row_bytes());
+        CHECK(p->device_bytes() <= in.budget);
+        CHECK(p->n_offloaded_groups() > 0);
+    }
+    REQUIRE(f16.G == q8.G);
+    REQUIRE(f16.G == q4.G);
+    // The same budget holds 128/68 (1.88) and 128/36 (3.56) times the
+    // resident heads, a little more as the two staging slots shrink too.
+    const double r8 = double(q8.n_resident_groups()) / double(f16.n_resident_groups());
+    const double r4 = double(q4.n_resident_groups()) / double(f16.n_resident_groups());
+    CHECK(r8 > 128.0 / 68);
+    CHECK(r8 < 1.95);
+    CHECK(r4 > 128.0 / 36);
+    CHECK(r4 < 3.7);
+    CHECK(q8.format().find("kv-type q8_0 (approximate)") != std::string::npos);
+    CHECK(f16.format().find("kv-type f16,") != std::string::npos);
 }
 
 TEST_CASE("the planner shrinks head groups for long contexts and honours G = 1") {
