@@ -446,9 +446,14 @@ void run_kv_store(tensor * t, const op_args & a) {
             if (kv.type == SMOL_TYPE_F16) {
                 a.k.f32_to_f16(ks + h * hd, view.k + head + at, hd);
                 a.k.f32_to_f16(vs + h * hd, view.v + head + at, hd);
-            } else { // quantized blocks by ggml's reference rule
-                a.k.row_from_f32(kv.type, ks + h * hd, view.k + head + at, hd);
-                a.k.row_from_f32(kv.type, vs + h * hd, view.v + head + at, hd);
+            } else { // rotated, then blocks by ggml's reference rule
+                float turned[1024];
+                std::memcpy(turned, ks + h * hd, size_t(hd) * sizeof(float));
+                kv_rotate(turned, hd, kv.rot_k);
+                a.k.row_from_f32(kv.type, turned, view.k + head + at, hd);
+                std::memcpy(turned, vs + h * hd, size_t(hd) * sizeof(float));
+                kv_rotate(turned, hd, kv.rot_v);
+                a.k.row_from_f32(kv.type, turned, view.v + head + at, hd);
             }
         }
     }
@@ -523,6 +528,7 @@ void run_attention(tensor * t, const op_args & a) {
         for (int g = 0; g < per_item; ++g) {
             a.k.f32_to_f16(row_f32(q, i) + (h0 + g) * hd, h16, hd);
             a.k.row_to_f32(SMOL_TYPE_F16, h16, qh + g * hd, hd);
+            kv_rotate(qh + g * hd, hd, kv.rot_k); // as the stored K turned
         }
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
@@ -554,6 +560,7 @@ void run_attention(tensor * t, const op_args & a) {
             a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
         else
             a.k.attn_values_q(kv.type, V, cells, scores, ld, per_item, n_vis, hd, acc);
+        kv_rotate(acc, int64_t(per_item) * hd, kv.rot_v); // back from V's turn
         for (int g = 0; g < per_item; ++g)
             std::memcpy(row_f32(t, i) + (h0 + g) * hd, acc + g * hd, size_t(hd) * sizeof(float));
     }

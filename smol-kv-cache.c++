@@ -13,6 +13,7 @@
 #include "smol-quant.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -30,12 +31,45 @@ size_t kv_row_bytes(smol_type t, int32_t head_dim) {
     return type_row_bytes(t, head_dim);
 }
 
+int32_t kv_rot_k(smol_type t, int32_t head_dim) {
+    if (t == SMOL_TYPE_F16 || head_dim % 64 != 0) return 0;
+    int32_t len = 64;
+    while (head_dim % (2 * len) == 0) len *= 2;
+    return len;
+}
+
+int32_t kv_rot_v(smol_type t, int32_t head_dim) {
+    return t == SMOL_TYPE_F16 || head_dim % 64 != 0 ? 0 : 64;
+}
+
+// In place, butterflies of growing span, then the 1/sqrt(len) that makes
+// the matrix orthonormal.
+void kv_rotate(float * x, int64_t n, int32_t len) {
+    if (len <= 0) return;
+    const float norm = 1.0f / std::sqrt(float(len));
+    for (int64_t r = 0; r < n; r += len) {
+        float * y = x + r;
+        for (int32_t h = 1; h < len; h *= 2) {
+            for (int32_t i = 0; i < len; i += 2 * h) {
+                for (int32_t j = i; j < i + h; ++j) {
+                    const float a = y[j], b = y[j + h];
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+            }
+        }
+        for (int32_t i = 0; i < len; ++i) y[i] *= norm;
+    }
+}
+
 void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells, smol_type t) {
     n_layer = layers;
     n_head_kv = heads;
     head_dim = dim;
     type = t;
     row_words = int32_t(kv_row_bytes(t, dim) / sizeof(uint16_t));
+    rot_k = kv_rot_k(t, dim);
+    rot_v = kv_rot_v(t, dim);
     n_cells = cells;
     cell_pos.assign(cells, -1);
     cell_seqs.assign(cells, seq_mask::none());

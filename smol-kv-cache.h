@@ -126,6 +126,18 @@ SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, const uint64_t *
 // number of bytes, so a row is a whole number of 16-bit words).
 size_t kv_row_bytes(smol_type t, int32_t head_dim);
 
+// A quantized cache stores K and V rotated, as llama.cpp does: each run of
+// `len` elements of a head multiplied by the orthonormal Walsh-Hadamard
+// matrix of that size (its own inverse), which spreads a head's outlier
+// channels over a block before it is rounded to the block's scale. q
+// turns with K (q.k is unchanged), and the attention's output turns back
+// with V's length. K's run is the largest power of two dividing head_dim,
+// V's 64, for heads that are a multiple of 64; none for f16 or other heads.
+int32_t kv_rot_k(smol_type t, int32_t head_dim);
+int32_t kv_rot_v(smol_type t, int32_t head_dim);
+// Rotates x[0, n) in runs of len (a power of two dividing n; 0: nothing).
+void kv_rotate(float * x, int64_t n, int32_t len);
+
 // The cache is a set of cells shared by all sequences. Each (layer, kv-head)
 // slice of K and of V is [n_cells][row], contiguous, so one head's history
 // is one block of memory (and, later, one copy). A row is head_dim elements
@@ -133,7 +145,8 @@ size_t kv_row_bytes(smol_type t, int32_t head_dim);
 struct kv_cache {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
     smol_type type = SMOL_TYPE_F16;
-    int32_t row_words = 0; // 16-bit words of a row: kv_row_bytes(type, head_dim) / 2
+    int32_t row_words = 0;        // 16-bit words of a row: kv_row_bytes(type, head_dim) / 2
+    int32_t rot_k = 0, rot_v = 0; // kv_rot_k, kv_rot_v of the type and head
     // [layer][head][cell][row], in the memory of the backend that runs the
     // attention (its owner allocates them).
     uint16_t * k = nullptr;

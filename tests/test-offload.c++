@@ -15,6 +15,7 @@
 #include "tiny-model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
@@ -234,7 +235,7 @@ TEST_CASE("a q8_0 or q4_0 cache gives bit-identical logits resident, offloaded o
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("place-q.gguf");
     tiny::shape s = placed_shape();
-    s.n_embd = 256; // heads of 32: a block each
+    s.n_embd = 512; // heads of 64: two blocks each, rotated
     s.n_layer = 2;
     tiny::write(path, s, seed);
     std::mt19937 rng(seed);
@@ -334,6 +335,54 @@ TEST_CASE("sequences decoded together take cache pages of their own; one alone s
         kv.cell_pos[size_t(c)] = i;
         kv.cell_seqs[size_t(c)] = smol::seq_mask::of(0);
         last = c;
+    }
+}
+
+TEST_CASE("a quantized cache's rotation is the orthonormal Walsh-Hadamard matrix, by head size") {
+    using smol::kv_rot_k;
+    using smol::kv_rot_v;
+    CHECK(kv_rot_k(SMOL_TYPE_F16, 64) == 0);
+    CHECK(kv_rot_v(SMOL_TYPE_F16, 128) == 0);
+    CHECK(kv_rot_k(SMOL_TYPE_Q8_0, 32) == 0);
+    CHECK(kv_rot_k(SMOL_TYPE_Q8_0, 96) == 0);
+    CHECK(kv_rot_k(SMOL_TYPE_Q8_0, 64) == 64);
+    CHECK(kv_rot_k(SMOL_TYPE_Q4_0, 128) == 128);
+    CHECK(kv_rot_k(SMOL_TYPE_Q4_0, 192) == 64);
+    CHECK(kv_rot_k(SMOL_TYPE_Q4_0, 256) == 256);
+    CHECK(kv_rot_v(SMOL_TYPE_Q4_0, 256) == 64);
+    CHECK(kv_rot_v(SMOL_TYPE_Q8_0, 96) == 0);
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist;
+    for (int32_t len : {64, 128, 256}) {
+        CAPTURE(len);
+        // Two runs: each turned on its own, by H[i][j] = (-1)^popcount(i & j)
+        // / sqrt(len) in float64; and turned twice, back where it was.
+        std::vector<float> x(size_t(2 * len));
+        for (float & e : x) e = dist(rng);
+        std::vector<float> y = x;
+        smol::kv_rotate(y.data(), int64_t(y.size()), len);
+        int bad = 0, bad_back = 0;
+        for (int32_t r = 0; r < 2; ++r) {
+            for (int32_t i = 0; i < len; ++i) {
+                double want = 0, mag = 0;
+                for (int32_t j = 0; j < len; ++j) {
+                    const double p = (__builtin_popcount(unsigned(i & j)) % 2 ? -1.0 : 1.0) *
+                                     double(x[size_t(r * len + j)]);
+                    want += p;
+                    mag += std::fabs(p);
+                }
+                want /= std::sqrt(double(len));
+                mag /= std::sqrt(double(len));
+                bad += !(std::fabs(double(y[size_t(r * len + i)]) - want) <= 1e-6 * mag);
+            }
+        }
+        std::vector<float> z = y;
+        smol::kv_rotate(z.data(), int64_t(z.size()), len);
+        for (size_t i = 0; i < z.size(); ++i)
+            bad_back += !(std::fabs(z[i] - x[i]) <= 1e-5 * (1 + std::fabs(x[i])));
+        CHECK(bad == 0);
+        CHECK(bad_back == 0);
     }
 }
 
