@@ -469,7 +469,9 @@ void run_kv_store(tensor * t, const op_args & a) {
 // cells lie; otherwise in cell order. A query's result does not depend on
 // how many queries share the kernel calls. A node covers the query heads of
 // its view's kv heads; K and V come from the view's bases, resident memory
-// or a staging slot alike (both indexed by cell).
+// or a staging slot alike (both indexed by cell). Over a quantized cache
+// the rounded queries turn as its K was turned before it was stored, and
+// the output turns back from V's turn (kv_rotate).
 void run_attention(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
