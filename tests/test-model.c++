@@ -583,7 +583,7 @@ TEST_CASE("a context refuses a KV type other than f16, q8_0 or q4_0, and q8_0 fo
     CHECK(p.kv_type == SMOL_TYPE_F16);
     p.n_ctx = 64;
     smol_context * c = nullptr;
-    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_Q4_1, SMOL_TYPE_BF16, smol_type(99)}) {
+    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_Q4_1, SMOL_TYPE_BF16, smol_type(29)}) {
         p.kv_type = t;
         CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
         CHECK(c == nullptr);
