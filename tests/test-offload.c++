@@ -908,19 +908,28 @@ TEST_CASE("SmolLM2-135M gives bit-identical logits with its KV resident, offload
     const std::vector<std::vector<int>> prompts = {random_ids(rng, 40, n_vocab),
                                                    random_ids(rng, 9, n_vocab)};
     model_ptr m = load(SMOL_MODEL);
-    std::vector<float> want;
-    for (const placement_case & pc :
-         {placement_case{"resident", SMOL_KV_OFFLOAD_NONE, 1, 0},
-          placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 1, 0},
-          placement_case{"all offloaded G=3", SMOL_KV_OFFLOAD_ALL, 3, 0}}) {
-        CAPTURE(pc.name);
-        context_ptr c = make_context(m.get(), sim_params(512, 32, 2, pc));
-        const std::vector<float> got = run_workload(c.get(), n_vocab, prompts, {1, 2, 3});
-        if (want.empty()) {
-            want = got;
-        } else {
-            CHECK(same_bits(got, want));
+    std::vector<float> f16;
+    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_Q8_0}) {
+        CAPTURE(std::string(smol_type_name(t)));
+        std::vector<float> want;
+        for (const placement_case & pc :
+             {placement_case{"resident", SMOL_KV_OFFLOAD_NONE, 1, 0},
+              placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 1, 0},
+              placement_case{"all offloaded G=3", SMOL_KV_OFFLOAD_ALL, 3, 0}}) {
+            CAPTURE(pc.name);
+            context_ptr c = make_context(m.get(), sim_params(512, 32, 2, pc, t));
+            const std::vector<float> got = run_workload(c.get(), n_vocab, prompts, {1, 2, 3});
+            if (want.empty()) {
+                want = got;
+            } else {
+                CHECK(same_bits(got, want));
+            }
         }
+        // The q8_0 cache is another cache: its logits are not f16's.
+        if (t == SMOL_TYPE_F16)
+            f16 = want;
+        else
+            CHECK(!same_bits(want, f16));
     }
     // Mixed: half the layers' heads resident, from the all-offloaded figures.
     context_ptr probe =
@@ -933,6 +942,6 @@ TEST_CASE("SmolLM2-135M gives bit-identical logits with its KV resident, offload
     const smol_memory_info mixed = memory_of(c.get());
     CHECK(mixed.n_heads_resident > 0);
     CHECK(mixed.n_heads_resident < mixed.n_heads);
-    CHECK(same_bits(run_workload(c.get(), n_vocab, prompts, {1, 2, 3}), want));
+    CHECK(same_bits(run_workload(c.get(), n_vocab, prompts, {1, 2, 3}), f16));
     CHECK(memory_of(c.get()).device_peak <= budget);
 }
