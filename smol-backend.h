@@ -101,6 +101,9 @@ class backend {
     // Whether this backend multiplies with (and gathers rows of) weights of
     // type t; a context refuses a model with others before allocating.
     virtual bool supports_weights(smol_type) const { return true; }
+    // Whether its KV_STORE and ATTENTION kernels take a cache of type t
+    // (kv_cache::type: F16, Q8_0 or Q4_0).
+    virtual bool supports_kv_type(smol_type) const { return true; }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with
     // the sizes) rather than returning null.

@@ -603,6 +603,154 @@ static void attn_values(const uint16_t * v, const int32_t * cells, const float *
     }
 }
 
+#if defined(__AVX2__)
+// A block's 32 integers as four vectors of 8 floats, element order; the
+// block's scale is applied by the caller.
+static inline __m256 ints8_ps(__m128i x) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+}
+static inline void block_ints(const block_q8_0 & b, __m256 v[4]) {
+    for (int i = 0; i < 4; i++) v[i] = ints8_ps(_mm_loadl_epi64((const __m128i *)(b.qs + 8 * i)));
+}
+static inline void block_ints(const block_q4_0 & b, __m256 v[4]) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)b.qs);
+    const __m128i m = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), eight);
+    v[0] = ints8_ps(lo);
+    v[1] = ints8_ps(_mm_srli_si128(lo, 8));
+    v[2] = ints8_ps(hi);
+    v[3] = ints8_ps(_mm_srli_si128(hi, 8));
+}
+
+// Scores of G queries against each row: per block, the integers (unpacked
+// once for the G) times q, then times the block's scale into the row's sum.
+template <int G, typename B>
+static void scores_blocks(const B * rows, size_t nb, const int32_t * cells, int32_t n,
+                          const float * q, int64_t hd, float scale, float * out, int64_t ldo,
+                          float * mx) {
+    for (int32_t j = 0; j < n; j++) {
+        const B * row = rows + (size_t)cells[j] * nb;
+        __m256 acc[G];
+        for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+        for (size_t b = 0; b < nb; b++) {
+            __m256 v[4];
+            block_ints(row[b], v);
+            const __m256 d = _mm256_set1_ps(h2f(row[b].d));
+            for (int g = 0; g < G; g++) {
+                const float * qb = q + g * hd + 32 * b;
+                __m256 s = _mm256_mul_ps(v[0], _mm256_loadu_ps(qb));
+                for (int i = 1; i < 4; i++)
+                    s = _mm256_fmadd_ps(v[i], _mm256_loadu_ps(qb + 8 * i), s);
+                acc[g] = _mm256_fmadd_ps(d, s, acc[g]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            const float sc = hsum256(acc[g]) * scale;
+            out[g * ldo + j] = sc;
+            mx[g] = mx[g] > sc ? mx[g] : sc;
+        }
+    }
+}
+
+template <typename B>
+static void scores_blocks_all(const B * rows, size_t nb, const int32_t * cells, int32_t n,
+                              const float * q, int64_t hd, int nq, float scale, float * out,
+                              int64_t ldo, float * mx) {
+    for (int g = 0; g < nq;) {
+        const int left = nq - g;
+        const float * qg = q + g * hd;
+        if (left >= 3) {
+            scores_blocks<3>(rows, nb, cells, n, qg, hd, scale, out + g * ldo, ldo, mx + g);
+            g += 3;
+        } else if (left == 2) {
+            scores_blocks<2>(rows, nb, cells, n, qg, hd, scale, out + g * ldo, ldo, mx + g);
+            g += 2;
+        } else {
+            scores_blocks<1>(rows, nb, cells, n, qg, hd, scale, out + g * ldo, ldo, mx + g);
+            g += 1;
+        }
+    }
+}
+
+// acc_g += (p_g * scale) * integers, block by block, in increasing j; a
+// block's integers unpacked once for every query.
+template <typename B>
+static void values_blocks(const B * rows, size_t nb, const int32_t * cells, const float * p,
+                          int64_t ldp, int nq, int32_t n, int64_t hd, float * acc) {
+    for (int32_t j = 0; j < n; j++) {
+        const B * row = rows + (size_t)cells[j] * nb;
+        bool any = false;
+        for (int g = 0; g < nq; g++) any |= p[g * ldp + j] != 0.0f;
+        if (!any) continue;
+        for (size_t b = 0; b < nb; b++) {
+            __m256 v[4];
+            block_ints(row[b], v);
+            const float d = h2f(row[b].d);
+            for (int g = 0; g < nq; g++) {
+                const float pj = p[g * ldp + j];
+                if (pj == 0.0f) continue;
+                const __m256 w = _mm256_set1_ps(pj * d);
+                float * ab = acc + g * hd + 32 * b;
+                for (int i = 0; i < 4; i++)
+                    _mm256_storeu_ps(ab + 8 * i,
+                                     _mm256_fmadd_ps(w, v[i], _mm256_loadu_ps(ab + 8 * i)));
+            }
+        }
+    }
+}
+#endif
+
+static void attn_scores_q(smol_type t, const void * k, const int32_t * cells, int32_t n, int64_t hd,
+                          const float * q, int nq, float scale, float * out, int64_t ldo,
+                          float * mx) {
+    for (int g = 0; g < nq; g++) mx[g] = -INFINITY;
+#if defined(__AVX2__)
+    const size_t nb = (size_t)hd / QK;
+    if (t == SMOL_TYPE_Q8_0)
+        return scores_blocks_all((const block_q8_0 *)k, nb, cells, n, q, hd, nq, scale, out, ldo,
+                                 mx);
+    return scores_blocks_all((const block_q4_0 *)k, nb, cells, n, q, hd, nq, scale, out, ldo, mx);
+#else
+    const size_t rb = smol::type_row_bytes(t, hd);
+    float row[1024];
+    for (int32_t j = 0; j < n; j++) {
+        row_to_f32(t, (const uint8_t *)k + (size_t)cells[j] * rb, row, hd);
+        for (int g = 0; g < nq; g++) {
+            const float s = dot_f32(row, q + g * hd, hd) * scale;
+            out[g * ldo + j] = s;
+            mx[g] = mx[g] > s ? mx[g] : s;
+        }
+    }
+#endif
+}
+
+static void attn_values_q(smol_type t, const void * v, const int32_t * cells, const float * p,
+                          int64_t ldp, int nq, int32_t n, int64_t hd, float * acc) {
+    for (int64_t i = 0; i < nq * hd; i++) acc[i] = 0.0f;
+#if defined(__AVX2__)
+    const size_t nb = (size_t)hd / QK;
+    if (t == SMOL_TYPE_Q8_0)
+        return values_blocks((const block_q8_0 *)v, nb, cells, p, ldp, nq, n, hd, acc);
+    return values_blocks((const block_q4_0 *)v, nb, cells, p, ldp, nq, n, hd, acc);
+#else
+    const size_t rb = smol::type_row_bytes(t, hd);
+    float row[1024];
+    for (int32_t j = 0; j < n; j++) {
+        bool any = false;
+        for (int g = 0; g < nq; g++) any |= p[g * ldp + j] != 0.0f;
+        if (!any) continue;
+        row_to_f32(t, (const uint8_t *)v + (size_t)cells[j] * rb, row, hd);
+        for (int g = 0; g < nq; g++) {
+            const float pj = p[g * ldp + j];
+            if (pj == 0.0f) continue;
+            float * a = acc + g * hd;
+            for (int64_t d = 0; d < hd; d++) a[d] += pj * row[d];
+        }
+    }
+#endif
+}
+
 } // namespace SMOL_CPU_VARIANT
 
 const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
@@ -625,6 +773,8 @@ const kernels & SMOL_CPU_JOIN(kernels, SMOL_CPU_VARIANT)() {
         v::argmax,
         v::attn_scores,
         v::attn_values,
+        v::attn_scores_q,
+        v::attn_values_q,
     };
     return k;
 }

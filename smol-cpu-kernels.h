@@ -97,6 +97,18 @@ struct kernels {
                         const float * q, int nq, float scale, float * out, int64_t ldo, float * mx);
     void (*attn_values)(const uint16_t * v, const int32_t * cells, const float * p, int64_t ldp,
                         int nq, int32_t n, int64_t hd, float * acc);
+    // The same over a quantized cache (t: Q8_0 or Q4_0, hd a multiple of 32
+    // and at most 1024): rows of hd / 32 blocks, row_bytes(t, hd) apart,
+    // met in f32 (the generic variant dequantizes a row, then a dot per
+    // query and a multiply-add per element; AVX2 takes a block's integers
+    // times q, times its scale, and adds p times the scale times the
+    // integers, cells in increasing j), so the results are f32 sums over
+    // exactly the stored values within the f16 kernels' bounds.
+    void (*attn_scores_q)(smol_type t, const void * k, const int32_t * cells, int32_t n, int64_t hd,
+                          const float * q, int nq, float scale, float * out, int64_t ldo,
+                          float * mx);
+    void (*attn_values_q)(smol_type t, const void * v, const int32_t * cells, const float * p,
+                          int64_t ldp, int nq, int32_t n, int64_t hd, float * acc);
 };
 
 size_t act_bytes(smol_type t, int64_t K);

@@ -438,13 +438,23 @@ void run_kv_store(tensor * t, const op_args & a) {
     int64_t i0, i1;
     split(k->ne[1], a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i) {
-        const size_t at = size_t(a.batch.cell[i]) * size_t(hd);
+        const size_t at = size_t(a.batch.cell[i]) * size_t(kv.row_words);
         const float * ks = row_f32(k, i);
         const float * vs = row_f32(v, i);
         for (int h = view.h0; h < view.h1; ++h) {
             const size_t head = size_t(h - view.h0) * view.head_stride;
-            a.k.f32_to_f16(ks + h * hd, view.k + head + at, hd);
-            a.k.f32_to_f16(vs + h * hd, view.v + head + at, hd);
+            if (kv.type == SMOL_TYPE_F16) {
+                a.k.f32_to_f16(ks + h * hd, view.k + head + at, hd);
+                a.k.f32_to_f16(vs + h * hd, view.v + head + at, hd);
+            } else { // rotated, then blocks by ggml's reference rule
+                float turned[1024];
+                std::memcpy(turned, ks + h * hd, size_t(hd) * sizeof(float));
+                kv_rotate(turned, hd, kv.rot_k);
+                a.k.row_from_f32(kv.type, turned, view.k + head + at, hd);
+                std::memcpy(turned, vs + h * hd, size_t(hd) * sizeof(float));
+                kv_rotate(turned, hd, kv.rot_v);
+                a.k.row_from_f32(kv.type, turned, view.v + head + at, hd);
+            }
         }
     }
 }
@@ -459,7 +469,9 @@ void run_kv_store(tensor * t, const op_args & a) {
 // cells lie; otherwise in cell order. A query's result does not depend on
 // how many queries share the kernel calls. A node covers the query heads of
 // its view's kv heads; K and V come from the view's bases, resident memory
-// or a staging slot alike (both indexed by cell).
+// or a staging slot alike (both indexed by cell). Over a quantized cache
+// the rounded queries turn as its K was turned before it was stored, and
+// the output turns back from V's turn (kv_rotate).
 void run_attention(tensor * t, const op_args & a) {
     const kv_cache & kv = *a.batch.kv;
     const tensor * q = t->src[0];
@@ -518,10 +530,14 @@ void run_attention(tensor * t, const op_args & a) {
         for (int g = 0; g < per_item; ++g) {
             a.k.f32_to_f16(row_f32(q, i) + (h0 + g) * hd, h16, hd);
             a.k.row_to_f32(SMOL_TYPE_F16, h16, qh + g * hd, hd);
+            kv_rotate(qh + g * hd, hd, kv.rot_k); // as the stored K turned
         }
         const uint16_t * K = view.k + size_t(hk - view.h0) * view.head_stride;
         const uint16_t * V = view.v + size_t(hk - view.h0) * view.head_stride;
-        a.k.attn_scores(K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
+        if (kv.type == SMOL_TYPE_F16)
+            a.k.attn_scores(K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
+        else
+            a.k.attn_scores_q(kv.type, K, cells, n_vis, hd, qh, per_item, scale, scores, ld, mx);
         for (int g = 0; g < per_item; ++g) {
             float * sc = scores + g * ld;
             a.k.softmax_exp(sc, sc, mx[g], n_vis);
@@ -542,7 +558,11 @@ void run_attention(tensor * t, const op_args & a) {
                 a.k.row_to_f32(SMOL_TYPE_F16, h16, sc + j0, n);
             }
         }
-        a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
+        if (kv.type == SMOL_TYPE_F16)
+            a.k.attn_values(V, cells, scores, ld, per_item, n_vis, hd, acc);
+        else
+            a.k.attn_values_q(kv.type, V, cells, scores, ld, per_item, n_vis, hd, acc);
+        kv_rotate(acc, int64_t(per_item) * hd, kv.rot_v); // back from V's turn
         for (int g = 0; g < per_item; ++g)
             std::memcpy(row_f32(t, i) + (h0 + g) * hd, acc + g * hd, size_t(hd) * sizeof(float));
     }

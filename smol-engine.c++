@@ -953,7 +953,7 @@ smol_engine_stats engine::stats() const {
     s.prefix_hit_rate =
         s.n_prompt_tokens > 0 ? double(s.n_prefix_hit_tokens) / double(s.n_prompt_tokens) : 0.0;
     const uint64_t cell_bytes = uint64_t(ctx_.kv.n_layer) * uint64_t(ctx_.kv.n_head_kv) *
-                                uint64_t(ctx_.kv.head_dim) * 2 * sizeof(uint16_t);
+                                uint64_t(ctx_.kv.row_words) * 2 * sizeof(uint16_t);
     // The cells in use, split by where their heads live (per-head placement).
     const smol_memory_info mi = ctx_.memory_info();
     const uint64_t used = uint64_t(s.n_cells_used) * cell_bytes;

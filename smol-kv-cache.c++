@@ -11,8 +11,10 @@
 #include "smol-error.h"
 #include "smol-graph.h"
 #include "smol-plan.h"
+#include "smol-quant.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -26,10 +28,49 @@ void kv_cache::touch() {
     version = fresh_number();
 }
 
-void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells) {
+size_t kv_row_bytes(smol_type t, int32_t head_dim) {
+    return type_row_bytes(t, head_dim);
+}
+
+int32_t kv_rot_k(smol_type t, int32_t head_dim) {
+    if (t == SMOL_TYPE_F16 || head_dim % 64 != 0) return 0;
+    int32_t len = 64;
+    while (head_dim % (2 * len) == 0) len *= 2;
+    return len;
+}
+
+int32_t kv_rot_v(smol_type t, int32_t head_dim) {
+    return t == SMOL_TYPE_F16 || head_dim % 64 != 0 ? 0 : 64;
+}
+
+// In place, butterflies of growing span, then the 1/sqrt(len) that makes
+// the matrix orthonormal.
+void kv_rotate(float * x, int64_t n, int32_t len) {
+    if (len <= 0) return;
+    const float norm = 1.0f / std::sqrt(float(len));
+    for (int64_t r = 0; r < n; r += len) {
+        float * y = x + r;
+        for (int32_t h = 1; h < len; h *= 2) {
+            for (int32_t i = 0; i < len; i += 2 * h) {
+                for (int32_t j = i; j < i + h; ++j) {
+                    const float a = y[j], b = y[j + h];
+                    y[j] = a + b;
+                    y[j + h] = a - b;
+                }
+            }
+        }
+        for (int32_t i = 0; i < len; ++i) y[i] *= norm;
+    }
+}
+
+void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells, smol_type t) {
     n_layer = layers;
     n_head_kv = heads;
     head_dim = dim;
+    type = t;
+    row_words = int32_t(kv_row_bytes(t, dim) / sizeof(uint16_t));
+    rot_k = kv_rot_k(t, dim);
+    rot_v = kv_rot_v(t, dim);
     n_cells = cells;
     cell_pos.assign(cells, -1);
     cell_seqs.assign(cells, seq_mask::none());
@@ -319,7 +360,7 @@ kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) con
         return v;
     }
     uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
-    v.head_stride = size_t(kv_.n_cells) * size_t(kv_.head_dim);
+    v.head_stride = size_t(kv_.n_cells) * size_t(kv_.row_words);
     v.k = base;
     if (plan_.is_windowed(layer)) { // the window store's slots
         v.head_stride = v.head_stride / size_t(kv_.n_cells) * size_t(plan_.window_cells);
@@ -379,8 +420,8 @@ void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, t
     const int32_t o = n_met_++;
     attend_[size_t(o)] = att;
     if (group_base_.empty() || copies_.c1 <= copies_.c0) return;
-    const size_t row = size_t(kv_.head_dim) * sizeof(uint16_t);
-    const size_t cells_from = size_t(copies_.c0) * size_t(kv_.head_dim);
+    const size_t row = size_t(kv_.row_words) * sizeof(uint16_t);
+    const size_t cells_from = size_t(copies_.c0) * size_t(kv_.row_words);
     copy_desc c;
     c.width = size_t(copies_.c1 - copies_.c0) * row;
     c.height = size_t(2 * plan_.G);
@@ -397,7 +438,7 @@ void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, t
 // The PREFETCH of offloaded group o, (layer, group), into its slot.
 void kv_placement::issue_prefetch(int32_t o, int32_t layer, int32_t group) {
     if (group_base_.empty()) return;
-    const size_t row = size_t(kv_.head_dim) * sizeof(uint16_t);
+    const size_t row = size_t(kv_.row_words) * sizeof(uint16_t);
     copy_desc c;
     c.width = size_t(copies_.n_copy) * row;
     c.height = size_t(2 * plan_.G);

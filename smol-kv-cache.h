@@ -28,9 +28,10 @@ struct kv_plan;
 struct tensor;
 
 // The K and V that a KV_STORE writes or an ATTENTION reads: kv heads
-// [h0, h1) of one layer, each head [cell][head_dim] f16, head_stride elements
+// [h0, h1) of one layer, each head [cell][row] (a row: head_dim elements of
+// the cache's type, kv_cache::row_words 16-bit words), head_stride words
 // apart, from these bases (a resident slice in device memory or a staging
-// slot). Null k: the cache's own [layer][head][cell][head_dim] arrays.
+// slot). Null k: the cache's own [layer][head][cell][row] arrays.
 struct kv_view {
     uint16_t * k = nullptr;
     uint16_t * v = nullptr;
@@ -125,13 +126,34 @@ SMOL_HOST_DEVICE inline bool kv_cell_visible(smol_pos cell_pos, const uint64_t *
     return cell_pos >= 0 && cell_pos <= pos && seq_mask::word_has(*seq_word, seq);
 }
 
+// Bytes of one cell's row of a head: head_dim elements of type t (F16, or
+// head_dim / 32 blocks of Q8_0 or Q4_0 in ggml's layout, each an even
+// number of bytes, so a row is a whole number of 16-bit words).
+size_t kv_row_bytes(smol_type t, int32_t head_dim);
+
+// A quantized cache stores K and V rotated, as llama.cpp does: each run of
+// `len` elements of a head multiplied by the orthonormal Walsh-Hadamard
+// matrix of that size (its own inverse), which spreads a head's outlier
+// channels over a block before it is rounded to the block's scale. q
+// turns with K (q.k is unchanged), and the attention's output turns back
+// with V's length. K's run is the largest power of two dividing head_dim,
+// V's 64, for heads that are a multiple of 64; none for f16 or other heads.
+int32_t kv_rot_k(smol_type t, int32_t head_dim);
+int32_t kv_rot_v(smol_type t, int32_t head_dim);
+// Rotates x[0, n) in runs of len (a power of two dividing n; 0: nothing).
+void kv_rotate(float * x, int64_t n, int32_t len);
+
 // The cache is a set of cells shared by all sequences. Each (layer, kv-head)
-// slice of K and of V is [n_cells][head_dim] f16, contiguous, so one head's
-// history is one block of memory (and, later, one copy).
+// slice of K and of V is [n_cells][row], contiguous, so one head's history
+// is one block of memory (and, later, one copy). A row is head_dim elements
+// of the cache's type: f16, or (opt-in, approximate) q8_0 or q4_0 blocks.
 struct kv_cache {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
-    // [layer][head][cell][head_dim] f16, in the memory of the backend that
-    // runs the attention (its owner allocates them).
+    smol_type type = SMOL_TYPE_F16;
+    int32_t row_words = 0;        // 16-bit words of a row: kv_row_bytes(type, head_dim) / 2
+    int32_t rot_k = 0, rot_v = 0; // kv_rot_k, kv_rot_v of the type and head
+    // [layer][head][cell][row], in the memory of the backend that runs the
+    // attention (its owner allocates them).
     uint16_t * k = nullptr;
     uint16_t * v = nullptr;
     std::vector<smol_pos> cell_pos;  // -1: free
@@ -145,19 +167,20 @@ struct kv_cache {
     void touch();
 
     // Sets the shape and frees every cell; k and v are set by the owner.
-    void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells);
+    void init(int32_t n_layer, int32_t n_head_kv, int32_t head_dim, int32_t n_cells,
+              smol_type type = SMOL_TYPE_F16);
     size_t bytes_per_tensor() const {
-        return size_t(n_layer) * n_head_kv * n_cells * head_dim * sizeof(uint16_t);
+        return size_t(n_layer) * n_head_kv * n_cells * row_words * sizeof(uint16_t);
     }
     uint16_t * k_head(int32_t layer, int32_t head) const {
-        return k + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+        return k + (size_t(layer) * n_head_kv + head) * n_cells * row_words;
     }
     uint16_t * v_head(int32_t layer, int32_t head) const {
-        return v + (size_t(layer) * n_head_kv + head) * n_cells * head_dim;
+        return v + (size_t(layer) * n_head_kv + head) * n_cells * row_words;
     }
     // The cache's own arrays for the view of a node that names none.
     kv_view layer_view(int32_t layer) const {
-        return {k_head(layer, 0), v_head(layer, 0), size_t(n_cells) * head_dim, 0, n_head_kv};
+        return {k_head(layer, 0), v_head(layer, 0), size_t(n_cells) * row_words, 0, n_head_kv};
     }
     int32_t n_free() const;
     // Whether n cells are free: at once when the cells past n_used (all
@@ -260,8 +283,8 @@ struct kv_copies {
 };
 
 // The KV storage of a plan (smol-plan.h) and the copies of a step. Each
-// (layer, group) is one block [K: G heads][V: G heads] x [cell][head_dim]
-// f16, so that its history is one copy: a resident group's in device
+// (layer, group) is one block [K: G heads][V: G heads] x [cell][row], so
+// that its history is one copy: a resident group's in device
 // memory, where it is stored and attended; an offloaded group's in host
 // memory, attended over a staging slot that a PREFETCH filled (issued
 // before the attention of the group before it, so the copy overlaps that

@@ -335,6 +335,30 @@ static backend_options backend_options_of(const smol_context_params & p) {
     return o;
 }
 
+// The KV cache's type: f16, or q8_0 / q4_0 blocks of 32 along a head.
+static void check_kv_type(smol_type t, int32_t head_dim, const backend & be) {
+    const int v = c_enum(t);
+    if (v != SMOL_TYPE_F16 && v != SMOL_TYPE_Q8_0 && v != SMOL_TYPE_Q4_0) {
+        const char * name = smol_type_name(t);
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "kv_type " + (name ? std::string(name) : std::to_string(v)) +
+                        " is not a KV cache type; use SMOL_TYPE_F16, _Q8_0 or _Q4_0 "
+                        "(--kv-type f16, q8_0 or q4_0)");
+    }
+    if (v != SMOL_TYPE_F16 && head_dim % 32 != 0) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    std::string("kv_type ") + smol_type_name(t) + " stores blocks of 32 along a " +
+                        "head, and this model's heads have " + std::to_string(head_dim) +
+                        " elements; use --kv-type f16");
+    }
+    if (!be.supports_kv_type(t)) {
+        throw error(SMOL_ERR_UNSUPPORTED, std::string(be.name()) + " has no kernels for a " +
+                                              smol_type_name(t) +
+                                              " KV cache yet; use --kv-type f16 or run on "
+                                              "the CPU (device \"cpu\")");
+    }
+}
+
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
     : model(m), params(p),
       be_(make_backend(p.device ? p.device : "cpu",
@@ -357,7 +381,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "n_ctx " + std::to_string(params.n_ctx) + " is too large for the CPU cache");
     }
-    kv.init(hp.n_layer, hp.n_head_kv, hp.head_dim, int32_t(params.n_ctx));
+    check_kv_type(params.kv_type, hp.head_dim, *be_);
+    kv.init(hp.n_layer, hp.n_head_kv, hp.head_dim, int32_t(params.n_ctx), params.kv_type);
     const size_t nb = params.n_batch;
     tokens_.resize(nb);
     positions_.resize(nb);
@@ -419,11 +444,13 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     plan.n_head_kv = hp.n_head_kv;
     plan.n_cells = kv.n_cells;
     plan.head_dim = hp.head_dim;
+    plan.kv_type = kv.type;
     plan_input in;
     in.n_layer = hp.n_layer;
     in.n_head_kv = hp.n_head_kv;
     in.head_dim = hp.head_dim;
     in.n_cells = kv.n_cells;
+    in.kv_type = kv.type;
     in.n_batch = params.n_batch;
     in.budget = params.gpu_mem;
     in.mode = params.kv_offload;
@@ -794,6 +821,7 @@ smol_memory_info llama_context::memory_info() const {
     m.n_heads_resident = plan.n_resident_groups() * plan.G;
     m.head_group = plan.G;
     m.chunk = plan.chunk;
+    m.kv_type = kv.type;
     return m;
 }
 

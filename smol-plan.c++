@@ -6,6 +6,7 @@
 #include "smol-plan.h"
 
 #include "smol-error.h"
+#include "smol-kv-cache.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -24,6 +25,10 @@ std::string format_bytes(uint64_t n) {
         std::snprintf(b, sizeof b, "%llu B", (unsigned long long)n);
     }
     return b;
+}
+
+uint64_t kv_plan::row_bytes() const {
+    return kv_row_bytes(kv_type, head_dim);
 }
 
 int32_t kv_plan::n_resident_groups() const {
@@ -79,6 +84,7 @@ kv_plan make_plan(const plan_input & in) {
     p.n_layer = in.n_layer;
     p.n_head_kv = in.n_head_kv;
     p.head_dim = in.head_dim;
+    p.kv_type = in.kv_type;
     p.n_cells = in.n_cells;
     p.budget = in.budget;
     p.mode = in.mode;
@@ -97,8 +103,8 @@ kv_plan make_plan(const plan_input & in) {
         p.n_group = in.n_head_kv / G;
     };
     const int32_t n_batch = int32_t(std::max<uint32_t>(1, in.n_batch));
-    const uint64_t all_kv = 4ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) *
-                            uint64_t(in.n_cells) * uint64_t(in.head_dim);
+    const uint64_t all_kv =
+        2ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) * uint64_t(in.n_cells) * p.row_bytes();
 
     // The window store's layers hold window_cells cells each, not n_cells.
     const uint64_t layer_cell =
@@ -167,8 +173,7 @@ kv_plan make_plan(const plan_input & in) {
         set_group(1);
         for (int32_t G = 1; G <= in.n_head_kv; ++G) {
             if (in.n_head_kv % G != 0) continue;
-            if (2 * uint64_t(4) * uint64_t(G) * uint64_t(in.n_cells) * uint64_t(in.head_dim) >
-                slot_cap) {
+            if (2 * uint64_t(2) * uint64_t(G) * uint64_t(in.n_cells) * p.row_bytes() > slot_cap) {
                 break;
             }
             set_group(G);
@@ -229,10 +234,11 @@ std::string kv_plan::format() const {
     const int32_t heads = n_layer * n_head_kv;
     const int32_t res_heads = n_resident_groups() * G;
     std::snprintf(b, sizeof b,
-                  "KV plan: budget %s, kv-offload %s, %d cells, head group G = %d%s (%d group(s) "
-                  "of a layer's %d kv heads), prefill chunk %d tokens\n",
-                  budget ? format_bytes(budget).c_str() : "none", mode_name(mode), n_cells, G,
-                  group_forced ? " (forced)" : "", n_group, n_head_kv, chunk);
+                  "KV plan: budget %s, kv-offload %s, kv-type %s%s, %d cells, head group G = %d%s "
+                  "(%d group(s) of a layer's %d kv heads), prefill chunk %d tokens\n",
+                  budget ? format_bytes(budget).c_str() : "none", mode_name(mode),
+                  smol_type_name(kv_type), kv_type != SMOL_TYPE_F16 ? " (approximate)" : "",
+                  n_cells, G, group_forced ? " (forced)" : "", n_group, n_head_kv, chunk);
     s += b;
     std::snprintf(b, sizeof b,
                   "  device: weights %s, compute %s, staging %d x %s, resident KV %s (%d of %d "

@@ -19,6 +19,7 @@ namespace smol {
 
 struct plan_input {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+    smol_type kv_type = SMOL_TYPE_F16;
     int32_t n_cells = 0;    // the context's KV cells
     uint32_t n_batch = 512; // most tokens of one decode call
     uint64_t budget = 0;    // device bytes (0: no budget)
@@ -36,6 +37,7 @@ struct plan_input {
 
 struct kv_plan {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
+    smol_type kv_type = SMOL_TYPE_F16;
     int32_t G = 0;       // kv heads per group
     int32_t n_group = 0; // groups per layer
     int32_t chunk = 0;   // tokens per prefill chunk
@@ -52,9 +54,11 @@ struct kv_plan {
 
     uint64_t weight_bytes = 0, compute_bytes = 0;
 
+    // One cell's row of one head: head_dim elements of kv_type.
+    uint64_t row_bytes() const;
     // One group's K and V for every cell: [K: G heads][V: G heads] x
-    // [n_cells][head_dim] f16, the unit of placement and of one copy.
-    uint64_t group_bytes() const { return 4ull * uint64_t(G) * uint64_t(n_cells) * head_dim; }
+    // [n_cells][row], the unit of placement and of one copy.
+    uint64_t group_bytes() const { return 2ull * uint64_t(G) * uint64_t(n_cells) * row_bytes(); }
     bool is_resident(int32_t layer, int32_t group) const {
         return resident[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
     }

@@ -446,6 +446,7 @@ smol_context_params smol_context_default_params(void) {
     p.gpu_mem = 0;
     p.kv_offload = SMOL_KV_OFFLOAD_AUTO;
     p.head_group = 0;
+    p.kv_type = SMOL_TYPE_F16;
     p.autotune_file = nullptr;
     p.attn = SMOL_ATTN_AUTO;
     p.gpu_fuse = true;

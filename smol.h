@@ -281,6 +281,7 @@ typedef struct smol_context_params {
     uint64_t gpu_mem;             // device memory budget in bytes (0: none, every head resident)
     smol_kv_offload kv_offload;   // default AUTO
     int32_t head_group;           // kv heads per group (0: the planner chooses)
+    smol_type kv_type;            // KV cache: F16 (default); Q8_0, Q4_0 opt-in, approximate
     const char * autotune_file;   // GPU matmul table (NULL: the default; see smol_autotune)
     smol_attn_kernel attn;        // GPU attention kernel (default AUTO)
     bool gpu_fuse;                // GPU: fused norm+matmul, rope+KV store, SwiGLU (true)
@@ -325,6 +326,7 @@ typedef struct smol_memory_info {
     int32_t n_heads_resident; // of them in device memory
     int32_t head_group;       // kv heads per group
     int32_t chunk;            // tokens per prefill chunk
+    smol_type kv_type;        // the KV cache's element type
 } smol_memory_info;
 
 SMOL_API void smol_context_memory(const smol_context * ctx, smol_memory_info * info);

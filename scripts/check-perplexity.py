@@ -25,6 +25,16 @@ Two uses:
     Python ships other documentation topics (another version), the text
     differs and the test reports a skip (exit 77).
 
+  * The KV cache's type (--kv-type f16, q8_0, q4_0), against llama.cpp's
+    -ctk/-ctv (with -fa on, which its quantized V needs) on the same text:
+        scripts/check-perplexity.py kv --llama-bin /work/peers/build-cpu/bin
+    prints the table of BENCHMARKS.md (16 chunks), llama.cpp also with its
+    K/V rotation off (LLAMA_ATTN_ROT_DISABLE=1). And as a test (ctest,
+    seconds, any Python's topics):
+        scripts/check-perplexity.py kv-test
+    fails when q8_0 KV is more than 0.5% from f16 KV over 2 chunks, or
+    q4_0 KV more than 15%.
+
 Common options: --model (the Q4_1 file), --build (smol's build folder).
 """
 
@@ -61,19 +71,21 @@ def final_estimate(output, who):
     return float(m.group(1)), float(m.group(2))
 
 
-def smol_ppl(build, model, text):
+def smol_ppl(build, model, text, extra=(), chunks=CHUNKS):
     cmd = [os.path.join(build, "examples", "smol-perplexity"), "-m", model, "-f", text,
-           "-c", str(CTX), "-b", str(CTX), "--chunks", str(CHUNKS), "-t", str(THREADS)]
+           "-c", str(CTX), "-b", str(CTX), "--chunks", str(chunks), "-t", str(THREADS),
+           *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return final_estimate(r.stdout + r.stderr, "smol-perplexity")
 
 
-def llama_ppl(bin_dir, model, text):
+def llama_ppl(bin_dir, model, text, extra=(), env=None):
     cmd = [os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text, "-c", str(CTX),
-           "-b", str(CTX), "--chunks", str(CHUNKS), "-t", str(THREADS)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+           "-b", str(CTX), "--chunks", str(CHUNKS), "-t", str(THREADS), *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True,
+                       env=None if env is None else {**os.environ, **env})
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return final_estimate(r.stdout + r.stderr, "llama-perplexity")
@@ -204,9 +216,61 @@ def test(args):
         return 1 if failed else 0
 
 
+KV_TYPES = ["f16", "q8_0", "q4_0"]
+KV_TEST_CHUNKS = 2
+KV_TEST_BOUNDS = {"q8_0": 0.005, "q4_0": 0.15}
+
+
+def kv_compare(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "pydoc.txt")
+        _, about = write_text(text)
+        print(about)
+        rows = []
+        for t in KV_TYPES:
+            s, s_err = smol_ppl(args.build, args.model, text, ["--kv-type", t])
+            fa = ["-fa", "on", "-ctk", t, "-ctv", t]
+            l, l_err = llama_ppl(args.llama_bin, args.model, text, fa)
+            plain = l if t == "f16" else llama_ppl(args.llama_bin, args.model, text, fa,
+                                                   {"LLAMA_ATTN_ROT_DISABLE": "1"})[0]
+            rows.append((t, s, s_err, l, l_err, plain))
+            print(f"{t}: smol {s:.4f}, llama.cpp {l:.4f} (rotation off: {plain:.4f})",
+                  flush=True)
+        s0, l0 = rows[0][1], rows[0][3]
+        print()
+        print("| KV type | smol PPL | vs f16 KV | llama.cpp PPL | vs f16 KV "
+              "| llama.cpp, rotation off |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for t, s, s_err, l, l_err, plain in rows:
+            print(f"| {t} | {s:.4f} ± {s_err:.4f} | {100 * (s - s0) / s0:+.2f}% | "
+                  f"{l:.4f} ± {l_err:.4f} | {100 * (l - l0) / l0:+.2f}% | "
+                  f"{'-' if t == 'f16' else f'{plain:.4f}'} |")
+        return 0
+
+
+def kv_test(args):
+    if not os.path.exists(args.model):
+        print(f"{args.model} is missing: run scripts/fetch-model.sh")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "pydoc.txt")
+        _, about = write_text(text)
+        print(about)
+        want, _ = smol_ppl(args.build, args.model, text, ["--kv-type", "f16"], KV_TEST_CHUNKS)
+        print(f"f16 KV: {want:.4f}")
+        failed = 0
+        for t, bound in KV_TEST_BOUNDS.items():
+            got, _ = smol_ppl(args.build, args.model, text, ["--kv-type", t], KV_TEST_CHUNKS)
+            ok = rel(got, want) <= bound
+            failed += not ok
+            print(f"{t} KV: {got:.4f} ({100 * (got - want) / want:+.2f}% of f16 KV, allowed "
+                  f"±{100 * bound:.1f}%){'' if ok else '  FAILED'}", flush=True)
+        return 1 if failed else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["compare", "test"])
+    ap.add_argument("mode", choices=["compare", "test", "kv", "kv-test"])
     ap.add_argument("--model", default=os.path.join(ROOT, "models",
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -216,7 +280,8 @@ def main():
     ap.add_argument("--fixture", default=os.path.join(ROOT, "tests", "fixtures",
                                                       "perplexity.json"))
     args = ap.parse_args()
-    sys.exit(compare(args) if args.mode == "compare" else test(args))
+    modes = {"compare": compare, "test": test, "kv": kv_compare, "kv-test": kv_test}
+    sys.exit(modes[args.mode](args))
 
 
 if __name__ == "__main__":

@@ -1107,6 +1107,120 @@ TEST_CASE(
     }
 }
 
+// The value of element i of a q8_0 or q4_0 row, in double, from the block
+// layouts' definition (ggml's): q8_0 d * qs[i]; q4_0 d * (nibble - 8), the
+// low nibbles holding elements 0-15 of a block, the high ones 16-31.
+double ref_block_value(smol_type t, const uint8_t * row, int64_t i) {
+    const int64_t b = i / QK, e = i % QK;
+    if (t == SMOL_TYPE_Q8_0) {
+        const block_q8_0 & blk = reinterpret_cast<const block_q8_0 *>(row)[b];
+        return ref_half(blk.d) * double(blk.qs[e]);
+    }
+    const block_q4_0 & blk = reinterpret_cast<const block_q4_0 *>(row)[b];
+    const int q = e < 16 ? blk.qs[e] & 0xF : blk.qs[e - 16] >> 4;
+    return ref_half(blk.d) * double(q - 8);
+}
+
+TEST_CASE("attention over a q8_0 or q4_0 cache matches float64 over the stored values") {
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    for (const kernels * k : kernels_available()) {
+        const std::string variant = k->name;
+        CAPTURE(variant);
+        for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+            for (int64_t hd : {32, 64, 128}) {
+                for (int32_t n : {1, 9, 70}) {
+                    for (int nq : {1, 3}) {
+                        const std::string type = type_name(t);
+                        CAPTURE(type);
+                        CAPTURE(hd);
+                        CAPTURE(n);
+                        CAPTURE(nq);
+                        const int32_t n_cells = 2 * n + 5;
+                        const size_t rb = row_bytes(t, hd);
+                        const std::vector<float> kf = gaussian(rng, size_t(n_cells * hd)),
+                                                 vf = gaussian(rng, size_t(n_cells * hd)),
+                                                 q = gaussian(rng, size_t(nq * hd));
+                        std::vector<uint8_t> kq(rb * size_t(n_cells)), vq(kq.size());
+                        for (int32_t c = 0; c < n_cells; c++) {
+                            k->row_from_f32(t, kf.data() + c * hd, kq.data() + size_t(c) * rb, hd);
+                            k->row_from_f32(t, vf.data() + c * hd, vq.data() + size_t(c) * rb, hd);
+                        }
+                        std::vector<int32_t> cells(static_cast<size_t>(n_cells));
+                        for (int32_t c = 0; c < n_cells; c++) cells[size_t(c)] = c;
+                        std::shuffle(cells.begin(), cells.end(), rng);
+                        cells.resize(size_t(n));
+                        const float scale = 0.125f;
+                        const int64_t ld = n + 3;
+                        std::vector<float> sc(static_cast<size_t>(nq * ld),
+                                              std::numeric_limits<float>::quiet_NaN()),
+                            mx(static_cast<size_t>(nq));
+                        k->attn_scores_q(t, kq.data(), cells.data(), n, hd, q.data(), nq, scale,
+                                         sc.data(), ld, mx.data());
+                        // f32 sums of hd products: within (hd + 2) ulps of
+                        // the products' magnitudes, as for the f16 cache.
+                        int bad = 0, alone_differs = 0, bad_max = 0;
+                        for (int g = 0; g < nq; g++) {
+                            float want_mx = -INFINITY;
+                            for (int32_t j = 0; j < n; j++) {
+                                const uint8_t * row = kq.data() + size_t(cells[size_t(j)]) * rb;
+                                const float got = sc[size_t(g * ld + j)];
+                                double ref = 0.0, mag = 0.0;
+                                for (int64_t d = 0; d < hd; d++) {
+                                    const double pr =
+                                        ref_block_value(t, row, d) * q[size_t(g * hd + d)];
+                                    ref += pr;
+                                    mag += std::fabs(pr);
+                                }
+                                bad += !(std::fabs(got - ref * scale) <=
+                                         (hd + 2) * 6e-8 * mag * scale + 1e-30);
+                                want_mx = std::max(want_mx, got);
+                                float one = 0.0f, one_mx = 0.0f;
+                                k->attn_scores_q(t, kq.data(), cells.data() + j, 1, hd,
+                                                 q.data() + g * hd, 1, scale, &one, 1, &one_mx);
+                                alone_differs += std::memcmp(&one, &got, sizeof one) != 0;
+                            }
+                            bad_max += mx[size_t(g)] != want_mx;
+                        }
+                        CHECK(bad == 0);
+                        CHECK(alone_differs == 0);
+                        CHECK(bad_max == 0);
+
+                        std::vector<float> p = gaussian(rng, size_t(nq * ld));
+                        for (int32_t j = 0; j < n; j += 3) p[size_t(j)] = 0.0f;
+                        std::vector<float> acc(static_cast<size_t>(nq * hd),
+                                               std::numeric_limits<float>::quiet_NaN());
+                        k->attn_values_q(t, vq.data(), cells.data(), p.data(), ld, nq, n, hd,
+                                         acc.data());
+                        bad = alone_differs = 0;
+                        std::vector<float> one(static_cast<size_t>(hd));
+                        for (int g = 0; g < nq; g++) {
+                            for (int64_t d = 0; d < hd; d++) {
+                                double ref = 0.0, mag = 0.0;
+                                for (int32_t j = 0; j < n; j++) {
+                                    const uint8_t * row = vq.data() + size_t(cells[size_t(j)]) * rb;
+                                    const double pr =
+                                        p[size_t(g * ld + j)] * ref_block_value(t, row, d);
+                                    ref += pr;
+                                    mag += std::fabs(pr);
+                                }
+                                bad += !(std::fabs(acc[size_t(g * hd + d)] - ref) <=
+                                         (n + 2) * 6e-8 * mag + 1e-30);
+                            }
+                            k->attn_values_q(t, vq.data(), cells.data(), p.data() + g * ld, ld, 1,
+                                             n, hd, one.data());
+                            alone_differs += std::memcmp(one.data(), acc.data() + g * hd,
+                                                         size_t(hd) * sizeof(float)) != 0;
+                        }
+                        CHECK(bad == 0);
+                        CHECK(alone_differs == 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("the f32 vector primitives match float64") {
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);

@@ -1414,6 +1414,31 @@ context_ptr make_context(smol_model * m, const char * device, uint32_t n_ctx,
 
 } // namespace
 
+// Until the GPU has KV_STORE and attention kernels for quantized blocks, a
+// context asking for them is refused at creation, never run on f16 kernels.
+TEST_CASE("the GPU refuses a q8_0 or q4_0 KV cache with the fix in the message") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("kvq.gguf");
+    tiny::shape s;
+    s.n_embd = 128; // heads of 32
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        CAPTURE(std::string(smol_type_name(t)));
+        smol_context_params p = smol_context_default_params();
+        p.n_ctx = 64;
+        p.device = "cuda:0";
+        p.kv_type = t;
+        smol_context * c = nullptr;
+        CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_UNSUPPORTED);
+        CHECK(c == nullptr);
+        const std::string msg = smol_last_error();
+        CAPTURE(msg);
+        CHECK(msg.find("use --kv-type f16") != std::string::npos);
+    }
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("random llamas of every weight type decode on the GPU to the float64 logits") {
     SMOL_TEST_DRAW_SEED(case_seed);
     uint32_t draws = 0; // the seeds of its runs, derived from case_seed

@@ -52,8 +52,9 @@ model_ptr load(const std::string & path) {
 }
 
 context_ptr make_context(smol_model * m, uint32_t n_ctx, uint32_t n_batch = 512, uint32_t n_seq = 1,
-                         int threads = 2) {
+                         int threads = 2, smol_type kv_type = SMOL_TYPE_F16) {
     smol_context_params p = smol_context_default_params();
+    p.kv_type = kv_type;
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
     p.n_seq_max = n_seq;
@@ -122,6 +123,36 @@ TEST_CASE("logits of random quantized llamas match a float64 reference of their 
             CAPTURE(i);
             CHECK(rel_err(got[i], want[i]) < tol);
         }
+        std::filesystem::remove(path);
+    }
+}
+
+TEST_CASE("logits with a q8_0 or q4_0 KV cache stay within its rounding of a float64 reference") {
+    SMOL_TEST_DRAW_SEED(case_seed);
+    uint32_t draws = 0;
+    for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        const uint32_t seed = test::derived_seed(case_seed, draws++);
+        CAPTURE(std::string(smol_type_name(t)));
+        const std::string path = temp_path("kvq.gguf");
+        tiny::shape s;
+        s.n_embd = 256; // heads of 64: two blocks each, rotated
+        const tiny::model ref = tiny::write(path, s, seed);
+        model_ptr m = load(path);
+        std::mt19937 rng(seed);
+        const std::vector<int> ids = random_ids(rng, 40, s.n_vocab);
+        const auto want = tiny::reference(ref, ids);
+        context_ptr c = make_context(m.get(), 128, 512, 1, 2, t);
+        const auto got = decode_all(c.get(), ids, s.n_vocab, 16);
+        // The reference keeps K and V exact; the cache rounds each (rotated)
+        // element to within half a step of its block's scale (max |x| / 127
+        // for q8_0, max |x| / 8 for q4_0) and the errors of the attention
+        // add up over two layers. Worst over seeds 1-8: 2.4e-3 (q8_0) and
+        // 6.3e-2 (q4_0); the bounds leave 3-4x.
+        const double tol = t == SMOL_TYPE_Q8_0 ? 1e-2 : 0.2;
+        double worst = 0;
+        for (size_t i = 0; i < ids.size(); ++i) worst = std::max(worst, rel_err(got[i], want[i]));
+        CAPTURE(worst);
+        CHECK(worst < tol);
         std::filesystem::remove(path);
     }
 }
@@ -539,6 +570,30 @@ TEST_CASE("a context refuses an attention kernel smol_attn_kernel does not name"
     CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
     CHECK(c == nullptr);
     CHECK(std::string(smol_last_error()).find("names no attention kernel") != std::string::npos);
+    std::filesystem::remove(path);
+}
+
+TEST_CASE("a context refuses a KV type other than f16, q8_0 or q4_0, and q8_0 for heads of 16") {
+    const std::string path = temp_path("kvtype.gguf");
+    tiny::shape s; // heads of 64 / 4 = 16 elements
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    smol_context_params p = smol_context_default_params();
+    CHECK(p.kv_type == SMOL_TYPE_F16);
+    p.n_ctx = 64;
+    smol_context * c = nullptr;
+    for (smol_type t : {SMOL_TYPE_F32, SMOL_TYPE_Q4_1, SMOL_TYPE_BF16, smol_type(29)}) {
+        p.kv_type = t;
+        CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
+        CHECK(c == nullptr);
+        CHECK(std::string(smol_last_error()).find("use SMOL_TYPE_F16, _Q8_0 or _Q4_0") !=
+              std::string::npos);
+    }
+    p.kv_type = SMOL_TYPE_Q8_0;
+    CHECK(smol_context_create(m.get(), &p, &c) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(c == nullptr);
+    CHECK(std::string(smol_last_error()).find("heads have 16 elements") != std::string::npos);
     std::filesystem::remove(path);
 }
 

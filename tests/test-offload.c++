@@ -15,6 +15,7 @@
 #include "tiny-model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
@@ -60,7 +61,7 @@ struct placement_case {
 };
 
 smol_context_params sim_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                               const placement_case & pc) {
+                               const placement_case & pc, smol_type kv_type = SMOL_TYPE_F16) {
     smol_context_params p = smol_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -70,6 +71,7 @@ smol_context_params sim_params(uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
     p.kv_offload = pc.mode;
     p.head_group = pc.head_group;
     p.gpu_mem = pc.budget;
+    p.kv_type = kv_type;
     return p;
 }
 
@@ -146,7 +148,7 @@ bool same_bits(const std::vector<std::vector<float>> & a,
 // offloaded for each head group, and budgets that keep about a third and
 // two thirds of the groups resident.
 std::vector<placement_case> placements(smol_model * m, uint32_t n_ctx, uint32_t n_batch,
-                                       int n_head_kv) {
+                                       int n_head_kv, smol_type kv_type) {
     std::vector<placement_case> cases = {{"resident", SMOL_KV_OFFLOAD_AUTO, 0, 0},
                                          {"resident G=1", SMOL_KV_OFFLOAD_NONE, 1, 0}};
     for (int G = 1; G <= n_head_kv; ++G) {
@@ -154,7 +156,7 @@ std::vector<placement_case> placements(smol_model * m, uint32_t n_ctx, uint32_t 
     }
     // The fixed part of a budget from an all-offloaded plan with G = 1.
     context_ptr probe =
-        make_context(m, sim_params(n_ctx, n_batch, 2, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
+        make_context(m, sim_params(n_ctx, n_batch, 2, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}, kv_type));
     const smol_memory_info mi = memory_of(probe.get());
     const uint64_t fixed = mi.device_weights + mi.device_compute + mi.device_staging;
     for (int thirds = 1; thirds <= 2; ++thirds)
@@ -177,16 +179,17 @@ tiny::shape placed_shape() {
 void check_placements_agree(const std::string & path, uint32_t n_ctx, uint32_t n_batch,
                             int n_head_kv, int n_vocab,
                             const std::vector<std::vector<int>> & prompts,
-                            const std::vector<int> & steps) {
+                            const std::vector<int> & steps, smol_type kv_type = SMOL_TYPE_F16) {
     model_ptr m = load(path);
     std::vector<float> want;
     int32_t chunk = 0;
-    for (const placement_case & pc : placements(m.get(), n_ctx, n_batch, n_head_kv)) {
+    for (const placement_case & pc : placements(m.get(), n_ctx, n_batch, n_head_kv, kv_type)) {
         CAPTURE(pc.name);
         CAPTURE(pc.head_group);
         CAPTURE(pc.budget);
-        context_ptr c =
-            make_context(m.get(), sim_params(n_ctx, n_batch, uint32_t(prompts.size()), pc));
+        context_ptr c = make_context(
+            m.get(), sim_params(n_ctx, n_batch, uint32_t(prompts.size()), pc, kv_type));
+        CHECK(memory_of(c.get()).kv_type == kv_type);
         const smol_memory_info mi = memory_of(c.get());
         CAPTURE(mi.n_heads_resident);
         CAPTURE(mi.head_group);
@@ -223,6 +226,26 @@ TEST_CASE("logits are bit-identical whether KV heads are resident, offloaded or 
                                                    random_ids(rng, 20, s.n_vocab)};
     check_placements_agree(path, 256, 16, s.n_head_kv, s.n_vocab, prompts,
                            random_ids(rng, 8, s.n_vocab));
+    std::filesystem::remove(path);
+}
+
+// Only placement changes, never the arithmetic, with quantized KV too: the
+// blocks stored are the same bytes wherever they live and travel.
+TEST_CASE("a q8_0 or q4_0 cache gives bit-identical logits resident, offloaded or mixed") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("place-q.gguf");
+    tiny::shape s = placed_shape();
+    s.n_embd = 512; // heads of 64: two blocks each, rotated
+    s.n_layer = 2;
+    tiny::write(path, s, seed);
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 30, s.n_vocab),
+                                                   random_ids(rng, 12, s.n_vocab)};
+    const std::vector<int> steps = random_ids(rng, 8, s.n_vocab);
+    for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        CAPTURE(std::string(smol_type_name(t)));
+        check_placements_agree(path, 256, 16, s.n_head_kv, s.n_vocab, prompts, steps, t);
+    }
     std::filesystem::remove(path);
 }
 
@@ -312,6 +335,54 @@ TEST_CASE("sequences decoded together take cache pages of their own; one alone s
         kv.cell_pos[size_t(c)] = i;
         kv.cell_seqs[size_t(c)] = smol::seq_mask::of(0);
         last = c;
+    }
+}
+
+TEST_CASE("a quantized cache's rotation is the orthonormal Walsh-Hadamard matrix, by head size") {
+    using smol::kv_rot_k;
+    using smol::kv_rot_v;
+    CHECK(kv_rot_k(SMOL_TYPE_F16, 64) == 0);
+    CHECK(kv_rot_v(SMOL_TYPE_F16, 128) == 0);
+    CHECK(kv_rot_k(SMOL_TYPE_Q8_0, 32) == 0);
+    CHECK(kv_rot_k(SMOL_TYPE_Q8_0, 96) == 0);
+    CHECK(kv_rot_k(SMOL_TYPE_Q8_0, 64) == 64);
+    CHECK(kv_rot_k(SMOL_TYPE_Q4_0, 128) == 128);
+    CHECK(kv_rot_k(SMOL_TYPE_Q4_0, 192) == 64);
+    CHECK(kv_rot_k(SMOL_TYPE_Q4_0, 256) == 256);
+    CHECK(kv_rot_v(SMOL_TYPE_Q4_0, 256) == 64);
+    CHECK(kv_rot_v(SMOL_TYPE_Q8_0, 96) == 0);
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist;
+    for (int32_t len : {64, 128, 256}) {
+        CAPTURE(len);
+        // Two runs: each turned on its own, by H[i][j] = (-1)^popcount(i & j)
+        // / sqrt(len) in float64; and turned twice, back where it was.
+        std::vector<float> x(size_t(2 * len));
+        for (float & e : x) e = dist(rng);
+        std::vector<float> y = x;
+        smol::kv_rotate(y.data(), int64_t(y.size()), len);
+        int bad = 0, bad_back = 0;
+        for (int32_t r = 0; r < 2; ++r) {
+            for (int32_t i = 0; i < len; ++i) {
+                double want = 0, mag = 0;
+                for (int32_t j = 0; j < len; ++j) {
+                    const double p = (__builtin_popcount(unsigned(i & j)) % 2 ? -1.0 : 1.0) *
+                                     double(x[size_t(r * len + j)]);
+                    want += p;
+                    mag += std::fabs(p);
+                }
+                want /= std::sqrt(double(len));
+                mag /= std::sqrt(double(len));
+                bad += !(std::fabs(double(y[size_t(r * len + i)]) - want) <= 1e-6 * mag);
+            }
+        }
+        std::vector<float> z = y;
+        smol::kv_rotate(z.data(), int64_t(z.size()), len);
+        for (size_t i = 0; i < z.size(); ++i)
+            bad_back += !(std::fabs(z[i] - x[i]) <= 1e-5 * (1 + std::fabs(x[i])));
+        CHECK(bad == 0);
+        CHECK(bad_back == 0);
     }
 }
 
@@ -567,6 +638,37 @@ TEST_CASE("the planner keeps everything resident exactly up to the budget's limi
     CHECK(below.device_bytes() <= in.budget);
 }
 
+TEST_CASE("the planner counts a q8_0 or q4_0 cache by its blocks and keeps more of it resident") {
+    // 1M cells of the 1.7B shape under 24 GiB: a tenth of the f16 KV fits.
+    smol::plan_input in = shape_17b(24 * GiB, 1 << 20);
+    const smol::kv_plan f16 = smol::make_plan(in);
+    in.kv_type = SMOL_TYPE_Q8_0;
+    const smol::kv_plan q8 = smol::make_plan(in);
+    in.kv_type = SMOL_TYPE_Q4_0;
+    const smol::kv_plan q4 = smol::make_plan(in);
+    // A row of 64 elements: 128 bytes of f16, two blocks of 34 (q8_0) or 18.
+    CHECK(f16.row_bytes() == 128);
+    CHECK(q8.row_bytes() == 68);
+    CHECK(q4.row_bytes() == 36);
+    for (const smol::kv_plan * p : {&f16, &q8, &q4}) {
+        CHECK(p->group_bytes() == 2ull * uint64_t(p->G) * (1u << 20) * p->row_bytes());
+        CHECK(p->device_bytes() <= in.budget);
+        CHECK(p->n_offloaded_groups() > 0);
+    }
+    REQUIRE(f16.G == q8.G);
+    REQUIRE(f16.G == q4.G);
+    // The same budget holds 128/68 (1.88) and 128/36 (3.56) times the
+    // resident heads, a little more as the two staging slots shrink too.
+    const double r8 = double(q8.n_resident_groups()) / double(f16.n_resident_groups());
+    const double r4 = double(q4.n_resident_groups()) / double(f16.n_resident_groups());
+    CHECK(r8 > 128.0 / 68);
+    CHECK(r8 < 1.95);
+    CHECK(r4 > 128.0 / 36);
+    CHECK(r4 < 3.7);
+    CHECK(q8.format().find("kv-type q8_0 (approximate)") != std::string::npos);
+    CHECK(f16.format().find("kv-type f16,") != std::string::npos);
+}
+
 TEST_CASE("the planner shrinks head groups for long contexts and honours G = 1") {
     const smol::kv_plan short_ctx = smol::make_plan(shape_17b(24 * GiB, 4096));
     CHECK(short_ctx.G == 32);
@@ -806,19 +908,28 @@ TEST_CASE("SmolLM2-135M gives bit-identical logits with its KV resident, offload
     const std::vector<std::vector<int>> prompts = {random_ids(rng, 40, n_vocab),
                                                    random_ids(rng, 9, n_vocab)};
     model_ptr m = load(SMOL_MODEL);
-    std::vector<float> want;
-    for (const placement_case & pc :
-         {placement_case{"resident", SMOL_KV_OFFLOAD_NONE, 1, 0},
-          placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 1, 0},
-          placement_case{"all offloaded G=3", SMOL_KV_OFFLOAD_ALL, 3, 0}}) {
-        CAPTURE(pc.name);
-        context_ptr c = make_context(m.get(), sim_params(512, 32, 2, pc));
-        const std::vector<float> got = run_workload(c.get(), n_vocab, prompts, {1, 2, 3});
-        if (want.empty()) {
-            want = got;
-        } else {
-            CHECK(same_bits(got, want));
+    std::vector<float> f16;
+    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_Q8_0}) {
+        CAPTURE(std::string(smol_type_name(t)));
+        std::vector<float> want;
+        for (const placement_case & pc :
+             {placement_case{"resident", SMOL_KV_OFFLOAD_NONE, 1, 0},
+              placement_case{"all offloaded", SMOL_KV_OFFLOAD_ALL, 1, 0},
+              placement_case{"all offloaded G=3", SMOL_KV_OFFLOAD_ALL, 3, 0}}) {
+            CAPTURE(pc.name);
+            context_ptr c = make_context(m.get(), sim_params(512, 32, 2, pc, t));
+            const std::vector<float> got = run_workload(c.get(), n_vocab, prompts, {1, 2, 3});
+            if (want.empty()) {
+                want = got;
+            } else {
+                CHECK(same_bits(got, want));
+            }
         }
+        // The q8_0 cache is another cache: its logits are not f16's.
+        if (t == SMOL_TYPE_F16)
+            f16 = want;
+        else
+            CHECK(!same_bits(want, f16));
     }
     // Mixed: half the layers' heads resident, from the all-offloaded figures.
     context_ptr probe =
@@ -831,6 +942,6 @@ TEST_CASE("SmolLM2-135M gives bit-identical logits with its KV resident, offload
     const smol_memory_info mixed = memory_of(c.get());
     CHECK(mixed.n_heads_resident > 0);
     CHECK(mixed.n_heads_resident < mixed.n_heads);
-    CHECK(same_bits(run_workload(c.get(), n_vocab, prompts, {1, 2, 3}), want));
+    CHECK(same_bits(run_workload(c.get(), n_vocab, prompts, {1, 2, 3}), f16));
     CHECK(memory_of(c.get()).device_peak <= budget);
 }

@@ -34,6 +34,7 @@
 // guesses a target pass); the row's name gives the share of guesses kept
 // and the tokens a target pass gave.
 
+#include "../kv-type-option.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -90,6 +91,7 @@ struct options {
     std::string gpu_mem;
     std::string kv_offload = "auto";
     int head_group = 0;
+    smol_type kv_type = SMOL_TYPE_F16;
     std::string attn = "auto"; // --attn: the GPU's attention kernel
     double device_bw = 4200;   // GB/s: a device-to-device copy measured on the H200
     double link_bw = 53;       // GB/s: pinned host-to-device copies measured on the H200 host
@@ -415,6 +417,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
+    cparams.kv_type = o.kv_type;
     cparams.attn = attn_kernel_of(o.attn);
     cparams.swa_full = o.swa_full;
     smol_context * raw = nullptr;
@@ -472,7 +475,8 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
         r.mode += note;
     }
     b.report(r.test_name());
-    r.place.shown = n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto";
+    r.place.shown =
+        n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto" || o.kv_type != SMOL_TYPE_F16;
     r.place.gpu_mem = cparams.gpu_mem;
     r.place.kv_offload = o.kv_offload;
     r.place.n_ctx = smol_context_n_ctx(ctx.get());
@@ -725,10 +729,10 @@ struct markdown_table {
     void placement_note(const result & r) const {
         const smol_memory_info & m = r.place.mem;
         std::fprintf(out,
-                     "|   KV: %d of %d heads resident, G = %d, chunk %d, n_ctx %u; device peak "
+                     "|   KV %s: %d of %d heads resident, G = %d, chunk %d, n_ctx %u; device peak "
                      "%.1f MiB (budget %s), host KV %.1f MiB",
-                     m.n_heads_resident, m.n_heads, m.head_group, m.chunk, r.place.n_ctx,
-                     double(m.device_peak) / 1048576.0,
+                     smol_type_name(m.kv_type), m.n_heads_resident, m.n_heads, m.head_group,
+                     m.chunk, r.place.n_ctx, double(m.device_peak) / 1048576.0,
                      r.place.gpu_mem ? (std::to_string(r.place.gpu_mem >> 20) + " MiB").c_str()
                                      : "none",
                      double(m.host_kv) / 1048576.0);
@@ -808,6 +812,8 @@ void print_json(std::FILE * out, const std::vector<result> & results) {
         std::fprintf(out, "    \"heads_resident\": %d,\n", r.place.mem.n_heads_resident);
         std::fprintf(out, "    \"heads\": %d,\n", r.place.mem.n_heads);
         std::fprintf(out, "    \"head_group\": %d,\n", r.place.mem.head_group);
+        std::fprintf(out, "    \"kv_type\": %s,\n",
+                     json_string(smol_type_name(r.place.mem.kv_type)).c_str());
         std::fprintf(out, "    \"device_peak\": %llu,\n",
                      (unsigned long long)r.place.mem.device_peak);
         std::fprintf(out, "    \"floor_ms_per_token\": %.6f,\n", r.place.floor_ms);
@@ -973,6 +979,7 @@ int main(int argc, char ** argv) {
     app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    add_kv_type_option(app, o.kv_type);
     app.add_option("--attn", o.attn,
                    "the GPU's attention kernel for every batch: auto, decode, decode-warps, "
                    "flash or classic")

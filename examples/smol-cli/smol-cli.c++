@@ -5,6 +5,7 @@
 // adds. Tokens are streamed to stdout as they are sampled; the loading bar,
 // notes and timings go to stderr so stdout holds only text.
 
+#include "../kv-type-option.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -95,6 +96,7 @@ struct options {
     std::string gpu_mem;
     std::string kv_offload = "auto";
     int32_t head_group = 0;
+    smol_type kv_type = SMOL_TYPE_F16;
     bool dump_plan = false;
     bool dump_schedule = false;
     bool swa_full = false;
@@ -604,6 +606,7 @@ int run(const options & o, const char * argv0) {
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
+    cparams.kv_type = o.kv_type;
     // A token tree verifies each branch as a sequence of its own.
     if (o.spec_tree > 0) cparams.n_seq_max = uint32_t(std::max(1, o.spec_tree / 2) + 1);
     smol_context * raw_ctx = nullptr;
@@ -711,6 +714,7 @@ int main(int argc, char ** argv) {
     app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    add_kv_type_option(app, o.kv_type);
     app.add_flag("--dump-plan", o.dump_plan, "print the KV placement plan to stderr");
     app.add_flag("--dump-schedule", o.dump_schedule,
                  "print the program of one decode step (streams, copies, events) to stderr");

@@ -13,6 +13,7 @@
 //   scripts/pydoc-text.py /tmp/pydoc.txt   writes a real English text (Python's own
 //                                          documentation topics) to use
 
+#include "../kv-type-option.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -37,6 +38,7 @@ struct options {
     int threads = 0;
     std::string device = "cpu";
     std::string gpu_mem;
+    smol_type kv_type = SMOL_TYPE_F16;
     bool quiet = false;
 };
 
@@ -96,6 +98,7 @@ int run(const options & o) {
     cp.n_batch = uint32_t(std::min(o.n_batch, n_ctx));
     cp.n_threads = o.threads;
     cp.device = o.device.c_str();
+    cp.kv_type = o.kv_type;
     if (!o.gpu_mem.empty() && smol_parse_size(o.gpu_mem.c_str(), &cp.gpu_mem) != SMOL_OK) {
         std::fprintf(stderr, "smol-perplexity: --gpu-mem: %s\n", smol_last_error());
         smol_model_free(model);
@@ -109,8 +112,9 @@ int run(const options & o) {
     }
     std::fprintf(stderr,
                  "smol-perplexity: %s, %d tokens, %d chunks of %d (scoring the second half), "
-                 "batch %u, %s\n",
-                 info.name, n_tokens, n_chunk, n_ctx, cp.n_batch, smol_cpu_kernels_name());
+                 "batch %u, KV %s, %s\n",
+                 info.name, n_tokens, n_chunk, n_ctx, cp.n_batch, smol_type_name(cp.kv_type),
+                 smol_cpu_kernels_name());
 
     smol_batch batch = smol_batch_init(int32_t(cp.n_batch));
     double nll = 0.0, nll2 = 0.0;
@@ -191,6 +195,7 @@ int main(int argc, char ** argv) {
     app.add_option("-t,--threads", o.threads, "CPU threads")->capture_default_str();
     app.add_option("--device", o.device, "cpu, sim or cuda:N")->capture_default_str();
     app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB");
+    add_kv_type_option(app, o.kv_type);
     app.add_flag("-q,--quiet", o.quiet, "only the final estimate");
     CLI11_PARSE(app, argc, argv);
     return run(o);

@@ -11,6 +11,7 @@
 // route but /health and the page needs one, and listening beyond loopback
 // needs keys (or --no-auth).
 
+#include "../kv-type-option.h"
 #include "access.h"
 #include "chat-page.h"
 #include "request.h"
@@ -65,6 +66,7 @@ struct options {
     std::string device = "cpu";
     std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
+    smol_type kv_type = SMOL_TYPE_F16;
     std::vector<std::string> api_keys;
     std::string api_key_file;
     bool no_auth = false;
@@ -1164,6 +1166,7 @@ int main(int argc, char ** argv) {
     app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB (default: none)");
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->check(CLI::IsMember({"auto", "none", "all"}));
+    add_kv_type_option(app, o.kv_type);
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
     app.add_flag("--swa-full", o.swa_full,
                  "sliding-window layers (Gemma 3's local ones) keep every position, not only "
@@ -1236,6 +1239,7 @@ int main(int argc, char ** argv) {
     ep.context.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
                             : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                     : SMOL_KV_OFFLOAD_AUTO;
+    ep.context.kv_type = o.kv_type;
     ep.n_chunk = o.chunk;
     ep.n_queue_max = o.max_queue;
     ep.prefix_cache = !o.no_prefix_cache;
