@@ -154,7 +154,7 @@ struct smol_spec {
 
     std::unique_ptr<smol_context, context_free> draft;
     int32_t draft_past = 0; // history tokens the draft's cache holds
-    int32_t draft_cap = 0;  // the draft context's batch
+    int32_t draft_cap = 0;  // the draft context's batch: every draft decode is cut to it
 
     smol_batch batch{};
     smol_spec_stats stats{};
@@ -268,7 +268,7 @@ struct smol_spec {
         smol_context * d = draft.get();
         std::vector<smol_token> feed(history.begin() + draft_past, history.end());
         feed.push_back(next);
-        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false);
         draft_past = pos + 1;
         tree.assign(1, node{next, -1, 0, 0.0});
         tree[0].draft_seq = 0;
@@ -345,7 +345,7 @@ struct smol_spec {
         smol_context * d = draft.get();
         std::vector<smol_token> feed(history.begin() + draft_past, history.end());
         feed.push_back(next);
-        decode(d, batch, n_batch, feed.data(), int32_t(feed.size()), draft_past, false);
+        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false);
         draft_past = pos + 1;
         tree.assign(1, node{next, -1, 0, 0.0});
         tree[0].draft_seq = 0;
