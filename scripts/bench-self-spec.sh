@@ -46,11 +46,7 @@ if [ -n "$gpu_mem" ]; then place+=(--gpu-mem "$gpu_mem"); else place+=(--kv-offl
 [ "$threads" -gt 0 ] && place+=(-t "$threads")
 common=(-m "$model" -f "$tmp/text.txt" -n "$n_gen" --temp 0 --no-display-prompt "${place[@]}")
 
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }
-rate_plain() { sed -n 's/.*generation .*(\s*\([0-9.]*\) tokens\/s).*/\1/p'; }
-rate_spec() { sed -n 's/.*speculative .*(\([0-9.]*\) tokens\/s).*/\1/p'; }
-per_step() { sed -n 's/.*decodes (\([0-9.]*\) tokens each).*/\1/p'; }
-kept() { sed -n 's/.*guesses kept (\([0-9.]*\)%).*/\1/p'; }
+. "$root/scripts/spec-report.sh"
 
 echo "model $(basename "$model"), ${place[*]}, $chars characters of text, $n_gen tokens, draft-max $draft_max, smol $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo

@@ -50,11 +50,7 @@ if [ -n "$draft" ]; then
         "token tree $budget, greedy|--temp 0|--model-draft $draft --spec-tree $budget")
 fi
 
-median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR + 1) / 2)]}'; }
-rate_plain() { sed -n 's/.*generation .*(\s*\([0-9.]*\) tokens\/s).*/\1/p'; }
-rate_spec() { sed -n 's/.*speculative .*(\([0-9.]*\) tokens\/s).*/\1/p'; }
-per_step() { sed -n 's/.*decodes (\([0-9.]*\) tokens each).*/\1/p'; }
-kept() { sed -n 's/.*guesses kept (\([0-9.]*\)%).*/\1/p'; }
+. "$root/scripts/spec-report.sh"
 
 echo "| prompt | mode | plain t/s | speculative t/s | ratio | tokens per target decode | guesses kept |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
