@@ -259,27 +259,33 @@ TEST_CASE("a Gemma keeping only its window, lookup's rejected guesses rolled bac
     s.window = 6;
     tiny_file f(s, seed, "gemma-lookup.gguf");
     std::mt19937 rng(seed);
-    const std::vector<job> jobs = mixed_jobs(f.model.get(), f.n_vocab, rng);
-    // Plain: n_batch = n_ctx, so every position is kept. With lookup:
-    // n_batch 16, a window store of 4 x (6 + 16) + 16 of 256 cells, whose
-    // reserve of 16 covers every rollback of up to 4 guesses.
-    engine_setup plain;
-    const std::vector<result> want = serve(f.model.get(), plain, jobs);
-    engine_setup spec;
-    spec.n_batch = 16;
-    spec.draft_max = 4;
-    smol_engine_stats st{};
-    const std::vector<result> got = serve(f.model.get(), spec, jobs, &st);
-    check_same(got, want);
-    CHECK(st.n_spec_accepted > 0);
-    CHECK(st.n_spec_accepted < st.n_spec_drafted);
+    // A tiny random Gemma often falls into a loop that lookup guesses
+    // whole: new jobs until some guess was rejected (each round checked).
+    int64_t rejected = 0;
+    for (int round = 0; round < 6 && rejected == 0; ++round) {
+        const std::vector<job> jobs = mixed_jobs(f.model.get(), f.n_vocab, rng);
+        // Plain: n_batch = n_ctx, so every position is kept. With lookup:
+        // n_batch 16, a window store of 4 x (6 + 16) + 16 of 256 cells,
+        // whose reserve of 16 covers every rollback of up to 4 guesses.
+        engine_setup plain;
+        const std::vector<result> want = serve(f.model.get(), plain, jobs);
+        engine_setup spec;
+        spec.n_batch = 16;
+        spec.draft_max = 4;
+        smol_engine_stats st{};
+        const std::vector<result> got = serve(f.model.get(), spec, jobs, &st);
+        check_same(got, want);
+        CHECK(st.n_spec_accepted > 0);
+        rejected = st.n_spec_drafted - st.n_spec_accepted;
+    }
+    CHECK(rejected > 0);
 }
 
 TEST_CASE("with the prefix cache and preemption, lookup still gives plain decoding's output") {
     SMOL_TEST_DRAW_SEED(seed);
     tiny_file f(SMOL_TYPE_Q4_1, seed, "preempt.gguf");
     std::mt19937 rng(seed);
-    // Three requests of 16 + 40 tokens, two at a time in 96 cells: some are
+    // Three requests of 16 + 40 tokens, two at a time in 80 cells: some are
     // preempted and recomputed, the last finds the shared block cached.
     const std::vector<int> shared = repeated(rng, 4, 3, f.n_vocab);
     std::vector<job> jobs;
@@ -294,7 +300,7 @@ TEST_CASE("with the prefix cache and preemption, lookup still gives plain decodi
     engine_setup plain;
     const std::vector<result> want = serve(f.model.get(), plain, jobs);
     engine_setup spec;
-    spec.n_ctx = 96;
+    spec.n_ctx = 80;
     spec.parallel = 2;
     spec.prefix = true;
     spec.draft_max = 6;

@@ -218,17 +218,20 @@ TEST_CASE("a rollback of up to n_batch tokens stays exact however far decoding w
     for (int & t : toks) t = int(rng() % 300u);
     std::vector<float> got, want;
     smol_batch b = smol_batch_init(16);
-    int len = 0;
+    int len = 0, furthest = 0;
     for (int step = 0; step < 12; ++step) {
-        // Ten tokens on, a rollback of 1 .. 16 (never below 0): speculative
-        // decoding's pattern.
+        // Ten tokens on, a rollback of 1 .. 16, never below 0 nor more than
+        // n_batch below the furthest length reached (the reserve's promise;
+        // rollbacks add up across steps): speculative decoding's pattern.
         for (int i = 0; i < 10; ++i)
             smol_batch_add(&b, 16, toks[size_t(len + i)], len + i, 0, true);
         smol_batch copy = b;
         decode(full.get(), copy, 300, want);
         decode(c.get(), b, 300, got);
         len += 10;
-        const int back = std::min(len, 1 + int(rng() % 16u));
+        furthest = std::max(furthest, len);
+        const int floor = std::max(0, furthest - 16);
+        const int back = std::min(len - floor, 1 + int(rng() % 16u));
         len -= back;
         smol_kv_seq_rm(c.get(), 0, len, -1);
         smol_kv_seq_rm(full.get(), 0, len, -1);
