@@ -94,6 +94,9 @@ class backend {
     // store's batch (batch_info::local, kv_view::local). Without, a context
     // keeps every position for sliding-window layers (as swa_full).
     virtual bool supports_window_store() const { return true; }
+    // Whether its ATTENTION kernels see a window's sinks (attn_opts::sink):
+    // streaming heads.
+    virtual bool supports_attention_sinks() const { return true; }
     // Whether run() may be given the graph of its last run again, neither
     // cleared nor changed but for its batch (positions, sequences, cells),
     // and run it as before. Elsewhere a decode step builds its graph anew.

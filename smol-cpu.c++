@@ -480,8 +480,9 @@ void run_attention(tensor * t, const op_args & a) {
     const int group = n_head / n_head_kv;
     const int n_kv = view.h1 - view.h0;
     const float scale = t->fparams[0] != 0 ? t->fparams[0] : 1.0f / std::sqrt(float(hd));
-    // A sliding window: a query at p sees keys at p - window + 1 .. p.
-    const int32_t window = t->iparams[4];
+    // A sliding window: a query at p sees keys at p - window + 1 .. p, and
+    // those below `sink` (streaming heads).
+    const int32_t window = t->iparams[4], sink = t->iparams[5];
     const int64_t n_tok = q->ne[1];
     const int64_t ld = kv.n_cells;
     float * scores = a.scratch;                                               // group x n_cells
@@ -512,16 +513,28 @@ void run_attention(tensor * t, const op_args & a) {
             n_vis = 0;
             while (n_vis < n_list && kv.cell_pos[list[n_vis]] <= p) ++n_vis;
             if (window > 0) {
-                int32_t first = 0;
+                int32_t n_sink = 0; // the list is sorted by position: sinks first
+                while (n_sink < n_vis && kv.cell_pos[list[n_sink]] < sink) ++n_sink;
+                int32_t first = n_sink;
                 while (first < n_vis && p - kv.cell_pos[list[first]] >= window) ++first;
-                cells += first;
-                n_vis -= first;
+                if (n_sink == 0) {
+                    cells += first;
+                    n_vis -= first;
+                } else if (first > n_sink) { // the sinks, then the window apart
+                    std::memcpy(own, list, size_t(n_sink) * sizeof(int32_t));
+                    std::memcpy(own + n_sink, list + first,
+                                size_t(n_vis - first) * sizeof(int32_t));
+                    cells = own;
+                    n_vis = n_sink + (n_vis - first);
+                    listed = -1;
+                } // else the sinks and the window adjoin: the list as it is
             }
         } else if (listed != i) {
             n_vis = 0;
             for (int32_t c = 0; c < kv.n_used; ++c) {
-                if (kv_cell_visible(kv.cell_pos[c], kv.cell_seqs[c], s, p) &&
-                    (window <= 0 || p - kv.cell_pos[c] < window))
+                const smol_pos cp = kv.cell_pos[c];
+                if (kv_cell_visible(cp, kv.cell_seqs[c], s, p) &&
+                    (window <= 0 || p - cp < window || cp < sink))
                     own[n_vis++] = c;
             }
             cells = own;

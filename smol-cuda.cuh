@@ -379,6 +379,7 @@ class cuda_backend final : public backend {
     bool supports_weights(smol_type t) const override { return traits_of(t) != nullptr; }
     // Quantized KV has no kernels here yet.
     bool supports_kv_type(smol_type t) const override { return t == SMOL_TYPE_F16; }
+    bool supports_attention_sinks() const override { return false; }
     void * alloc(size_t bytes) override;
     void release(void * p) override;
     void upload(void * dst, const void * src, size_t bytes) override;

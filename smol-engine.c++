@@ -960,16 +960,17 @@ smol_engine_stats engine::stats() const {
     const uint64_t n_heads = uint64_t(std::max(mi.n_heads, 1));
     s.kv_bytes_offloaded = used / n_heads * (n_heads - uint64_t(mi.n_heads_resident));
     s.kv_bytes_resident = used - s.kv_bytes_offloaded;
-    // A layer in the window store holds only its slots: counted by layer.
+    // A group in the window store holds only its slots: counted by group.
     if (ctx_.win.on()) {
         const kv_plan & p = ctx_.plan;
         const uint64_t group_cell = cell_bytes / uint64_t(p.n_layer) / uint64_t(p.n_group);
         s.kv_bytes_resident = s.kv_bytes_offloaded = 0;
         for (int32_t l = 0; l < p.n_layer; ++l) {
-            const uint64_t cells = uint64_t(p.is_windowed(l) ? slots_used_ : s.n_cells_used);
-            for (int32_t g = 0; g < p.n_group; ++g)
+            for (int32_t g = 0; g < p.n_group; ++g) {
+                const uint64_t cells = uint64_t(p.is_windowed(l, g) ? slots_used_ : s.n_cells_used);
                 (p.is_resident(l, g) ? s.kv_bytes_resident : s.kv_bytes_offloaded) +=
                     cells * group_cell;
+            }
         }
     }
     return s;

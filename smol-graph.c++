@@ -146,6 +146,7 @@ tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int3
     t->iparams[2] = n_head_kv;
     t->iparams[3] = head_dim;
     t->iparams[4] = opts.window;
+    t->iparams[5] = opts.window > 0 ? opts.sink : 0;
     t->fparams[0] = opts.scale;
     return t;
 }

@@ -164,11 +164,13 @@ tensor * op_add(graph & g, tensor * a, tensor * b);
 tensor * op_rope(graph & g, tensor * x, tensor * pos, int32_t n_head, int32_t head_dim,
                  float freq_base, bool neox = false);
 // Attention's options beyond the heads: a sliding window (a query at p sees
-// keys at p - window + 1 .. p; 0: all) and the scale of q.k (0:
+// keys at p - window + 1 .. p; 0: all), with a window the first `sink`
+// positions too (streaming heads), and the scale of q.k (0:
 // 1 / sqrt(head_dim)).
 struct attn_opts {
     int32_t window = 0;
     float scale = 0;
+    int32_t sink = 0;
 };
 tensor * op_kv_store(graph & g, tensor * k, tensor * v, int32_t layer);
 tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int32_t n_head,

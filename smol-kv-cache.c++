@@ -182,14 +182,16 @@ void kv_cache::cells_rm_seq(const int32_t * cells, int32_t n, smol_seq_id seq) {
 // --- the window store ------------------------------------------------------------
 
 int32_t kv_window::slots_needed(int32_t n_cells, int32_t n_seq_max, int32_t window, int32_t reserve,
-                                int32_t n_batch) {
-    const int64_t n = int64_t(std::max(n_seq_max, 1)) * (int64_t(window) + reserve) + n_batch;
+                                int32_t n_batch, int32_t sink) {
+    const int64_t n =
+        int64_t(std::max(n_seq_max, 1)) * (int64_t(sink) + window + reserve) + n_batch;
     return int32_t(std::min<int64_t>(n_cells, n));
 }
 
-void kv_window::init(const kv_cache & kv, int32_t w, int32_t r, int32_t n_slots) {
+void kv_window::init(const kv_cache & kv, int32_t w, int32_t r, int32_t n_slots, int32_t snk) {
     window = w;
     reserve = r;
+    sink = snk;
     // The cache's shape and kind (whatever a cell's row holds), n_slots
     // cells, all free.
     table = kv;
@@ -248,7 +250,9 @@ void kv_window::release_old(const kv_cache & kv) {
         const int32_t c = slot_cell[size_t(s)];
         if (c < 0) continue;
         const smol_pos p = kv.cell_pos[size_t(c)];
-        bool keep = false;
+        // Sinks stay while an active sequence holds them (a prefix cache's
+        // texts would otherwise keep theirs past the store's sizing).
+        bool keep = p < sink && bool(kv.cell_seqs[size_t(c)] & ~passive);
         for (seq_mask m = kv.cell_seqs[size_t(c)] & ~passive; m && !keep; m = m.rest())
             keep = int64_t(p) > int64_t(newest[size_t(m.first())]) - window - reserve;
         if (keep) continue;
@@ -314,7 +318,7 @@ void kv_placement::alloc(backend & be) {
         for (int32_t i = 0; i < n_groups; ++i) {
             if (!plan_.resident[size_t(i)]) continue;
             group_base_[size_t(i)] = reinterpret_cast<uint16_t *>(base + at);
-            at += plan_.group_bytes_at(i / plan_.n_group);
+            at += plan_.group_bytes_at(i / plan_.n_group, i % plan_.n_group);
         }
     }
     if (plan_.n_slots > 0) {
@@ -362,7 +366,7 @@ kv_view kv_placement::group_view(int32_t layer, int32_t group, int32_t slot) con
     uint16_t * base = slot >= 0 ? slots_[slot] : base_of(layer, group);
     v.head_stride = size_t(kv_.n_cells) * size_t(kv_.row_words);
     v.k = base;
-    if (plan_.is_windowed(layer)) { // the window store's slots
+    if (plan_.is_windowed(layer, group)) { // the window store's slots
         v.head_stride = v.head_stride / size_t(kv_.n_cells) * size_t(plan_.window_cells);
         v.local = true;
     }

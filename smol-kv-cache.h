@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace smol {
@@ -211,30 +212,32 @@ struct kv_cache {
     void shrink_used();
 };
 
-// --- the window store: what sliding-window layers keep ----------------------
+// --- the window store: what windowed heads keep ------------------------------
 
-// A layer whose attention sees only the last `window` positions (Gemma 3's
-// local layers) keeps the K and V of those positions only, in a store of
+// Heads whose attention sees only the last `window` positions (Gemma 3's
+// local layers), and the first `sink` positions too (streaming heads,
+// DuoAttention's), keep the K and V of those positions only, in a store of
 // its own smaller than the cache: n_slots slots, each holding the K and V
 // of one cell. The cells stay the cache's (positions, sequences, seq_rm,
 // seq_cp, find_cell); a new token's cell takes a slot, and a slot is given
-// back when its cell is freed or has fallen out of the window of every
-// sequence that holds it by more than `reserve` positions (n_batch: a
-// rollback of up to that many tokens, as speculative decoding does, stays
-// exact). To a backend the store is a second cell table, `table`: the
-// slots' positions and sequences (their cells'), which the local layers'
-// KV_STORE and ATTENTION use instead of the cache's (batch_info::local).
+// back when its cell is freed or, past the sinks, has fallen out of the
+// window of every sequence that holds it by more than `reserve` positions
+// (n_batch: a rollback of up to that many tokens, as speculative decoding
+// does, stays exact). To a backend the store is a second cell table,
+// `table`: the slots' positions and sequences (their cells'), which the
+// windowed heads' KV_STORE and ATTENTION use instead of the cache's
+// (batch_info::local).
 //
-// Sizing (kv_window::slots_needed): every sequence keeps at most window +
-// reserve slots at a step's start (its positions are distinct), and a
-// step adds at most n_batch, so n_seq_max * (window + reserve) + n_batch
-// slots never run out.
+// Sizing (kv_window::slots_needed): every sequence keeps at most sink +
+// window + reserve slots at a step's start (its positions are distinct),
+// and a step adds at most n_batch, so n_seq_max * (sink + window + reserve)
+// + n_batch slots never run out.
 //
 // Exactness: a sequence that would attend to a position whose slot is gone
 // (a rollback past the reserve, a copied prefix whose last window was
 // released) is refused (first_exact), never computed without it.
 struct kv_window {
-    int32_t window = 0, reserve = 0;
+    int32_t window = 0, reserve = 0, sink = 0;
     kv_cache table;                            // the slots as cells; no K or V of its own
     std::vector<int32_t> slot_cell, cell_slot; // -1: none
     // Per sequence: its newest position, and the newest position of a cell
@@ -246,9 +249,10 @@ struct kv_window {
     uint64_t synced = 0; // the cache's version at the last sync
 
     static int32_t slots_needed(int32_t n_cells, int32_t n_seq_max, int32_t window, int32_t reserve,
-                                int32_t n_batch);
+                                int32_t n_batch, int32_t sink = 0);
     bool on() const { return window > 0; }
-    void init(const kv_cache & kv, int32_t window, int32_t reserve, int32_t n_slots);
+    void init(const kv_cache & kv, int32_t window, int32_t reserve, int32_t n_slots,
+              int32_t sink = 0);
     // Follows the cache's changes since the last sync: gives back the slots
     // of freed cells, copies positions and sequences, recounts newest and
     // lost. Before any cell is taken after the cache changed.
@@ -257,9 +261,11 @@ struct kv_window {
     void release_old(const kv_cache & kv);
     // A slot for cell c, just taken by a token of seq at pos; -1: none left.
     int32_t take(int32_t c, smol_pos pos, smol_seq_id seq);
-    // The lowest position at which seq can go on exactly (0: any).
+    // The lowest position at which seq can go on exactly (0: any; a lost
+    // sink: none).
     smol_pos first_exact(smol_seq_id seq) const {
-        return lost[size_t(seq)] < 0 ? 0 : lost[size_t(seq)] + window;
+        const smol_pos p = lost[size_t(seq)];
+        return p < 0 ? 0 : p < sink ? std::numeric_limits<smol_pos>::max() : p + window;
     }
     // The slots whose cells are held (a freed cell's slot is given back at
     // the next sync).

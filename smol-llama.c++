@@ -359,6 +359,45 @@ static void check_kv_type(smol_type t, int32_t head_dim, const backend & be) {
     }
 }
 
+// Streaming heads from the parameters: checked, and copied (the caller
+// owns the array).
+void llama_context::take_streaming_heads(bool has_swa) {
+    const smol_context_params p = params;
+    params.streaming_heads = nullptr; // not kept
+    if (!p.streaming_heads) return;
+    const llama_hparams & hp = model.hp;
+    const size_t n = size_t(hp.n_layer) * size_t(hp.n_head_kv);
+    if (p.n_streaming_heads != n) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "streaming_heads has " + std::to_string(p.n_streaming_heads) +
+                        " flags and this model " + std::to_string(n) + " kv heads (" +
+                        std::to_string(hp.n_layer) + " layers x " + std::to_string(hp.n_head_kv) +
+                        "); label this model's heads with smol-heads");
+    }
+    if (p.stream_sink < 0 || p.stream_window < 0) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "stream_sink " + std::to_string(p.stream_sink) + " and stream_window " +
+                        std::to_string(p.stream_window) + " must not be negative");
+    }
+    if (has_swa) {
+        throw error(SMOL_ERR_UNSUPPORTED, "streaming heads on a model with sliding-window layers "
+                                          "are not supported; leave --streaming-heads off");
+    }
+    if (!be_->supports_attention_sinks()) {
+        throw error(SMOL_ERR_UNSUPPORTED, std::string(be_->name()) +
+                                              " has no streaming-head attention yet; leave "
+                                              "--streaming-heads off or run on the CPU");
+    }
+    streaming.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) streaming[i] = p.streaming_heads[i] ? 1 : 0;
+    if (std::find(streaming.begin(), streaming.end(), uint8_t(1)) == streaming.end()) {
+        streaming.clear();
+        return;
+    }
+    stream_sink = p.stream_sink ? p.stream_sink : 64;
+    stream_window = p.stream_window ? p.stream_window : 256;
+}
+
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
     : model(m), params(p),
       be_(make_backend(p.device ? p.device : "cpu",
@@ -393,15 +432,24 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     out_row_.resize(nb);
     slots_.resize(nb);
     reserve_logits(size_t(out_width()));
-    // Sliding-window layers keep their window plus a reserve of n_batch
-    // positions per sequence (kv_window), unless asked to keep all, or the
-    // backend cannot, or that would be no smaller.
-    if (hp.n_swa > 0 && std::find(hp.swa.begin(), hp.swa.end(), true) != hp.swa.end() &&
-        !params.swa_full && be_->supports_window_store()) {
+    const bool has_swa =
+        hp.n_swa > 0 && std::find(hp.swa.begin(), hp.swa.end(), true) != hp.swa.end();
+    take_streaming_heads(has_swa);
+    // Sliding-window layers, or streaming heads, keep their window plus a
+    // reserve of n_batch positions per sequence (kv_window), unless asked
+    // to keep all, or the backend cannot, or that would be no smaller.
+    if (has_swa && !params.swa_full && be_->supports_window_store()) {
         const int32_t n_slots =
             kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), hp.n_swa,
                                     int32_t(params.n_batch), int32_t(params.n_batch));
         if (n_slots < kv.n_cells) win.init(kv, hp.n_swa, int32_t(params.n_batch), n_slots);
+    }
+    if (!streaming.empty() && be_->supports_window_store()) {
+        const int32_t n_slots =
+            kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), stream_window,
+                                    int32_t(params.n_batch), int32_t(params.n_batch), stream_sink);
+        if (n_slots < kv.n_cells)
+            win.init(kv, stream_window, int32_t(params.n_batch), n_slots, stream_sink);
     }
 
     // A weight type the device does not compute with is refused before
@@ -456,9 +504,17 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     in.mode = params.kv_offload;
     in.head_group = params.head_group;
     in.weight_bytes = weight_bytes;
-    if (win.on()) {
-        in.windowed.assign(hp.swa.begin(), hp.swa.end());
-        in.window_cells = win.table.n_cells;
+    if (win.on() && !streaming.empty()) {
+        in.windowed = streaming;
+    } else if (win.on()) {
+        for (int32_t l = 0; l < hp.n_layer; ++l)
+            in.windowed.insert(in.windowed.end(), size_t(hp.n_head_kv), uint8_t(hp.swa[size_t(l)]));
+    }
+    in.window_cells = win.on() ? win.table.n_cells : 0;
+    in.streaming = streaming;
+    if (!streaming.empty()) {
+        in.streaming_sink = stream_sink;
+        in.streaming_window = stream_window;
     }
     // The most of one head group per layer and of single heads (whose k and
     // v stay live across more nodes), as many tokens keeping their logits as
@@ -579,9 +635,15 @@ void llama_context::build_graph(const step_shape & shape) {
         }
         q = op_rope(g, q, pos, hp.n_head, hp.head_dim, base, gemma);
         k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, base, gemma);
-        const attn_opts opts{local ? hp.n_swa : 0, hp.attn_scale};
+        const attn_opts layer_opts{local ? hp.n_swa : 0, hp.attn_scale};
         tensor * att = nullptr;
         for (int32_t gr = 0; gr < plan.n_group; ++gr) {
+            // A group's heads stream or not alike (the planner's G).
+            const bool streams =
+                !streaming.empty() &&
+                streaming[size_t(l) * size_t(hp.n_head_kv) + size_t(gr) * size_t(plan.G)];
+            const attn_opts opts =
+                streams ? attn_opts{stream_window, hp.attn_scale, stream_sink} : layer_opts;
             const kv_placement::group_io io = kv_place_.group(l, gr);
             tensor * stored = op_kv_store_heads(g, k, v, l, io.view, io.ready);
             kv_place_.after_store(l, gr);
@@ -660,16 +722,20 @@ void llama_context::decode(const smol_batch & b) {
                             " it already holds; remove those positions first (smol_kv_seq_rm)");
         }
         if (win.on() && b.pos[i] < win.first_exact(s)) {
+            const bool heads = !streaming.empty();
             throw error(SMOL_ERR_WINDOW_GONE,
                         "smol_decode: position " + std::to_string(b.pos[i]) + " of sequence " +
                             std::to_string(s) + " would attend to position " +
-                            std::to_string(win.lost[size_t(s)]) +
-                            ", whose keys the sliding-window layers no longer keep (they keep " +
+                            std::to_string(win.lost[size_t(s)]) + ", whose keys the " +
+                            (heads ? "streaming heads" : "sliding-window layers") +
+                            " no longer keep (they keep " +
+                            (heads ? "the first " + std::to_string(win.sink) + ", " : "") +
                             std::to_string(win.window) + " positions and a reserve of " +
                             std::to_string(win.reserve) +
                             " = n_batch); recompute the sequence from position 0, roll back "
-                            "at most n_batch tokens, or create the context with swa_full "
-                            "(--swa-full)");
+                            "at most n_batch tokens, or " +
+                            (heads ? "leave streaming heads off"
+                                   : "create the context with swa_full (--swa-full)"));
         }
         seq_max[size_t(s)] = b.pos[i];
     }
@@ -876,7 +942,7 @@ smol_pos llama_context::seq_pos_exact(smol_seq_id seq) {
 bool llama_context::window_kept(const int32_t * cells, int32_t n) const {
     if (!win.on() || n <= 0) return true;
     const int32_t w = std::min(n, win.window - 1);
-    return win.holds(cells + (n - w), w);
+    return win.holds(cells, std::min(n, win.sink)) && win.holds(cells + (n - w), w);
 }
 
 // Lists, for each sequence of the batch, the cells of table (the cache's or

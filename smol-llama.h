@@ -152,8 +152,13 @@ class llama_context {
     const llama_model & model;
     smol_context_params params;
     kv_cache kv;
-    // The sliding-window layers' store (off: they keep every cell).
+    // The sliding-window layers' or streaming heads' store (off: they keep
+    // every cell).
     kv_window win;
+    // Streaming heads: one flag per (layer, kv head) (empty: none), the
+    // positions they keep first and their window.
+    std::vector<uint8_t> streaming;
+    int32_t stream_sink = 0, stream_window = 0;
     kv_plan plan;
     smol_perf perf{};
 
@@ -172,6 +177,7 @@ class llama_context {
     void list_seq_cells(int32_t n_tokens, const kv_cache & table, std::vector<int32_t> & cells,
                         std::vector<int32_t> & begin);
     void set_local_batch(bool lists);
+    void take_streaming_heads(bool has_swa);
 
     void * to_backend(const weight & w);
 

@@ -39,7 +39,7 @@ uint64_t kv_plan::kv_bytes(bool resident_groups) const {
     uint64_t n = 0;
     for (int32_t l = 0; l < n_layer; ++l) {
         for (int32_t g = 0; g < n_group; ++g)
-            if (is_resident(l, g) == resident_groups) n += group_bytes_at(l);
+            if (is_resident(l, g) == resident_groups) n += group_bytes_at(l, g);
     }
     return n;
 }
@@ -91,10 +91,29 @@ kv_plan make_plan(const plan_input & in) {
     p.weight_bytes = in.weight_bytes;
     p.windowed = in.windowed;
     p.window_cells = in.window_cells;
+    p.streaming = in.streaming;
+    p.streaming_sink = in.streaming_sink;
+    p.streaming_window = in.streaming_window;
     if (in.head_group < 0 || (in.head_group > 0 && in.n_head_kv % in.head_group != 0)) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "head group " + std::to_string(in.head_group) + " does not divide the " +
                         std::to_string(in.n_head_kv) + " kv heads of a layer; choose a divisor");
+    }
+    if (!in.windowed.empty() && in.windowed.size() != size_t(in.n_layer) * size_t(in.n_head_kv))
+        throw error(SMOL_ERR_INVALID_ARGUMENT, "the window store's heads do not match the model");
+    // A group's heads all in the window store or all out, all streaming or
+    // none.
+    auto uniform = [&](int32_t G) {
+        for (const std::vector<uint8_t> * f : {&in.windowed, &in.streaming})
+            for (size_t h = 0; h < f->size(); ++h)
+                if ((*f)[h] != (*f)[h / size_t(G) * size_t(G)]) return false;
+        return true;
+    };
+    if (in.head_group > 0 && !uniform(in.head_group)) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "head group " + std::to_string(in.head_group) +
+                        " puts streaming and full heads in one group; use --head-group 1, or "
+                        "leave it to the planner");
     }
     p.group_forced = in.head_group > 0;
     auto compute = [&](int32_t n) { return in.compute_bytes ? in.compute_bytes(n) : 0; };
@@ -106,23 +125,19 @@ kv_plan make_plan(const plan_input & in) {
     const uint64_t all_kv =
         2ull * uint64_t(in.n_layer) * uint64_t(in.n_head_kv) * uint64_t(in.n_cells) * p.row_bytes();
 
-    // The window store's layers hold window_cells cells each, not n_cells.
-    const uint64_t layer_cell =
-        in.n_layer > 0 && in.n_cells > 0 ? all_kv / uint64_t(in.n_layer) / uint64_t(in.n_cells) : 0;
-    uint64_t window_kv = 0;
-    std::vector<int32_t> global; // the layers outside the window store
-    for (int32_t l = 0; l < in.n_layer; ++l) {
-        if (!in.windowed.empty() && in.windowed[size_t(l)])
-            window_kv += layer_cell * uint64_t(in.window_cells);
-        else
-            global.push_back(l);
-    }
-    const uint64_t kv_total = layer_cell * uint64_t(in.n_cells) * global.size() + window_kv;
+    // The window store's heads hold window_cells cells each, not n_cells.
+    const uint64_t head_cell = 2 * p.row_bytes();
+    const auto n_win = uint64_t(std::count(in.windowed.begin(), in.windowed.end(), uint8_t(1)));
+    const uint64_t window_kv = head_cell * uint64_t(in.window_cells) * n_win;
+    const uint64_t kv_total = all_kv - head_cell * uint64_t(in.n_cells) * n_win + window_kv;
+    // The largest group size that keeps groups uniform.
+    int32_t G_all = in.n_head_kv;
+    while (G_all > 1 && (in.n_head_kv % G_all != 0 || !uniform(G_all))) --G_all;
 
     // Everything resident: what "none" asks for, and what "auto" does when
     // it fits.
     if (in.mode != SMOL_KV_OFFLOAD_ALL) {
-        set_group(p.group_forced ? in.head_group : in.n_head_kv);
+        set_group(p.group_forced ? in.head_group : G_all);
         p.chunk = n_batch;
         p.compute_bytes = compute(p.chunk);
         p.n_slots = 0;
@@ -172,7 +187,7 @@ kv_plan make_plan(const plan_input & in) {
         // ones large groups (fewer, larger copies and launches).
         set_group(1);
         for (int32_t G = 1; G <= in.n_head_kv; ++G) {
-            if (in.n_head_kv % G != 0) continue;
+            if (in.n_head_kv % G != 0 || !uniform(G)) continue;
             if (2 * uint64_t(2) * uint64_t(G) * uint64_t(in.n_cells) * p.row_bytes() > slot_cap) {
                 break;
             }
@@ -190,39 +205,49 @@ kv_plan make_plan(const plan_input & in) {
         choose_group();
     }
     if (in.budget > 0 && minimum() > in.budget) {
-        throw error(
-            SMOL_ERR_OUT_OF_MEMORY,
-            "the device budget of " + format_bytes(in.budget) +
-                " is too small for the smallest plan, which needs " + format_bytes(minimum()) +
-                ": weights " + format_bytes(p.weight_bytes) +
-                (window_kv ? ", sliding-window layers' KV " + format_bytes(window_kv) : "") +
-                ", compute " + format_bytes(p.compute_bytes) + " (chunks of " +
-                std::to_string(p.chunk) + " tokens), two staging slots of " +
-                format_bytes(p.group_bytes()) + " (" + std::to_string(p.G) + " kv head(s) x " +
-                std::to_string(in.n_cells) +
-                " cells); raise --gpu-mem, lower the context size (-c)" +
-                (p.G > 1 ? " or use --head-group 1" : ""));
+        throw error(SMOL_ERR_OUT_OF_MEMORY,
+                    "the device budget of " + format_bytes(in.budget) +
+                        " is too small for the smallest plan, which needs " +
+                        format_bytes(minimum()) + ": weights " + format_bytes(p.weight_bytes) +
+                        (window_kv ? ", the window store's KV " + format_bytes(window_kv) : "") +
+                        ", compute " + format_bytes(p.compute_bytes) + " (chunks of " +
+                        std::to_string(p.chunk) + " tokens), two staging slots of " +
+                        format_bytes(p.group_bytes()) + " (" + std::to_string(p.G) +
+                        " kv head(s) x " + std::to_string(in.n_cells) +
+                        " cells); raise --gpu-mem, lower the context size (-c)" +
+                        (p.G > 1 ? " or use --head-group 1" : ""));
     }
-    const int32_t total = int32_t(global.size()) * p.n_group;
+    // The groups outside the window store, layer by layer.
+    std::vector<std::vector<int32_t>> open(size_t(p.n_layer));
+    int32_t total = 0;
+    for (int32_t l = 0; l < p.n_layer; ++l) {
+        for (int32_t g = 0; g < p.n_group; ++g)
+            if (!p.is_windowed(l, g)) open[size_t(l)].push_back(g);
+        total += int32_t(open[size_t(l)].size());
+    }
     int32_t n_res = 0;
     if (in.mode == SMOL_KV_OFFLOAD_AUTO && in.budget > 0) {
         n_res =
             int32_t(std::min<uint64_t>(uint64_t(total), (in.budget - minimum()) / p.group_bytes()));
     }
-    // Spread the resident groups evenly over the (global) layers, so every
-    // layer streams about as much as the next; in a layer, its first groups
-    // stay. The window store's layers stay whole.
+    // Spread the resident groups evenly over the layers, so every layer
+    // streams about as much as the next (round by round: a layer with fewer
+    // open groups is full sooner); in a layer, its first groups stay. The
+    // window store's groups stay.
     p.resident.assign(size_t(p.n_layer) * size_t(p.n_group), 0);
     for (int32_t l = 0; l < p.n_layer; ++l) {
-        if (!p.is_windowed(l)) continue;
         for (int32_t g = 0; g < p.n_group; ++g)
-            p.resident[size_t(l) * size_t(p.n_group) + size_t(g)] = 1;
+            if (p.is_windowed(l, g)) p.resident[size_t(l) * size_t(p.n_group) + size_t(g)] = 1;
     }
-    const int32_t n_global = int32_t(global.size());
-    for (int32_t i = 0; i < n_global; ++i) {
-        const int32_t k = n_res / n_global + (i < n_res % n_global ? 1 : 0);
-        for (int32_t g = 0; g < std::min(k, p.n_group); ++g)
-            p.resident[size_t(global[size_t(i)]) * size_t(p.n_group) + size_t(g)] = 1;
+    for (size_t round = 0; n_res > 0; ++round) {
+        bool any = false;
+        for (int32_t l = 0; l < p.n_layer && n_res > 0; ++l) {
+            if (round >= open[size_t(l)].size()) continue;
+            p.resident[size_t(l) * size_t(p.n_group) + size_t(open[size_t(l)][round])] = 1;
+            --n_res;
+            any = true;
+        }
+        if (!any) break;
     }
     if (p.n_offloaded_groups() == 0) p.n_slots = 0;
     return p;
@@ -253,17 +278,46 @@ std::string kv_plan::format() const {
     s += b;
     if (const auto n_win = int32_t(std::count(windowed.begin(), windowed.end(), uint8_t(1)))) {
         uint64_t win_bytes = 0;
+        int32_t first = -1;
         for (int32_t l = 0; l < n_layer; ++l)
-            if (is_windowed(l)) win_bytes += group_bytes_at(l) * uint64_t(n_group);
+            for (int32_t g = 0; g < n_group; ++g) {
+                if (!is_windowed(l, g)) continue;
+                win_bytes += group_bytes_at(l, g);
+                if (first < 0) first = l * n_group + g;
+            }
+        const std::string what =
+            streaming.empty() ? std::to_string(n_win / n_head_kv) + " sliding-window layer(s)"
+                              : std::to_string(n_win) + " streaming head(s)";
         std::snprintf(b, sizeof b,
-                      "  window store: %d sliding-window layer(s) keep %d cells of %d, KV %s "
-                      "(resident), %s per group\n",
-                      n_win, window_cells, n_cells, format_bytes(win_bytes).c_str(),
-                      format_bytes(group_bytes_at(int32_t(
-                                       std::find(windowed.begin(), windowed.end(), uint8_t(1)) -
-                                       windowed.begin())))
-                          .c_str());
+                      "  window store: %s keep %d cells of %d, KV %s (resident), %s per group\n",
+                      what.c_str(), window_cells, n_cells, format_bytes(win_bytes).c_str(),
+                      format_bytes(group_bytes_at(first / n_group, first % n_group)).c_str());
         s += b;
+    }
+    if (!streaming.empty()) { // streaming heads per layer, runs of equal layers folded
+        std::snprintf(b, sizeof b,
+                      "  streaming heads (S; approximate: the first %d positions and the last "
+                      "%d) per layer:",
+                      streaming_sink, streaming_window);
+        s += b;
+        for (int32_t l0 = 0; l0 < n_layer;) {
+            auto list = [&](int32_t l) {
+                std::string h;
+                for (int32_t k = 0; k < n_head_kv; ++k)
+                    h += streaming[size_t(l) * size_t(n_head_kv) + size_t(k)] ? 'S' : '-';
+                return h;
+            };
+            int32_t l1 = l0 + 1;
+            while (l1 < n_layer && list(l1) == list(l0)) ++l1;
+            if (l1 - l0 > 1) {
+                std::snprintf(b, sizeof b, " %d-%d: %s", l0, l1 - 1, list(l0).c_str());
+            } else {
+                std::snprintf(b, sizeof b, " %d: %s", l0, list(l0).c_str());
+            }
+            s += b;
+            l0 = l1;
+        }
+        s += "\n";
     }
     // Resident heads per layer, runs of equal layers folded.
     s += "  resident heads per layer:";

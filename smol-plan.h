@@ -25,10 +25,16 @@ struct plan_input {
     uint64_t budget = 0;    // device bytes (0: no budget)
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
     int32_t head_group = 0; // 0: the planner chooses
-    // Layers whose K and V live in the window store (kv_window; empty:
-    // none), window_cells cells each instead of n_cells.
+    // Kv heads, [layer * n_head_kv + head], whose K and V live in the window
+    // store (kv_window; empty: none), window_cells cells each instead of
+    // n_cells: sliding-window layers' and streaming heads.
     std::vector<uint8_t> windowed;
     int32_t window_cells = 0;
+    // Streaming heads, [layer * n_head_kv + head] (empty: none), in the
+    // window store or not (a short context), their first positions and
+    // window: a group's heads all stream or none does.
+    std::vector<uint8_t> streaming;
+    int32_t streaming_sink = 0, streaming_window = 0;
     uint64_t weight_bytes = 0; // device bytes of the weights
     // Device bytes the backend holds to run a chunk of n tokens (arena,
     // work space, staging): measured, not guessed.
@@ -46,11 +52,14 @@ struct kv_plan {
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
     bool group_forced = false;
     std::vector<uint8_t> resident; // [layer * n_group + group]
-    // Layers in the window store (empty: none) and its cells: their groups
-    // are that small and always resident (used every step, and the global
-    // layers' groups free more memory per group offloaded).
+    // Kv heads in the window store, [layer * n_head_kv + head] (empty:
+    // none), and its cells: their groups (G keeps a group's heads all in or
+    // all out) are that small and always resident (used every step, and the
+    // other groups free more memory per group offloaded).
     std::vector<uint8_t> windowed;
     int32_t window_cells = 0;
+    std::vector<uint8_t> streaming; // as plan_input's
+    int32_t streaming_sink = 0, streaming_window = 0;
 
     uint64_t weight_bytes = 0, compute_bytes = 0;
 
@@ -63,12 +72,15 @@ struct kv_plan {
         return resident[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
     }
     int32_t n_resident_groups() const;
-    bool is_windowed(int32_t layer) const { return !windowed.empty() && windowed[size_t(layer)]; }
-    // A group of this layer: group_bytes() of a global one, less for a
-    // windowed one.
-    uint64_t group_bytes_at(int32_t layer) const {
-        return is_windowed(layer) ? group_bytes() / uint64_t(n_cells) * uint64_t(window_cells)
-                                  : group_bytes();
+    bool is_windowed(int32_t layer, int32_t group) const {
+        return !windowed.empty() &&
+               windowed[size_t(layer) * size_t(n_head_kv) + size_t(group) * size_t(G)];
+    }
+    // A group's bytes: group_bytes() in the cache, less in the window store.
+    uint64_t group_bytes_at(int32_t layer, int32_t group) const {
+        return is_windowed(layer, group)
+                   ? group_bytes() / uint64_t(n_cells) * uint64_t(window_cells)
+                   : group_bytes();
     }
     int32_t n_offloaded_groups() const { return n_layer * n_group - n_resident_groups(); }
     uint64_t slot_bytes() const { return n_slots ? group_bytes() : 0; }

@@ -456,6 +456,10 @@ smol_context_params smol_context_default_params(void) {
     p.abort_user_data = nullptr;
     p.embeddings = false;
     p.swa_full = false;
+    p.streaming_heads = nullptr;
+    p.n_streaming_heads = 0;
+    p.stream_sink = 0;
+    p.stream_window = 0;
     return p;
 }
 

@@ -297,6 +297,16 @@ typedef struct smol_context_params {
     // sequence, a fraction of the memory; rolling back further, or reusing
     // a prefix whose window is gone, is then SMOL_ERR_WINDOW_GONE).
     bool swa_full;
+    // Streaming heads (DuoAttention's idea; opt-in, approximate): one flag
+    // per (layer, kv head), layer-major, nonzero for a head that attends to
+    // the first stream_sink positions and the last stream_window only; such
+    // heads keep only those (and n_batch more per sequence for rollbacks),
+    // resident, in the window store. smol-heads labels a model's heads from
+    // its own behaviour. NULL: none (the default). CPU and "sim" devices.
+    const uint8_t * streaming_heads;
+    uint32_t n_streaming_heads; // streaming_heads' length: n_layer * n_head_kv
+    int32_t stream_sink;        // positions every streaming head keeps (0: 64)
+    int32_t stream_window;      // the recent positions it sees (0: 256)
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);

@@ -277,3 +277,188 @@ TEST_CASE("a model without sliding-window layers has no window store and the sam
     CHECK(plan_text(a.get()).find("window store") == std::string::npos);
     CHECK(plan_text(a.get()) == plan_text(b.get()));
 }
+
+// --- streaming heads ---------------------------------------------------------
+
+namespace {
+
+// A Llama of three layers of two kv heads, some heads streaming: the first
+// 3 positions and the last 5.
+constexpr int sink = 3, stream_window = 5;
+tiny::shape llama_shape() {
+    tiny::shape s;
+    s.n_layer = 3;
+    return s;
+}
+
+struct tiny_llama {
+    std::string path;
+    tiny::model ref;
+    model_ptr m;
+    explicit tiny_llama(uint32_t seed)
+        : path(temp_path("llama-" + std::to_string(seed) + ".gguf")),
+          ref(tiny::write(path, llama_shape(), seed)) {
+        smol_model * p = nullptr;
+        const smol_status st = smol_model_load(path.c_str(), nullptr, &p);
+        INFO(std::string(smol_last_error()));
+        REQUIRE(st == SMOL_OK);
+        m.reset(p);
+    }
+    ~tiny_llama() { std::filesystem::remove(path); }
+};
+
+// Six flags, at least one head of each kind and one layer mixing them.
+std::vector<uint8_t> draw_heads(std::mt19937 & rng) {
+    std::vector<uint8_t> f(6);
+    for (uint8_t & x : f) x = uint8_t(rng() % 2u);
+    const int mixed = int(rng() % 3u);
+    f[size_t(2 * mixed)] = 1;
+    f[size_t(2 * mixed + 1)] = 0;
+    return f;
+}
+
+// n_batch 16: a store of 3 * (3 + 5 + 16) + 16 = 88 slots of 256 cells;
+// n_batch 64 would need more slots than cells, so every position is kept.
+smol_context_params stream_params(const char * device, smol_kv_offload mode,
+                                  const std::vector<uint8_t> & heads, uint32_t n_batch = 16) {
+    smol_context_params p = params(device, false, mode);
+    p.n_batch = n_batch;
+    p.streaming_heads = heads.data();
+    p.n_streaming_heads = uint32_t(heads.size());
+    p.stream_sink = sink;
+    p.stream_window = stream_window;
+    return p;
+}
+
+double rel_err(const float * a, const std::vector<double> & b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < b.size(); ++i) {
+        num = std::max(num, std::fabs(double(a[i]) - b[i]));
+        den = std::max(den, std::fabs(b[i]));
+    }
+    return num / den;
+}
+
+} // namespace
+
+TEST_CASE("streaming heads give a float64 pass's logits with those heads' attention cut") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_llama t(seed);
+    std::mt19937 rng(seed);
+    const std::vector<uint8_t> heads = draw_heads(rng);
+    std::vector<int> ids(40);
+    for (int & id : ids) id = int(rng() % 300u);
+    tiny::streaming_heads cut{heads, sink, stream_window};
+    const auto want = tiny::reference(t.ref, ids, nullptr, &cut);
+    const auto whole = tiny::reference(t.ref, ids);
+    for (const char * device : {"cpu", "sim"}) {
+        CAPTURE(device);
+        context_ptr c = make_context(t.m.get(), stream_params(device, SMOL_KV_OFFLOAD_ALL, heads));
+        REQUIRE(plan_text(c.get()).find("keep 88 cells of 256") != std::string::npos);
+        std::vector<float> got;
+        smol_batch b = smol_batch_init(16);
+        for (int i = 0; i < 40; ++i) {
+            smol_batch_add(&b, 16, ids[size_t(i)], i, 0, true);
+            if (b.n_tokens == 16 || i == 39) decode(c.get(), b, 300, got);
+        }
+        smol_batch_free(&b);
+        // f32 weights, K and V stored as f16 (test-model's bound); past the
+        // sinks and window the cut matters far more than that.
+        double off_whole = 0;
+        for (size_t i = 0; i < ids.size(); ++i) {
+            CAPTURE(i);
+            CHECK(rel_err(got.data() + i * 300, want[i]) < 5e-3);
+            off_whole = std::max(off_whole, rel_err(got.data() + i * 300, whole[i]));
+        }
+        CHECK(off_whole > 2e-2);
+    }
+}
+
+TEST_CASE("streaming heads in the window store give the bits of keeping every position") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_llama t(seed);
+    std::mt19937 rng(seed);
+    const std::vector<uint8_t> heads = draw_heads(rng);
+    context_ptr kept =
+        make_context(t.m.get(), stream_params("cpu", SMOL_KV_OFFLOAD_AUTO, heads, 64));
+    const std::string kept_plan = plan_text(kept.get());
+    CHECK(kept_plan.find("window store") == std::string::npos);
+    CHECK(kept_plan.find("streaming heads (S; approximate") != std::string::npos);
+    const std::vector<float> want = run_workload(kept.get(), 300, seed);
+    struct run {
+        const char * device;
+        smol_kv_offload mode;
+    };
+    for (const run r : {run{"cpu", SMOL_KV_OFFLOAD_AUTO}, run{"sim", SMOL_KV_OFFLOAD_NONE},
+                        run{"sim", SMOL_KV_OFFLOAD_ALL}}) {
+        CAPTURE(r.device);
+        CAPTURE(int(r.mode));
+        context_ptr c = make_context(t.m.get(), stream_params(r.device, r.mode, heads));
+        const std::string plan = plan_text(c.get());
+        CAPTURE(plan);
+        const auto n_stream = std::count(heads.begin(), heads.end(), uint8_t(1));
+        CHECK(plan.find("window store: " + std::to_string(n_stream) +
+                        " streaming head(s) keep 88 cells of 256") != std::string::npos);
+        check_bits(run_workload(c.get(), 300, seed), want);
+    }
+}
+
+TEST_CASE("the plan keeps streaming heads resident at the window store's size") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_llama t(seed);
+    std::mt19937 rng(seed);
+    const std::vector<uint8_t> heads = draw_heads(rng);
+    context_ptr c = make_context(t.m.get(), stream_params("sim", SMOL_KV_OFFLOAD_ALL, heads));
+    smol_memory_info p;
+    smol_context_memory(c.get(), &p);
+    const auto n_stream = uint64_t(std::count(heads.begin(), heads.end(), uint8_t(1)));
+    const uint64_t per_cell = 2ull * 2 * 16; // K and V f16 of one kv head of 16
+    CHECK(p.head_group == 1);                // a layer mixes both kinds
+    CHECK(p.device_kv == n_stream * 88 * per_cell);
+    CHECK(p.host_kv == (6 - n_stream) * 256 * per_cell);
+    CHECK(uint64_t(p.n_heads_resident) == n_stream);
+    // The plan prints what each head does.
+    std::string row;
+    for (int l = 0; l < 3; ++l) {
+        std::string h;
+        for (int k = 0; k < 2; ++k) h += heads[size_t(2 * l + k)] ? 'S' : '-';
+        row += h;
+    }
+    const std::string plan = plan_text(c.get());
+    CAPTURE(plan);
+    for (int l = 0; l < 3; ++l) CHECK(plan.find(row.substr(size_t(2 * l), 2)) != std::string::npos);
+    // No flag set: no streaming heads, the plan of none.
+    const std::vector<uint8_t> none(6, 0);
+    context_ptr a = make_context(t.m.get(), stream_params("sim", SMOL_KV_OFFLOAD_ALL, none));
+    context_ptr b = make_context(t.m.get(), params("sim", false, SMOL_KV_OFFLOAD_ALL));
+    CHECK(plan_text(a.get()) == plan_text(b.get()));
+}
+
+TEST_CASE("streaming heads that cannot be kept are refused with the fix") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_llama t(seed);
+    std::mt19937 rng(seed);
+    const std::vector<uint8_t> heads = draw_heads(rng);
+    auto refused = [&](smol_model * m, const smol_context_params & p, smol_status want,
+                       const char * says) {
+        smol_context * c = nullptr;
+        const smol_status st = smol_context_create(m, &p, &c);
+        const std::string msg = smol_last_error();
+        CAPTURE(msg);
+        CHECK(st == want);
+        CHECK(c == nullptr);
+        CHECK(msg.find(says) != std::string::npos);
+    };
+    smol_context_params p = stream_params("cpu", SMOL_KV_OFFLOAD_AUTO, heads);
+    p.n_streaming_heads = 5;
+    refused(t.m.get(), p, SMOL_ERR_INVALID_ARGUMENT, "smol-heads");
+    p = stream_params("cpu", SMOL_KV_OFFLOAD_AUTO, heads);
+    p.stream_sink = -1;
+    refused(t.m.get(), p, SMOL_ERR_INVALID_ARGUMENT, "must not be negative");
+    p = stream_params("sim", SMOL_KV_OFFLOAD_ALL, heads);
+    p.head_group = 2;
+    refused(t.m.get(), p, SMOL_ERR_INVALID_ARGUMENT, "--head-group 1");
+    tiny_gemma g(seed);
+    p = stream_params("cpu", SMOL_KV_OFFLOAD_AUTO, heads);
+    refused(g.m.get(), p, SMOL_ERR_UNSUPPORTED, "sliding-window");
+}

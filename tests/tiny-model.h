@@ -215,12 +215,20 @@ inline model write(const std::string & path, const shape & s, uint32_t seed,
     return m;
 }
 
+// Streaming heads: per (layer, kv head), layer-major, whether the head sees
+// only the first `sink` positions and the last `window`.
+struct streaming_heads {
+    std::vector<uint8_t> flags;
+    int sink = 0, window = 0;
+};
+
 // The model in float64, one sequence, all positions: logits[t][vocab];
 // with hidden, also each position's final hidden state after the output
-// norm, hidden[t][n_embd].
+// norm, hidden[t][n_embd]; with streaming, those heads' attention cut.
 inline std::vector<std::vector<double>>
 reference(const model & m, const std::vector<int> & ids,
-          std::vector<std::vector<double>> * hidden = nullptr) {
+          std::vector<std::vector<double>> * hidden = nullptr,
+          const streaming_heads * streaming = nullptr) {
     const shape & s = m.s;
     const int E = s.n_embd, hd = s.hd(), T = int(ids.size()), group = s.n_head / s.n_head_kv;
     using vec = std::vector<double>;
@@ -286,9 +294,15 @@ reference(const model & m, const std::vector<int> & ids,
             vec att(size_t(hd * s.n_head), 0.0);
             for (int h = 0; h < s.n_head; ++h) {
                 const int hk = h / group;
+                const bool cut =
+                    streaming && streaming->flags[l * size_t(s.n_head_kv) + size_t(hk)];
+                auto seen = [&](int u) {
+                    return u >= first && (!cut || u < streaming->sink || t - u < streaming->window);
+                };
                 vec sc(size_t(t + 1));
                 double mx = -1e300;
                 for (int u = first; u <= t; ++u) {
+                    if (!seen(u)) continue;
                     double d = 0;
                     for (int j = 0; j < hd; ++j)
                         d += q[size_t(t)][size_t(h * hd + j)] * k[size_t(u)][size_t(hk * hd + j)];
@@ -297,11 +311,12 @@ reference(const model & m, const std::vector<int> & ids,
                 }
                 double sum = 0;
                 for (int u = first; u <= t; ++u)
-                    sum += (sc[size_t(u)] = std::exp(sc[size_t(u)] - mx));
+                    if (seen(u)) sum += (sc[size_t(u)] = std::exp(sc[size_t(u)] - mx));
                 for (int u = first; u <= t; ++u)
-                    for (int j = 0; j < hd; ++j)
-                        att[size_t(h * hd + j)] +=
-                            sc[size_t(u)] / sum * v[size_t(u)][size_t(hk * hd + j)];
+                    if (seen(u))
+                        for (int j = 0; j < hd; ++j)
+                            att[size_t(h * hd + j)] +=
+                                sc[size_t(u)] / sum * v[size_t(u)][size_t(hk * hd + j)];
             }
             vec o = matvec(L.wo, att, E);
             if (s.gemma) o = rmsnorm(o, L.post_attn_norm);
