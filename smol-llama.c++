@@ -374,10 +374,10 @@ void llama_context::take_streaming_heads(bool has_swa) {
                         std::to_string(hp.n_layer) + " layers x " + std::to_string(hp.n_head_kv) +
                         "); label this model's heads with smol-heads");
     }
-    if (p.stream_sink < 0 || p.stream_window < 0) {
+    if (p.stream_sink < 0 || p.stream_window <= 0) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
-                    "stream_sink " + std::to_string(p.stream_sink) + " and stream_window " +
-                        std::to_string(p.stream_window) + " must not be negative");
+                    "stream_sink " + std::to_string(p.stream_sink) + " must not be negative and " +
+                        "stream_window " + std::to_string(p.stream_window) + " must be positive");
     }
     if (has_swa) {
         throw error(SMOL_ERR_UNSUPPORTED, "streaming heads on a model with sliding-window layers "
@@ -394,8 +394,8 @@ void llama_context::take_streaming_heads(bool has_swa) {
         streaming.clear();
         return;
     }
-    stream_sink = p.stream_sink ? p.stream_sink : 64;
-    stream_window = p.stream_window ? p.stream_window : 256;
+    stream_sink = p.stream_sink;
+    stream_window = p.stream_window;
 }
 
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)

@@ -458,8 +458,8 @@ smol_context_params smol_context_default_params(void) {
     p.swa_full = false;
     p.streaming_heads = nullptr;
     p.n_streaming_heads = 0;
-    p.stream_sink = 0;
-    p.stream_window = 0;
+    p.stream_sink = 64;
+    p.stream_window = 256;
     return p;
 }
 

@@ -305,8 +305,8 @@ typedef struct smol_context_params {
     // its own behaviour. NULL: none (the default). CPU and "sim" devices.
     const uint8_t * streaming_heads;
     uint32_t n_streaming_heads; // streaming_heads' length: n_layer * n_head_kv
-    int32_t stream_sink;        // positions every streaming head keeps (0: 64)
-    int32_t stream_window;      // the recent positions it sees (0: 256)
+    int32_t stream_sink;        // positions every streaming head keeps (default 64)
+    int32_t stream_window;      // the recent positions it sees (default 256)
 } smol_context_params;
 
 SMOL_API smol_context_params smol_context_default_params(void);

@@ -29,9 +29,11 @@ for kind in "${kinds[@]}"; do
             build=build-asan
             targets=(all)
             # Every test but the formatting and installation checks, which
-            # run no smol code, and the perplexity check, whose paths
-            # (quantize, prefill) test-requant and test-model run already.
-            select=(-E '^(format|install-find-package|perplexity-matches-llama)$')
+            # run no smol code, the perplexity check, whose paths
+            # (quantize, prefill) test-requant and test-model run already,
+            # and test-heads (two hundred prefills; test-window runs the
+            # streaming heads' code).
+            select=(-E '^(format|install-find-package|perplexity-matches-llama|test-heads)$')
             export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
             export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
             ;;

@@ -11,7 +11,8 @@
 # and their logits, about 20 minutes under qemu; the same code runs it on
 # x86), the perplexity checks (llama.cpp's recorded values, and the KV
 # types' against f16 KV: minutes of prefill; test-cpu-kernels runs the
-# quantized-KV kernels under qemu), test-model's Gemma 3 cases (a 262,144-token vocabulary's logits
+# quantized-KV kernels under qemu), test-heads (two hundred prefills;
+# test-window runs the streaming heads' code), test-model's Gemma 3 cases (a 262,144-token vocabulary's logits
 # over 700-token prompts: over ten minutes under qemu; the same kernels run
 # them on x86), and the host-side checks (format, install-find-package).
 #
@@ -33,7 +34,7 @@ cmake --build build-arm64 -j"$(nproc)"
 
 qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 ctest --test-dir build-arm64 --output-on-failure -j"$(nproc)" --timeout 1200 \
-    -E '^(test-requant|perplexity-matches-llama|perplexity-kv-types|format|install-find-package|test-model)$'
+    -E '^(test-requant|perplexity-matches-llama|perplexity-kv-types|test-heads|format|install-find-package|test-model)$'
 echo "test-arm64: test-model, less its Gemma 3 cases"
 "${qemu[@]}" build-arm64/tests/test-model -tce='Gemma*'
 

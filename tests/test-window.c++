@@ -455,6 +455,9 @@ TEST_CASE("streaming heads that cannot be kept are refused with the fix") {
     p = stream_params("cpu", SMOL_KV_OFFLOAD_AUTO, heads);
     p.stream_sink = -1;
     refused(t.m.get(), p, SMOL_ERR_INVALID_ARGUMENT, "must not be negative");
+    p = stream_params("cpu", SMOL_KV_OFFLOAD_AUTO, heads);
+    p.stream_window = 0;
+    refused(t.m.get(), p, SMOL_ERR_INVALID_ARGUMENT, "must be positive");
     p = stream_params("sim", SMOL_KV_OFFLOAD_ALL, heads);
     p.head_group = 2;
     refused(t.m.get(), p, SMOL_ERR_INVALID_ARGUMENT, "--head-group 1");

@@ -35,6 +35,7 @@
 // and the tokens a target pass gave.
 
 #include "../kv-type-option.h"
+#include "../streaming-heads-option.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -92,6 +93,7 @@ struct options {
     std::string kv_offload = "auto";
     int head_group = 0;
     smol_type kv_type = SMOL_TYPE_F16;
+    streaming_heads_option streaming;
     std::string attn = "auto"; // --attn: the GPU's attention kernel
     double device_bw = 4200;   // GB/s: a device-to-device copy measured on the H200
     double link_bw = 53;       // GB/s: pinned host-to-device copies measured on the H200 host
@@ -420,6 +422,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     cparams.kv_type = o.kv_type;
     cparams.attn = attn_kernel_of(o.attn);
     cparams.swa_full = o.swa_full;
+    if (std::string err; !o.streaming.apply(model, cparams, err)) throw std::runtime_error(err);
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
     context_ptr ctx(raw);
@@ -980,6 +983,7 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     add_kv_type_option(app, o.kv_type);
+    o.streaming.add(app);
     app.add_option("--attn", o.attn,
                    "the GPU's attention kernel for every batch: auto, decode, decode-warps, "
                    "flash or classic")

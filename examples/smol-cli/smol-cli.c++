@@ -6,6 +6,7 @@
 // notes and timings go to stderr so stdout holds only text.
 
 #include "../kv-type-option.h"
+#include "../streaming-heads-option.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -97,6 +98,7 @@ struct options {
     std::string kv_offload = "auto";
     int32_t head_group = 0;
     smol_type kv_type = SMOL_TYPE_F16;
+    streaming_heads_option streaming;
     bool dump_plan = false;
     bool dump_schedule = false;
     bool swa_full = false;
@@ -607,6 +609,7 @@ int run(const options & o, const char * argv0) {
                                                  : SMOL_KV_OFFLOAD_AUTO;
     cparams.head_group = o.head_group;
     cparams.kv_type = o.kv_type;
+    if (std::string err; !o.streaming.apply(model.get(), cparams, err)) throw cli_error(err);
     // A token tree verifies each branch as a sequence of its own.
     if (o.spec_tree > 0) cparams.n_seq_max = uint32_t(std::max(1, o.spec_tree / 2) + 1);
     smol_context * raw_ctx = nullptr;
@@ -715,6 +718,7 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     add_kv_type_option(app, o.kv_type);
+    o.streaming.add(app);
     app.add_flag("--dump-plan", o.dump_plan, "print the KV placement plan to stderr");
     app.add_flag("--dump-schedule", o.dump_schedule,
                  "print the program of one decode step (streams, copies, events) to stderr");

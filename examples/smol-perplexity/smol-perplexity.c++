@@ -14,6 +14,7 @@
 //                                          documentation topics) to use
 
 #include "../kv-type-option.h"
+#include "../streaming-heads-option.h"
 #include "smol.h"
 
 #include <CLI/CLI.hpp>
@@ -39,6 +40,7 @@ struct options {
     std::string device = "cpu";
     std::string gpu_mem;
     smol_type kv_type = SMOL_TYPE_F16;
+    streaming_heads_option streaming;
     bool quiet = false;
 };
 
@@ -99,6 +101,11 @@ int run(const options & o) {
     cp.n_threads = o.threads;
     cp.device = o.device.c_str();
     cp.kv_type = o.kv_type;
+    if (std::string err; !o.streaming.apply(model, cp, err)) {
+        std::fprintf(stderr, "smol-perplexity: %s\n", err.c_str());
+        smol_model_free(model);
+        return 1;
+    }
     if (!o.gpu_mem.empty() && smol_parse_size(o.gpu_mem.c_str(), &cp.gpu_mem) != SMOL_OK) {
         std::fprintf(stderr, "smol-perplexity: --gpu-mem: %s\n", smol_last_error());
         smol_model_free(model);
@@ -196,6 +203,7 @@ int main(int argc, char ** argv) {
     app.add_option("--device", o.device, "cpu, sim or cuda:N")->capture_default_str();
     app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB");
     add_kv_type_option(app, o.kv_type);
+    o.streaming.add(app);
     app.add_flag("-q,--quiet", o.quiet, "only the final estimate");
     CLI11_PARSE(app, argc, argv);
     return run(o);

@@ -12,6 +12,7 @@
 // needs keys (or --no-auth).
 
 #include "../kv-type-option.h"
+#include "../streaming-heads-option.h"
 #include "access.h"
 #include "chat-page.h"
 #include "request.h"
@@ -67,6 +68,7 @@ struct options {
     std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
     smol_type kv_type = SMOL_TYPE_F16;
+    streaming_heads_option streaming;
     std::vector<std::string> api_keys;
     std::string api_key_file;
     bool no_auth = false;
@@ -1167,6 +1169,7 @@ int main(int argc, char ** argv) {
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->check(CLI::IsMember({"auto", "none", "all"}));
     add_kv_type_option(app, o.kv_type);
+    o.streaming.add(app);
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
     app.add_flag("--swa-full", o.swa_full,
                  "sliding-window layers (Gemma 3's local ones) keep every position, not only "
@@ -1240,6 +1243,11 @@ int main(int argc, char ** argv) {
                             : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                     : SMOL_KV_OFFLOAD_AUTO;
     ep.context.kv_type = o.kv_type;
+    if (std::string err; !o.streaming.apply(st.model, ep.context, err)) {
+        std::fprintf(stderr, "smol-server: %s\n", err.c_str());
+        smol_model_free(st.model);
+        return 1;
+    }
     ep.n_chunk = o.chunk;
     ep.n_queue_max = o.max_queue;
     ep.prefix_cache = !o.no_prefix_cache;
