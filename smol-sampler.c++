@@ -274,14 +274,7 @@ bool grammar_allows(smol_sampler * s, smol_token t) {
     const size_t w = size_t(t) >> 6;
     const uint64_t b = uint64_t(1) << (uint32_t(t) & 63);
     if (st.known[w] & b) return st.allowed[w] & b;
-    const smol::grammar_vocab & v = *s->vocab;
-    bool ok;
-    if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) {
-        ok = s->grammar->complete();
-    } else {
-        const std::string & piece = v.pieces[size_t(t)];
-        ok = !piece.empty() && s->grammar->allows(piece);
-    }
+    const bool ok = s->grammar->allows_token(*s->vocab, t);
     st.known[w] |= b;
     if (ok) st.allowed[w] |= b;
     return ok;
