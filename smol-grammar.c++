@@ -836,13 +836,17 @@ uint32_t class_rep(const ranges & r) {
 // The token's length in characters if its text is whole UTF-8 characters
 // (as the matcher reads them: no overlong forms, surrogates or values past
 // U+10FFFF) each in the class, else 0.
-uint32_t run_length(const std::string & text, const ranges & cls) {
+// ascii: which of the code points below 0x80 the class holds.
+uint32_t run_length(const std::string & text, const ranges & cls, const uint64_t ascii[2]) {
     uint32_t n = 0;
     for (size_t i = 0; i < text.size();) {
         const uint8_t b = uint8_t(text[i]);
         uint32_t value, left, least;
         if (b < 0x80) {
-            value = b, left = 0, least = 0;
+            if (!((ascii[b >> 6] >> (b & 63)) & 1)) return 0;
+            ++i;
+            ++n;
+            continue;
         } else if ((b & 0xE0) == 0xC0) {
             value = b & 0x1Fu, left = 1, least = 0x80;
         } else if ((b & 0xF0) == 0xE0) {
@@ -883,22 +887,26 @@ std::shared_ptr<const grammar_runs> vocab_runs(const grammar_vocab & v, const ra
     auto & slot = v.runs[cls];
     auto r = std::make_shared<grammar_runs>();
     r->len.assign(size_t(v.n_vocab), 0);
-    // The trie's tokens are in the order of their texts, as a trie of the
-    // rest wants them.
-    std::vector<smol_token> rest;
-    for (const smol_token t : v.trie.tokens) {
-        const uint32_t n = run_length(v.pieces[size_t(t)], cls);
-        if (n == 0 || n > 255) {
-            rest.push_back(t);
-            continue;
-        }
-        r->len[size_t(t)] = uint8_t(n);
+    uint64_t ascii[2] = {0, 0};
+    for (uint32_t c = 0; c < 0x80; ++c) ascii[c >> 6] |= uint64_t(class_has(cls, c)) << (c & 63);
+    for (size_t t = 0; t < size_t(v.n_vocab); ++t) {
+        const uint32_t n = run_length(v.pieces[t], cls, ascii);
+        if (n == 0 || n > 255) continue;
+        r->len[t] = uint8_t(n);
         r->max_len = std::max(r->max_len, n);
         ++r->n_runs;
     }
     // Too few runs and the rest is nearly the whole trie.
     r->has_rest = r->n_runs * 8 >= v.trie.tokens.size();
-    if (r->has_rest) build_trie(r->rest, v.pieces, rest, 0, rest.size(), 0, 0);
+    if (r->has_rest) {
+        // The trie's tokens are in the order of their texts, as a trie of
+        // the rest wants them.
+        std::vector<smol_token> rest;
+        for (const smol_token t : v.trie.tokens) {
+            if (r->len[size_t(t)] == 0) rest.push_back(t);
+        }
+        build_trie(r->rest, v.pieces, rest, 0, rest.size(), 0, 0);
+    }
     slot = std::move(r);
     return slot;
 }
