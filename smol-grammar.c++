@@ -759,15 +759,15 @@ void grammar_matcher::mask(const grammar_vocab & v, std::vector<uint8_t> & allow
 bool grammar_matcher::allows_token(const grammar_vocab & v, smol_token t) {
     if (t < 0 || t >= v.n_vocab) return false;
     if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) return complete();
-    const std::string & piece = v.pieces[size_t(t)];
-    if (piece.empty()) return false;
+    // A run's text is not read: its length answers.
     if (const grammar_runs * r = runs(v)) {
         if (r->len[size_t(t)] > 0) {
             const int ok = run_allows(r->len[size_t(t)]);
             if (ok >= 0) return ok != 0;
         }
     }
-    return allows(piece);
+    const std::string & piece = v.pieces[size_t(t)];
+    return !piece.empty() && allows(piece);
 }
 
 // --- runs -------------------------------------------------------------------------
