@@ -484,6 +484,7 @@ grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::mov
 }
 
 void grammar_matcher::reset() {
+    run_ = {};
     pool_.clear();
     heads_.clear();
     partial_ = {};
@@ -614,6 +615,7 @@ bool grammar_matcher::allows(std::string_view bytes) {
 }
 
 bool grammar_matcher::advance(std::string_view bytes, bool commit) {
+    if (commit) drop_runs();
     const size_t mark = pool_.size();
     std::vector<int32_t> cur = heads_, next;
     utf8 u = partial_;
@@ -648,6 +650,11 @@ bool grammar_matcher::can_continue() const {
 }
 
 void grammar_matcher::state_key(std::string & out) const {
+    key_of(heads_, partial_, out);
+}
+
+void grammar_matcher::key_of(const std::vector<int32_t> & heads, utf8 partial_now,
+                             std::string & out) const {
     // Each stack as its positions from the top, the stacks sorted, since two
     // nodes of the pool may hold equal stacks and the heads' order is the
     // pool's.
@@ -655,7 +662,7 @@ void grammar_matcher::state_key(std::string & out) const {
     std::vector<std::pair<uint32_t, uint32_t>> & spans = key_spans_;
     flat.clear();
     spans.clear();
-    for (const int32_t h : heads_) {
+    for (const int32_t h : heads) {
         const uint32_t begin = uint32_t(flat.size());
         for (int32_t i = h; i >= 0; i = pool_[size_t(i)].parent)
             flat.push_back(uintptr_t(pool_[size_t(i)].pos));
@@ -672,7 +679,7 @@ void grammar_matcher::state_key(std::string & out) const {
     std::sort(spans.begin(), spans.end(), less);
     spans.erase(std::unique(spans.begin(), spans.end(), same), spans.end());
     out.clear();
-    const uint32_t partial[3] = {partial_.value, partial_.left, partial_.min};
+    const uint32_t partial[3] = {partial_now.value, partial_now.left, partial_now.min};
     out.append(reinterpret_cast<const char *>(partial), sizeof partial);
     for (const auto & sp : spans) {
         const uint32_t n = sp.second - sp.first;
@@ -704,12 +711,23 @@ void grammar_matcher::mask(const grammar_vocab & v, std::vector<uint8_t> & allow
     allowed.assign(size_t(v.n_vocab), 0);
     const bool done = complete();
     for (const smol_token t : v.eog) allowed[size_t(t)] = done;
-    if (!can_continue() || v.nodes.size() < 2) return;
+    if (!can_continue()) return;
+    const grammar_trie * trie = &v.trie;
+    const grammar_runs * r = runs(v);
+    if (r && r->has_rest && run_allows(r->max_len) >= 0) {
+        // The runs by their length, the walk over the others.
+        const uint32_t n = run_.end == run_chain::ended ? run_.reach : r->max_len;
+        const uint8_t * len = r->len.data();
+        uint8_t * out = allowed.data();
+        for (size_t t = 0; t < size_t(v.n_vocab); ++t) out[t] |= (len[t] != 0) & (len[t] <= n);
+        trie = &r->rest;
+    }
+    if (trie->nodes.size() < 2) return;
     const size_t base = pool_.size();
     walk_heads_ = heads_;
     levels_.assign(1, {base, 0, walk_heads_.size(), partial_});
-    for (size_t i = 1; i < v.nodes.size();) {
-        const grammar_vocab::node & nd = v.nodes[i];
+    for (size_t i = 1; i < trie->nodes.size();) {
+        const grammar_trie::node & nd = trie->nodes[i];
         const level up = levels_[nd.depth - 1];
         // Along a path each level's heads are its parent's or follow them:
         // what the parent's level ends at is all the path holds.
@@ -731,31 +749,267 @@ void grammar_matcher::mask(const grammar_vocab & v, std::vector<uint8_t> & allow
         here.pool_mark = pool_.size();
         if (levels_.size() <= nd.depth) levels_.resize(nd.depth + 1);
         levels_[nd.depth] = here;
-        for (uint32_t k = nd.tok_begin; k < nd.tok_end; ++k) allowed[size_t(v.tokens[k])] = 1;
+        for (uint32_t k = nd.tok_begin; k < nd.tok_end; ++k) allowed[size_t(trie->tokens[k])] = 1;
         ++i;
     }
     pool_.resize(base);
     dedup_from_ = pool_.size();
 }
 
+bool grammar_matcher::allows_token(const grammar_vocab & v, smol_token t) {
+    if (t < 0 || t >= v.n_vocab) return false;
+    if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) return complete();
+    // A run's text is not read: its length answers.
+    if (const grammar_runs * r = runs(v)) {
+        if (r->len[size_t(t)] > 0) {
+            const int ok = run_allows(r->len[size_t(t)]);
+            if (ok >= 0) return ok != 0;
+        }
+    }
+    const std::string & piece = v.pieces[size_t(t)];
+    return !piece.empty() && allows(piece);
+}
+
+// --- runs -------------------------------------------------------------------------
+
+namespace {
+
+bool class_within(const ranges & a, const ranges & b) {
+    size_t j = 0;
+    for (const auto & x : a) {
+        while (j < b.size() && b[j].second < x.first) ++j;
+        if (j == b.size() || b[j].first > x.first || b[j].second < x.second) return false;
+    }
+    return true;
+}
+
+bool class_apart(const ranges & a, const ranges & b) {
+    size_t i = 0, j = 0;
+    while (i < a.size() && j < b.size()) {
+        if (a[i].second < b[j].first) {
+            ++i;
+        } else if (b[j].second < a[i].first) {
+            ++j;
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
+ranges class_minus(const ranges & a, const ranges & b) {
+    ranges out;
+    size_t j = 0;
+    for (auto x : a) {
+        while (j < b.size() && b[j].second < x.first) ++j;
+        size_t k = j;
+        while (k < b.size() && b[k].first <= x.second) {
+            if (b[k].first > x.first) out.emplace_back(x.first, b[k].first - 1);
+            if (b[k].second >= x.second) {
+                x.first = x.second + 1; // nothing left
+                break;
+            }
+            x.first = b[k].second + 1;
+            ++k;
+        }
+        if (x.first <= x.second) out.push_back(x);
+    }
+    return out;
+}
+
+uint64_t class_size(const ranges & r) {
+    uint64_t n = 0;
+    for (const auto & x : r) n += uint64_t(x.second - x.first) + 1;
+    return n;
+}
+
+// A character of the class that UTF-8 can hold (no surrogate); UINT32_MAX if
+// none.
+uint32_t class_rep(const ranges & r) {
+    for (const auto & x : r) {
+        if (x.first < 0xD800 || x.first > 0xDFFF) return x.first;
+        if (x.second > 0xDFFF) return 0xE000;
+    }
+    return UINT32_MAX;
+}
+
+// The token's length in characters if its text is whole UTF-8 characters
+// (as the matcher reads them: no overlong forms, surrogates or values past
+// U+10FFFF) each in the class, else 0.
+// ascii: which of the code points below 0x80 the class holds.
+uint32_t run_length(const std::string & text, const ranges & cls, const uint64_t ascii[2]) {
+    uint32_t n = 0;
+    for (size_t i = 0; i < text.size();) {
+        const uint8_t b = uint8_t(text[i]);
+        uint32_t value, left, least;
+        if (b < 0x80) {
+            if (!((ascii[b >> 6] >> (b & 63)) & 1)) return 0;
+            ++i;
+            ++n;
+            continue;
+        } else if ((b & 0xE0) == 0xC0) {
+            value = b & 0x1Fu, left = 1, least = 0x80;
+        } else if ((b & 0xF0) == 0xE0) {
+            value = b & 0x0Fu, left = 2, least = 0x800;
+        } else if ((b & 0xF8) == 0xF0) {
+            value = b & 0x07u, left = 3, least = 0x10000;
+        } else {
+            return 0;
+        }
+        if (i + left >= text.size()) return 0;
+        for (uint32_t k = 1; k <= left; ++k) {
+            const uint8_t c = uint8_t(text[i + k]);
+            if ((c & 0xC0) != 0x80) return 0;
+            value = (value << 6) | (c & 0x3Fu);
+        }
+        if (value < least || value > max_cpt || (value >= 0xD800 && value <= 0xDFFF) ||
+            !class_has(cls, value))
+            return 0;
+        i += left + 1;
+        ++n;
+    }
+    return n;
+}
+
+void build_trie(grammar_trie & tr, const std::vector<std::string> & pieces,
+                const std::vector<smol_token> & order, size_t a, size_t b, uint32_t depth,
+                uint8_t byte);
+
+} // namespace
+
+std::shared_ptr<const grammar_runs> vocab_runs(const grammar_vocab & v, const ranges & cls) {
+    std::lock_guard<std::mutex> lock(v.runs_mu);
+    const auto it = v.runs.find(cls);
+    if (it != v.runs.end()) return it->second;
+    // A bound on memory against grammars of many classes: past it, states
+    // take the slow way.
+    if (v.runs.size() >= grammar_max_run_classes) return nullptr;
+    auto & slot = v.runs[cls];
+    auto r = std::make_shared<grammar_runs>();
+    r->len.assign(size_t(v.n_vocab), 0);
+    uint64_t ascii[2] = {0, 0};
+    for (uint32_t c = 0; c < 0x80; ++c) ascii[c >> 6] |= uint64_t(class_has(cls, c)) << (c & 63);
+    for (size_t t = 0; t < size_t(v.n_vocab); ++t) {
+        const uint32_t n = run_length(v.pieces[t], cls, ascii);
+        if (n == 0 || n > 255) continue;
+        r->len[t] = uint8_t(n);
+        r->max_len = std::max(r->max_len, n);
+        ++r->n_runs;
+    }
+    // Too few runs and the rest is nearly the whole trie.
+    r->has_rest = r->n_runs * 8 >= v.trie.tokens.size();
+    if (r->has_rest) {
+        // The trie's tokens are in the order of their texts, as a trie of
+        // the rest wants them.
+        std::vector<smol_token> rest;
+        for (const smol_token t : v.trie.tokens) {
+            if (r->len[size_t(t)] == 0) rest.push_back(t);
+        }
+        build_trie(r->rest, v.pieces, rest, 0, rest.size(), 0, 0);
+    }
+    slot = std::move(r);
+    return slot;
+}
+
+void grammar_matcher::drop_runs() {
+    if (!run_.known) return;
+    if (run_.pool_mark <= pool_.size()) pool_.resize(run_.pool_mark);
+    dedup_from_ = pool_.size();
+    run_.known = false;
+    run_.runs.reset();
+}
+
+const grammar_runs * grammar_matcher::runs(const grammar_vocab & v) {
+    if (run_.known && run_.vocab == &v) return run_.runs.get();
+    drop_runs();
+    run_.known = true;
+    run_.vocab = &v;
+    run_.pool_mark = pool_.size();
+    if (partial_.left != 0) return nullptr;
+    // The largest class a head takes, less the classes of the heads that
+    // take only part of it: every head takes all of what is left or none.
+    const ranges * big = nullptr;
+    uint64_t big_size = 0;
+    for (const int32_t h : heads_) {
+        if (h < 0) continue;
+        const ranges & c = g_->classes[pool_[size_t(h)].pos->value];
+        const uint64_t n = class_size(c);
+        if (n > big_size) big = &c, big_size = n;
+    }
+    if (!big || big_size < 2) return nullptr;
+    ranges cls = *big;
+    for (const int32_t h : heads_) {
+        if (h < 0) continue;
+        const ranges & c = g_->classes[pool_[size_t(h)].pos->value];
+        if (&c != big && !class_within(*big, c)) cls = class_minus(cls, c);
+    }
+    const uint32_t rep = class_rep(cls);
+    if (rep == UINT32_MAX) return nullptr;
+    run_.cls = std::move(cls);
+    run_.runs = vocab_runs(v, run_.cls);
+    if (!run_.runs || run_.runs->n_runs == 0) {
+        run_.runs.reset();
+        return nullptr;
+    }
+    run_.rep = rep;
+    run_.reach = 0;
+    run_.end = run_chain::going;
+    run_.heads = heads_;
+    key_of(run_.heads, {}, run_.key);
+    return run_.runs.get();
+}
+
+int grammar_matcher::run_allows(uint32_t n) {
+    run_chain & r = run_;
+    while (r.reach < n && r.end == run_chain::going) {
+        // S_reach takes the class in one way, or none of it.
+        bool takes = false, mixed = false;
+        for (const int32_t h : r.heads) {
+            if (h < 0) continue;
+            const ranges & c = g_->classes[pool_[size_t(h)].pos->value];
+            if (class_within(r.cls, c)) {
+                takes = true;
+            } else if (!class_apart(r.cls, c)) {
+                mixed = true;
+            }
+        }
+        if (mixed) {
+            r.end = run_chain::mixed;
+        } else if (!takes) {
+            r.end = run_chain::ended;
+        } else if (!step(r.heads.data(), r.heads.size(), r.rep, r.next) || r.next.empty()) {
+            r.end = run_chain::mixed; // past the limits: the slow way says
+        } else {
+            r.heads.swap(r.next);
+            ++r.reach;
+            key_of(r.heads, {}, r.next_key);
+            if (r.next_key == r.key) r.end = run_chain::fixed;
+            r.key.swap(r.next_key);
+        }
+    }
+    if (n <= r.reach || r.end == run_chain::fixed) return 1;
+    return r.end == run_chain::ended ? 0 : -1;
+}
+
 // --- vocabulary trie ------------------------------------------------------------
 
 namespace {
 
-void build_trie(grammar_vocab & v, const std::vector<smol_token> & order, size_t a, size_t b,
-                uint32_t depth, uint8_t byte) {
-    const size_t me = v.nodes.size();
-    v.nodes.push_back({byte, 0, depth, uint32_t(v.tokens.size()), 0});
-    while (a < b && v.pieces[size_t(order[a])].size() == depth) v.tokens.push_back(order[a++]);
-    v.nodes[me].tok_end = uint32_t(v.tokens.size());
+void build_trie(grammar_trie & tr, const std::vector<std::string> & pieces,
+                const std::vector<smol_token> & order, size_t a, size_t b, uint32_t depth,
+                uint8_t byte) {
+    const size_t me = tr.nodes.size();
+    tr.nodes.push_back({byte, 0, depth, uint32_t(tr.tokens.size()), 0});
+    while (a < b && pieces[size_t(order[a])].size() == depth) tr.tokens.push_back(order[a++]);
+    tr.nodes[me].tok_end = uint32_t(tr.tokens.size());
     while (a < b) {
-        const uint8_t c = uint8_t(v.pieces[size_t(order[a])][depth]);
+        const uint8_t c = uint8_t(pieces[size_t(order[a])][depth]);
         size_t e = a;
-        while (e < b && uint8_t(v.pieces[size_t(order[e])][depth]) == c) ++e;
-        build_trie(v, order, a, e, depth + 1, c);
+        while (e < b && uint8_t(pieces[size_t(order[e])][depth]) == c) ++e;
+        build_trie(tr, pieces, order, a, e, depth + 1, c);
         a = e;
     }
-    v.nodes[me].end = uint32_t(v.nodes.size());
+    tr.nodes[me].end = uint32_t(tr.nodes.size());
 }
 
 } // namespace
@@ -776,7 +1030,7 @@ std::shared_ptr<const grammar_vocab> make_grammar_vocab(const vocab & voc) {
     std::stable_sort(order.begin(), order.end(), [&](smol_token x, smol_token y) {
         return v->pieces[size_t(x)] < v->pieces[size_t(y)];
     });
-    build_trie(*v, order, 0, order.size(), 0, 0);
+    build_trie(v->trie, v->pieces, order, 0, order.size(), 0, 0);
     return v;
 }
 

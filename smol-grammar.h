@@ -2,8 +2,10 @@
 // parsed into rules of flat elements, an incremental matcher over Unicode
 // code points that keeps the set of parse stacks every prefix allows, the
 // token mask over a vocabulary (a byte trie of the token texts walked once
-// per step with the matcher's state, pruning whole subtrees), and JSON
-// schemas turned into GBNF. The sampler (smol-sampler.c++) applies the mask.
+// per step with the matcher's state, pruning whole subtrees; tokens that are
+// runs of a character class the state takes in one way, such as the inside
+// of a JSON string, allowed by their length alone), and JSON schemas turned
+// into GBNF. The sampler (smol-sampler.c++) applies the mask.
 
 #ifndef SMOL_GRAMMAR_H
 #define SMOL_GRAMMAR_H
@@ -11,7 +13,9 @@
 #include "smol.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -56,9 +60,9 @@ grammar parse_gbnf(std::string_view text, const std::string & root = "root");
 
 // --- matcher ------------------------------------------------------------------
 
-// The bytes of every token of a vocabulary in a trie (preorder: a node's
-// subtree is the nodes up to its end), with the end-of-generation tokens.
-struct grammar_vocab {
+// Tokens' bytes in a trie (preorder: a node's subtree is the nodes up to its
+// end).
+struct grammar_trie {
     struct node {
         uint8_t byte;
         uint32_t end;                // one past the last node of the subtree
@@ -67,10 +71,42 @@ struct grammar_vocab {
     };
     std::vector<node> nodes; // nodes[0] is the root (no byte)
     std::vector<smol_token> tokens;
+};
+
+// The tokens of a vocabulary whose text is a run of one character class's
+// characters (whole UTF-8 characters, each in the class): each token's
+// length in characters (0 where it is no such run), and the trie of the
+// others. A matcher state that takes every character of the class in one
+// way (the state after it is the same whichever character came) allows a
+// run by its length alone, so its mask walks only the others.
+struct grammar_runs {
+    std::vector<uint8_t> len; // n_vocab entries
+    uint32_t max_len = 0;
+    size_t n_runs = 0;
+    bool has_rest = false; // false: too few runs to be worth a trie of the rest
+    grammar_trie rest;
+};
+
+// Every token of a vocabulary in a trie, with the end-of-generation tokens,
+// and the runs of the classes grammars have asked about.
+struct grammar_vocab {
+    grammar_trie trie;
     std::vector<std::string> pieces; // each token's text
     std::vector<smol_token> eog;
     int32_t n_vocab = 0;
+
+    mutable std::mutex runs_mu;
+    mutable std::map<std::vector<std::pair<uint32_t, uint32_t>>,
+                     std::shared_ptr<const grammar_runs>>
+        runs;
 };
+
+// The runs of a class (sorted, disjoint, inclusive code point ranges) over
+// v, made when first asked and kept in v for every grammar over it; null
+// once v holds grammar_max_run_classes classes.
+constexpr size_t grammar_max_run_classes = 64;
+std::shared_ptr<const grammar_runs>
+vocab_runs(const grammar_vocab & v, const std::vector<std::pair<uint32_t, uint32_t>> & cls);
 
 std::shared_ptr<const grammar_vocab> make_grammar_vocab(const vocab & v);
 // The model's trie, made once and shared by every grammar over it.
@@ -107,6 +143,10 @@ class grammar_matcher {
     // allowed[t] = 1 if token t's text may follow (end-of-generation tokens:
     // only when complete), else 0; n_vocab entries.
     void mask(const grammar_vocab & v, std::vector<uint8_t> & allowed);
+    // Whether token t of v may follow (end-of-generation tokens: only when
+    // complete): allows(its text), answered by its length where it is a run
+    // of a class this state takes in one way.
+    bool allows_token(const grammar_vocab & v, smol_token t);
 
     const grammar & rules() const { return *g_; }
 
@@ -132,6 +172,13 @@ class grammar_matcher {
               utf8 & u_out, bool & advanced);
     void compact();
     bool advance(std::string_view bytes, bool commit);
+    void key_of(const std::vector<int32_t> & heads, utf8 partial, std::string & out) const;
+    // The state's runs (null where none): made when first asked.
+    const grammar_runs * runs(const grammar_vocab & v);
+    // Whether a run of n characters may follow: 1 or 0, or -1 where the
+    // states along the run stop taking the class in one way.
+    int run_allows(uint32_t n);
+    void drop_runs();
 
     std::shared_ptr<const grammar> g_;
     std::vector<snode> pool_;
@@ -146,6 +193,22 @@ class grammar_matcher {
     };
     std::vector<level> levels_;
     std::vector<int32_t> scratch_;
+    // The runs of the current state: the class it takes in one way, and the
+    // states along a run of it so far (S_0 the current state, S_reach
+    // last; their nodes sit in the pool from pool_mark on, dropped when the
+    // state changes).
+    struct run_chain {
+        bool known = false;
+        const grammar_vocab * vocab = nullptr;
+        std::shared_ptr<const grammar_runs> runs; // null: no such class
+        std::vector<std::pair<uint32_t, uint32_t>> cls;
+        uint32_t rep = 0;   // a character of the class
+        uint32_t reach = 0; // S_0 .. S_reach-1 take the class in one way
+        enum { going, ended, fixed, mixed } end = going;
+        std::vector<int32_t> heads, next; // S_reach's
+        size_t pool_mark = 0;
+        std::string key, next_key;
+    } run_;
     // state_key's buffers.
     mutable std::vector<uintptr_t> key_flat_;
     mutable std::vector<std::pair<uint32_t, uint32_t>> key_spans_;

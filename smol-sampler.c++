@@ -16,8 +16,10 @@
 #include "smol.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <random>
@@ -42,8 +44,15 @@ struct grammar_memo {
     state * now = nullptr; // the matcher's current state
 };
 
-bool bit(const std::vector<uint64_t> & bits, smol_token t) {
-    return (bits[size_t(t) >> 6] >> (uint32_t(t) & 63)) & 1;
+// Calls f(i) for each set bit i < n, in increasing order.
+template <typename F> void for_each_bit(const std::vector<uint64_t> & bits, int32_t n, F f) {
+    for (size_t w = 0; w < bits.size(); ++w) {
+        for (uint64_t x = bits[w]; x != 0; x &= x - 1) {
+            const int32_t i = int32_t(w * 64) + std::countr_zero(x);
+            if (i >= n) return;
+            f(i);
+        }
+    }
 }
 
 } // namespace
@@ -65,31 +74,69 @@ smol_token smol::argmax(const float * l, int32_t n) {
     return smol_token(cpu::kernels_best().argmax(l, n));
 }
 
-void smol::sampler_best(const float * l, int32_t n, size_t k, std::vector<sampler_cand> & c) {
-    // Only logits within a margin of the best can be among the k best: the
-    // margin grows until k are (counting is a loop compilers vectorise),
-    // and only those are gathered and sorted.
-    k = std::min(k, size_t(n));
-    const float mx = n > 0 ? l[argmax(l, n)] : 0.0f;
+namespace {
+
+// The k best are found from the largest logit of each block of the
+// vocabulary: at least k logits reach the k-th largest of those, so only the
+// blocks that reach it are looked through, and only what reaches it is
+// gathered and sorted.
+constexpr int32_t best_block = 32;
+
+// The blocks' largest logits (a loop compilers vectorise; x > m ? x : m
+// passes a NaN over).
+void block_max(const float * l, int32_t n, std::vector<float> & bmax) {
+    constexpr int32_t lanes = 8;
+    const int32_t nb = (n + best_block - 1) / best_block;
+    bmax.resize(size_t(nb));
+    for (int32_t b = 0; b < n / best_block; ++b) {
+        const float * p = l + b * best_block;
+        float m[lanes];
+        for (float & x : m) x = -INFINITY;
+        for (int32_t r = 0; r < best_block; r += lanes)
+            for (int32_t j = 0; j < lanes; ++j) m[j] = p[r + j] > m[j] ? p[r + j] : m[j];
+        float mb = m[0];
+        for (int32_t j = 1; j < lanes; ++j) mb = m[j] > mb ? m[j] : mb;
+        bmax[size_t(b)] = mb;
+    }
+    if (n % best_block != 0) {
+        float mb = -INFINITY;
+        for (int32_t i = n / best_block * best_block; i < n; ++i) mb = l[i] > mb ? l[i] : mb;
+        bmax[size_t(nb - 1)] = mb;
+    }
+}
+
+void best_in_blocks(const float * l, int32_t n, const std::vector<float> & bmax, size_t k,
+                    std::vector<smol::sampler_cand> & c) {
+    k = std::min(k, size_t(std::max(n, 0)));
+    c.clear();
+    if (k == 0) return;
     float floor = -INFINITY;
-    for (float margin = 8.0f; margin < 1e4f; margin *= 2.0f) {
-        const float t = mx - margin;
-        int32_t count = 0;
-        for (int32_t i = 0; i < n; ++i) count += l[i] >= t;
-        if (size_t(count) >= k) {
-            floor = t;
-            break;
+    if (bmax.size() >= k) {
+        thread_local std::vector<float> sel;
+        sel = bmax;
+        std::nth_element(sel.begin(), sel.begin() + long(k - 1), sel.end(), std::greater<float>());
+        floor = sel[k - 1];
+    }
+    for (int32_t b = 0; b < int32_t(bmax.size()); ++b) {
+        if (!(bmax[size_t(b)] >= floor)) continue;
+        for (int32_t i = b * best_block, e = std::min(n, (b + 1) * best_block); i < e; ++i) {
+            if (l[i] >= floor) c.push_back({i, l[i], 0.0f});
         }
     }
-    c.clear();
-    for (int32_t i = 0; i < n; ++i) {
-        if (l[i] >= floor) c.push_back({i, l[i], 0.0f});
-    }
+    k = std::min(k, c.size()); // fewer only where logits are NaN
     std::partial_sort(c.begin(), c.begin() + long(k), c.end(),
-                      [](const sampler_cand & a, const sampler_cand & b) {
+                      [](const smol::sampler_cand & a, const smol::sampler_cand & b) {
                           return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
                       });
     c.resize(k);
+}
+
+} // namespace
+
+void smol::sampler_best(const float * l, int32_t n, size_t k, std::vector<sampler_cand> & c) {
+    thread_local std::vector<float> bmax;
+    block_max(l, n, bmax);
+    best_in_blocks(l, n, bmax, k, c);
 }
 
 namespace {
@@ -274,14 +321,7 @@ bool grammar_allows(smol_sampler * s, smol_token t) {
     const size_t w = size_t(t) >> 6;
     const uint64_t b = uint64_t(1) << (uint32_t(t) & 63);
     if (st.known[w] & b) return st.allowed[w] & b;
-    const smol::grammar_vocab & v = *s->vocab;
-    bool ok;
-    if (std::find(v.eog.begin(), v.eog.end(), t) != v.eog.end()) {
-        ok = s->grammar->complete();
-    } else {
-        const std::string & piece = v.pieces[size_t(t)];
-        ok = !piece.empty() && s->grammar->allows(piece);
-    }
+    const bool ok = s->grammar->allows_token(*s->vocab, t);
     st.known[w] |= b;
     if (ok) st.allowed[w] |= b;
     return ok;
@@ -292,9 +332,14 @@ const std::vector<uint64_t> & memo_mask(smol_sampler * s) {
     grammar_memo::state & st = *s->memo.now;
     if (!st.whole) {
         s->grammar->mask(*s->vocab, s->allowed);
-        std::fill(st.allowed.begin(), st.allowed.end(), 0);
-        for (size_t t = 0; t < s->allowed.size(); ++t)
-            st.allowed[t >> 6] |= uint64_t(s->allowed[t] != 0) << (t & 63);
+        const uint8_t * a = s->allowed.data();
+        const size_t n = s->allowed.size();
+        for (size_t w = 0; w < st.allowed.size(); ++w) {
+            uint64_t x = 0;
+            for (size_t j = 0, e = std::min<size_t>(64, n - w * 64); j < e; ++j)
+                x |= uint64_t(a[w * 64 + j] != 0) << j;
+            st.allowed[w] = x;
+        }
         std::fill(st.known.begin(), st.known.end(), ~uint64_t(0));
         st.whole = true;
     }
@@ -310,7 +355,7 @@ bool grammar_best(smol_sampler * s, const float * l, int32_t n_vocab, size_t wan
     const size_t span = std::min(size_t(n_vocab), std::max<size_t>(64, 4 * want));
     smol::sampler_best(l, n_vocab, span, c);
     size_t kept = 0;
-    for (size_t i = 0; i < span && kept < want; ++i) {
+    for (size_t i = 0; i < c.size() && kept < want; ++i) {
         if (grammar_allows(s, c[i].id)) c[kept++] = c[i];
     }
     if (kept < want) return false;
@@ -339,14 +384,20 @@ smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, boo
         return -1;
     }
     if (p.top_p < 1.0f || p.min_p > 0.0f) return -1;
+    // The weights as the plain draw weighs them: the CPU kernels' vector exp
+    // of logit / temperature less the largest.
     std::vector<float> & w = s->weights;
-    w.resize(size_t(n_vocab));
-    const float mx = l[smol::argmax(l, n_vocab)];
-    double sum = 0;
-    for (int32_t i = 0; i < n_vocab; ++i) {
-        w[size_t(i)] = float(std::exp(double(l[i] - mx) / p.temperature));
-        sum += w[size_t(i)];
-    }
+    thread_local std::vector<float> scaled;
+    const size_t n = size_t(n_vocab);
+    w.resize(n);
+    scaled.resize(n);
+    const float inv_t = 1.0f / p.temperature;
+    for (size_t i = 0; i < n; ++i) scaled[i] = l[i] * inv_t;
+    smol::cpu::kernels_best().softmax_exp(w.data(), scaled.data(),
+                                          scaled[size_t(smol::argmax(l, n_vocab))], int64_t(n));
+    double sums[4] = {0, 0, 0, 0};
+    for (size_t i = 0; i < n; ++i) sums[i & 3] += w[i];
+    double sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
     for (int attempt = 0; attempt < 8 && sum > 0; ++attempt) {
         const double r = uniform01(s->rng) * sum;
         double acc = 0;
@@ -460,9 +511,9 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         // Greedy: the first of equal maxima, as argmax elsewhere.
         if (!allow) return smol::argmax(l, n_vocab);
         int32_t best = -1;
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            if (bit(*allow, i) && (best < 0 || l[i] > l[best])) best = i;
-        }
+        for_each_bit(*allow, n_vocab, [&](int32_t i) {
+            if (best < 0 || l[i] > l[best]) best = i;
+        });
         return best;
     }
 
@@ -476,9 +527,7 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         n = smol::sampler_keep(p, l, n_vocab, c, &sum);
     } else {
         c.clear();
-        for (int32_t i = 0; i < n_vocab; ++i) {
-            if (bit(*allow, i)) c.push_back({i, l[i], 0.0f});
-        }
+        for_each_bit(*allow, n_vocab, [&](int32_t i) { c.push_back({i, l[i], 0.0f}); });
         n = smol::sampler_keep_cands(p, c, 0, &sum);
     }
     const double r = uniform01(s->rng) * sum;

@@ -316,6 +316,135 @@ TEST_CASE("the token mask equals trying every token of SmolLM2's vocabulary" *
                     << " tokens allowed in all)");
 }
 
+namespace {
+
+// A random grammar of bounded runs of classes that meet, contain or miss one
+// another, so that states take a class in one way, in several, or not at
+// all, with literals and alternatives between them.
+std::string random_run_grammar(std::mt19937 & rng) {
+    const char * classes[] = {
+        "[a-z]", "[a-m0-9]", "[^\"\\\\\\x7F\\x00-\\x1F]",        "[ \\t]",   "[0-9]",
+        ".",     "[^a-z]",   "[\\u00e0-\\u00ff\\u4e00-\\u9fff]", "[a-zA-Z ]"};
+    const char * literals[] = {"\"\\\"\"", "\"x\"", "\" \"", "\"ab\"", "\"\\u00e9\"", "\",\""};
+    const auto pick = [&rng](size_t n) { return size_t(rng() % n); };
+    const auto element = [&]() -> std::string {
+        if (rng() % 4 == 0) return literals[pick(std::size(literals))];
+        const uint32_t lo = rng() % 3, hi = lo + 1 + rng() % 30;
+        std::string e = classes[pick(std::size(classes))];
+        return e + "{" + std::to_string(lo) + "," + std::to_string(hi) + "}";
+    };
+    const auto sequence = [&]() {
+        std::string s;
+        for (int i = 0, n = 1 + int(rng() % 3); i < n; ++i) s += element() + " ";
+        return s;
+    };
+    std::string seq = sequence();
+    if (rng() % 2) seq = "( " + seq + " | " + sequence() + ")";
+    return "root ::= " + seq + " ( \"\\\"\" " + sequence() + "){0,3} \"!\"\n";
+}
+
+// A random JSON schema: an object of bounded strings, integers, enums,
+// arrays of bounded strings and a nested object.
+std::string random_schema(std::mt19937 & rng) {
+    const auto bounded = [&rng]() {
+        const uint32_t hi = 1 + rng() % 40;
+        std::string s = R"({"type":"string","maxLength":)" + std::to_string(hi);
+        if (rng() % 3 == 0) s += R"(,"minLength":)" + std::to_string(rng() % (hi + 1));
+        return s + "}";
+    };
+    std::string props;
+    for (int i = 0, n = 1 + int(rng() % 4); i < n; ++i) {
+        std::string p;
+        switch (rng() % 5) {
+        case 0:
+            p = R"({"type":"integer"})";
+            break;
+        case 1:
+            p = R"({"enum":["US","FR","a b"]})";
+            break;
+        case 2:
+            p = R"({"type":"array","items":)" + bounded() + R"(,"maxItems":3})";
+            break;
+        case 3:
+            p = R"({"type":"object","properties":{"s":)" + bounded() + R"(},"required":["s"]})";
+            break;
+        default:
+            p = bounded();
+        }
+        props += std::string(i ? "," : "") + "\"p" + std::to_string(i) + "\":" + p;
+    }
+    return R"({"type":"object","properties":{)" + props + R"(},"required":["p0"]})";
+}
+
+} // namespace
+
+TEST_CASE("masks and checks by runs of a class equal trying every token on random grammars" *
+          doctest::skip(real_absent())) {
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    model_ptr model = load_real();
+    const auto v = smol::model_grammar_vocab(*model->m);
+    int n_masks = 0, n_grammars = 0;
+    long n_checks = 0;
+    for (int round = 0; round < 16; ++round) {
+        const std::string text =
+            round % 2 ? random_run_grammar(rng) : smol::json_schema_to_gbnf(random_schema(rng));
+        INFO("grammar:\n", text);
+        const auto g = parse(text);
+        ++n_grammars;
+        smol::grammar_matcher m(g);
+        std::vector<uint8_t> fast;
+        for (int step = 0; step < 14; ++step) {
+            INFO("step ", step);
+            // The slow way: each token's text through allows() alone.
+            std::vector<uint8_t> slow(size_t(v->n_vocab), 0);
+            {
+                smol::grammar_matcher c = m;
+                for (smol_token t = 0; t < v->n_vocab; ++t) {
+                    if (std::find(v->eog.begin(), v->eog.end(), t) != v->eog.end()) {
+                        slow[size_t(t)] = c.complete();
+                    } else if (!v->pieces[size_t(t)].empty()) {
+                        slow[size_t(t)] = c.allows(v->pieces[size_t(t)]);
+                    }
+                }
+            }
+            // Checks one token at a time, before any mask, on a copy, and
+            // the mask after them on the matcher itself.
+            {
+                smol::grammar_matcher c = m;
+                for (int k = 0; k < 3000; ++k) {
+                    const smol_token t = smol_token(rng() % uint32_t(v->n_vocab));
+                    INFO("token ", t, " '", v->pieces[size_t(t)], "'");
+                    REQUIRE(c.allows_token(*v, t) == bool(slow[size_t(t)]));
+                    ++n_checks;
+                }
+            }
+            m.mask(*v, fast);
+            for (smol_token t = 0; t < v->n_vocab; ++t) {
+                INFO("token ", t, " '", v->pieces[size_t(t)], "'");
+                REQUIRE(fast[size_t(t)] == slow[size_t(t)]);
+            }
+            ++n_masks;
+            std::vector<smol_token> ok;
+            for (smol_token t = 0; t < v->n_vocab; ++t) {
+                if (fast[size_t(t)] && !v->pieces[size_t(t)].empty()) ok.push_back(t);
+            }
+            if (ok.empty()) break;
+            // Often the longest allowed token, so that walks reach the ends
+            // of bounded runs; else any.
+            smol_token t = ok[rng() % ok.size()];
+            if (rng() % 2) {
+                for (const smol_token u : ok) {
+                    if (v->pieces[size_t(u)].size() > v->pieces[size_t(t)].size()) t = u;
+                }
+            }
+            REQUIRE(m.accept(v->pieces[size_t(t)]));
+        }
+    }
+    MESSAGE(n_masks << " masks and " << n_checks << " checks on " << n_grammars
+                    << " random grammars equal the token-by-token check");
+}
+
 // --- JSON schemas ----------------------------------------------------------------
 
 namespace {

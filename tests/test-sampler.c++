@@ -168,6 +168,39 @@ TEST_CASE("the kept candidates and their weights equal sorting everything") {
     MESSAGE(n_cases << " cases, " << n_cut << " of them cut");
 }
 
+TEST_CASE("the k best of a vocabulary's logits equal sorting everything") {
+    // The k best are looked for only in the blocks of logits whose largest
+    // reaches the k-th largest block's; peaked, flat, tied, -inf and NaN
+    // logits over vocabularies of many blocks must give what sorting does.
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    for (int round = 0; round < 60; ++round) {
+        const int32_t n = 1 + int32_t(rng() % 70000);
+        const float spread = std::array<float, 4>{0.01f, 1.0f, 5.0f, 40.0f}[rng() % 4];
+        std::normal_distribution<float> d(0.0f, spread);
+        std::vector<float> l(static_cast<size_t>(n));
+        const uint32_t odd = rng() % 4; // how often a logit is -inf or NaN
+        for (float & x : l) {
+            x = rng() % 5 == 0 ? std::round(d(rng)) : d(rng);
+            if (odd > 0 && rng() % (8 * odd) == 0) x = rng() % 2 ? -INFINITY : NAN;
+        }
+        const size_t k = std::array<size_t, 5>{1, 40, 160, 1000, 100000}[rng() % 5];
+        std::vector<smol_token> ids;
+        for (int32_t i = 0; i < n; ++i) {
+            if (!std::isnan(l[size_t(i)])) ids.push_back(i);
+        }
+        std::sort(ids.begin(), ids.end(), [&l](smol_token a, smol_token b) {
+            return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b);
+        });
+        ids.resize(std::min(ids.size(), k));
+        std::vector<smol::sampler_cand> c;
+        smol::sampler_best(l.data(), n, k, c);
+        INFO("round ", round, ": n ", n, ", spread ", spread, ", k ", k, ", odd ", odd);
+        REQUIRE(c.size() == ids.size());
+        for (size_t i = 0; i < ids.size(); ++i) REQUIRE(c[i].id == ids[i]);
+    }
+}
+
 TEST_CASE("top-k keeps only the k largest logits") {
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
