@@ -109,6 +109,8 @@ struct engine_setup {
     int32_t draft_max = 0;
     smol_model * draft = nullptr;
     uint32_t n_batch = 0; // 0: n_ctx
+    // Streaming heads (empty: none), with 2 sinks and a window of 5.
+    std::vector<uint8_t> streaming;
 };
 
 engine_ptr make_engine(smol_model * m, const engine_setup & s) {
@@ -122,6 +124,12 @@ engine_ptr make_engine(smol_model * m, const engine_setup & s) {
     p.prefix_block = 8;
     p.draft_max = s.draft_max;
     p.draft_model = s.draft;
+    if (!s.streaming.empty()) {
+        p.context.streaming_heads = s.streaming.data();
+        p.context.n_streaming_heads = uint32_t(s.streaming.size());
+        p.context.stream_sink = 2;
+        p.context.stream_window = 5;
+    }
     smol_engine * e = nullptr;
     const smol_status st = smol_engine_create(m, &p, &e);
     INFO(std::string(smol_last_error()));
@@ -495,4 +503,45 @@ TEST_CASE("the engine refuses a draft of another vocabulary or a larger one, and
     p.draft_max = 63;
     REQUIRE(smol_engine_create(f.model.get(), &p, &raw) == SMOL_OK);
     smol_engine_free(raw);
+}
+
+TEST_CASE("streaming heads in the window store, with the prefix cache and lookup, give the "
+          "output of keeping every position") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "streaming.gguf");
+    std::mt19937 rng(seed);
+    // Two at a time, guessing by lookup (rollbacks): three requests share a
+    // 12-token block while they run; a short one's text is asked for again
+    // last, after others have decoded long past its end, when the store has
+    // given back its sinks: it must be recomputed, not reused.
+    const std::vector<int> shared = repeated(rng, 4, 3, f.n_vocab);
+    std::vector<job> jobs;
+    for (const int max_tokens : {6, 40, 40}) {
+        job j;
+        j.prompt = shared;
+        const std::vector<int> tail = random_ids(rng, 4, 0, f.n_vocab);
+        j.prompt.insert(j.prompt.end(), tail.begin(), tail.end());
+        j.max_tokens = max_tokens;
+        jobs.push_back(j);
+    }
+    jobs.push_back(jobs[0]);
+    const int n_layer = tiny_file::shape_of(SMOL_TYPE_Q8_0).n_layer;
+    std::vector<uint8_t> heads(size_t(2 * n_layer), 0);
+    heads[rng() % heads.size()] = 1;
+    // n_batch = n_ctx: the store would be no smaller, every position kept.
+    engine_setup kept;
+    kept.parallel = 2;
+    kept.prefix = true;
+    kept.draft_max = 4;
+    kept.streaming = heads;
+    smol_engine_stats st_kept{};
+    const std::vector<result> want = serve(f.model.get(), kept, jobs, &st_kept);
+    engine_setup store = kept;
+    store.n_batch = 16; // 2 x (2 + 5 + 16) + 16 = 62 slots of 256
+    smol_engine_stats st{};
+    check_same(serve(f.model.get(), store, jobs, &st), want);
+    // Shared while held; the last request's text recomputed with the store.
+    CHECK(st.n_prefix_hit_tokens > 0);
+    CHECK(st.n_prefix_hit_tokens < st_kept.n_prefix_hit_tokens);
+    CHECK(st.n_spec_drafted > 0);
 }
