@@ -158,6 +158,13 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
                         std::to_string(params_.ngram_min) + ") <= ngram_max (" +
                         std::to_string(params_.ngram_max) + ")");
     }
+    if (ctx_.win.on() && params_.draft_max > ctx_.win.reserve) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "smol_engine_create: draft_max " + std::to_string(params_.draft_max) +
+                        " guesses could be rolled back past the window_reserve of " +
+                        std::to_string(ctx_.win.reserve) +
+                        "; give a window_reserve of at least draft_max (--window-reserve)");
+    }
     if (params_.draft_model) {
         if (params_.draft_max == 0) {
             throw error(SMOL_ERR_INVALID_ARGUMENT,
@@ -179,6 +186,7 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
         cp.n_batch = ctx_.params.n_batch;
         cp.n_seq_max = uint32_t(cache_seq_); // a sequence per slot, the same ids
         cp.swa_full = params.context.swa_full;
+        cp.window_reserve = ctx_.params.window_reserve;
         cp.n_threads = params_.draft_n_threads ? params_.draft_n_threads : ctx_.params.n_threads;
         try {
             draft_ = std::make_unique<llama_context>(dm, cp);

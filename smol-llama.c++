@@ -435,21 +435,26 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     const bool has_swa =
         hp.n_swa > 0 && std::find(hp.swa.begin(), hp.swa.end(), true) != hp.swa.end();
     take_streaming_heads(has_swa);
+    if (params.window_reserve < 0) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT, "window_reserve " +
+                                                   std::to_string(params.window_reserve) +
+                                                   " is negative; give 0 for n_batch");
+    }
+    const int32_t reserve =
+        params.window_reserve > 0 ? params.window_reserve : int32_t(params.n_batch);
     // Sliding-window layers, or streaming heads, keep their window plus a
     // reserve of n_batch positions per sequence (kv_window), unless asked
     // to keep all, or the backend cannot, or that would be no smaller.
     if (has_swa && !params.swa_full && be_->supports_window_store()) {
-        const int32_t n_slots =
-            kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), hp.n_swa,
-                                    int32_t(params.n_batch), int32_t(params.n_batch));
-        if (n_slots < kv.n_cells) win.init(kv, hp.n_swa, int32_t(params.n_batch), n_slots);
+        const int32_t n_slots = kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max),
+                                                        hp.n_swa, reserve, int32_t(params.n_batch));
+        if (n_slots < kv.n_cells) win.init(kv, hp.n_swa, reserve, n_slots);
     }
     if (!streaming.empty() && be_->supports_window_store()) {
         const int32_t n_slots =
-            kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), stream_window,
-                                    int32_t(params.n_batch), int32_t(params.n_batch), stream_sink);
-        if (n_slots < kv.n_cells)
-            win.init(kv, stream_window, int32_t(params.n_batch), n_slots, stream_sink);
+            kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), stream_window, reserve,
+                                    int32_t(params.n_batch), stream_sink);
+        if (n_slots < kv.n_cells) win.init(kv, stream_window, reserve, n_slots, stream_sink);
     }
 
     // A weight type the device does not compute with is refused before
@@ -732,8 +737,9 @@ void llama_context::decode(const smol_batch & b) {
                             (heads ? "the first " + std::to_string(win.sink) + ", " : "") +
                             std::to_string(win.window) + " positions and a reserve of " +
                             std::to_string(win.reserve) +
-                            " = n_batch); recompute the sequence from position 0, roll back "
-                            "at most n_batch tokens, or " +
+                            " (window_reserve)); recompute the sequence from position 0, roll "
+                            "back at most " +
+                            std::to_string(win.reserve) + " tokens, or " +
                             (heads ? "leave streaming heads off"
                                    : "create the context with swa_full (--swa-full)"));
         }

@@ -456,6 +456,7 @@ smol_context_params smol_context_default_params(void) {
     p.abort_user_data = nullptr;
     p.embeddings = false;
     p.swa_full = false;
+    p.window_reserve = 0;
     p.streaming_heads = nullptr;
     p.n_streaming_heads = 0;
     p.stream_sink = 64;

@@ -297,6 +297,11 @@ typedef struct smol_context_params {
     // sequence, a fraction of the memory; rolling back further, or reusing
     // a prefix whose window is gone, is then SMOL_ERR_WINDOW_GONE).
     bool swa_full;
+    // Positions a sequence may roll back (smol_kv_seq_rm of its newest ones)
+    // and go on exactly in the window store, which keeps that many past its
+    // heads' windows (0: n_batch). Smaller for many sequences (a serving
+    // engine rolls back only its own guesses).
+    int32_t window_reserve;
     // Streaming heads (DuoAttention's idea; opt-in, approximate): one flag
     // per (layer, kv head), layer-major, nonzero for a head that attends to
     // the first stream_sink positions and the last stream_window only; such

@@ -273,7 +273,7 @@ TEST_CASE("a Gemma keeping only its window, lookup's rejected guesses rolled bac
     for (int round = 0; round < 6 && rejected == 0; ++round) {
         const std::vector<job> jobs = mixed_jobs(f.model.get(), f.n_vocab, rng);
         // Plain: n_batch = n_ctx, so every position is kept. With lookup:
-        // n_batch 16, a window store of 4 x (6 + 16) + 16 of 256 cells,
+        // n_batch 16, a window store of 5 x (6 + 16) + 16 of 256 cells,
         // whose reserve of 16 covers every rollback of up to 4 guesses.
         engine_setup plain;
         const std::vector<result> want = serve(f.model.get(), plain, jobs);
@@ -287,6 +287,19 @@ TEST_CASE("a Gemma keeping only its window, lookup's rejected guesses rolled bac
         rejected = st.n_spec_drafted - st.n_spec_accepted;
     }
     CHECK(rejected > 0);
+    // A window_reserve below draft_max could not take back every guess.
+    smol_engine_params p = smol_engine_default_params();
+    p.context.n_ctx = 256;
+    p.context.n_batch = 16;
+    p.context.window_reserve = 3;
+    p.draft_max = 4;
+    smol_engine * e = nullptr;
+    CHECK(smol_engine_create(f.model.get(), &p, &e) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(e == nullptr);
+    CHECK(std::string(smol_last_error()).find("--window-reserve") != std::string::npos);
+    p.context.window_reserve = 4;
+    REQUIRE(smol_engine_create(f.model.get(), &p, &e) == SMOL_OK);
+    smol_engine_free(e);
 }
 
 TEST_CASE("with the prefix cache and preemption, lookup still gives plain decoding's output") {
@@ -537,7 +550,7 @@ TEST_CASE("streaming heads in the window store, with the prefix cache and lookup
     smol_engine_stats st_kept{};
     const std::vector<result> want = serve(f.model.get(), kept, jobs, &st_kept);
     engine_setup store = kept;
-    store.n_batch = 16; // 2 x (2 + 5 + 16) + 16 = 62 slots of 256
+    store.n_batch = 16; // 3 x (2 + 5 + 16) + 16 = 85 slots of 256
     smol_engine_stats st{};
     check_same(serve(f.model.get(), store, jobs, &st), want);
     // Shared while held; the last request's text recomputed with the store.

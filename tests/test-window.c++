@@ -200,12 +200,58 @@ TEST_CASE("a rollback past the window store's reserve is refused, and fine with 
             CHECK(st == SMOL_ERR_WINDOW_GONE);
             const std::string msg = smol_last_error();
             CHECK(msg.find("swa_full") != std::string::npos);
-            CHECK(msg.find("n_batch") != std::string::npos);
+            CHECK(msg.find("window_reserve") != std::string::npos);
             CHECK(smol_kv_seq_pos_exact(c.get(), 0) == 39 + window);
             CHECK(std::string(smol_status_name(SMOL_ERR_WINDOW_GONE)) == "SMOL_ERR_WINDOW_GONE");
         }
         smol_batch_free(&b);
     }
+}
+
+TEST_CASE("window_reserve sets how far back a sequence may go on exactly, and the store's size") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_gemma g(seed);
+    smol_context_params p = params("cpu", false, SMOL_KV_OFFLOAD_AUTO);
+    p.window_reserve = 4; // 3 * (6 + 4) + 16 = 46 slots
+    context_ptr c = make_context(g.m.get(), p);
+    CHECK(plan_text(c.get()).find("keep 46 cells of 256") != std::string::npos);
+    context_ptr full = make_context(g.m.get(), params("cpu", true, SMOL_KV_OFFLOAD_AUTO));
+    std::mt19937 rng(seed);
+    std::vector<float> got, want;
+    smol_batch b = smol_batch_init(16);
+    int len = 0;
+    for (int step = 0; step < 10; ++step) {
+        // Ten tokens on, 1 .. 4 back: exact.
+        for (int i = 0; i < 10; ++i) smol_batch_add(&b, 16, int(rng() % 300u), len + i, 0, true);
+        smol_batch copy = b;
+        decode(full.get(), copy, 300, want);
+        decode(c.get(), b, 300, got);
+        len += 10 - (1 + int(rng() % 4u));
+        smol_kv_seq_rm(c.get(), 0, len, -1);
+        smol_kv_seq_rm(full.get(), 0, len, -1);
+    }
+    check_bits(got, want);
+    // A step gives back what lies past the window (6) and the reserve (4)
+    // from the newest position it saw: going on from there is exact, from
+    // one before refused, naming the reserve.
+    for (int i = 0; i < 10; ++i) smol_batch_add(&b, 16, 1, len + i, 0, false);
+    decode(c.get(), b, 300, got);
+    smol_batch_add(&b, 16, 1, len + 10, 0, false);
+    decode(c.get(), b, 300, got); // its step saw len + 9 as the newest
+    const int exact = len + 9 - 6 - 4 + window;
+    CHECK(smol_kv_seq_pos_exact(c.get(), 0) == exact);
+    smol_kv_seq_rm(c.get(), 0, exact, -1);
+    smol_batch_add(&b, 16, 1, exact, 0, true);
+    decode(c.get(), b, 300, got);
+    smol_kv_seq_rm(c.get(), 0, exact - 1, -1);
+    smol_batch_add(&b, 16, 1, exact - 1, 0, true);
+    CHECK(smol_decode(c.get(), &b) == SMOL_ERR_WINDOW_GONE);
+    CHECK(std::string(smol_last_error()).find("roll back at most 4 tokens") != std::string::npos);
+    smol_batch_free(&b);
+    p.window_reserve = -1;
+    smol_context * bad = nullptr;
+    CHECK(smol_context_create(g.m.get(), &p, &bad) == SMOL_ERR_INVALID_ARGUMENT);
+    CHECK(bad == nullptr);
 }
 
 TEST_CASE("a rollback of up to n_batch tokens stays exact however far decoding went") {

@@ -64,6 +64,7 @@ struct options {
     int threads = 0;
     bool no_prefix_cache = false;
     bool swa_full = false; // sliding-window layers keep every position
+    int32_t window_reserve = 0;
     std::string device = "cpu";
     std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
@@ -1171,6 +1172,11 @@ int main(int argc, char ** argv) {
     add_kv_type_option(app, o.kv_type);
     o.streaming.add(app);
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
+    app.add_option("--window-reserve", o.window_reserve,
+                   "positions past their window that sliding-window layers and streaming heads "
+                   "keep per request (0: the batch size): at least --draft-max, smaller saves "
+                   "memory, larger lets later requests reuse more of a shared prefix")
+        ->check(CLI::NonNegativeNumber);
     app.add_flag("--swa-full", o.swa_full,
                  "sliding-window layers (Gemma 3's local ones) keep every position, not only "
                  "their window: more memory, rollbacks and prefix reuse of any length");
@@ -1252,6 +1258,7 @@ int main(int argc, char ** argv) {
     ep.n_queue_max = o.max_queue;
     ep.prefix_cache = !o.no_prefix_cache;
     ep.context.swa_full = o.swa_full;
+    ep.context.window_reserve = o.window_reserve;
     ep.worker_thread = true;
     // Speculation; each error names the flag to change.
     if (o.lookup && !o.draft_model.empty()) {
