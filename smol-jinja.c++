@@ -44,7 +44,7 @@ enum class flow : uint8_t { normal, break_, continue_ };
 
 class renderer final : public render_host {
   public:
-    renderer(const std::string & name, const render_options & o) : name_(name), o_(o) {}
+    explicit renderer(const render_options & o) : o_(o) {}
     // A macro holds the frame it was defined in, which holds the macro; a
     // namespace may hold itself. Emptying them frees what the render made.
     ~renderer() override {
@@ -109,7 +109,6 @@ class renderer final : public render_host {
     value eval(const expr & e, const frame_ptr & f);
 
   private:
-    const std::string & name_;
     const render_options & o_;
     std::vector<frame_ptr> macro_frames_;
     std::vector<std::shared_ptr<dict_data>> namespaces_;
@@ -735,7 +734,7 @@ std::string template_program::render(const dict_data & vars, const render_option
 
 marked_text template_program::render_marked(const dict_data & vars,
                                             const render_options & options) const {
-    renderer r(name_, options);
+    renderer r(options);
     auto root = std::make_shared<frame>(nullptr);
     root->root = &vars;
     marked_text out;

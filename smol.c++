@@ -103,6 +103,28 @@ std::vector<smol::mm_key> llama_mm_shapes(const smol::llama_model & m) {
     return out;
 }
 
+std::vector<smol::chat_message> chat_messages(const smol_chat_message * messages, size_t n,
+                                              const char * fn) {
+    std::vector<smol::chat_message> msgs;
+    for (size_t i = 0; i < n; ++i) {
+        const smol_chat_message & m = messages[i];
+        if (!m.role || (!m.content && !m.tool_calls)) {
+            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                              std::string(fn) + ": message " + std::to_string(i) +
+                                  " has a NULL role or content (content may be NULL only "
+                                  "beside tool_calls)");
+        }
+        smol::chat_message c;
+        c.role = m.role;
+        if (m.content) c.content = m.content;
+        if (m.name) c.name = m.name;
+        if (m.tool_call_id) c.tool_call_id = m.tool_call_id;
+        if (m.tool_calls) c.tool_calls = m.tool_calls;
+        msgs.push_back(std::move(c));
+    }
+    return msgs;
+}
+
 } // namespace
 
 extern "C" {
@@ -321,32 +343,6 @@ smol_chat_params smol_chat_default_params(void) {
     p.tools_json = nullptr;
     return p;
 }
-
-namespace {
-
-std::vector<smol::chat_message> chat_messages(const smol_chat_message * messages, size_t n,
-                                              const char * fn) {
-    std::vector<smol::chat_message> msgs;
-    for (size_t i = 0; i < n; ++i) {
-        const smol_chat_message & m = messages[i];
-        if (!m.role || (!m.content && !m.tool_calls)) {
-            throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                              std::string(fn) + ": message " + std::to_string(i) +
-                                  " has a NULL role or content (content may be NULL only "
-                                  "beside tool_calls)");
-        }
-        smol::chat_message c;
-        c.role = m.role;
-        if (m.content) c.content = m.content;
-        if (m.name) c.name = m.name;
-        if (m.tool_call_id) c.tool_call_id = m.tool_call_id;
-        if (m.tool_calls) c.tool_calls = m.tool_calls;
-        msgs.push_back(std::move(c));
-    }
-    return msgs;
-}
-
-} // namespace
 
 smol_status smol_chat_apply_template_ex(const smol_model * model,
                                         const smol_chat_message * messages, size_t n,
