@@ -41,8 +41,9 @@ typedef enum smol_status {
     SMOL_ERR_BACKEND = 8,          // a device backend reported an error
     SMOL_ERR_BUSY = 9,             // the engine's queue is full; retry later
     SMOL_ERR_ABORTED = 10,         // the abort callback stopped the call
-    // A sliding-window layer would need keys its window store released (a
-    // rollback past n_batch tokens, an old prefix); see swa_full.
+    // A sliding-window layer or streaming head would need keys its window
+    // store released (a rollback past window_reserve tokens, an old
+    // prefix); see swa_full.
     SMOL_ERR_WINDOW_GONE = 11,
 } smol_status;
 
@@ -401,8 +402,9 @@ SMOL_API void smol_kv_seq_cp(smol_context * ctx, smol_seq_id src, smol_seq_id ds
 // The number of tokens seq_id holds in the cache.
 SMOL_API int32_t smol_kv_seq_len(const smol_context * ctx, smol_seq_id seq_id);
 // The lowest position at which sequence seq_id can be decoded further
-// exactly: 0 unless its sliding-window layers lost keys a later position
-// would see (then decoding below it is SMOL_ERR_WINDOW_GONE).
+// exactly: 0 unless its sliding-window layers or streaming heads lost keys
+// a later position would see (then decoding below it is
+// SMOL_ERR_WINDOW_GONE).
 SMOL_API smol_pos smol_kv_seq_pos_exact(smol_context * ctx, smol_seq_id seq_id);
 // Free KV cells.
 SMOL_API int32_t smol_kv_free_cells(const smol_context * ctx);
