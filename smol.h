@@ -294,8 +294,8 @@ typedef struct smol_context_params {
     // the output norm: smol_get_embeddings), not logits (false).
     bool embeddings;
     // Sliding-window layers (Gemma 3's local ones) keep every position, as
-    // global ones do (false: only their window plus n_batch positions per
-    // sequence, a fraction of the memory; rolling back further, or reusing
+    // global ones do (false: only their window plus window_reserve positions
+    // per sequence, a fraction of the memory; rolling back further, or reusing
     // a prefix whose window is gone, is then SMOL_ERR_WINDOW_GONE).
     bool swa_full;
     // Positions a sequence may roll back (smol_kv_seq_rm of its newest ones)
