@@ -443,8 +443,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     const int32_t reserve =
         params.window_reserve > 0 ? params.window_reserve : int32_t(params.n_batch);
     // Sliding-window layers, or streaming heads, keep their window plus a
-    // reserve of n_batch positions per sequence (kv_window), unless asked
-    // to keep all, or the backend cannot, or that would be no smaller.
+    // reserve of window_reserve positions per sequence (kv_window), unless
+    // asked to keep all, or the backend cannot, or that would be no smaller.
     if (has_swa && !params.swa_full && be_->supports_window_store()) {
         const int32_t n_slots = kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max),
                                                         hp.n_swa, reserve, int32_t(params.n_batch));
