@@ -445,16 +445,12 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     // Sliding-window layers, or streaming heads, keep their window plus a
     // reserve of window_reserve positions per sequence (kv_window), unless
     // asked to keep all, or the backend cannot, or that would be no smaller.
-    if (has_swa && !params.swa_full && be_->supports_window_store()) {
-        const int32_t n_slots = kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max),
-                                                        hp.n_swa, reserve, int32_t(params.n_batch));
-        if (n_slots < kv.n_cells) win.init(kv, hp.n_swa, reserve, n_slots);
-    }
-    if (!streaming.empty() && be_->supports_window_store()) {
-        const int32_t n_slots =
-            kv_window::slots_needed(kv.n_cells, int32_t(params.n_seq_max), stream_window, reserve,
-                                    int32_t(params.n_batch), stream_sink);
-        if (n_slots < kv.n_cells) win.init(kv, stream_window, reserve, n_slots, stream_sink);
+    const int32_t window = has_swa && !params.swa_full ? hp.n_swa : stream_window;
+    const int32_t sink = has_swa ? 0 : stream_sink;
+    if (window > 0 && be_->supports_window_store()) {
+        const int32_t n_slots = kv_window::slots_needed(
+            kv.n_cells, int32_t(params.n_seq_max), window, reserve, int32_t(params.n_batch), sink);
+        if (n_slots < kv.n_cells) win.init(kv, window, reserve, n_slots, sink);
     }
 
     // A weight type the device does not compute with is refused before
