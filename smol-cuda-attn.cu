@@ -62,7 +62,8 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             bool vis = false;
             if (c < c_end) {
                 vis = kv_cell_visible(p.cell_pos[c], cell_mask(p, c), my_seq, my_pos) &&
-                      (p.window <= 0 || my_pos - p.cell_pos[c] < p.window);
+                      (p.window <= 0 || my_pos - p.cell_pos[c] < p.window ||
+                       p.cell_pos[c] < p.sink);
             }
             float sc = -INFINITY;
             if (vis) {
@@ -879,6 +880,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.n_tok = int(t->ne[1]);
     p.scale = t->fparams[0] != 0 ? t->fparams[0] : 1.0f / std::sqrt(float(p.hd));
     p.window = t->iparams[4];
+    p.sink = t->iparams[5];
     p.pos = d_pos_;
     p.seq = d_seq_;
     // A window store's view (sliding-window layers, the classic kernel)

@@ -143,6 +143,7 @@ struct attn_params {
     int h0; // the view's first kv head; block y serves query head h0 * group + y
     float scale;
     int window = 0;      // > 0: a query at p sees the cells at p - window + 1 .. p
+    int sink = 0;        // with a window: and those at positions below sink
     const int32_t * pos; // per token
     const int32_t * seq;
     const int32_t * cell;     // per token: the cell its k and v went to in this step
@@ -379,7 +380,6 @@ class cuda_backend final : public backend {
     bool supports_weights(smol_type t) const override { return traits_of(t) != nullptr; }
     // Quantized KV has no kernels here yet.
     bool supports_kv_type(smol_type t) const override { return t == SMOL_TYPE_F16; }
-    bool supports_attention_sinks() const override { return false; }
     void * alloc(size_t bytes) override;
     void release(void * p) override;
     void upload(void * dst, const void * src, size_t bytes) override;

@@ -1615,6 +1615,80 @@ TEST_CASE("a Gemma 3 keeping only its window on the GPU decodes to the float64 l
     std::filesystem::remove(path);
 }
 
+// Streaming heads (DuoAttention): some heads attend to the first `sink`
+// positions and the last `window` only, kept in the window store; the rest
+// keep every position, resident or streamed through the staging slots.
+TEST_CASE("streaming heads on the GPU give a float64 pass's logits with those heads' attention "
+          "cut, resident and offloaded, with a second sequence and replayed graphs") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("streaming.gguf");
+    tiny::shape s;
+    s.n_layer = 3;
+    const tiny::model ref = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // One flag per (layer, kv head), at least one head of each kind and a
+    // layer mixing them.
+    std::vector<uint8_t> heads(size_t(s.n_layer * s.n_head_kv));
+    for (uint8_t & f : heads) f = uint8_t(rng() % 2u);
+    const int mixed = int(rng() % 3u);
+    heads[size_t(2 * mixed)] = 1;
+    heads[size_t(2 * mixed + 1)] = 0;
+    constexpr int sink = 3, window = 5;
+    const std::vector<int> ids = random_ids(rng, 72, s.n_vocab);
+    const std::vector<int> other = random_ids(rng, 72, s.n_vocab);
+    tiny::streaming_heads cut{heads, sink, window};
+    const auto want = tiny::reference(ref, ids, nullptr, &cut);
+    const auto whole = tiny::reference(ref, ids);
+    for (const smol_kv_offload mode : {SMOL_KV_OFFLOAD_NONE, SMOL_KV_OFFLOAD_ALL}) {
+        CAPTURE(int(mode));
+        smol_context_params p = smol_context_default_params();
+        p.kv_offload = mode;
+        p.streaming_heads = heads.data();
+        p.n_streaming_heads = uint32_t(heads.size());
+        p.stream_sink = sink;
+        p.stream_window = window;
+        context_ptr c = make_context(m.get(), "cuda:0", 256, 16, 2, 4, p);
+        std::string plan(8192, '\0');
+        size_t n_plan = 0;
+        REQUIRE(smol_context_plan_dump(c.get(), plan.data(), plan.size(), &n_plan) == SMOL_OK);
+        INFO(plan.c_str());
+        CHECK(plan.find("streaming heads (S; approximate") != std::string::npos);
+        // Sequence 0 the reference's tokens, sequence 1 others beside it:
+        // chunks of 8, then single tokens (replayed graphs).
+        std::vector<std::vector<float>> got(ids.size());
+        smol_batch b = smol_batch_init(16);
+        for (int i = 0; i < int(ids.size());) {
+            const int n = i < 32 ? 8 : 1;
+            b.n_tokens = 0;
+            for (int j = i; j < i + n; ++j) {
+                smol_batch_add(&b, 16, ids[size_t(j)], j, 0, true);
+                smol_batch_add(&b, 16, other[size_t(j)], j, 1, false);
+            }
+            const smol_status st = smol_decode(c.get(), &b);
+            INFO(std::string(smol_last_error()));
+            REQUIRE(st == SMOL_OK);
+            for (int j = 0; j < n; ++j) {
+                const float * l = smol_get_logits(c.get(), 2 * j);
+                REQUIRE(l);
+                got[size_t(i + j)].assign(l, l + s.n_vocab);
+            }
+            i += n;
+        }
+        smol_batch_free(&b);
+        // Past the sinks and window the cut moves the logits far more than
+        // the f16 cache's rounding.
+        double off_whole = 0;
+        for (size_t i = 0; i < ids.size(); ++i) {
+            CAPTURE(i);
+            CHECK(rel_err(got[i], want[i]) < 5e-3);
+            off_whole = std::max(off_whole, rel_err(got[i], whole[i]));
+        }
+        CHECK(off_whole > 2e-2);
+    }
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("replayed CUDA graphs and unfused ops give the logits of plain launches") {
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("replay.gguf");
