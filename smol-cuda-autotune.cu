@@ -15,13 +15,13 @@ namespace {
 
 std::string choice_name(const mm_choice & c) {
     if (c.blas) return "cublas";
-    return std::string(c.mt == 1 ? "gemv" : "smallbatch") + " mt=" + std::to_string(c.mt) +
+    return std::string(c.tile ? "smallbatch" : "gemv") + " mt=" + std::to_string(c.mt) +
            " ks=" + std::to_string(c.ks) + (c.r > 1 ? " r=" + std::to_string(c.r) : "");
 }
 
 // Reads "gemv mt=1 ks=2 r=2" (no r: one row a warp), "smallbatch mt=8
-// ks=1" or "cublas"; false for anything else (a tile, split or row count
-// this build has no kernel for included).
+// ks=1" or "cublas"; false for anything else (a tile, token count, split or
+// row count this build has no kernel for included).
 bool parse_choice(const std::string & text, mm_choice & c) {
     char family[32] = {};
     int mt = 0, ks = 0, r = 1;
@@ -33,13 +33,12 @@ bool parse_choice(const std::string & text, mm_choice & c) {
         return true;
     }
     if (f != "gemv" && f != "smallbatch") return false;
-    const bool tile_ok =
-        std::find(std::begin(mm_tiles), std::end(mm_tiles), mt) != std::end(mm_tiles);
-    const bool split_ok =
-        std::find(std::begin(mm_splits), std::end(mm_splits), ks) != std::end(mm_splits);
-    const bool rows_ok = std::find(std::begin(mm_rows), std::end(mm_rows), r) != std::end(mm_rows);
-    if (!tile_ok || !split_ok || !rows_ok || (f == "gemv") != (mt == 1) || (mt > 1 && r != 1))
-        return false;
+    auto in = [](const auto & set, int v) {
+        return std::find(std::begin(set), std::end(set), v) != std::end(set);
+    };
+    c.tile = f == "smallbatch";
+    const bool mt_ok = c.tile ? in(mm_tiles, mt) && r == 1 : in(gemv_tokens, mt);
+    if (!mt_ok || !in(mm_splits, ks) || !in(mm_rows, r)) return false;
     c.mt = mt;
     c.ks = ks;
     c.r = r;
@@ -98,8 +97,8 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 #endif
 }
 
-// Without a table: the token tile that holds the batch (up to 32); the
-// GEMV takes two rows a warp and splits K over 2 or 4 warps a pair of rows
+// Without a table: the GEMV up to 4 tokens, tiles past them; the GEMV
+// takes two rows a warp and splits K over 2 or 4 warps a pair of rows
 // when there are few pairs, so that enough warps are in flight. Quantized
 // rows are half as long or less, and want twice the warps. Against the
 // GEMV variants a lab timed for the SmolLM2 shapes this came close to the
@@ -107,12 +106,20 @@ bool cuda_backend::blas_fits(const tensor * mm) const {
 // choose() sends large batches to cuBLAS first.
 mm_choice cuda_backend::default_small(const mm_key & key) const {
     mm_choice c;
-    // Tiles of 4 tokens up to 8, then of 8: the H200's autotune chose them
-    // most often for the three models' shapes (a tile of the whole batch
-    // of 32 holds 32 accumulators a lane and leaves a quarter of the
-    // blocks).
-    c.mt = std::min(key.m, key.m <= 8 ? 4 : 8);
-    if (key.m > 1) return c;
+    // Past 4 tokens, tiles of 4 up to 8, then of 8: the H200's autotune
+    // chose them most often for the three models' shapes (a tile of the
+    // whole batch of 32 holds 32 accumulators a lane and leaves a quarter
+    // of the blocks). The GEMV's loads of x grow with its tokens, which
+    // made 8 of them slower than the tiles.
+    if (key.m > 4) {
+        c.tile = true;
+        c.mt = key.m <= 8 ? 4 : 8;
+        return c;
+    }
+    // Up to 4 tokens (a short speculative verify, a few sequences), the
+    // GEMV reads each weight once for all of them, with one token's rows
+    // and split, so a token's results are the bits of its launch alone.
+    c.mt = key.m == 1 ? 1 : 4;
     c.r = key.n % 2 == 0 ? 2 : 1;
     const int64_t groups = key.n / c.r / (float_weights(key.type) ? 1 : 2);
     c.ks = groups < 16 * n_sm_ ? 4 : groups < 23 * n_sm_ ? 2 : 1;
@@ -137,22 +144,23 @@ mm_choice cuda_backend::choose(const mm_key & key) const {
 #endif
     }
 #if defined(SMOL_HAVE_BLAS)
+    // Up to 4 tokens the GEMV reads each weight once, as cuBLAS would.
     // Float weights go to cuBLAS from the bucket of 32 tokens (17 and more),
-    // and from the bucket of 8 (5 and more) once the bucket times the weight
-    // bytes passes 16 MiB (48 MiB below 5 tokens): the small-batch kernels'
-    // time grows with both, while cuBLAS, replayed in a graph, costs a few
-    // microseconds plus the weights' read. The thresholds follow what the
-    // H200's autotune chose for the SmolLM2 shapes (BENCHMARKS.md).
+    // and from the bucket of 8 once the bucket times the weight bytes
+    // passes 16 MiB: the small-batch tiles' time grows with both, while
+    // cuBLAS, replayed in a graph, costs a few microseconds plus the
+    // weights' read. The thresholds follow what the H200's autotune chose
+    // for the SmolLM2 shapes (BENCHMARKS.md).
     const size_t elt = !float_weights(key.type) ? 0 : key.type == SMOL_TYPE_F32 ? 4 : 2;
     const double batch_bytes = double(key.n) * double(key.k) * double(elt) * double(key.m);
-    const double float_mib = key.m >= 32 ? 0.0 : key.m >= 8 ? 16.0 : 48.0;
+    const double float_mib = key.m >= 32 ? 0.0 : 16.0;
     // Quantized weights are dequantized to f16 first: cuBLAS costs a fixed
     // time plus one for each weight, the small-batch tiles a time for each
     // weight and token; the line below is where the two meet, fitted to
     // the H200's timings of q8_0 and q4_1 at 8 to 64 tokens.
     const double mw = double(key.n) * double(key.k) / 1e6;
     const bool blas = elt ? batch_bytes >= float_mib * 1024 * 1024 : key.m * mw > 7.6 * mw + 24.3;
-    if (key.m > 32 || (key.m > 1 && blas)) return mm_choice{true, 1, 1, -1};
+    if (key.m > 32 || (key.m > 4 && blas)) return mm_choice{true, 1, 1, -1};
 #endif
     return default_small(key);
 }
@@ -167,8 +175,8 @@ bool cuda_backend::small_mm(const tensor * mm) const {
 void cuda_backend::note_used(const mm_key & key, const mm_choice & c) {
     for (const auto & u : used_) {
         const mm_choice & d = u.second;
-        if (u.first == key && d.blas == c.blas && d.mt == c.mt && d.ks == c.ks && d.r == c.r &&
-            d.kv == c.kv && d.kept == c.kept)
+        if (u.first == key && d.blas == c.blas && d.tile == c.tile && d.mt == c.mt &&
+            d.ks == c.ks && d.r == c.r && d.kv == c.kv && d.kept == c.kept)
             return;
     }
     used_.push_back({key, c});
@@ -288,11 +296,20 @@ std::vector<std::string> cuda_backend::mm_candidates(const mm_key & key) const {
     // super-blocks).
     if (key.k % 8 != 0 || type_row_bytes(key.type, key.k) % 4 != 0) return out;
     const int top = std::min(key.m, 32);
+    // The GEMV for up to 4 tokens, taking them all a block.
+    for (int mt : gemv_tokens) {
+        if (mt < top || (mt == 1) != (top == 1)) continue;
+        for (int r : mm_rows) {
+            if (key.n % r != 0) continue;
+            for (int ks : mm_splits) out.push_back(choice_name(mm_choice{false, mt, ks, -1, r}));
+        }
+    }
     for (int mt : mm_tiles) {
         if (mt > top || mt * 4 < top) continue;
-        for (int r : mm_rows) {
-            if (r > 1 && (mt > 1 || key.n % r != 0)) continue;
-            for (int ks : mm_splits) out.push_back(choice_name(mm_choice{false, mt, ks, -1, r}));
+        for (int ks : mm_splits) {
+            mm_choice c{false, mt, ks, -1};
+            c.tile = true;
+            out.push_back(choice_name(c));
         }
     }
 #if defined(SMOL_HAVE_BLAS)

@@ -40,14 +40,16 @@ __device__ __forceinline__ void mm_select(const mm_params & p, int & r, const ui
     }
 }
 
-// The GEMV of single-token decode: R weight rows a warp and KS warps a group
-// of R rows (mm_warps / KS groups a block); block y takes token y of a batch
-// (the autotune may choose the GEMV for a few tokens). The lanes of a
-// group's warps split K in units (gemv_unit: chunks of 8, or spans of 32 of
-// q4_K and q6_K super-blocks); each lane loads its unit of x once
-// for the R rows, so the group keeps R chunks of weights in flight for each
-// of x's (two rows a warp read much closer to the memory's rate than
-// one). The fused weights' row counts are multiples of R.
+// The GEMV of decode: R weight rows a warp and KS warps a group of R rows
+// (mm_warps / KS groups a block); block y takes MT tokens of the batch
+// (one for single-token decode; a few, such as a speculative verify, read
+// each weight once for all of them). The lanes of a group's warps split K
+// in units (gemv_unit: chunks of 8, or spans of 32 of q4_K and q6_K
+// super-blocks); each lane loads its unit of x once for the R rows, so the
+// group keeps R chunks of weights in flight for each of x's (two rows a
+// warp read much closer to the memory's rate than one). The fused weights'
+// row counts are multiples of R. A token's sums run in the same order for
+// every MT, so its results are the bits of a launch of its own.
 //
 // A folded RMS norm scales x by its weights on the way in and multiplies
 // the dot by 1 / rms at the end; the sum of squares is taken from the same
@@ -56,12 +58,14 @@ __device__ __forceinline__ void mm_select(const mm_params & p, int & r, const ui
 //
 // PAIR (float weights): each lane has two chunks of a row and reads both
 // at once (see gemv_pair).
-template <int T, bool SWIGLU, int KS, int R, bool PAIR = false>
+template <int T, bool SWIGLU, int KS, int R, bool PAIR = false, int MT = 1>
 __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_params p) {
     static_assert(mm_warps % KS == 0, "the warps of a block split into whole groups");
     constexpr int groups_per_block = mm_warps / KS;
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
-    const int ks = warp % KS, m = blockIdx.y;
+    const int ks = warp % KS, m0 = blockIdx.y * MT;
+    // The block's tokens (fewer than MT in the batch's last tile).
+    const int nt = MT == 1 ? 1 : min(MT, p.M - m0);
     int r = (blockIdx.x * groups_per_block + warp / KS) * R;
     const uint8_t * w;
     float * y;
@@ -87,13 +91,15 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     // kept too few bytes in flight. Float weights are read 16 bytes a chunk;
     // with more rows than one, the rows are in flight together and U = 1
     // measured fastest for every type, but where a lane's share of a row is
-    // two chunks (PAIR) it takes both at once.
+    // two chunks (PAIR) it takes both at once. Several tokens keep the lane
+    // busy between loads: U = 1. U leaves the order of the sums as it is.
     // A span of 32 (gemv_unit) is four chunks' weights: two spans a row at
     // a time with up to two rows a warp, one with more.
     static_assert(!PAIR || float_weights(T), "pairs of float chunks");
     using unit = gemv_unit<T>;
     constexpr bool span = unit::width == 32;
     constexpr int U = PAIR                        ? 2
+                      : MT > 1                    ? 1
                       : span                      ? (R > 2 ? 1 : 2)
                       : R > 1 || float_weights(T) ? 1
                       : SWIGLU                    ? 2
@@ -123,79 +129,110 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     if (KS == 1 && !valid) return;
     if (!p.early && c_first < n_ch) fetch(c_first);
 
-    float acc[R], acc_u[SWIGLU ? R : 1], ss = 0.0f; // ss: x's sum of squares
+    // Per token: the rows' sums and x's sum of squares (ss).
+    float acc[MT][R], acc_u[MT][SWIGLU ? R : 1], ss[MT];
 #pragma unroll
-    for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+    for (int t = 0; t < MT; ++t) {
+        ss[t] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < (SWIGLU ? R : 1); ++j) acc_u[j] = 0.0f;
-    const float * x = p.x + size_t(m) * p.ldx;
+        for (int j = 0; j < R; ++j) acc[t][j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < (SWIGLU ? R : 1); ++j) acc_u[t][j] = 0.0f;
+    }
     for (int c0 = c_first; c0 < n_ch; c0 += U * stride) {
         if (c0 != c_first) fetch(c0);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (c0 + u * stride >= n_ch) continue;
-            typename unit::acts xa;
-            unit::load_x(x, p.norm_w, c0 + u * stride, xa, ss);
+            // The unit's weights made ready once for the block's tokens.
+            typename unit::weights wt[R], ut[SWIGLU ? R : 1];
 #pragma unroll
             for (int j = 0; j < R; ++j) {
-                acc[j] += unit::dot(w_raw[u][j], xa);
-                if constexpr (SWIGLU) acc_u[j] += unit::dot(u_raw[u][j], xa);
+                unit::ready(w_raw[u][j], wt[j]);
+                if constexpr (SWIGLU) unit::ready(u_raw[u][j], ut[j]);
+            }
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                if (t >= nt) break;
+                typename unit::acts xa;
+                unit::load_x(p.x + size_t(m0 + t) * p.ldx, p.norm_w, c0 + u * stride, xa, ss[t]);
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    acc[t][j] += unit::dot(wt[j], xa);
+                    if constexpr (SWIGLU) acc_u[t][j] += unit::dot(ut[j], xa);
+                }
             }
         }
     }
+    double ssd[MT];
 #pragma unroll
-    for (int j = 0; j < R; ++j) {
-        acc[j] = warp_sum(acc[j]);
-        if constexpr (SWIGLU) acc_u[j] = warp_sum(acc_u[j]);
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            acc[t][j] = warp_sum(acc[t][j]);
+            if constexpr (SWIGLU) acc_u[t][j] = warp_sum(acc_u[t][j]);
+        }
+        ssd[t] = p.norm_w ? warp_sum_f64(double(ss[t])) : 0.0;
     }
-    double ssd = p.norm_w ? warp_sum_f64(double(ss)) : 0.0;
     if constexpr (KS > 1) {
         // The group's first warp adds the others' sums, always in one order.
-        __shared__ float part[mm_warps][SWIGLU ? 2 * R : R];
-        __shared__ double part_ss[mm_warps];
+        constexpr int n_part = SWIGLU ? 2 * R : R;
+        __shared__ float part[mm_warps][MT * n_part];
+        __shared__ double part_ss[mm_warps][MT];
         if (lane == 0) {
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                part[warp][j] = acc[j];
-                if constexpr (SWIGLU) part[warp][R + j] = acc_u[j];
+            for (int t = 0; t < MT; ++t) {
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    part[warp][t * n_part + j] = acc[t][j];
+                    if constexpr (SWIGLU) part[warp][t * n_part + R + j] = acc_u[t][j];
+                }
+                part_ss[warp][t] = ssd[t];
             }
-            part_ss[warp] = ssd;
         }
         __syncthreads();
         if (ks != 0 || !valid) return;
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-            for (int i = 1; i < KS; ++i) {
-                acc[j] += part[warp + i][j];
-                if constexpr (SWIGLU) acc_u[j] += part[warp + i][R + j];
+        for (int t = 0; t < MT; ++t) {
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                for (int i = 1; i < KS; ++i) {
+                    acc[t][j] += part[warp + i][t * n_part + j];
+                    if constexpr (SWIGLU) acc_u[t][j] += part[warp + i][t * n_part + R + j];
+                }
+            }
+            for (int i = 1; i < KS; ++i) ssd[t] += part_ss[warp + i][t];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+        if (t >= nt) break;
+        const int m = m0 + t;
+        // Lane j writes row r + j.
+        float val = acc[t][0], val_u = SWIGLU ? acc_u[t][0] : 0.0f;
+#pragma unroll
+        for (int j = 1; j < R; ++j) {
+            if (lane == j) {
+                val = acc[t][j];
+                if constexpr (SWIGLU) val_u = acc_u[t][j];
             }
         }
-        for (int i = 1; i < KS; ++i) ssd += part_ss[warp + i];
-    }
-    // Lane j writes row r + j.
-    float val = acc[0], val_u = SWIGLU ? acc_u[0] : 0.0f;
-#pragma unroll
-    for (int j = 1; j < R; ++j) {
-        if (lane == j) {
-            val = acc[j];
-            if constexpr (SWIGLU) val_u = acc_u[j];
+        if (p.norm_w) {
+            const float s = rms_scale(ssd[t], p.K, p.eps);
+            val *= s;
+            val_u *= s;
         }
-    }
-    if (p.norm_w) {
-        const float s = rms_scale(ssd, p.K, p.eps);
-        val *= s;
-        val_u *= s;
-    }
-    if constexpr (SWIGLU) val = p.gelu ? gelu_mul(val, val_u) : silu_mul(val, val_u);
-    if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
-    if (lane < R) y[size_t(m) * rows + r + lane] = val;
-    if constexpr (!SWIGLU && R % 2 == 0) {
-        // k and v into the token's cache cell, a pair of rows (lanes 2i
-        // and 2i + 1) by the even lane, as kv_store_kernel stores them.
-        const float other = SMOL_SHFL_XOR(val, 1);
-        const kv_store_params & kv = p.kv;
-        if (kv.K && which > 0 && lane < R && lane % 2 == 0)
-            store_kv_pair(kv, m, size_t(kv.cell[m]), r + lane, val, other, which == 1);
+        if constexpr (SWIGLU) val = p.gelu ? gelu_mul(val, val_u) : silu_mul(val, val_u);
+        if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
+        if (lane < R) y[size_t(m) * rows + r + lane] = val;
+        if constexpr (!SWIGLU && R % 2 == 0) {
+            // k and v into the token's cache cell, a pair of rows (lanes 2i
+            // and 2i + 1) by the even lane, as kv_store_kernel stores them.
+            const float other = SMOL_SHFL_XOR(val, 1);
+            const kv_store_params & kv = p.kv;
+            if (kv.K && which > 0 && lane < R && lane % 2 == 0)
+                store_kv_pair(kv, m, size_t(kv.cell[m]), r + lane, val, other, which == 1);
+        }
     }
 }
 
@@ -347,30 +384,39 @@ template <typename F> void with_1_2_4(int n, F && f) {
     }
 }
 
-// Launches the GEMV (c.mt = 1) or mm_small_kernel for weight type T with
-// the rows a warp, token tile and split of a choice. Every weight's row
-// count is a multiple of the GEMV's c.r (run_mm sees to it).
+// Launches the GEMV (MT tokens a block) or mm_small_kernel for weight
+// type T with the rows a warp, tokens, tile and split of a choice. Every
+// weight's row count is a multiple of the GEMV's c.r (run_mm sees to it).
 template <int T, bool SWIGLU>
 void launch_mm_small(const mm_params & p, int total_rows, const mm_choice & c, cudaStream_t stream,
                      bool pdl) {
     const int threads = mm_warps * warp_size;
-    if (c.mt <= 1) {
-        with_1_2_4(c.r, [&](auto r) {
-            with_1_2_4(c.ks, [&](auto ks) {
-                constexpr int R = decltype(r)::value, KS = decltype(ks)::value;
-                constexpr int rows_per_block = R * (mm_warps / KS);
-                const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
-                                unsigned(p.M));
-                if constexpr (float_weights(T) && R <= 2) {
-                    if (gemv_pair(p.K, KS)) {
-                        launch_kernel(gemv_kernel<T, SWIGLU, KS, R, true>, grid, dim3(threads),
-                                      stream, pdl, p);
-                        return;
+    if (!c.tile) {
+        auto gemv = [&](auto mt) {
+            constexpr int MT = decltype(mt)::value;
+            with_1_2_4(c.r, [&](auto r) {
+                with_1_2_4(c.ks, [&](auto ks) {
+                    constexpr int R = decltype(r)::value, KS = decltype(ks)::value;
+                    constexpr int rows_per_block = R * (mm_warps / KS);
+                    const dim3 grid(unsigned((total_rows + rows_per_block - 1) / rows_per_block),
+                                    unsigned((p.M + MT - 1) / MT));
+                    if constexpr (MT == 1 && float_weights(T) && R <= 2) {
+                        if (gemv_pair(p.K, KS)) {
+                            launch_kernel(gemv_kernel<T, SWIGLU, KS, R, true>, grid, dim3(threads),
+                                          stream, pdl, p);
+                            return;
+                        }
                     }
-                }
-                launch_kernel(gemv_kernel<T, SWIGLU, KS, R>, grid, dim3(threads), stream, pdl, p);
+                    launch_kernel(gemv_kernel<T, SWIGLU, KS, R, false, MT>, grid, dim3(threads),
+                                  stream, pdl, p);
+                });
             });
-        });
+        };
+        if (c.mt <= 1) {
+            gemv(std::integral_constant<int, 1>{});
+        } else {
+            gemv(std::integral_constant<int, 4>{});
+        }
         return;
     }
     auto split = [&](auto mt) {
@@ -490,7 +536,7 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     }
     // With rows in pairs (k's rope pairs) and no copy program to order the
     // cache's copies after kv_store, the GEMV stores k and v itself.
-    if (s.store && c.mt == 1 && c.r % 2 == 0 && !sched_.has_copies()) {
+    if (s.store && !c.tile && c.r % 2 == 0 && !sched_.has_copies()) {
         p.kv = kv_store_of(steps_[size_t(s.store->node_index)], *b.kv);
         stored_ = s.store;
         c.kv = true;

@@ -552,10 +552,19 @@ template <int T> struct gemv_unit {
         raw::where(u, e0, e1);
         x_chunk(x, norm_w, e0, e1, xa.a, xa.b, ss);
     }
-    static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
+    // A unit's weights made ready once for several tokens' dots (decoded);
+    // dot(raw) is dot(ready(raw)), the same bits.
+    struct weights {
         float v[8];
-        r.decode(v);
-        return dot8(v, xa.a, xa.b);
+    };
+    static __device__ __forceinline__ void ready(const raw & r, weights & w) { r.decode(w.v); }
+    static __device__ __forceinline__ float dot(const weights & w, const acts & xa) {
+        return dot8(w.v, xa.a, xa.b);
+    }
+    static __device__ __forceinline__ float dot(const raw & r, const acts & xa) {
+        weights w;
+        ready(r, w);
+        return dot(w, xa);
     }
 };
 
@@ -582,6 +591,9 @@ template <class Raw> struct gemv_span {
     static constexpr int width = 32;
     using raw = Raw;
     using acts = span_acts;
+    // A span's dot reads its codes as they lie: nothing to make ready.
+    using weights = Raw;
+    static __device__ __forceinline__ void ready(const raw & r, weights & w) { w = r; }
     static __device__ __forceinline__ void load_x(const float * x, const float * norm_w, int u,
                                                   acts & xa, float & ss) {
         int e0, e1;

@@ -102,9 +102,9 @@ constexpr int mm_warps = 4; // warps per block of the small-batch kernels
 
 // --- matmul kernel choice ------------------------------------------------------------
 
-// One candidate of the autotune table: the GEMV (MT = 1) with KS warps a
-// group of R rows, the small-batch kernel with a token tile MT and KS warps
-// a row, or cuBLAS on tensor cores.
+// One candidate of the autotune table: the GEMV with MT tokens a block
+// (gemv_tokens) and KS warps a group of R rows, the small-batch kernel with
+// a token tile MT and KS warps a row, or cuBLAS on tensor cores.
 struct mm_choice {
     bool blas = false;
     int mt = 1, ks = 1;
@@ -112,9 +112,11 @@ struct mm_choice {
     int r = 1;         // GEMV rows a warp
     bool kv = false;   // (used, not a table's) the GEMV stored k and v in the cache too
     bool kept = false; // (used) cuBLAS over bf16 pairs whose sums their readers made
+    bool tile = false; // the small-batch kernel, not the GEMV
 };
 
-constexpr int mm_tiles[] = {1, 2, 4, 8, 16, 32};
+constexpr int mm_tiles[] = {2, 4, 8, 16, 32};
+constexpr int gemv_tokens[] = {1, 4};
 constexpr int mm_splits[] = {1, 2, 4};
 constexpr int mm_rows[] = {1, 2, 4};
 

@@ -7,17 +7,18 @@
 # finds its guesses in) and on one that does not. Modes: n-gram lookup,
 # greedy and sampling (--temp T, same seed for both runs); with -d DRAFT
 # also a draft model, greedy, as a chain and as a token tree of budget B.
+# -k sets the most tokens guessed a target decode (smol-cli's --draft-max).
 # Prints a table of the medians, the tokens per target decode and the share
 # of guesses kept.
 #
 #   scripts/bench-spec.sh [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS]
-#                         [-T TEMP] [-B TREE_BUDGET] [-D DEVICE]
+#                         [-T TEMP] [-B TREE_BUDGET] [-D DEVICE] [-k DRAFT_MAX]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 model=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
-draft="" threads=2 n_gen=96 reps=3 temp=0.8 budget=16 device=()
-usage="usage: $0 [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS] [-T TEMP] [-B TREE_BUDGET] [-D DEVICE]"
-while getopts "m:d:t:n:r:T:B:D:" opt; do
+draft="" threads=2 n_gen=96 reps=3 temp=0.8 budget=16 device=() draft_max=()
+usage="usage: $0 [-m MODEL] [-d DRAFT] [-t THREADS] [-n N_GEN] [-r REPS] [-T TEMP] [-B TREE_BUDGET] [-D DEVICE] [-k DRAFT_MAX]"
+while getopts "m:d:t:n:r:T:B:D:k:" opt; do
     case $opt in
     m) model=$OPTARG ;;
     d) draft=$OPTARG ;;
@@ -27,6 +28,7 @@ while getopts "m:d:t:n:r:T:B:D:" opt; do
     T) temp=$OPTARG ;;
     B) budget=$OPTARG ;;
     D) device=(--device "$OPTARG") ;;
+    k) draft_max=(--draft-max "$OPTARG") ;;
     *) echo "$usage" >&2 && exit 2 ;;
     esac
 done
@@ -63,7 +65,7 @@ for name in rewrite continue open; do
             # shellcheck disable=SC2086 # the flags are words
             plain+=("$("$cli" -m "$model" "${device[@]}" -t "$threads" -n "$n_gen" $sampling -p "$p" 2>&1 >/dev/null | rate_plain)")
             # shellcheck disable=SC2086
-            out=$("$cli" -m "$model" "${device[@]}" -t "$threads" -n "$n_gen" $sampling $spec -p "$p" 2>&1 >/dev/null)
+            out=$("$cli" -m "$model" "${device[@]}" -t "$threads" -n "$n_gen" $sampling $spec "${draft_max[@]}" -p "$p" 2>&1 >/dev/null)
             rate+=("$(rate_spec <<<"$out")")
             steps+=("$(per_step <<<"$out")")
             share+=("$(kept <<<"$out")")
