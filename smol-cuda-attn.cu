@@ -19,7 +19,41 @@ namespace {
 // each lane owning NPL consecutive elements of the head. Streams of one
 // query are merged through shared memory. With S splits (decode, Q = 1),
 // each block leaves a partial result and the last one to finish merges them.
-template <int NPL> __global__ void attention_kernel(const attn_params p) {
+//
+// Over a quantized cache (KT q8_0 or q4_0: blocks of 32 along a row, ggml's
+// layout) the queries turn as K did before it was stored, and the output
+// is turned back from V's turn by rotate_heads_kernel after it.
+template <int KT> __device__ __forceinline__ float kv_elem(const uint8_t * row, int e) {
+    const uint8_t * blk = row + (e / 32) * (KT == SMOL_TYPE_Q8_0 ? 34 : 18);
+    const float d = f16_to_f32(*reinterpret_cast<const uint16_t *>(blk));
+    const int i = e % 32;
+    if constexpr (KT == SMOL_TYPE_Q8_0) return d * float(int8_t(blk[2 + i]));
+    const uint8_t b = blk[2 + i % 16];
+    return d * float((i < 16 ? b & 0xF : b >> 4) - 8);
+}
+
+// q . K's row of a quantized cache: each block's sum, then its scale.
+template <int KT>
+__device__ __forceinline__ float kv_dot(const uint8_t * row, const float * q, int hd) {
+    float d = 0.0f;
+    for (int b = 0; b < hd / 32; ++b) {
+        const uint8_t * blk = row + b * (KT == SMOL_TYPE_Q8_0 ? 34 : 18);
+        const float * qb = q + 32 * b;
+        float sb = 0.0f;
+        if constexpr (KT == SMOL_TYPE_Q8_0) {
+            for (int i = 0; i < 32; ++i) sb += float(int8_t(blk[2 + i])) * qb[i];
+        } else {
+            for (int i = 0; i < 16; ++i) {
+                const uint8_t x = blk[2 + i];
+                sb += float((x & 0xF) - 8) * qb[i] + float((x >> 4) - 8) * qb[i + 16];
+            }
+        }
+        d += f16_to_f32(*reinterpret_cast<const uint16_t *>(blk)) * sb;
+    }
+    return d;
+}
+
+template <int NPL, int KT = SMOL_TYPE_F16> __global__ void attention_kernel(const attn_params p) {
     extern __shared__ float sm[];
     const int hd = p.hd, half = hd / 2;
     float * qs = sm;            // [Q][hd]
@@ -36,6 +70,7 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
         qs[qi * hd + 2 * j + 1] = f16_to_f32(f32_to_f16(x1));
     }
     __syncthreads();
+    if constexpr (KT != SMOL_TYPE_F16) block_rotate(qs, p.Q * hd, p.rot_k);
 
     const int qi = warp % p.Q, ws = warp / p.Q, tok = tok0 + qi;
     const bool active = tok < p.n_tok;
@@ -61,12 +96,16 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             const int c = base + lane;
             bool vis = false;
             if (c < c_end) {
-                vis = kv_cell_visible(p.cell_pos[c], cell_mask(p, c), my_seq, my_pos) &&
-                      (p.window <= 0 || my_pos - p.cell_pos[c] < p.window ||
-                       p.cell_pos[c] < p.sink);
+                vis =
+                    kv_cell_visible(p.cell_pos[c], cell_mask(p, c), my_seq, my_pos) &&
+                    (p.window <= 0 || my_pos - p.cell_pos[c] < p.window || p.cell_pos[c] < p.sink);
             }
             float sc = -INFINITY;
-            if (vis) {
+            if (vis && KT != SMOL_TYPE_F16) {
+                sc = kv_dot<KT>(reinterpret_cast<const uint8_t *>(K + size_t(c) * p.row_words), q,
+                                hd) *
+                     p.scale;
+            } else if (vis) {
                 const uint16_t * kr = K + size_t(c) * hd;
                 float d = 0.0f;
                 if (vec16) {
@@ -96,7 +135,13 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
             auto add_row = [&](int j) {
                 const float pj = SMOL_SHFL(pr, j);
                 float v[NPL];
-                if (lane_full) {
+                if constexpr (KT != SMOL_TYPE_F16) {
+                    const uint8_t * row =
+                        reinterpret_cast<const uint8_t *>(V + size_t(base + j) * p.row_words);
+#pragma unroll
+                    for (int e = 0; e < NPL; ++e)
+                        v[e] = e_base + e < hd ? kv_elem<KT>(row, e_base + e) : 0.0f;
+                } else if (lane_full) {
                     if constexpr (NPL % 2 == 0) {
 #pragma unroll
                         for (int e = 0; e < NPL; e += 2) {
@@ -216,6 +261,17 @@ template <int NPL> __global__ void attention_kernel(const attn_params p) {
         }
         p.out[tok0 * p.ldo + h * hd + e] = a * inv_sum;
     }
+}
+
+// Block (token, query head): the head's output turned back from V's turn
+// over a quantized cache (its runs of len), in place.
+__global__ void rotate_heads_kernel(float * out, size_t ldo, int h0, int hd, int len) {
+    extern __shared__ float x[];
+    float * o = out + size_t(blockIdx.x) * ldo + size_t(h0 + int(blockIdx.y)) * hd;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) x[e] = o[e];
+    __syncthreads();
+    block_rotate(x, hd, len);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) o[e] = x[e];
 }
 
 } // namespace
@@ -844,7 +900,9 @@ int cuda_backend::decode_blocks(const tensor * t) const {
 // always); whether the cache holds several is known when a graph is staged.
 cuda_backend::attn_choice cuda_backend::choose_attention(const tensor * t) const {
     attn_choice c;
-    if ((c.S = decode_splits(t)) > 0) {
+    if (kv_quant_) {
+        c.S = int(attn_splits(t, c.Q, c.W));
+    } else if ((c.S = decode_splits(t)) > 0) {
         c.kind = attn_kernel::decode;
         c.warps = attn_ == attn_kernel::decode_warps || decode_blocks(t) > dec_slots_;
     } else if ((c.S = flash_splits(t)) > 0) {
@@ -881,6 +939,8 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.scale = t->fparams[0] != 0 ? t->fparams[0] : 1.0f / std::sqrt(float(p.hd));
     p.window = t->iparams[4];
     p.sink = t->iparams[5];
+    p.row_words = kv.row_words;
+    p.rot_k = kv.rot_k;
     p.pos = d_pos_;
     p.seq = d_seq_;
     // A window store's view (sliding-window layers, the classic kernel)
@@ -933,6 +993,32 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     // Room for the streams' states, and for the split weights of the merge.
     const size_t smem = size_t(p.Q * p.hd + std::max(p.Q * p.W * (p.hd + 2), 64)) * sizeof(float);
     const int npl = (p.hd + 31) / 32;
+    if (kv.type != SMOL_TYPE_F16) {
+        // Blocks of 32 along a row: hd is a multiple of 32 (kv_row_bytes).
+        auto quant = [&](auto kt) {
+            constexpr int KT = decltype(kt)::value;
+            if (npl <= 2) {
+                attention_kernel<2, KT><<<grid, threads, smem, stream_>>>(p);
+            } else if (npl <= 4) {
+                attention_kernel<4, KT><<<grid, threads, smem, stream_>>>(p);
+            } else {
+                attention_kernel<8, KT><<<grid, threads, smem, stream_>>>(p);
+            }
+        };
+        if (kv.type == SMOL_TYPE_Q8_0) {
+            quant(std::integral_constant<int, SMOL_TYPE_Q8_0>{});
+        } else {
+            quant(std::integral_constant<int, SMOL_TYPE_Q4_0>{});
+        }
+        check_launch("attention (quantized cache)");
+        if (kv.rot_v > 0) {
+            rotate_heads_kernel<<<dim3(unsigned(p.n_tok), unsigned(n_q)), 64,
+                                  size_t(p.hd) * sizeof(float), stream_>>>(
+                p.out, p.ldo, p.h0 * p.group, p.hd, kv.rot_v);
+            check_launch("attention output turn");
+        }
+        return;
+    }
     if (npl <= 1) {
         attention_kernel<1><<<grid, threads, smem, stream_>>>(p);
     } else if (npl <= 2) {

@@ -534,9 +534,10 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     for (int i = 0; i < p.n_w; ++i) {
         if (p.rows[i] % c.r != 0) c.r = 1;
     }
-    // With rows in pairs (k's rope pairs) and no copy program to order the
-    // cache's copies after kv_store, the GEMV stores k and v itself.
-    if (s.store && !c.tile && c.r % 2 == 0 && !sched_.has_copies()) {
+    // With rows in pairs (k's rope pairs), no copy program to order the
+    // cache's copies after kv_store and an f16 cache, the GEMV stores k and
+    // v itself.
+    if (s.store && !c.tile && c.r % 2 == 0 && !sched_.has_copies() && b.kv->type == SMOL_TYPE_F16) {
         p.kv = kv_store_of(steps_[size_t(s.store->node_index)], *b.kv);
         stored_ = s.store;
         c.kv = true;

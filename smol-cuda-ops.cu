@@ -254,6 +254,75 @@ __global__ void kv_store_kernel(const kv_store_params p) {
     }
 }
 
+// One block of 32 of a quantized row from a warp's lanes (lane l holds
+// element l), by ggml's reference rules as smol-quant.c++ has them: q8_0
+// d = amax / 127, q4_0 d = the signed maximum / -8.
+__device__ __forceinline__ void quantize_block(int type, float x, uint8_t * blk) {
+    const int lane = threadIdx.x % warp_size;
+    const float amax = warp_max(fabsf(x));
+    if (type == SMOL_TYPE_Q8_0) {
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (lane == 0) *reinterpret_cast<uint16_t *>(blk) = f32_to_f16(d);
+        blk[2 + lane] = uint8_t(int8_t(roundf(__fmul_rn(x, id))));
+        return;
+    }
+    // q4_0: the first lane of the largest magnitude gives the sign.
+    int first = fabsf(x) == amax ? lane : warp_size;
+    for (int o = warp_size / 2; o > 0; o /= 2) first = min(first, SMOL_SHFL_XOR(first, o));
+    const float d = SMOL_SHFL(x, first) / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // Multiplied, then added, as the CPU does: no fused multiply-add.
+    const int q = min(15, int(int8_t(__fadd_rn(__fmul_rn(x, id), 8.5f))));
+    const int hi = SMOL_SHFL(q, (lane + 16) % warp_size);
+    if (lane == 0) *reinterpret_cast<uint16_t *>(blk) = f32_to_f16(d);
+    if (lane < 16) blk[2 + lane] = uint8_t(q | (hi << 4));
+}
+
+// A quantized cache's store: block i takes token i, each of the view's
+// heads in turn, k (roped) and v rotated in shared memory, then each block
+// of 32 quantized by a warp, as the CPU's run_kv_store does.
+__global__ void kv_store_q_kernel(const kv_store_params p) {
+    griddep_wait();
+    griddep_launch();
+    extern __shared__ float row[]; // [2][hd]: k and v
+    const int i = blockIdx.x, hd = p.hd;
+    const size_t cell = size_t(p.cell[i]);
+    const float * k = p.k + i * p.ldk;
+    const float * v = p.v + i * p.ldv;
+    const int warp = threadIdx.x / warp_size, n_warps = blockDim.x / warp_size;
+    const int blocks = hd / 32, blk_bytes = p.type == SMOL_TYPE_Q8_0 ? 34 : 18;
+    for (int h = 0; h < p.n_head_kv; ++h) {
+        const int hr = p.h0 + h;
+        for (int j = threadIdx.x; j < hd / 2; j += blockDim.x) {
+            float k0 = k[hr * hd + 2 * j], k1 = k[hr * hd + 2 * j + 1];
+            float v0 = v[hr * hd + 2 * j], v1 = v[hr * hd + 2 * j + 1];
+            if (p.k_lo) k0 += k[p.k_lo + hr * hd + 2 * j], k1 += k[p.k_lo + hr * hd + 2 * j + 1];
+            if (p.v_lo) v0 += v[p.v_lo + hr * hd + 2 * j], v1 += v[p.v_lo + hr * hd + 2 * j + 1];
+            if (p.rope.pos) {
+                float c, s;
+                rope_get(p.rope, i, j, c, s);
+                rope_pair(k0, k1, c, s);
+            }
+            row[2 * j] = k0;
+            row[2 * j + 1] = k1;
+            row[hd + 2 * j] = v0;
+            row[hd + 2 * j + 1] = v1;
+        }
+        __syncthreads();
+        block_rotate(row, hd, p.rot_k);
+        block_rotate(row + hd, hd, p.rot_v);
+        for (int b = warp; b < 2 * blocks; b += n_warps) {
+            const bool is_v = b >= blocks;
+            const int bb = is_v ? b - blocks : b;
+            uint16_t * base = (is_v ? p.V : p.K) + size_t(h) * p.head_stride + cell * p.row_words;
+            quantize_block(p.type, row[(is_v ? hd : 0) + bb * 32 + threadIdx.x % warp_size],
+                           reinterpret_cast<uint8_t *>(base) + bb * blk_bytes);
+        }
+        __syncthreads();
+    }
+}
+
 } // namespace
 
 void launch_rope_table(const rope_params & r, unsigned n_tok, float2 * table, cudaStream_t st) {
@@ -427,6 +496,10 @@ kv_store_params cuda_backend::kv_store_of(const step & s, const kv_cache & kv) c
     p.n_head_kv = view.h1 - view.h0;
     p.cell = view.local ? d_slot_ : d_cell_; // a window store's rows are slots
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
+    p.type = kv.type;
+    p.row_words = kv.row_words;
+    p.rot_k = kv.rot_k;
+    p.rot_v = kv.rot_v;
     const auto at = [](const void * q) { return reinterpret_cast<uintptr_t>(q); };
     p.vec = p.hd % 4 == 0 && p.ldk % 4 == 0 && p.ldv % 4 == 0 && p.k_lo % 4 == 0 &&
             p.v_lo % 4 == 0 && p.head_stride % 4 == 0 && (at(p.k) | at(p.v)) % 16 == 0 &&
@@ -441,6 +514,12 @@ void cuda_backend::run_kv_store(const step & s, const batch_info & b) {
     }
     const kv_store_params p = kv_store_of(s, *b.kv);
     const int n_tok = int(s.t->src[1]->ne[1]);
+    if (p.type != SMOL_TYPE_F16) {
+        launch_kernel_smem(kv_store_q_kernel, dim3(unsigned(n_tok)), dim3(128),
+                           size_t(2 * p.hd) * sizeof(float), stream_, pdl_now_, p);
+        check_launch("kv_store (quantized)");
+        return;
+    }
     const int pairs = p.n_head_kv * (p.hd / 2) / (p.vec ? 2 : 1);
     const unsigned threads =
         unsigned(std::min(1024, (pairs + warp_size - 1) / warp_size * warp_size));

@@ -30,6 +30,7 @@ void cuda_backend::make_steps(graph & g) {
     r.blas_fits = [this](const tensor * m) { return blas_fits(m); };
     plan_steps(g, r, steps_);
     seqs_apart_ = seqs_apart(g.batch);
+    kv_quant_ = g.batch.kv && g.batch.kv->type != SMOL_TYPE_F16;
     flash_steps_ = decode_steps_ = false;
     for (const tensor * t : g.nodes()) {
         if (t->kind == OP_ATTENTION) {

@@ -50,6 +50,9 @@ struct kv_store_params {
     const int32_t * cell;  // per token
     rope_params rope;      // non-null pos: rotate k on the way in
     bool vec;              // two pairs a thread: 16-byte rows in, 8-byte pieces out
+    // A quantized cache (kv_store_q_kernel): its type, a cell's row in
+    // 16-bit words and the Walsh-Hadamard turns of K and V (kv_rot_k/_v).
+    int type = SMOL_TYPE_F16, row_words = 0, rot_k = 0, rot_v = 0;
 };
 
 // Rows r and r + 1 (r even) of token tok's k (or v) into the token's cache
@@ -68,6 +71,25 @@ __device__ __forceinline__ void store_kv_pair(const kv_store_params & p, int tok
     uint16_t * d = (k ? p.K : p.V) + h * p.head_stride + cell * p.hd + e;
     d[0] = f32_to_f16(x0);
     d[1] = f32_to_f16(x1);
+}
+
+// In place, x[0, n) in runs of len (a power of two; 0: none) times the
+// orthonormal Walsh-Hadamard matrix, by the block's threads, in the order
+// of kv_rotate's butterflies (the same bits).
+__device__ inline void block_rotate(float * x, int n, int len) {
+    if (len <= 0) return;
+    for (int h = 1; h < len; h *= 2) {
+        for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+            const int j = (i / h) * 2 * h + i % h; // the pair (j, j + h)
+            const float a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+        }
+        __syncthreads();
+    }
+    const float norm = 1.0f / sqrtf(float(len));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] *= norm;
+    __syncthreads();
 }
 
 // --- matmul: small batches ----------------------------------------------------
@@ -144,8 +166,11 @@ struct attn_params {
     int hd, n_head, group, n_tok;
     int h0; // the view's first kv head; block y serves query head h0 * group + y
     float scale;
-    int window = 0;      // > 0: a query at p sees the cells at p - window + 1 .. p
-    int sink = 0;        // with a window: and those at positions below sink
+    int window = 0; // > 0: a query at p sees the cells at p - window + 1 .. p
+    int sink = 0;   // with a window: and those at positions below sink
+    // A quantized cache (the classic kernel): a cell's row in 16-bit words,
+    // and K's Walsh-Hadamard turn, which the queries take too.
+    int row_words = 0, rot_k = 0;
     const int32_t * pos; // per token
     const int32_t * seq;
     const int32_t * cell;     // per token: the cell its k and v went to in this step
@@ -381,7 +406,9 @@ class cuda_backend final : public backend {
     // The types with_weight_type dispatches: every type smol loads.
     bool supports_weights(smol_type t) const override { return traits_of(t) != nullptr; }
     // Quantized KV has no kernels here yet.
-    bool supports_kv_type(smol_type t) const override { return t == SMOL_TYPE_F16; }
+    bool supports_kv_type(smol_type t) const override {
+        return t == SMOL_TYPE_F16 || t == SMOL_TYPE_Q8_0 || t == SMOL_TYPE_Q4_0;
+    }
     void * alloc(size_t bytes) override;
     void release(void * p) override;
     void upload(void * dst, const void * src, size_t bytes) override;
@@ -578,6 +605,7 @@ class cuda_backend final : public backend {
     // steps): the decode kernel then walks only each token's pages, and may
     // take more blocks than the GPU holds at once.
     bool seqs_apart_ = false;
+    bool kv_quant_ = false; // the planned graph's cache is quantized: the classic kernel
     // The cache holds cells of several sequences (set when staged): the
     // decode kernel's form that walks pages runs.
     bool pages_ = false;
