@@ -153,13 +153,15 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
             }
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
-                if (t >= nt) break;
-                typename unit::acts xa;
-                unit::load_x(p.x + size_t(m0 + t) * p.ldx, p.norm_w, c0 + u * stride, xa, ss[t]);
+                if (t < nt) { // (no break: the loop stays unrolled)
+                    typename unit::acts xa;
+                    unit::load_x(p.x + size_t(m0 + t) * p.ldx, p.norm_w, c0 + u * stride, xa,
+                                 ss[t]);
 #pragma unroll
-                for (int j = 0; j < R; ++j) {
-                    acc[t][j] += unit::dot(wt[j], xa);
-                    if constexpr (SWIGLU) acc_u[t][j] += unit::dot(ut[j], xa);
+                    for (int j = 0; j < R; ++j) {
+                        acc[t][j] += unit::dot(wt[j], xa);
+                        if constexpr (SWIGLU) acc_u[t][j] += unit::dot(ut[j], xa);
+                    }
                 }
             }
         }
@@ -206,32 +208,33 @@ __global__ void __launch_bounds__(mm_warps * warp_size) gemv_kernel(const mm_par
     }
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
-        if (t >= nt) break;
-        const int m = m0 + t;
-        // Lane j writes row r + j.
-        float val = acc[t][0], val_u = SWIGLU ? acc_u[t][0] : 0.0f;
+        if (t < nt) {
+            const int m = m0 + t;
+            // Lane j writes row r + j.
+            float val = acc[t][0], val_u = SWIGLU ? acc_u[t][0] : 0.0f;
 #pragma unroll
-        for (int j = 1; j < R; ++j) {
-            if (lane == j) {
-                val = acc[t][j];
-                if constexpr (SWIGLU) val_u = acc_u[t][j];
+            for (int j = 1; j < R; ++j) {
+                if (lane == j) {
+                    val = acc[t][j];
+                    if constexpr (SWIGLU) val_u = acc_u[t][j];
+                }
             }
-        }
-        if (p.norm_w) {
-            const float s = rms_scale(ssd[t], p.K, p.eps);
-            val *= s;
-            val_u *= s;
-        }
-        if constexpr (SWIGLU) val = p.gelu ? gelu_mul(val, val_u) : silu_mul(val, val_u);
-        if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
-        if (lane < R) y[size_t(m) * rows + r + lane] = val;
-        if constexpr (!SWIGLU && R % 2 == 0) {
-            // k and v into the token's cache cell, a pair of rows (lanes 2i
-            // and 2i + 1) by the even lane, as kv_store_kernel stores them.
-            const float other = SMOL_SHFL_XOR(val, 1);
-            const kv_store_params & kv = p.kv;
-            if (kv.K && which > 0 && lane < R && lane % 2 == 0)
-                store_kv_pair(kv, m, size_t(kv.cell[m]), r + lane, val, other, which == 1);
+            if (p.norm_w) {
+                const float s = rms_scale(ssd[t], p.K, p.eps);
+                val *= s;
+                val_u *= s;
+            }
+            if constexpr (SWIGLU) val = p.gelu ? gelu_mul(val, val_u) : silu_mul(val, val_u);
+            if (p.res && lane < R) val = p.res[size_t(m) * p.ldr + r + lane] + val;
+            if (lane < R) y[size_t(m) * rows + r + lane] = val;
+            if constexpr (!SWIGLU && R % 2 == 0) {
+                // k and v into the token's cache cell, a pair of rows (lanes 2i
+                // and 2i + 1) by the even lane, as kv_store_kernel stores them.
+                const float other = SMOL_SHFL_XOR(val, 1);
+                const kv_store_params & kv = p.kv;
+                if (kv.K && which > 0 && lane < R && lane % 2 == 0)
+                    store_kv_pair(kv, m, size_t(kv.cell[m]), r + lane, val, other, which == 1);
+            }
         }
     }
 }
