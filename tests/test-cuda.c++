@@ -1706,13 +1706,7 @@ TEST_CASE("streaming heads on the GPU give a float64 pass's logits with those he
     const tiny::model ref = tiny::write(path, s, seed);
     model_ptr m = load(path);
     std::mt19937 rng(seed);
-    // One flag per (layer, kv head), at least one head of each kind and a
-    // layer mixing them.
-    std::vector<uint8_t> heads(size_t(s.n_layer * s.n_head_kv));
-    for (uint8_t & f : heads) f = uint8_t(rng() % 2u);
-    const int mixed = int(rng() % 3u);
-    heads[size_t(2 * mixed)] = 1;
-    heads[size_t(2 * mixed + 1)] = 0;
+    const std::vector<uint8_t> heads = tiny::draw_streaming_flags(rng, s);
     constexpr int sink = 3, window = 5;
     const std::vector<int> ids = random_ids(rng, 72, s.n_vocab);
     const std::vector<int> other = random_ids(rng, 72, s.n_vocab);

@@ -355,12 +355,7 @@ struct tiny_llama {
 
 // Six flags, at least one head of each kind and one layer mixing them.
 std::vector<uint8_t> draw_heads(std::mt19937 & rng) {
-    std::vector<uint8_t> f(6);
-    for (uint8_t & x : f) x = uint8_t(rng() % 2u);
-    const int mixed = int(rng() % 3u);
-    f[size_t(2 * mixed)] = 1;
-    f[size_t(2 * mixed + 1)] = 0;
-    return f;
+    return tiny::draw_streaming_flags(rng, llama_shape());
 }
 
 // n_batch 16: a store of 3 * (3 + 5 + 16) + 16 = 88 slots of 256 cells;

@@ -222,6 +222,17 @@ struct streaming_heads {
     int sink = 0, window = 0;
 };
 
+// Random flags for s's heads (two or more kv heads a layer): at least one
+// head of each kind, and a layer mixing them.
+inline std::vector<uint8_t> draw_streaming_flags(std::mt19937 & rng, const shape & s) {
+    std::vector<uint8_t> f(size_t(s.n_layer * s.n_head_kv));
+    for (uint8_t & x : f) x = uint8_t(rng() % 2u);
+    const int mixed = int(rng() % uint32_t(s.n_layer));
+    f[size_t(mixed * s.n_head_kv)] = 1;
+    f[size_t(mixed * s.n_head_kv + 1)] = 0;
+    return f;
+}
+
 // The model in float64, one sequence, all positions: logits[t][vocab];
 // with hidden, also each position's final hidden state after the output
 // norm, hidden[t][n_embd]; with streaming, those heads' attention cut.
