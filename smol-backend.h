@@ -76,6 +76,7 @@ struct backend_options {
     bool pdl = true;    // programmatic dependent launch, where the GPU has it
     attn_kernel attn = attn_kernel::automatic;
     std::string autotune_file; // the matmul table; "": the default path
+    int host_threads = 1;      // the host's attention of offloaded KV
 };
 
 class backend {
@@ -107,6 +108,16 @@ class backend {
     // Whether its KV_STORE and ATTENTION kernels take a cache of type t
     // (kv_cache::type: F16, Q8_0 or Q4_0).
     virtual bool supports_kv_type(smol_type) const { return true; }
+
+    // The speeds (bytes a second) by which a plan splits offloaded groups
+    // between streaming and the host's attention (smol-host-attention.h):
+    // pinned host-to-device copies, and the host's attention over a cache of
+    // this shape and type. Measured once; 0: nothing to measure (a device
+    // with no link streams every offloaded group unless told otherwise).
+    virtual double link_rate() { return 0; }
+    virtual double host_attention_rate(int32_t /*head_dim*/, int32_t /*q_per_kv*/, smol_type) {
+        return 0;
+    }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with
     // the sizes) rather than returning null.

@@ -244,7 +244,7 @@ namespace {
 
 struct op_args {
     const cpu::kernels & k;
-    thread_pool & pool;
+    thread_pool * pool;
     const batch_info & batch;
     uint8_t * work;
     float * scratch; // this thread's
@@ -358,7 +358,7 @@ void run_mul_mat(tensor * t, const op_args & a) {
     split(n_tok, a.ith, a.nth, i0, i1);
     for (int64_t i = i0; i < i1; ++i)
         a.k.act_from_f32(w->type, row_f32(x, i), a.work + i * act_row, K);
-    a.pool.barrier();
+    a.pool->barrier();
     // Then items of (token chunk, row chunk), token chunk by token chunk,
     // taken in turn from a counter: a thread held up (by the machine or a
     // slower item) leaves its share to the others, and the threads sharing
@@ -611,6 +611,12 @@ const op_fn op_table[OP_COUNT] = {
 
 } // namespace
 
+void kv_store_part(const tensor * t, const batch_info & b, int ith, int nth) {
+    const batch_info & vb = batch_of_view(b, node_kv_view(t, *b.kv));
+    run_kv_store(const_cast<tensor *>(t),
+                 op_args{cpu::kernels_best(), nullptr, vb, nullptr, nullptr, ith, nth, nullptr});
+}
+
 namespace {
 
 bool overlaps(const tensor * a, const tensor * b) {
@@ -670,7 +676,7 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
         const cpu::kernels * k;
         const schedule * s;
     } st{this, &g, &cpu::kernels_best(), nullptr};
-    if (sched && copies && sched->has_copies()) {
+    if (sched && copies && sched->has_side_work()) {
         st.s = sched;
         events_.reset(sched->n_events);
         copies->start(g, *sched, events_);
@@ -687,7 +693,7 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
     const std::function<void(int, int)> body = [&st](int ith, int nth) {
         executor & e = *st.self;
         op_args args{*st.k,
-                     e.pool_,
+                     &e.pool_,
                      st.g->batch,
                      e.work_.data,
                      reinterpret_cast<float *>(e.scratch_.data + e.scratch_per_thread_ * ith),
@@ -828,6 +834,7 @@ std::unique_ptr<backend> make_backend(const std::string & device, int n_threads,
         }
         // Only a GPU reads the options, so only it hears of the overrides.
         backend_options o = options;
+        o.host_threads = n_threads;
         apply_env_overrides(o);
         return make_cuda_backend(index, o);
     }

@@ -46,6 +46,10 @@ class thread_pool {
     alignas(64) std::atomic<uint32_t> bar_gen_{0};
 };
 
+// Thread ith of nth's share of a KV_STORE node, as the CPU backend runs it
+// (the host's store of host-attended heads).
+void kv_store_part(const tensor * t, const batch_info & b, int ith, int nth);
+
 // --- executor ---------------------------------------------------------------
 
 // Runs graphs on the CPU: places intermediates in an arena and runs the

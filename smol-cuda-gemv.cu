@@ -540,7 +540,8 @@ void cuda_backend::run_mm(const step & s, const batch_info & b) {
     // With rows in pairs (k's rope pairs), no copy program to order the
     // cache's copies after kv_store and an f16 cache, the GEMV stores k and
     // v itself.
-    if (s.store && !c.tile && c.r % 2 == 0 && !sched_.has_copies() && b.kv->type == SMOL_TYPE_F16) {
+    if (s.store && !c.tile && c.r % 2 == 0 && !sched_.has_side_work() &&
+        b.kv->type == SMOL_TYPE_F16) {
         p.kv = kv_store_of(steps_[size_t(s.store->node_index)], *b.kv);
         stored_ = s.store;
         c.kv = true;

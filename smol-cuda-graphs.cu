@@ -34,9 +34,9 @@ void cuda_backend::structure(const graph & g) {
         // and the first word says which.
         const bool view = t->kv.k || t->kv.v, copy = t->kind == OP_COPY,
                    deps = t->deps[0] || t->deps[1], data = t->data;
-        put(uint64_t(t->kind) | uint64_t(t->type) << 8 | uint64_t(t->where) << 16 |
-            uint64_t(view) << 24 | uint64_t(copy) << 25 | uint64_t(deps) << 26 |
-            uint64_t(data) << 27 | index(t->view_of) << 32);
+        put(uint64_t(t->kind) | uint64_t(t->on_host) << 5 | uint64_t(t->type) << 8 |
+            uint64_t(t->where) << 16 | uint64_t(view) << 24 | uint64_t(copy) << 25 |
+            uint64_t(deps) << 26 | uint64_t(data) << 27 | index(t->view_of) << 32);
         for (int d = 0; d < 4; ++d) put(uint64_t(t->ne[d]) ^ (uint64_t(t->nb[d]) << 40));
         for (const tensor * s : t->src) {
             if (!s) {
@@ -68,6 +68,7 @@ void cuda_backend::structure(const graph & g) {
             put(t->copy.width);
             put(t->copy.height);
             put(t->copy.dpitch ^ (t->copy.spitch << 1) ^ (uint64_t(t->copy.dir) << 62));
+            put(t->copy.offset ^ (uint64_t(t->on_host) << 63));
         }
         if (deps) {
             put(index(t->deps[0]));

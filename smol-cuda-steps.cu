@@ -29,11 +29,13 @@ void cuda_backend::make_steps(graph & g) {
     r.small_mm = [this](const tensor * m) { return small_mm(m); };
     r.blas_fits = [this](const tensor * m) { return blas_fits(m); };
     plan_steps(g, r, steps_);
+    // The host's nodes run on the host stream, never as kernels.
+    for (step & s : steps_) s.skip = s.skip || s.t->on_host;
     seqs_apart_ = seqs_apart(g.batch);
     kv_quant_ = g.batch.kv && g.batch.kv->type != SMOL_TYPE_F16;
     flash_steps_ = decode_steps_ = false;
     for (const tensor * t : g.nodes()) {
-        if (t->kind == OP_ATTENTION) {
+        if (t->kind == OP_ATTENTION && !t->on_host) {
             const attn_kernel k = choose_attention(t).kind;
             flash_steps_ = flash_steps_ || k == attn_kernel::flash;
             decode_steps_ = decode_steps_ || k == attn_kernel::decode;

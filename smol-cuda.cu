@@ -2,7 +2,8 @@
 // construction (device properties, streams, events, cuBLAS) and teardown,
 // and its run of a graph: prepare or take again the last plan, stage the
 // inputs, then launch the steps (in the copy program's order across the
-// compute and copy streams where the graph moves KV) or replay them as a
+// compute and copy streams where the graph moves KV, with the host's
+// attention as host functions on a stream of its own) or replay them as a
 // captured graph. The backend is a device memory under an optional limit
 // (smol-cuda-memory.cu), the plan of a graph with the decode step's small
 // ops fused (smol-cuda-steps.cu), CUDA graphs (smol-cuda-graphs.cu), the
@@ -13,6 +14,8 @@
 // smol-hip.h mapping the names; that build has no BLAS.
 
 #include "smol-cuda.cuh"
+
+#include <chrono>
 
 namespace smol::gpu {
 
@@ -47,6 +50,8 @@ cuda_backend::cuda_backend(int device, const backend_options & options)
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
     SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+    SMOL_GPU_CHECK(cudaStreamCreateWithFlags(&host_stream_, cudaStreamNonBlocking));
+    host_threads_ = std::max(1, options.host_threads);
     SMOL_GPU_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
     SMOL_GPU_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     for (cudaEvent_t & e : join_)
@@ -90,9 +95,9 @@ cuda_backend::~cuda_backend() {
             std::free(p);
     }
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
-    for (cudaEvent_t e : {staged_, fork_, join_[0], join_[1]})
+    for (cudaEvent_t e : {staged_, fork_, join_[0], join_[1], join_[2]})
         if (e) (void)cudaEventDestroy(e);
-    for (cudaStream_t st : {h2d_, d2h_, stream_})
+    for (cudaStream_t st : {h2d_, d2h_, host_stream_, stream_})
         if (st) (void)cudaStreamDestroy(st);
 }
 
@@ -175,9 +180,11 @@ void cuda_backend::run(graph & g) {
                 if (c.sig == sig_) {
                     c.last_used = ++clock_;
                     replayed_ = int(&c - execs_.data());
+                    host_batch_ = g.batch;
                     SMOL_GPU_CHECK(cudaGraphLaunch(c.exec, stream_));
                     prev_sig_.swap(sig_);
                     fail_if_injected();
+                    finish_host_nodes();
                     restore_leaves();
                     ran_well();
                     return;
@@ -194,7 +201,7 @@ void cuda_backend::run(graph & g) {
             // orders kernels by events across streams too, and a prompt's
             // launches are few and long.
             cudaGraphExec_t exec =
-                capture_graph(pdl_ && !sched_.has_copies(), [&] { launch_all(g); });
+                capture_graph(pdl_ && !sched_.has_side_work(), [&] { launch_all(g); });
             if (execs_.size() >= 4) {
                 auto old = std::min_element(execs_.begin(), execs_.end(),
                                             [](const captured & a, const captured & b) {
@@ -208,12 +215,83 @@ void cuda_backend::run(graph & g) {
         }
         prev_sig_.swap(sig_);
         fail_if_injected();
+        finish_host_nodes();
     } catch (...) {
         restore_leaves();
         throw;
     }
     restore_leaves();
     ran_well();
+}
+
+// --- the host stream ---------------------------------------------------------------
+
+host_attention & cuda_backend::host() {
+    if (!host_att_) host_att_ = std::make_unique<host_attention>(host_threads_);
+    return *host_att_;
+}
+
+void CUDART_CB cuda_backend::run_host_job(void * job) {
+    const host_job & j = *static_cast<const host_job *>(job);
+    cuda_backend & be = *j.be;
+    try {
+        be.host().run(be.steps_[size_t(j.node)].t, be.host_batch_);
+    } catch (const std::exception & e) {
+        std::lock_guard<std::mutex> lock(be.host_mu_);
+        if (be.host_error_.empty()) be.host_error_ = e.what();
+    }
+}
+
+void cuda_backend::launch_host_node(int32_t node) {
+    while (host_jobs_.size() <= size_t(node))
+        host_jobs_.push_back({this, int32_t(host_jobs_.size())});
+    SMOL_GPU_CHECK(cudaLaunchHostFunc(host_stream_, run_host_job, &host_jobs_[size_t(node)]));
+}
+
+// A step with host nodes ends when they have run: they read the batch's
+// host arrays, which the next step rewrites. A failed one fails the step.
+void cuda_backend::finish_host_nodes() {
+    if (sched_.prog[size_t(stream_id::host)].empty()) return;
+    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    std::string e;
+    {
+        std::lock_guard<std::mutex> lock(host_mu_);
+        e.swap(host_error_);
+    }
+    if (!e.empty()) throw error(SMOL_ERR_BACKEND, name_ + ": the host's attention failed: " + e);
+}
+
+// Pinned host-to-device copies of 64 MiB, the best of three, once per device
+// in a process.
+double cuda_backend::link_rate() {
+    static std::mutex mu;
+    static std::unordered_map<int, double> known;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (auto it = known.find(device_); it != known.end()) return it->second;
+    }
+    activate();
+    constexpr size_t n = size_t(64) << 20;
+    void * h = nullptr;
+    void * d = nullptr;
+    double best = 0;
+    if (cudaMallocHost(&h, n) == cudaSuccess && cudaMalloc(&d, n) == cudaSuccess) {
+        std::memset(h, 0, n);
+        for (int rep = 0; rep < 4; ++rep) {
+            const auto t0 = std::chrono::steady_clock::now();
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, stream_));
+            SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (rep > 0) best = std::max(best, double(n) / s);
+        }
+    }
+    (void)cudaGetLastError();
+    if (d) (void)cudaFree(d);
+    if (h) (void)cudaFreeHost(h);
+    std::lock_guard<std::mutex> lock(mu);
+    known[device_] = best;
+    return best;
 }
 
 // A test's kernel fault (smol-faults.h) as a failed kernel shows itself: the
@@ -230,7 +308,7 @@ void cuda_backend::launch_all(graph & g) {
     stored_ = nullptr;
     n_kept_ = 0;
     kept_end_ = 0;
-    if (sched_.has_copies()) {
+    if (sched_.has_side_work()) {
         launch_program(g);
         return;
     }
@@ -256,20 +334,23 @@ void cuda_backend::copy_on(const tensor * t, cudaStream_t st) {
             cudaMemcpyAsync(t->data, t->src[0]->data, t->src[0]->nbytes(), cudaMemcpyDefault, st));
         return;
     }
-    SMOL_GPU_CHECK(cudaMemcpy2DAsync(t->data, c.dpitch, t->src[0]->data, c.spitch, c.width,
-                                     c.height, cudaMemcpyDefault, st));
+    SMOL_GPU_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t *>(t->data) + c.offset, c.dpitch,
+                                     static_cast<const uint8_t *>(t->src[0]->data) + c.offset,
+                                     c.spitch, c.width, c.height, cudaMemcpyDefault, st));
 }
 
-// The schedule on three streams: instructions in issue order, each on its
-// stream; events carry the dependencies across. The copy streams start
-// after everything the compute stream was given before (the last step's
-// readers of the slots), and the compute stream ends after both, so a step
-// is whole when its compute stream is done (and captures as one graph).
+// The schedule on four streams: instructions in issue order, each on its
+// stream; events carry the dependencies across. The copy and host streams
+// start after everything the compute stream was given before (the last
+// step's readers of the slots), and the compute stream ends after them, so
+// a step is whole when its compute stream is done (and captures as one
+// graph).
 void cuda_backend::launch_program(graph & g) {
-    cudaStream_t streams[n_streams] = {stream_, h2d_, d2h_};
+    cudaStream_t streams[n_streams] = {stream_, h2d_, d2h_, host_stream_};
+    host_batch_ = g.batch;
     SMOL_GPU_CHECK(cudaEventRecord(fork_, stream_));
-    SMOL_GPU_CHECK(cudaStreamWaitEvent(h2d_, fork_, 0));
-    SMOL_GPU_CHECK(cudaStreamWaitEvent(d2h_, fork_, 0));
+    for (cudaStream_t st : {h2d_, d2h_, host_stream_})
+        SMOL_GPU_CHECK(cudaStreamWaitEvent(st, fork_, 0));
     if (rope_key_ && rope_key_->ne[1] > 0) {
         rope_params r = rope_for(rope_key_);
         r.table = nullptr;
@@ -287,7 +368,9 @@ void cuda_backend::launch_program(graph & g) {
             break;
         case schedule::kind::run: {
             const step & s = steps_[size_t(in.node)];
-            if (st != 0) {
+            if (st == int(stream_id::host)) {
+                launch_host_node(in.node);
+            } else if (st != 0) {
                 copy_on(s.t, streams[st]);
             } else if (!s.skip) {
                 launch(s, g.batch);
@@ -296,10 +379,11 @@ void cuda_backend::launch_program(graph & g) {
         }
         }
     }
-    SMOL_GPU_CHECK(cudaEventRecord(join_[0], h2d_));
-    SMOL_GPU_CHECK(cudaEventRecord(join_[1], d2h_));
-    SMOL_GPU_CHECK(cudaStreamWaitEvent(stream_, join_[0], 0));
-    SMOL_GPU_CHECK(cudaStreamWaitEvent(stream_, join_[1], 0));
+    int j = 0;
+    for (cudaStream_t st : {h2d_, d2h_, host_stream_}) {
+        SMOL_GPU_CHECK(cudaEventRecord(join_[j], st));
+        SMOL_GPU_CHECK(cudaStreamWaitEvent(stream_, join_[j++], 0));
+    }
 }
 
 } // namespace smol::gpu

@@ -13,7 +13,12 @@
 #include "smol-cuda-common.cuh"
 #include "smol-cuda-fusion.h"
 #include "smol-faults.h"
+#include "smol-host-attention.h"
 #include "smol-schedule.h"
+
+#include <deque>
+#include <memory>
+#include <mutex>
 
 namespace smol::gpu {
 
@@ -427,6 +432,10 @@ class cuda_backend final : public backend {
     void mm_choose(const mm_key & key, const std::string & candidate, double us) override;
     std::string mm_table_save(const std::string & path) const override;
     std::string mm_used() const override;
+    double link_rate() override;
+    double host_attention_rate(int32_t head_dim, int32_t q_per_kv, smol_type t) override {
+        return host().measure(head_dim, q_per_kv, t);
+    }
 
   private:
     struct buffer {
@@ -449,6 +458,17 @@ class cuda_backend final : public backend {
     void launch_program(graph & g);
     void launch(const step & s, const batch_info & b);
     void copy_on(const tensor * t, cudaStream_t st);
+    // The host stream's nodes (host attention): each a host function on
+    // host_stream_ that runs the node on host()'s threads with the batch of
+    // the run in flight.
+    host_attention & host();
+    struct host_job {
+        cuda_backend * be;
+        int32_t node;
+    };
+    static void CUDART_CB run_host_job(void * job);
+    void launch_host_node(int32_t node);
+    void finish_host_nodes();
     size_t step_work() const;
     // Counts n more device bytes, or throws with the numbers past the limit.
     void charge(size_t n, const char * what);
@@ -548,13 +568,20 @@ class cuda_backend final : public backend {
     bool pdl_now_ = false; // ... in the launches being issued now (a decode step's capture)
 
     attn_kernel attn_ = attn_kernel::automatic;
-    int dec_slots_ = 1;               // blocks of the decode attention kernel the GPU holds at once
-    cudaStream_t stream_ = nullptr;   // compute
-    cudaStream_t h2d_ = nullptr;      // PREFETCH copies
-    cudaStream_t d2h_ = nullptr;      // OFFLOAD copies
-    cudaEvent_t staged_ = nullptr;    // the last staging copies are done with the pinned buffer
-    cudaEvent_t fork_ = nullptr;      // the copy streams start after the compute stream's past
-    cudaEvent_t join_[2] = {};        // and the compute stream ends after theirs
+    int dec_slots_ = 1;             // blocks of the decode attention kernel the GPU holds at once
+    cudaStream_t stream_ = nullptr; // compute
+    cudaStream_t h2d_ = nullptr;    // PREFETCH copies
+    cudaStream_t d2h_ = nullptr;    // OFFLOAD copies
+    cudaStream_t host_stream_ = nullptr; // host attention's nodes, as host functions
+    cudaEvent_t staged_ = nullptr;       // the last staging copies are done with the pinned buffer
+    cudaEvent_t fork_ = nullptr;         // the copy streams start after the compute stream's past
+    cudaEvent_t join_[3] = {};           // and the compute stream ends after theirs
+    int host_threads_ = 1;
+    std::unique_ptr<host_attention> host_att_; // made when first needed
+    std::deque<host_job> host_jobs_;           // per node index; addresses stay
+    batch_info host_batch_;                    // the batch of the run in flight
+    std::mutex host_mu_;
+    std::string host_error_;          // the run's first failed host node
     std::vector<cudaEvent_t> events_; // the schedule's events
     schedule sched_;
     arena_plan probe_;

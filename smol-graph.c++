@@ -197,4 +197,25 @@ tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src
     return t;
 }
 
+tensor * op_copy_to_host(graph & g, tensor * src, void * dst) {
+    tensor * t = node(g, OP_COPY, src->ne[0], src->ne[1], src);
+    for (int d = 0; d < 4; ++d) {
+        t->ne[d] = src->ne[d];
+        t->nb[d] = src->nb[d];
+    }
+    t->data = dst;
+    t->where = placement::host_pinned;
+    t->copy.dir = copy_dir::d2h;
+    return t;
+}
+
+tensor * op_copy_to_device(graph & g, tensor * src, tensor * into, const copy_desc & c) {
+    tensor * t = node(g, OP_COPY, src->ne[0], src->ne[1], src, into);
+    t->view_of = into;
+    t->where = placement::device;
+    t->copy = c;
+    t->copy.dir = copy_dir::h2d;
+    return t;
+}
+
 } // namespace smol

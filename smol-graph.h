@@ -53,9 +53,11 @@ constexpr int max_src = 3;
 enum class copy_dir : uint8_t { h2d, d2h, any };
 
 // A strided copy: height rows of width bytes, dpitch and spitch bytes apart
-// (from src[0]->data to the node's data).
+// (from src[0]->data to the node's data, each offset bytes on; height 0:
+// the whole of src[0]).
 struct copy_desc {
     size_t width = 0, height = 0, dpitch = 0, spitch = 0;
+    size_t offset = 0;
     copy_dir dir = copy_dir::any;
 };
 
@@ -81,6 +83,9 @@ struct tensor {
     // a staging slot after the slot's last reader): they order the schedule
     // but do not keep results alive in the arena.
     tensor * deps[2] = {nullptr, nullptr};
+    // A node of a device's graph that the host runs, on memory of its own
+    // (host attention of offloaded KV): the schedule's host stream.
+    bool on_host = false;
 
     int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }
     size_t nbytes() const { return nb[3] * ne[3]; }
@@ -192,6 +197,15 @@ tensor * op_attention_heads(graph & g, tensor * q, tensor * after, int32_t layer
 // OFFLOAD device -> host); it runs after `dep0` and `dep1` (may be null).
 tensor * op_copy_2d(graph & g, void * dst, placement dst_where, const void * src,
                     placement src_where, const copy_desc & c, tensor * dep0, tensor * dep1);
+
+// The host attention's copies (kv_placement::host_layer): the whole of src
+// into host memory at dst (a tensor of src's shape and strides there), and
+// part of a host result src (c: rows of a column range, offset bytes in)
+// into the same part of `into`'s memory, which the copy then stands for as
+// an attention node completes the one before it (null into: memory of its
+// own, shaped as src).
+tensor * op_copy_to_host(graph & g, tensor * src, void * dst);
+tensor * op_copy_to_device(graph & g, tensor * src, tensor * into, const copy_desc & c);
 
 // The view a KV_STORE or ATTENTION node works on.
 inline kv_view node_kv_view(const tensor * t, const kv_cache & kv) {

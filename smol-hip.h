@@ -47,6 +47,7 @@
 #define cudaGraphInstantiate(e, g, f)    hipGraphInstantiate((e), (g), nullptr, nullptr, 0)
 #define cudaGraphLaunch                  hipGraphLaunch
 #define cudaGraph_t                      hipGraph_t
+#define cudaLaunchHostFunc               hipLaunchHostFunc
 #define cudaMalloc                       hipMalloc
 #define cudaMallocHost                   hipHostMalloc
 #define cudaHostAlloc                    hipHostMalloc
@@ -70,5 +71,6 @@
 #define cudaStream_t                     hipStream_t
 #define cudaSuccess                      hipSuccess
 #define cudaErrorMemoryAllocation        hipErrorMemoryAllocation
+#define CUDART_CB
 
 #endif // SMOL_HIP_H

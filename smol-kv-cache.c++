@@ -304,7 +304,7 @@ kv_placement::~kv_placement() {
 // Resident groups in one device block, the two staging slots in another,
 // offloaded groups in host arenas of up to host_arena_bytes, each group one
 // contiguous [K][V] block.
-void kv_placement::alloc(backend & be) {
+void kv_placement::alloc(backend & be, int32_t n_head) {
     constexpr uint64_t host_arena_bytes = 4ull << 30;
     be_ = &be;
     const uint64_t gb = plan_.group_bytes();
@@ -327,6 +327,20 @@ void kv_placement::alloc(backend & be) {
         be.memset(base, 0, 2 * gb);
         slots_[0] = reinterpret_cast<uint16_t *>(base);
         slots_[1] = reinterpret_cast<uint16_t *>(base + gb);
+    }
+    if (plan_.n_host_groups() > 0) {
+        // One block: q and the output (n_head heads), k and v (n_head_kv).
+        const size_t hd4 = size_t(kv_.head_dim) * sizeof(float) * size_t(kv_host_max_tokens);
+        host_q_bytes_ = (size_t(n_head) * hd4 + 255) / 256 * 256;
+        host_kv_bytes_ = (size_t(kv_.n_head_kv) * hd4 + 255) / 256 * 256;
+        bool pinned = false;
+        auto * p = static_cast<uint8_t *>(be.alloc_host(2 * (host_q_bytes_ + host_kv_bytes_),
+                                                        pinned, "the host attention's buffers"));
+        owned_host_.push_back(p);
+        host_q_ = p;
+        host_out_ = p + host_q_bytes_;
+        host_k_ = p + 2 * host_q_bytes_;
+        host_v_ = p + 2 * host_q_bytes_ + host_kv_bytes_;
     }
     const uint64_t per_arena = std::max<uint64_t>(1, host_arena_bytes / gb);
     int32_t left = plan_.n_offloaded_groups();
@@ -395,13 +409,17 @@ kv_copies kv_placement::copies_of(const int32_t * cells, int32_t n) const {
         s.c0 = c0 / granule * granule;
         s.c1 = std::min(s.n_copy, (c1 + granule - 1) / granule * granule);
     }
+    s.host = n <= kv_host_max_tokens && plan_.n_host_groups() > 0;
     return s;
 }
 
 void kv_placement::begin(graph & g, const kv_copies & copies) {
     g_ = &g;
     copies_ = copies;
-    prefetch_.assign(size_t(plan_.n_offloaded_groups()), nullptr);
+    int32_t n_streamed = 0;
+    for (int32_t l = 0; l < plan_.n_layer; ++l)
+        for (int32_t gr = 0; gr < plan_.n_group; ++gr) n_streamed += streamed(l, gr);
+    prefetch_.assign(size_t(n_streamed), nullptr);
     offload_.assign(prefetch_.size(), nullptr);
     attend_.assign(prefetch_.size(), nullptr);
     n_met_ = 0;
@@ -420,7 +438,7 @@ void kv_placement::after_store(int32_t layer, int32_t group) {
 }
 
 void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, tensor * stored) {
-    if (plan_.is_resident(layer, group)) return;
+    if (!streamed(layer, group)) return;
     const int32_t o = n_met_++;
     attend_[size_t(o)] = att;
     if (group_base_.empty() || copies_.c1 <= copies_.c0) return;
@@ -466,11 +484,59 @@ void kv_placement::prefetch_after(int32_t layer, int32_t group) {
     const int32_t from = std::max(layer * plan_.n_group + group, issued_at_) + 1;
     for (int32_t at = from; at < plan_.n_layer * plan_.n_group; ++at) {
         const int32_t l = at / plan_.n_group, gr = at % plan_.n_group;
-        if (plan_.is_resident(l, gr)) continue;
+        if (!streamed(l, gr)) continue;
         issue_prefetch(next_prefetch_++, l, gr);
         issued_at_ = at;
         return;
     }
+}
+
+// --- placement: host attention ----------------------------------------------------
+
+bool kv_placement::on_host(int32_t layer, int32_t group) const {
+    return !group_base_.empty() && copies_.host && plan_.is_on_host(layer, group);
+}
+
+bool kv_placement::streamed(int32_t layer, int32_t group) const {
+    return !plan_.is_resident(layer, group) && !on_host(layer, group);
+}
+
+tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor * v,
+                                  const attn_opts & opts, tensor * att) {
+    tensor *qh = nullptr, *kh = nullptr, *vh = nullptr;
+    for (int32_t gr = 0; gr < plan_.n_group; ++gr) {
+        if (!on_host(layer, gr)) continue;
+        if (!qh) {
+            qh = op_copy_to_host(*g_, q, host_q_);
+            kh = op_copy_to_host(*g_, k, host_k_);
+            vh = op_copy_to_host(*g_, v, host_v_);
+            for (tensor * t : {qh, kh, vh}) t->iparams[0] = layer;
+            qh->name = "q";
+            kh->name = "k";
+            vh->name = "v";
+        }
+        const kv_view view = group_view(layer, gr, -1);
+        tensor * stored = op_kv_store_heads(*g_, kh, vh, layer, view, nullptr);
+        stored->on_host = true;
+        const int32_t n_head = int32_t(q->ne[0] / kv_.head_dim);
+        tensor * h = op_attention_heads(*g_, qh, stored, layer, n_head, kv_.n_head_kv, kv_.head_dim,
+                                        view, nullptr, opts);
+        h->data = host_out_;
+        h->where = placement::host_pinned;
+        h->on_host = true;
+        // The group's query heads: a column range of every row, back.
+        const int32_t per_kv = n_head / kv_.n_head_kv;
+        const size_t head = size_t(kv_.head_dim) * sizeof(float);
+        copy_desc c;
+        c.width = size_t(view.h1 - view.h0) * size_t(per_kv) * head;
+        c.height = size_t(h->ne[1]);
+        c.dpitch = c.spitch = h->nb[1];
+        c.offset = size_t(view.h0) * size_t(per_kv) * head;
+        att = op_copy_to_device(*g_, h, att, c);
+        att->iparams[0] = layer;
+        att->name = "attention output";
+    }
+    return att;
 }
 
 } // namespace smol

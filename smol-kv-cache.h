@@ -25,6 +25,7 @@ namespace smol {
 
 class backend;
 class graph;
+struct attn_opts;
 struct kv_plan;
 struct tensor;
 
@@ -281,12 +282,21 @@ struct kv_window {
 // --- placement: where each head group lives, the copies that move it -----------
 
 // The cells a step's PREFETCH copies ([0, n_copy)) and its OFFLOAD copies
-// ([c0, c1)), in whole granules; with the token and output counts they
-// decide the step's graph.
+// ([c0, c1)), in whole granules, and whether the host attends the groups the
+// plan gives it (host); with the token and output counts they decide the
+// step's graph.
 struct kv_copies {
     int32_t n_copy = 0, c0 = 0, c1 = 0;
+    bool host = false;
     bool operator==(const kv_copies &) const = default;
 };
+
+// The most tokens of a step the host attends its groups in: a decode step
+// or a speculative verify, whose attention reads each cached byte for a few
+// queries (the host's memory is the bound). A prompt's chunk does hundreds
+// of multiply-adds per byte, which the device does far faster: its steps
+// stream every offloaded group.
+constexpr int32_t kv_host_max_tokens = 8;
 
 // The KV storage of a plan (smol-plan.h) and the copies of a step. Each
 // (layer, group) is one block [K: G heads][V: G heads] x [cell][row], so
@@ -297,8 +307,15 @@ struct kv_copies {
 // compute), its new cells stored into the slot and OFFLOADed back to host.
 // Slots alternate between offloaded groups in order, across layers too.
 //
-// A graph builder calls begin() (the first PREFETCH) and then meets every
-// group in order:
+// An offloaded group the plan attends on the host instead (kv_plan::on_host)
+// takes no slot in a step of up to kv_host_max_tokens tokens: per layer,
+// after the device's groups, host_layer() copies the step's q, k and v to
+// the host, adds each such group's KV_STORE and ATTENTION as host nodes on
+// its block, and copies their heads' outputs back into the layer's
+// attention output. Longer steps stream it.
+//
+// A graph builder calls begin() (the first PREFETCH) and then, per layer,
+// every group not on_host() in order, then host_layer():
 //   io = place.group(layer, group);        // the view, the PREFETCH to wait on
 //   stored = KV_STORE(k, v, io.view, io.ready);
 //   place.after_store(layer, group);       // the next PREFETCH when due
@@ -314,9 +331,10 @@ class kv_placement {
     kv_placement(const kv_placement &) = delete;
     kv_placement & operator=(const kv_placement &) = delete;
 
-    // Allocates the groups and slots by the plan in be's memory, zeroed;
-    // be outlives this object.
-    void alloc(backend & be);
+    // Allocates the groups and slots by the plan in be's memory, zeroed, and
+    // the host attention's buffers for steps of n_head query heads; be
+    // outlives this object.
+    void alloc(backend & be, int32_t n_head);
     // Host bytes of the offloaded groups that were pinned, and that were not.
     uint64_t host_pinned() const { return host_pinned_; }
     uint64_t host_pageable() const { return host_pageable_; }
@@ -333,6 +351,18 @@ class kv_placement {
     group_io group(int32_t layer, int32_t group) const;
     void after_store(int32_t layer, int32_t group);
     void after_attention(int32_t layer, int32_t group, tensor * att, tensor * stored);
+    // Whether the step's graph attends (layer, group) on the host, and
+    // whether it streams it through a slot.
+    bool on_host(int32_t layer, int32_t group) const;
+    bool streamed(int32_t layer, int32_t group) const;
+    // The layer's attention output `att` (null: none yet) completed with
+    // the heads of its host-attended groups (q, k, v: the step's roped
+    // queries and new keys and values of every head): the copies and host
+    // nodes that make them. Placed after the device's readers of q, k and v
+    // in the graph, so that the arena keeps those for the copies (a copy on
+    // its own stream may run after a later compute node).
+    tensor * host_layer(int32_t layer, tensor * q, tensor * k, tensor * v, const attn_opts & opts,
+                        tensor * att);
 
   private:
     kv_view group_view(int32_t layer, int32_t group, int32_t slot) const;
@@ -350,6 +380,13 @@ class kv_placement {
     std::vector<uint16_t *> group_base_;
     uint16_t * slots_[2] = {nullptr, nullptr};
     uint64_t host_pinned_ = 0, host_pageable_ = 0;
+    // The host attention's copies of q, k, v and its output, for the
+    // largest step; one set serves every layer in turn.
+    void * host_q_ = nullptr;
+    void * host_k_ = nullptr;
+    void * host_v_ = nullptr;
+    void * host_out_ = nullptr;
+    size_t host_q_bytes_ = 0, host_kv_bytes_ = 0;
 
     // The step being built: its copy nodes and attentions per offloaded
     // group in the order they run.

@@ -305,6 +305,13 @@ static backend_options backend_options_of(const smol_context_params & p) {
                     "kv_offload " + std::to_string(offload) +
                         " is none of SMOL_KV_OFFLOAD_AUTO, _NONE or _ALL");
     }
+    const int attend = c_enum(p.kv_attend);
+    if (attend != SMOL_KV_ATTEND_AUTO && attend != SMOL_KV_ATTEND_DEVICE &&
+        attend != SMOL_KV_ATTEND_HOST) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "kv_attend " + std::to_string(attend) +
+                        " is none of SMOL_KV_ATTEND_AUTO, _DEVICE or _HOST");
+    }
     backend_options o;
     o.fuse = p.gpu_fuse;
     o.graphs = p.gpu_graphs;
@@ -503,6 +510,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     in.n_batch = params.n_batch;
     in.budget = params.gpu_mem;
     in.mode = params.kv_offload;
+    in.attend = params.kv_attend;
     in.head_group = params.head_group;
     in.weight_bytes = weight_bytes;
     if (win.on() && !streaming.empty()) {
@@ -536,6 +544,15 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         return most;
     };
     plan = make_plan(in);
+    if (plan.n_offloaded_groups() > 0) {
+        // Offloaded groups split between the link and the host by their
+        // measured speeds under auto (a backend that has no link to
+        // measure streams them all); the plan shows them in any mode.
+        in.link_rate = be_->link_rate();
+        if (in.link_rate > 0)
+            in.host_rate = be_->host_attention_rate(hp.head_dim, hp.n_head / hp.n_head_kv, kv.type);
+        if (in.link_rate > 0 && in.host_rate > 0) plan = make_plan(in);
+    }
     graph_.clear();
     if (params.gpu_mem > 0) be_->set_memory_limit(params.gpu_mem);
 
@@ -554,7 +571,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         P.each([&](const char *, weight & w) { w = place(w); });
         layers_.push_back(P);
     }
-    kv_place_.alloc(*be_);
+    kv_place_.alloc(*be_, hp.n_head);
     // Plan the largest graph once so the arena is sized before the first
     // decode; under a budget, with as many logits as a chunk keeps, as the
     // plan counted, so no later batch grows past it.
@@ -639,6 +656,7 @@ void llama_context::build_graph(const step_shape & shape) {
         const attn_opts layer_opts{local ? hp.n_swa : 0, hp.attn_scale};
         tensor * att = nullptr;
         for (int32_t gr = 0; gr < plan.n_group; ++gr) {
+            if (kv_place_.on_host(l, gr)) continue;
             // A group's heads stream or not alike (the planner's G).
             const bool streams =
                 !streaming.empty() &&
@@ -652,6 +670,10 @@ void llama_context::build_graph(const step_shape & shape) {
                                      att, opts);
             kv_place_.after_attention(l, gr, att, stored);
         }
+        // The host's groups: its copies read q, k and v after the device's
+        // last reader in the graph's order, so the arena keeps them for the
+        // copies; the host's work still runs beside the device's.
+        att = kv_place_.host_layer(l, q, k, v, layer_opts, att);
         tensor * o = op_mul_mat(g, W(L.wo), att);
         if (gemma) o = op_rms_norm(g, o, W(L.post_attn_norm), hp.rms_eps);
         x = op_add(g, x, o);
@@ -839,7 +861,8 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         seqs_[size_t(j)] = b.seq_id[i];
         if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
     }
-    const bool lists = be_->wants_seq_cells();
+    // The host's attention reads the lists whatever the device's does.
+    const bool lists = be_->wants_seq_cells() || plan.n_host_groups() > 0;
     if (lists) list_seq_cells(n, kv, seq_cells_, seq_begin_);
     if (lists && win.on()) list_seq_cells(n, win.table, seq_slots_, seq_slot_begin_);
     // A backend that runs a graph again gets the last one, unless the step's
@@ -887,6 +910,9 @@ smol_memory_info llama_context::memory_info() const {
     m.host_pageable = kv_place_.host_pageable();
     m.n_heads = plan.n_layer * plan.n_head_kv;
     m.n_heads_resident = plan.n_resident_groups() * plan.G;
+    m.n_heads_host = plan.n_host_groups() * plan.G;
+    m.link_rate = plan.link_rate;
+    m.host_rate = plan.host_rate;
     m.head_group = plan.G;
     m.chunk = plan.chunk;
     m.kv_type = kv.type;

@@ -35,6 +35,10 @@ int32_t kv_plan::n_resident_groups() const {
     return int32_t(std::count(resident.begin(), resident.end(), uint8_t(1)));
 }
 
+int32_t kv_plan::n_host_groups() const {
+    return int32_t(std::count(on_host.begin(), on_host.end(), uint8_t(1)));
+}
+
 uint64_t kv_plan::kv_bytes(bool resident_groups) const {
     uint64_t n = 0;
     for (int32_t l = 0; l < n_layer; ++l) {
@@ -53,6 +57,18 @@ const char * mode_name(smol_kv_offload m) {
     case SMOL_KV_OFFLOAD_ALL:
         return "all";
     case SMOL_KV_OFFLOAD_AUTO:
+        break;
+    }
+    return "auto";
+}
+
+const char * attend_name(smol_kv_attend a) {
+    switch (a) {
+    case SMOL_KV_ATTEND_DEVICE:
+        return "device";
+    case SMOL_KV_ATTEND_HOST:
+        return "host";
+    case SMOL_KV_ATTEND_AUTO:
         break;
     }
     return "auto";
@@ -88,6 +104,9 @@ kv_plan make_plan(const plan_input & in) {
     p.n_cells = in.n_cells;
     p.budget = in.budget;
     p.mode = in.mode;
+    p.attend = in.attend;
+    p.link_rate = in.link_rate;
+    p.host_rate = in.host_rate;
     p.weight_bytes = in.weight_bytes;
     p.windowed = in.windowed;
     p.window_cells = in.window_cells;
@@ -249,7 +268,35 @@ kv_plan make_plan(const plan_input & in) {
         }
         if (!any) break;
     }
-    if (p.n_offloaded_groups() == 0) p.n_slots = 0;
+    // The offloaded groups attended on the host: all, none, or (auto) the
+    // share that makes both ways take equal time, spread evenly over the
+    // offloaded groups in order so that every layer's host work overlaps
+    // its device work.
+    const int32_t n_off = p.n_offloaded_groups();
+    int32_t n_host = 0;
+    if (in.attend == SMOL_KV_ATTEND_HOST) {
+        n_host = n_off;
+    } else if (in.attend == SMOL_KV_ATTEND_AUTO && in.link_rate > 0 && in.host_rate > 0) {
+        n_host = int32_t(double(n_off) * in.host_rate / (in.host_rate + in.link_rate) + 0.5);
+    }
+    if (n_host > 0) {
+        p.on_host.assign(p.resident.size(), 0);
+        // Streaming heads' groups (offloaded in a context too short for
+        // the window store) stream: the host attends whole histories only.
+        auto streams = [&](int32_t i) {
+            return !in.streaming.empty() &&
+                   in.streaming[size_t(i / p.n_group) * size_t(p.n_head_kv) +
+                                size_t(i % p.n_group) * size_t(p.G)];
+        };
+        for (int32_t i = 0, o = 0; i < int32_t(p.resident.size()); ++i) {
+            if (p.resident[size_t(i)] || streams(i)) continue;
+            if (int64_t(o + 1) * n_host / n_off > int64_t(o) * n_host / n_off)
+                p.on_host[size_t(i)] = 1;
+            ++o;
+        }
+    }
+    // Prompts stream the host's groups too: slots whenever any is offloaded.
+    if (n_off == 0) p.n_slots = 0;
     return p;
 }
 
@@ -276,6 +323,20 @@ std::string kv_plan::format() const {
                   format_bytes(host_kv_bytes()).c_str(), heads - res_heads, heads,
                   format_bytes(group_bytes()).c_str());
     s += b;
+    if (n_offloaded_groups() > 0) {
+        char rates[128] = "";
+        if (link_rate > 0 && host_rate > 0) {
+            std::snprintf(rates, sizeof rates,
+                          "; measured: link %.1f GB/s, host attention %.1f GB/s", link_rate / 1e9,
+                          host_rate / 1e9);
+        }
+        std::snprintf(b, sizeof b,
+                      "  kv-attend %s: %d offloaded head(s) streamed to the device, %d attended "
+                      "on the host in steps of up to %d tokens (prompts stream them)%s\n",
+                      attend_name(attend), n_streamed_groups() * G, n_host_groups() * G,
+                      kv_host_max_tokens, rates);
+        s += b;
+    }
     if (const auto n_win = int32_t(std::count(windowed.begin(), windowed.end(), uint8_t(1)))) {
         uint64_t win_bytes = 0;
         int32_t first = -1;
@@ -319,25 +380,34 @@ std::string kv_plan::format() const {
         }
         s += "\n";
     }
-    // Resident heads per layer, runs of equal layers folded.
-    s += "  resident heads per layer:";
-    for (int32_t l0 = 0; l0 < n_layer;) {
-        auto count = [&](int32_t l) {
-            int32_t n = 0;
-            for (int32_t g = 0; g < n_group; ++g) n += is_resident(l, g) ? G : 0;
-            return n;
-        };
-        int32_t l1 = l0 + 1;
-        while (l1 < n_layer && count(l1) == count(l0)) ++l1;
-        if (l1 - l0 > 1) {
-            std::snprintf(b, sizeof b, " %d-%d: %d/%d", l0, l1 - 1, count(l0), n_head_kv);
-        } else {
-            std::snprintf(b, sizeof b, " %d: %d/%d", l0, count(l0), n_head_kv);
+    // Resident heads per layer (and those attended on the host), runs of
+    // equal layers folded.
+    auto per_layer = [&](const char * what, auto counted) {
+        s += what;
+        for (int32_t l0 = 0; l0 < n_layer;) {
+            auto count = [&](int32_t l) {
+                int32_t n = 0;
+                for (int32_t g = 0; g < n_group; ++g) n += counted(l, g) ? G : 0;
+                return n;
+            };
+            int32_t l1 = l0 + 1;
+            while (l1 < n_layer && count(l1) == count(l0)) ++l1;
+            if (l1 - l0 > 1) {
+                std::snprintf(b, sizeof b, " %d-%d: %d/%d", l0, l1 - 1, count(l0), n_head_kv);
+            } else {
+                std::snprintf(b, sizeof b, " %d: %d/%d", l0, count(l0), n_head_kv);
+            }
+            s += b;
+            l0 = l1;
         }
-        s += b;
-        l0 = l1;
+        s += "\n";
+    };
+    per_layer("  resident heads per layer:",
+              [&](int32_t l, int32_t g) { return is_resident(l, g); });
+    if (n_host_groups() > 0) {
+        per_layer("  host-attended heads per layer:",
+                  [&](int32_t l, int32_t g) { return is_on_host(l, g); });
     }
-    s += "\n";
     return s;
 }
 

@@ -2,8 +2,10 @@
 // model's shape, the context length and the compute memory the backend
 // measured, it decides the head-group size G, the prefill chunk, two
 // staging slots, and which (layer, head group) slices of the KV cache stay
-// in device memory; the rest live in pinned host memory and stream through
-// the slots. A pure function of its input; the plan prints itself.
+// in device memory; the rest live in pinned host memory and either stream
+// through the slots or are attended on the host, split between the two by
+// the link's and the host's speeds. A pure function of its input; the plan
+// prints itself.
 
 #ifndef SMOL_PLAN_H
 #define SMOL_PLAN_H
@@ -25,6 +27,11 @@ struct plan_input {
     uint64_t budget = 0;    // device bytes (0: no budget)
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
     int32_t head_group = 0; // 0: the planner chooses
+    // How offloaded groups are attended, and for AUTO the speeds (bytes of
+    // KV a second) that split them: over the link into a staging slot, and
+    // by the host's attention where they live (0: not measured, all stream).
+    smol_kv_attend attend = SMOL_KV_ATTEND_AUTO;
+    double link_rate = 0, host_rate = 0;
     // Kv heads, [layer * n_head_kv + head], whose K and V live in the window
     // store (kv_window; empty: none), window_cells cells each instead of
     // n_cells: sliding-window layers' and streaming heads.
@@ -52,6 +59,12 @@ struct kv_plan {
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
     bool group_forced = false;
     std::vector<uint8_t> resident; // [layer * n_group + group]
+    // Offloaded groups attended on the host, [layer * n_group + group]
+    // (empty: none); the other offloaded groups stream through the slots,
+    // which exist only when one does.
+    std::vector<uint8_t> on_host;
+    smol_kv_attend attend = SMOL_KV_ATTEND_AUTO;
+    double link_rate = 0, host_rate = 0; // as plan_input's
     // Kv heads in the window store, [layer * n_head_kv + head] (empty:
     // none), and its cells: their groups (G keeps a group's heads all in or
     // all out) are that small and always resident (used every step, and the
@@ -83,6 +96,15 @@ struct kv_plan {
                    : group_bytes();
     }
     int32_t n_offloaded_groups() const { return n_layer * n_group - n_resident_groups(); }
+    bool is_on_host(int32_t layer, int32_t group) const {
+        return !on_host.empty() && on_host[size_t(layer) * size_t(n_group) + size_t(group)] != 0;
+    }
+    // Offloaded and not attended on the host: through a staging slot.
+    bool is_streamed(int32_t layer, int32_t group) const {
+        return !is_resident(layer, group) && !is_on_host(layer, group);
+    }
+    int32_t n_host_groups() const;
+    int32_t n_streamed_groups() const { return n_offloaded_groups() - n_host_groups(); }
     uint64_t slot_bytes() const { return n_slots ? group_bytes() : 0; }
     uint64_t resident_kv_bytes() const { return kv_bytes(true); }
     uint64_t host_kv_bytes() const { return kv_bytes(false); }

@@ -1,5 +1,5 @@
-// smol-schedule.c++ - the schedule of a graph over the compute stream and
-// the two copy streams (make_schedule), its printed program, the events one
+// smol-schedule.c++ - the schedule of a graph over the compute stream, the
+// two copy streams and the host stream (make_schedule), its printed program, the events one
 // stream records and another waits for, and one copy node run on the host.
 
 #include "smol-schedule.h"
@@ -24,11 +24,14 @@ const char * stream_name(stream_id s) {
         return "h2d";
     case stream_id::d2h:
         return "d2h";
+    case stream_id::host:
+        return "host";
     }
     return "?";
 }
 
 stream_id node_stream(const tensor * t) {
+    if (t->on_host) return stream_id::host;
     if (t->kind != OP_COPY) return stream_id::compute;
     switch (t->copy.dir) {
     case copy_dir::h2d:
@@ -103,6 +106,12 @@ std::string describe_node(const tensor * t) {
     char b[160];
     switch (t->kind) {
     case OP_COPY: {
+        if (*t->name) { // the host attention's copies
+            std::snprintf(b, sizeof b, "%-9s layer %d: %s",
+                          t->copy.dir == copy_dir::h2d ? "TO-DEVICE" : "TO-HOST", t->iparams[0],
+                          t->name);
+            return b;
+        }
         const char * what = t->copy.dir == copy_dir::h2d   ? "PREFETCH"
                             : t->copy.dir == copy_dir::d2h ? "OFFLOAD"
                                                            : "COPY";
@@ -114,6 +123,7 @@ std::string describe_node(const tensor * t) {
     case OP_KV_STORE:
     case OP_ATTENTION: {
         const std::string where = !t->kv.k          ? "cache"
+                                  : t->on_host      ? "on the host"
                                   : t->kv.slot >= 0 ? "slot " + std::to_string(t->kv.slot)
                                                     : "resident";
         if (!t->kv.k) {
@@ -142,6 +152,11 @@ std::string format_schedule(const graph & g, const schedule & s) {
                   g.nodes().size(), s.n_events, s.prog[0].size(), s.prog[1].size(),
                   s.prog[2].size(), n_copies);
     out += b;
+    if (!s.prog[3].empty()) {
+        std::snprintf(b, sizeof b, "  host %zu (attention of offloaded heads on the host)\n",
+                      s.prog[3].size());
+        out += b;
+    }
     for (size_t k = 0; k < s.issue.size(); ++k) {
         const auto [st, idx] = s.issue[k];
         const schedule::instr & in = s.prog[st][size_t(idx)];
@@ -196,8 +211,8 @@ void event_set::fail() {
 
 void run_copy_node(const tensor * t) {
     const copy_desc & c = t->copy;
-    const uint8_t * src = static_cast<const uint8_t *>(t->src[0]->data);
-    uint8_t * dst = static_cast<uint8_t *>(t->data);
+    const uint8_t * src = static_cast<const uint8_t *>(t->src[0]->data) + c.offset;
+    uint8_t * dst = static_cast<uint8_t *>(t->data) + c.offset;
     if (c.height == 0) {
         std::memcpy(dst, src, t->src[0]->nbytes());
         return;

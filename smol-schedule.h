@@ -1,7 +1,7 @@
-// smol-schedule.h - the program of one graph over a compute stream and two
-// copy streams (host-to-device, device-to-host) with the events between
-// them, the events of one run, and the copy engine that runs the copy
-// streams beside the compute stream. Defined in smol-schedule.c++.
+// smol-schedule.h - the program of one graph over a compute stream, two
+// copy streams (host-to-device, device-to-host) and a host stream, with the
+// events between them, the events of one run, and the copy engine that runs
+// the other streams beside the compute stream. Defined in smol-schedule.c++.
 
 #ifndef SMOL_SCHEDULE_H
 #define SMOL_SCHEDULE_H
@@ -19,14 +19,15 @@ namespace smol {
 
 // --- schedule ---------------------------------------------------------------
 
-// The program of one graph over three streams: compute runs every op but
-// copies, h2d runs host-to-device copies, d2h device-to-host ones. Within a
+// The program of one graph over four streams: compute runs every op but
+// copies and host nodes, h2d runs host-to-device copies, d2h device-to-host
+// ones, host the nodes the host computes (tensor::on_host). Within a
 // stream instructions run in order; across streams an instruction waits for
 // an event that another stream recorded after the node it depends on. Issue
 // order is the graph's node order, so a copy placed early in the graph is
 // issued early and overlaps the compute that follows it.
-enum class stream_id : uint8_t { compute, h2d, d2h };
-constexpr int n_streams = 3;
+enum class stream_id : uint8_t { compute, h2d, d2h, host };
+constexpr int n_streams = 4;
 const char * stream_name(stream_id s);
 
 struct schedule {
@@ -45,7 +46,8 @@ struct schedule {
     std::vector<int32_t> event_pos;   // per event: its record's index in its stream
     std::vector<uint8_t> needs_event; // the builder's work space
     int32_t n_events = 0;
-    bool has_copies() const { return !prog[1].empty() || !prog[2].empty(); }
+    // Whether any stream but compute has work: copies or host nodes.
+    bool has_side_work() const { return !prog[1].empty() || !prog[2].empty() || !prog[3].empty(); }
 };
 stream_id node_stream(const tensor * t);
 void make_schedule(const graph & g, schedule & s);
@@ -73,16 +75,16 @@ class event_set {
     bool failed_ = false;
 };
 
-// Runs the two copy streams of a schedule beside the executor's compute
-// stream (the simulated device's copy threads).
+// Runs the copy streams and the host stream of a schedule beside the
+// executor's compute stream (the simulated device's threads).
 class copy_engine {
   public:
     virtual ~copy_engine() = default;
-    // Hands over the copy streams of s; they run as their waits allow. A
-    // copy that fails marks ev failed and ends its stream.
+    // Hands over the other streams of s; they run as their waits allow. A
+    // copy or host node that fails marks ev failed and ends its stream.
     virtual void start(const graph & g, const schedule & s, event_set & ev) = 0;
-    // Returns once both streams have run every instruction or stopped;
-    // throws smol::error with the first copy's failure, if one failed.
+    // Returns once those streams have run every instruction or stopped;
+    // throws smol::error with the first failure, if one failed.
     virtual void finish() = 0;
 };
 

@@ -1,11 +1,12 @@
 // smol-sim.c++ - the simulated device ("sim"): a second memory space under a
-// byte limit, computed by the CPU's executor, its copy streams on threads of
-// their own.
+// byte limit, computed by the CPU's executor, its copy streams and its host
+// stream (host attention) on threads of their own.
 
 #include "smol-backend.h"
 #include "smol-cpu.h"
 #include "smol-faults.h"
 #include "smol-graph.h"
+#include "smol-host-attention.h"
 #include "smol-host-memory.h"
 #include "smol-log.h"
 #include "smol-schedule.h"
@@ -23,12 +24,13 @@ namespace {
 // A simulated device: its memory is host memory counted against a limit of
 // its own (peak tracked), its kernels are the CPU's, and its two copy
 // streams run on threads of their own, so the schedule's copies overlap its
-// compute as they would on a GPU. Offloaded KV lives in a separate set of
-// host allocations ("pinned").
+// compute as they would on a GPU, and so does its host stream, whose nodes
+// run on a thread pool of their own (the host's attention). Offloaded KV
+// lives in a separate set of host allocations ("pinned").
 class sim_backend final : public backend, public copy_engine {
   public:
-    explicit sim_backend(int n_threads) : exec_(n_threads) {
-        for (int i = 0; i < 2; ++i) workers_[i] = std::thread([this, i] { copy_worker(i + 1); });
+    explicit sim_backend(int n_threads) : exec_(n_threads), host_(n_threads) {
+        for (int i = 0; i < 3; ++i) workers_[i] = std::thread([this, i] { stream_worker(i + 1); });
     }
     ~sim_backend() override {
         {
@@ -62,12 +64,16 @@ class sim_backend final : public backend, public copy_engine {
                      " (refused by an injected fault); using pageable memory, whose copies "
                      "are several times slower on a GPU");
         }
-        return host_.alloc(bytes, what, mem_.stats_, pinned);
+        return host_mem_.alloc(bytes, what, mem_.stats_, pinned);
     }
-    void release_host(void * p) override { host_.release(p, mem_.stats_); }
+    void release_host(void * p) override { host_mem_.release(p, mem_.stats_); }
     void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
     memory_stats memory() const override { return mem_.stats_; }
     size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
+    // No link to measure (the copies are memcpy): auto streams everything.
+    double host_attention_rate(int32_t head_dim, int32_t q_per_kv, smol_type t) override {
+        return host_.measure(head_dim, q_per_kv, t);
+    }
     // As the CUDA backend does: a graph its builder hands over again keeps
     // the plan and schedule of its last run.
     bool reruns_graphs() const override { return true; }
@@ -93,7 +99,7 @@ class sim_backend final : public backend, public copy_engine {
             job_g_ = &g;
             job_s_ = &s;
             job_ev_ = &ev;
-            pending_ = 2;
+            pending_ = 3;
             copy_error_.clear();
             ++gen_;
         }
@@ -106,8 +112,9 @@ class sim_backend final : public backend, public copy_engine {
     }
 
   private:
-    // Stream st's instructions of each run, in order.
-    void copy_worker(int st) {
+    // Stream st's instructions of each run, in order: copies, or the host's
+    // nodes.
+    void stream_worker(int st) {
         uint64_t seen = 0;
         for (;;) {
             const graph * g;
@@ -131,8 +138,17 @@ class sim_backend final : public backend, public copy_engine {
                     go_on = ev->wait(in.event);
                     break;
                 case schedule::kind::run: {
-                    const tensor * t = g->nodes()[size_t(in.node)];
-                    if (faults::hit(faults::site::copy)) {
+                    tensor * t = g->nodes()[size_t(in.node)];
+                    if (st == int(stream_id::host)) {
+                        try {
+                            host_.run(t, g->batch);
+                        } catch (const std::exception & e) {
+                            std::lock_guard<std::mutex> lock(mu_);
+                            if (copy_error_.empty()) copy_error_ = std::string("sim: ") + e.what();
+                            ev->fail();
+                            go_on = false;
+                        }
+                    } else if (faults::hit(faults::site::copy)) {
                         std::lock_guard<std::mutex> lock(mu_);
                         if (copy_error_.empty()) {
                             copy_error_ =
@@ -160,18 +176,19 @@ class sim_backend final : public backend, public copy_engine {
     }
 
     executor exec_;
+    host_attention host_;
     memory_ledger mem_;
-    host_blocks host_;
+    host_blocks host_mem_;
     schedule sched_;
     last_run last_;
-    std::thread workers_[2];
+    std::thread workers_[3];
     std::mutex mu_;
     std::condition_variable cv_, done_cv_;
     const graph * job_g_ = nullptr;
     const schedule * job_s_ = nullptr;
     event_set * job_ev_ = nullptr;
     int pending_ = 0;
-    std::string copy_error_; // the run's first failed copy
+    std::string copy_error_; // the run's first failed copy or host node
     uint64_t gen_ = 0;
     bool stop_ = false;
 };

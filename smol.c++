@@ -441,6 +441,7 @@ smol_context_params smol_context_default_params(void) {
     p.device = nullptr;
     p.gpu_mem = 0;
     p.kv_offload = SMOL_KV_OFFLOAD_AUTO;
+    p.kv_attend = SMOL_KV_ATTEND_AUTO;
     p.head_group = 0;
     p.kv_type = SMOL_TYPE_F16;
     p.autotune_file = nullptr;

@@ -258,6 +258,22 @@ typedef enum smol_kv_offload {
     SMOL_KV_OFFLOAD_ALL = 2,
 } smol_kv_offload;
 
+// How the offloaded slices are attended in a step of up to 8 tokens (a
+// decode step, a speculative verify; prompts stream them all): AUTO splits
+// them between the two ways so that both finish together (from the link's
+// and the host's speeds, measured once; a device with no link to measure
+// streams them), DEVICE streams each through the device's staging slots,
+// HOST attends each where it lives, on the CPU's threads (n_threads),
+// beside the device's work (the step's queries and new keys and values go
+// to the host and the heads' outputs come back). Host attention is exact
+// math in another summation order: within a stated bound of the device's
+// logits, not bit-identical.
+typedef enum smol_kv_attend {
+    SMOL_KV_ATTEND_AUTO = 0,
+    SMOL_KV_ATTEND_DEVICE = 1,
+    SMOL_KV_ATTEND_HOST = 2,
+} smol_kv_attend;
+
 // Which attention kernel a GPU runs: AUTO chooses by the step's token count;
 // the others force one for every step, to compare them (DECODE_WARPS: the
 // decode kernel with a warp a kv head; CLASSIC: the one without tensor
@@ -281,6 +297,7 @@ typedef struct smol_context_params {
     const char * device;          // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
     uint64_t gpu_mem;             // device memory budget in bytes (0: none, every head resident)
     smol_kv_offload kv_offload;   // default AUTO
+    smol_kv_attend kv_attend;     // offloaded slices: streamed or attended on the host (AUTO)
     int32_t head_group;           // kv heads per group (0: the planner chooses)
     smol_type kv_type;            // KV cache: F16 (default); Q8_0, Q4_0 opt-in, approximate
     const char * autotune_file;   // GPU matmul table (NULL: the default; see smol_autotune)
@@ -308,7 +325,7 @@ typedef struct smol_context_params {
     // the first stream_sink positions and the last stream_window only; such
     // heads keep only those (and n_batch more per sequence for rollbacks),
     // resident, in the window store. smol-heads labels a model's heads from
-    // its own behaviour. NULL: none (the default). CPU and "sim" devices.
+    // its own behaviour. NULL: none (the default).
     const uint8_t * streaming_heads;
     uint32_t n_streaming_heads; // streaming_heads' length: n_layer * n_head_kv
     int32_t stream_sink;        // positions every streaming head keeps (default 64)
@@ -340,6 +357,9 @@ typedef struct smol_memory_info {
     uint64_t host_pageable;   // host bytes that could not be pinned
     int32_t n_heads;          // (layer, kv head) slices
     int32_t n_heads_resident; // of them in device memory
+    int32_t n_heads_host;     // of the others, attended on the host (not streamed)
+    double link_rate;         // measured bytes/s of pinned host-to-device copies (0: not)
+    double host_rate;         // measured bytes/s of KV the host's attention reads (0: not)
     int32_t head_group;       // kv heads per group
     int32_t chunk;            // tokens per prefill chunk
     smol_type kv_type;        // the KV cache's element type

@@ -2192,6 +2192,88 @@ TEST_CASE("KV resident, offloaded or mixed on the GPU gives bit-identical logits
     std::filesystem::remove(path);
 }
 
+// Host attention on the GPU: the offloaded heads' queries and new rows go
+// to the host, its threads attend, the outputs come back, in prompts (the
+// launched program) and decode steps (captured and replayed graphs). Exact
+// math in another order: as close to float64 as the GPU's own kernels, and
+// two sequences batched together as close to the all-resident run.
+TEST_CASE("offloaded heads attended on the host from the GPU come as close to float64 as the "
+          "GPU's kernels") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("host-attend.gguf");
+    tiny::shape s;
+    s.n_embd = 256; // heads of 64: quantized caches rotate them
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_layer = 3;
+    s.n_ctx = 1024;
+    const tiny::model mdl = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 300, s.n_vocab);
+    const auto want = tiny::reference(mdl, ids);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 200, s.n_vocab),
+                                                   random_ids(rng, 90, s.n_vocab)};
+    for (smol_type kv_type : {SMOL_TYPE_F16, SMOL_TYPE_Q8_0}) {
+        const std::string type = smol_type_name(kv_type);
+        CAPTURE(type);
+        auto params = [&](smol_kv_offload mode, smol_kv_attend attend, int G) {
+            smol_context_params p = smol_context_default_params();
+            p.kv_type = kv_type;
+            p.kv_offload = mode;
+            p.kv_attend = attend;
+            p.head_group = G;
+            return p;
+        };
+        auto err_of = [&](const std::vector<std::vector<float>> & got) {
+            double e = 0;
+            for (size_t i = 0; i < ids.size(); ++i) e = std::max(e, rel_err(got[i], want[i]));
+            return e;
+        };
+        context_ptr res = make_context(m.get(), "cuda:0", 1024, 64, 2, 4,
+                                       params(SMOL_KV_OFFLOAD_NONE, SMOL_KV_ATTEND_AUTO, 0));
+        // Chunks of 64, then one token a call from 200 on.
+        const double err_gpu = err_of(decode_all(res.get(), ids, s.n_vocab, 64, 200));
+        res = make_context(m.get(), "cuda:0", 1024, 64, 2, 4,
+                           params(SMOL_KV_OFFLOAD_NONE, SMOL_KV_ATTEND_AUTO, 0));
+        const std::vector<float> two_res = placed_workload(res.get(), s.n_vocab, prompts, 24);
+        for (int G : {1, 2}) {
+            CAPTURE(G);
+            context_ptr c = make_context(m.get(), "cuda:0", 1024, 64, 2, 4,
+                                         params(SMOL_KV_OFFLOAD_ALL, SMOL_KV_ATTEND_HOST, G));
+            smol_memory_info mi;
+            smol_context_memory(c.get(), &mi);
+            CHECK(mi.n_heads_host == mi.n_heads);
+            const double err_host = err_of(decode_all(c.get(), ids, s.n_vocab, 64, 200));
+            CAPTURE(err_gpu);
+            CAPTURE(err_host);
+            CHECK(err_host <= 2 * err_gpu);
+            c = make_context(m.get(), "cuda:0", 1024, 64, 2, 4,
+                             params(SMOL_KV_OFFLOAD_ALL, SMOL_KV_ATTEND_HOST, G));
+            const std::vector<float> two = placed_workload(c.get(), s.n_vocab, prompts, 24);
+            REQUIRE(two.size() == two_res.size());
+            const double apart = rel_err(two, two_res);
+            CAPTURE(apart);
+            CHECK(apart <= 2 * err_gpu);
+            MESSAGE(type << " G = " << G << ": float64 error GPU " << err_gpu << ", host "
+                         << err_host << "; two sequences apart " << apart);
+        }
+    }
+    // auto: the plan measures the link and the host and splits by them.
+    smol_context_params p = smol_context_default_params();
+    p.kv_offload = SMOL_KV_OFFLOAD_ALL;
+    p.head_group = 1;
+    context_ptr c = make_context(m.get(), "cuda:0", 1024, 64, 1, 4, p);
+    smol_memory_info mi;
+    smol_context_memory(c.get(), &mi);
+    CHECK(mi.link_rate > 1e9);
+    CHECK(mi.host_rate > 1e8);
+    MESSAGE("auto: link " << mi.link_rate / 1e9 << " GB/s, host attention " << mi.host_rate / 1e9
+                          << " GB/s (4 threads): " << mi.n_heads_host << " of " << mi.n_heads
+                          << " heads on the host");
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("SmolLM2-135M on the GPU gives bit-identical logits with its KV resident, offloaded or "
           "mixed" *
           doctest::skip(no_real_model)) {

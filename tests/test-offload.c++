@@ -5,8 +5,10 @@
 // errors.
 
 #include "decode-all.h"
+#include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-graph.h"
+#include "smol-host-attention.h"
 #include "smol-llama.h"
 #include "smol-plan.h"
 #include "smol-schedule.h"
@@ -20,6 +22,7 @@
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -602,6 +605,289 @@ TEST_CASE("a budget too small for the smallest plan fails at context creation wi
 
 namespace {
 
+// One sequence: the prompt in chunks of the context's n_batch, then n_gen
+// steps of one token; every position's logits, in order.
+std::vector<std::vector<float>> run_one(smol_context * c, int n_vocab, const std::vector<int> & ids,
+                                        int n_prompt) {
+    std::vector<std::vector<float>> out;
+    const int32_t cap = int32_t(smol_context_n_batch(c));
+    smol_batch b = smol_batch_init(cap);
+    for (int i = 0; i < int(ids.size());) {
+        const int end = i < n_prompt ? std::min(n_prompt, i + cap) : i + 1;
+        b.n_tokens = 0;
+        for (int j = i; j < end; ++j) smol_batch_add(&b, cap, ids[size_t(j)], j, 0, true);
+        INFO(std::string(smol_last_error()));
+        REQUIRE(smol_decode(c, &b) == SMOL_OK);
+        for (int j = 0; j < b.n_tokens; ++j) {
+            const float * l = smol_get_logits(c, j);
+            out.emplace_back(l, l + n_vocab);
+        }
+        i = end;
+    }
+    smol_batch_free(&b);
+    return out;
+}
+
+// The largest difference from the float64 logits, over the largest of them.
+double error_from(const std::vector<std::vector<float>> & got,
+                  const std::vector<std::vector<double>> & ref) {
+    double err = 0, top = 0;
+    for (size_t t = 0; t < ref.size(); ++t)
+        for (size_t v = 0; v < ref[t].size(); ++v) {
+            err = std::max(err, std::abs(double(got[t][v]) - ref[t][v]));
+            top = std::max(top, std::abs(ref[t][v]));
+        }
+    return err / top;
+}
+
+double largest_difference(const std::vector<float> & a, const std::vector<float> & b) {
+    double d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(double(a[i]) - double(b[i])));
+    return d;
+}
+
+// Host attention (exact math in another order than the device's kernels):
+// every placement that attends offloaded heads on the host comes within
+// the device's own distance of the float64 reference (twice it, plus what
+// the quantized cache's rounding adds), for a single sequence past several
+// chunks; and two sequences batched together agree with the resident run
+// as closely, so neither sees the other's cells.
+void check_host_attention(smol_type kv_type, uint32_t seed) {
+    const std::string path = temp_path("host-attend.gguf");
+    tiny::shape s = placed_shape();
+    s.wtype = SMOL_TYPE_F32; // no rounding of activations to hide attention's errors in
+    if (kv_type != SMOL_TYPE_F16) {
+        s.n_embd = 512; // heads of 64: quantized rows, rotated
+        s.n_layer = 2;
+    }
+    const tiny::model mdl = tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> ids = random_ids(rng, 60, s.n_vocab);
+    const std::vector<std::vector<double>> ref = tiny::reference(mdl, ids);
+    constexpr int n_prompt = 52; // chunks of 16, then single tokens
+    auto params = [&](smol_kv_offload mode, int G, uint64_t budget, smol_kv_attend attend) {
+        smol_context_params p = sim_params(256, 16, 2, {"", mode, G, budget}, kv_type);
+        p.kv_attend = attend;
+        return p;
+    };
+    context_ptr res =
+        make_context(m.get(), params(SMOL_KV_OFFLOAD_NONE, 0, 0, SMOL_KV_ATTEND_AUTO));
+    const std::vector<std::vector<float>> on_device = run_one(res.get(), s.n_vocab, ids, n_prompt);
+    const double err_device = error_from(on_device, ref);
+    CAPTURE(err_device);
+    // A budget keeping about half of the groups (G = 1) resident.
+    context_ptr probe =
+        make_context(m.get(), params(SMOL_KV_OFFLOAD_ALL, 1, 0, SMOL_KV_ATTEND_HOST));
+    const smol_memory_info pm = memory_of(probe.get());
+    CHECK(pm.n_heads_host == pm.n_heads);
+    const uint64_t half = pm.device_weights + pm.device_compute + pm.host_kv / 2;
+    struct config {
+        const char * name;
+        smol_kv_offload mode;
+        int G;
+        uint64_t budget;
+    };
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 45, s.n_vocab),
+                                                   random_ids(rng, 20, s.n_vocab)};
+    const std::vector<int> steps = random_ids(rng, 8, s.n_vocab);
+    res = make_context(m.get(), params(SMOL_KV_OFFLOAD_NONE, 0, 0, SMOL_KV_ATTEND_AUTO));
+    const std::vector<float> two_res = run_workload(res.get(), s.n_vocab, prompts, steps);
+    for (const config & cf :
+         {config{"all on the host, G=1", SMOL_KV_OFFLOAD_ALL, 1, 0},
+          config{"all on the host, G=2", SMOL_KV_OFFLOAD_ALL, 2, 0},
+          config{"all on the host, G=4", SMOL_KV_OFFLOAD_ALL, 4, 0},
+          config{"half resident, half on the host", SMOL_KV_OFFLOAD_AUTO, 1, half}}) {
+        const std::string config_name = cf.name;
+        CAPTURE(config_name);
+        context_ptr c =
+            make_context(m.get(), params(cf.mode, cf.G, cf.budget, SMOL_KV_ATTEND_HOST));
+        const smol_memory_info mi = memory_of(c.get());
+        CHECK(mi.n_heads_host == mi.n_heads - mi.n_heads_resident);
+        CHECK(mi.n_heads_host > 0);
+        const std::vector<std::vector<float>> on_host = run_one(c.get(), s.n_vocab, ids, n_prompt);
+        const double err_host = error_from(on_host, ref);
+        // Against the device's own logits: what only the summation order
+        // and the rounding of the weights to f16 change.
+        std::vector<std::vector<double>> dev64;
+        for (const auto & row : on_device) dev64.emplace_back(row.begin(), row.end());
+        const double apart = error_from(on_host, dev64);
+        CAPTURE(err_host);
+        CAPTURE(apart);
+        CHECK(err_host <= 2 * err_device);
+        // Over a quantized cache both read the same rounded rows: they
+        // differ far less than either differs from float64.
+        CHECK(apart <= (kv_type == SMOL_TYPE_F16 ? 2 * err_device : err_device / 4));
+        // Fresh cells for the two sequences.
+        c = make_context(m.get(), params(cf.mode, cf.G, cf.budget, SMOL_KV_ATTEND_HOST));
+        const std::vector<float> two = run_workload(c.get(), s.n_vocab, prompts, steps);
+        double top = 0;
+        for (float x : two_res) top = std::max(top, double(std::abs(x)));
+        CHECK(largest_difference(two, two_res) / top <= 4 * err_device + 1e-5);
+    }
+    std::filesystem::remove(path);
+}
+
+} // namespace
+
+TEST_CASE("offloaded heads attended on the host come as close to float64 as the device's") {
+    SMOL_TEST_DRAW_SEED(seed);
+    check_host_attention(SMOL_TYPE_F16, seed);
+}
+
+TEST_CASE("host attention over a q8_0 or q4_0 cache comes as close to float64 as the device's") {
+    SMOL_TEST_DRAW_SEED(seed);
+    for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        CAPTURE(std::string(smol_type_name(t)));
+        check_host_attention(t, seed);
+    }
+}
+
+// The host's attention node against float64 over the very rows stored: two
+// sequences' cells interleaved at random, their lists sorted by position,
+// tokens together and alone (alone: a head's cells in many chunks), with and
+// without a window and sinks, over f16 and quantized rows.
+TEST_CASE("the host's attention gives float64 attention over the stored rows") {
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    const smol::cpu::kernels & kern = smol::cpu::kernels_best();
+    constexpr int n_kv = 2, per_kv = 3, hd = 64, n_cells = 3000;
+    constexpr int n_head = n_kv * per_kv;
+    smol::host_attention host(2);
+    for (smol_type type : {SMOL_TYPE_F16, SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        CAPTURE(std::string(smol_type_name(type)));
+        smol::kv_cache kv;
+        kv.init(1, n_kv, hd, n_cells, type);
+        std::vector<uint16_t> K(size_t(n_kv) * n_cells * size_t(kv.row_words));
+        std::vector<uint16_t> V(K.size());
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int h = 0; h < n_kv; ++h)
+            for (int c = 0; c < n_cells; ++c) {
+                std::vector<float> row(hd);
+                for (float & x : row) x = nd(rng);
+                kern.row_from_f32(
+                    type, row.data(),
+                    K.data() + (size_t(h) * n_cells + size_t(c)) * size_t(kv.row_words), hd);
+                for (float & x : row) x = nd(rng);
+                kern.row_from_f32(
+                    type, row.data(),
+                    V.data() + (size_t(h) * n_cells + size_t(c)) * size_t(kv.row_words), hd);
+            }
+        kv.k = K.data();
+        kv.v = V.data();
+        // Cells in random order; sequence 0 takes about two thirds.
+        std::vector<int32_t> perm(n_cells);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        int32_t len[2] = {0, 0};
+        std::vector<int32_t> lists[2];
+        for (int32_t c : perm) {
+            const int sq = rng() % 3 == 0 ? 1 : 0;
+            kv.cell_pos[size_t(c)] = len[sq]++;
+            kv.cell_seqs[size_t(c)] = smol::seq_mask::of(sq);
+            lists[sq].push_back(c);
+        }
+        kv.n_used = n_cells;
+        std::vector<int32_t> seq_cells(lists[0]);
+        seq_cells.insert(seq_cells.end(), lists[1].begin(), lists[1].end());
+        const int32_t seq_begin[3] = {0, len[0], len[0] + len[1]};
+        // Tokens: each sequence's last position, and one in the middle.
+        const std::vector<smol_pos> pos = {len[0] - 1, len[1] - 1, len[0] / 2};
+        const std::vector<smol_seq_id> seq = {0, 1, 0};
+        std::vector<float> q(pos.size() * size_t(n_head) * hd);
+        for (float & x : q) x = nd(rng);
+        for (const auto & [window, sink] : {std::pair{0, 0}, std::pair{300, 20}}) {
+            CAPTURE(window);
+            // float64: q as the kernels round it, turned as K was.
+            std::vector<double> want(q.size());
+            for (size_t i = 0; i < pos.size(); ++i)
+                for (int h = 0; h < n_head; ++h) {
+                    std::vector<float> qh(hd);
+                    for (int d = 0; d < hd; ++d)
+                        qh[size_t(d)] = smol::cpu::fp16_to_fp32(
+                            smol::cpu::fp32_to_fp16(q[(i * n_head + size_t(h)) * hd + size_t(d)]));
+                    smol::kv_rotate(qh.data(), hd, kv.rot_k);
+                    const int hk = h / per_kv;
+                    std::vector<double> sc;
+                    std::vector<std::vector<float>> vs;
+                    for (int32_t c : lists[seq[i]]) {
+                        const smol_pos p = kv.cell_pos[size_t(c)];
+                        if (p > pos[i] || (window > 0 && pos[i] - p >= window && p >= sink))
+                            continue;
+                        std::vector<float> kr(hd), vr(hd);
+                        const size_t at = (size_t(hk) * n_cells + size_t(c)) * size_t(kv.row_words);
+                        kern.row_to_f32(type, K.data() + at, kr.data(), hd);
+                        kern.row_to_f32(type, V.data() + at, vr.data(), hd);
+                        double dot = 0;
+                        for (int d = 0; d < hd; ++d)
+                            dot += double(qh[size_t(d)]) * double(kr[size_t(d)]);
+                        sc.push_back(dot / std::sqrt(double(hd)));
+                        vs.push_back(vr);
+                    }
+                    const double mx = *std::max_element(sc.begin(), sc.end());
+                    double sum = 0;
+                    std::vector<double> o(hd, 0.0);
+                    for (size_t j = 0; j < sc.size(); ++j) {
+                        const double w = std::exp(sc[j] - mx);
+                        sum += w;
+                        for (int d = 0; d < hd; ++d) o[size_t(d)] += w * double(vs[j][size_t(d)]);
+                    }
+                    std::vector<float> of(hd);
+                    for (int d = 0; d < hd; ++d) of[size_t(d)] = float(o[size_t(d)] / sum);
+                    smol::kv_rotate(of.data(), hd, kv.rot_v); // rounding far below the bound
+                    for (int d = 0; d < hd; ++d)
+                        want[(i * n_head + size_t(h)) * hd + size_t(d)] = of[size_t(d)];
+                }
+            // Together, then each token alone.
+            for (int alone = -1; alone < int(pos.size()); ++alone) {
+                CAPTURE(alone);
+                const size_t i0 = alone < 0 ? 0 : size_t(alone);
+                const size_t n = alone < 0 ? pos.size() : 1;
+                smol::tensor qt, at;
+                smol::tensor_set_shape(qt, SMOL_TYPE_F32, int64_t(n_head) * hd, int64_t(n));
+                smol::tensor_set_shape(at, SMOL_TYPE_F32, int64_t(n_head) * hd, int64_t(n));
+                std::vector<float> out(size_t(n) * n_head * hd, std::nanf(""));
+                qt.data = q.data() + i0 * size_t(n_head) * hd;
+                at.data = out.data();
+                at.kind = smol::OP_ATTENTION;
+                at.src[0] = &qt;
+                at.iparams[1] = n_head;
+                at.iparams[2] = n_kv;
+                at.iparams[3] = hd;
+                at.iparams[4] = window;
+                at.iparams[5] = sink;
+                at.kv = kv.layer_view(0);
+                at.on_host = true;
+                smol::batch_info b;
+                b.pos = pos.data() + i0;
+                b.seq = seq.data() + i0;
+                b.n_tokens = int32_t(n);
+                b.kv = &kv;
+                b.seq_cells = seq_cells.data();
+                b.seq_begin = seq_begin;
+                host.run(&at, b);
+                double err = 0;
+                for (size_t j = 0; j < out.size(); ++j)
+                    err = std::max(err, std::abs(double(out[j]) - want[i0 * n_head * hd + j]));
+                CAPTURE(err);
+                CHECK(err < 2e-5); // outputs are averages of rows of about unit size
+            }
+        }
+    }
+}
+
+TEST_CASE("the host's attention speed is measured, per cache type") {
+    smol::host_attention h(2);
+    for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_Q8_0}) {
+        const double rate = h.measure(64, 3, t);
+        CAPTURE(rate);
+        CHECK(rate > 1e8);                  // bytes a second: any CPU reads more than 100 MB/s
+        CHECK(h.measure(64, 3, t) == rate); // once per process
+    }
+}
+
+namespace {
+
 // SmolLM2-1.7B's attention shape, with weights and compute memory given.
 smol::plan_input shape_17b(uint64_t budget, int32_t n_ctx) {
     smol::plan_input in;
@@ -743,6 +1029,67 @@ TEST_CASE("the planner halves the prefill chunk, down to 512 tokens, before offl
     const smol::kv_plan offloaded = smol::make_plan(in);
     CHECK(offloaded.n_offloaded_groups() > 0);
     CHECK(offloaded.device_bytes() <= in.budget);
+}
+
+TEST_CASE("the planner splits offloaded groups between the link and the host by their speeds") {
+    smol::plan_input in = shape_17b(24 * GiB, 131072);
+    in.mode = SMOL_KV_OFFLOAD_AUTO;
+    const smol::kv_plan streamed = smol::make_plan(in); // no speeds: everything streams
+    const int32_t n_off = streamed.n_offloaded_groups();
+    REQUIRE(n_off > 4);
+    CHECK(streamed.n_host_groups() == 0);
+    CHECK(streamed.n_slots == 2);
+    for (double host : {20e9, 54e9, 100e9}) {
+        CAPTURE(host);
+        in.link_rate = 54e9;
+        in.host_rate = host;
+        const smol::kv_plan p = smol::make_plan(in);
+        CHECK(p.resident == streamed.resident);
+        const double want = double(n_off) * host / (host + 54e9);
+        CHECK(std::abs(double(p.n_host_groups()) - want) <= 0.5);
+        CHECK(p.n_slots == 2); // prompts stream every offloaded group
+        // Spread evenly: in offloaded order, every run of k groups holds
+        // about k times the host's share.
+        std::vector<int> order;
+        for (int32_t l = 0; l < p.n_layer; ++l)
+            for (int32_t g = 0; g < p.n_group; ++g)
+                if (!p.is_resident(l, g)) order.push_back(p.is_on_host(l, g));
+        for (size_t i = 0; i + 8 <= order.size(); i += 8) {
+            const int n = std::accumulate(order.begin() + long(i), order.begin() + long(i) + 8, 0);
+            CHECK(std::abs(double(n) - 8 * host / (host + 54e9)) <= 1.0);
+        }
+        CHECK(p.format().find("attended on the host") != std::string::npos);
+    }
+    // device: all stream whatever the speeds; host: none streams at decode
+    // steps (prompts still need the slots).
+    in.attend = SMOL_KV_ATTEND_DEVICE;
+    CHECK(smol::make_plan(in).n_host_groups() == 0);
+    in.attend = SMOL_KV_ATTEND_HOST;
+    const smol::kv_plan all_host = smol::make_plan(in);
+    CHECK(all_host.n_streamed_groups() == 0);
+    CHECK(all_host.n_slots == 2);
+    CHECK(all_host.resident == streamed.resident);
+}
+
+TEST_CASE("streaming heads' groups are never attended on the host") {
+    smol::plan_input in = shape_17b(0, 4096);
+    in.mode = SMOL_KV_OFFLOAD_ALL;
+    in.attend = SMOL_KV_ATTEND_HOST;
+    in.head_group = 1;
+    in.streaming.assign(size_t(in.n_layer) * size_t(in.n_head_kv), 0);
+    for (size_t h = 0; h < in.streaming.size(); h += 3) in.streaming[h] = 1;
+    in.streaming_sink = 64;
+    in.streaming_window = 256;
+    const smol::kv_plan p = smol::make_plan(in);
+    int n_streamed = 0;
+    for (int32_t l = 0; l < p.n_layer; ++l)
+        for (int32_t g = 0; g < p.n_group; ++g) {
+            const bool streaming = in.streaming[size_t(l) * size_t(p.n_head_kv) + size_t(g)];
+            CHECK(p.is_on_host(l, g) == !streaming);
+            n_streamed += p.is_streamed(l, g);
+        }
+    CHECK(n_streamed == p.n_streamed_groups());
+    CHECK(p.n_slots == 2);
 }
 
 TEST_CASE("a tiny budget is refused by the planner with every number in the message") {

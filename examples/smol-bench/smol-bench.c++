@@ -91,6 +91,7 @@ struct options {
     std::string json_schema; // a file; with sample
     std::string gpu_mem;
     std::string kv_offload = "auto";
+    std::string kv_attend = "auto";
     int head_group = 0;
     smol_type kv_type = SMOL_TYPE_F16;
     streaming_heads_option streaming;
@@ -418,6 +419,9 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     cparams.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
+    cparams.kv_attend = o.kv_attend == "device" ? SMOL_KV_ATTEND_DEVICE
+                        : o.kv_attend == "host" ? SMOL_KV_ATTEND_HOST
+                                                : SMOL_KV_ATTEND_AUTO;
     cparams.head_group = o.head_group;
     cparams.kv_type = o.kv_type;
     cparams.attn = attn_kernel_of(o.attn);
@@ -485,13 +489,20 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     r.place.n_ctx = smol_context_n_ctx(ctx.get());
     smol_context_memory(ctx.get(), &r.place.mem);
     // A decode step reads every weight and the KV of the cells in use: the
-    // resident part at the device's bandwidth, the rest over the link.
+    // resident part at the device's bandwidth, the rest over the link or,
+    // for the heads attended on the host, at the host's measured speed, the
+    // two side by side.
     const smol_memory_info & mi = r.place.mem;
     const double used =
         double(n_depth + n_prompt + n_gen / 2) / double(std::max(1u, r.place.n_ctx));
+    const int n_off = mi.n_heads - mi.n_heads_resident;
+    const double host_share =
+        n_off > 0 && mi.host_rate > 0 ? double(mi.n_heads_host) / double(n_off) : 0.0;
+    const double host_kv = double(mi.host_kv) * used;
     r.place.floor_ms =
         1e3 * ((double(mi.device_weights) + double(mi.device_kv) * used) / (o.device_bw * 1e9) +
-               double(mi.host_kv) * used / (o.link_bw * 1e9));
+               std::max(host_kv * (1 - host_share) / (o.link_bw * 1e9),
+                        host_share > 0 ? host_kv * host_share / mi.host_rate : 0.0));
     r.kernels = kernels_of(ctx.get());
     return r;
 }
@@ -731,14 +742,14 @@ struct markdown_table {
     // generation, the floor of a step and how close the run came to it.
     void placement_note(const result & r) const {
         const smol_memory_info & m = r.place.mem;
-        std::fprintf(out,
-                     "|   KV %s: %d of %d heads resident, G = %d, chunk %d, n_ctx %u; device peak "
-                     "%.1f MiB (budget %s), host KV %.1f MiB",
-                     smol_type_name(m.kv_type), m.n_heads_resident, m.n_heads, m.head_group,
-                     m.chunk, r.place.n_ctx, double(m.device_peak) / 1048576.0,
-                     r.place.gpu_mem ? (std::to_string(r.place.gpu_mem >> 20) + " MiB").c_str()
-                                     : "none",
-                     double(m.host_kv) / 1048576.0);
+        std::fprintf(
+            out,
+            "|   KV %s: %d of %d heads resident, %d attended on the host, G = %d, chunk %d, "
+            "n_ctx %u; device peak %.1f MiB (budget %s), host KV %.1f MiB",
+            smol_type_name(m.kv_type), m.n_heads_resident, m.n_heads, m.n_heads_host, m.head_group,
+            m.chunk, r.place.n_ctx, double(m.device_peak) / 1048576.0,
+            r.place.gpu_mem ? (std::to_string(r.place.gpu_mem >> 20) + " MiB").c_str() : "none",
+            double(m.host_kv) / 1048576.0);
         if (r.n_depth > 0) {
             std::fprintf(out, "; depth filled in %.1f s (%.0f tokens/s)", r.fill_ns / 1e9,
                          1e9 * r.n_depth / r.fill_ns);
@@ -813,6 +824,7 @@ void print_json(std::FILE * out, const std::vector<result> & results) {
         std::fprintf(out, "    \"depth_fill_ns\": %.0f,\n", r.fill_ns);
         std::fprintf(out, "    \"gpu_mem\": %llu,\n", (unsigned long long)r.place.gpu_mem);
         std::fprintf(out, "    \"heads_resident\": %d,\n", r.place.mem.n_heads_resident);
+        std::fprintf(out, "    \"heads_host\": %d,\n", r.place.mem.n_heads_host);
         std::fprintf(out, "    \"heads\": %d,\n", r.place.mem.n_heads);
         std::fprintf(out, "    \"head_group\": %d,\n", r.place.mem.head_group);
         std::fprintf(out, "    \"kv_type\": %s,\n",
@@ -979,6 +991,11 @@ int main(int argc, char ** argv) {
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "none", "all"}));
+    app.add_option("--kv-attend", o.kv_attend,
+                   "offloaded KV heads: auto (split by measured speeds), device (streamed), "
+                   "host (attended on the CPU)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "device", "host"}));
     app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);

@@ -96,6 +96,7 @@ struct options {
     std::string device;
     std::string gpu_mem;
     std::string kv_offload = "auto";
+    std::string kv_attend = "auto";
     int32_t head_group = 0;
     smol_type kv_type = SMOL_TYPE_F16;
     streaming_heads_option streaming;
@@ -607,6 +608,9 @@ int run(const options & o, const char * argv0) {
     cparams.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
+    cparams.kv_attend = o.kv_attend == "device" ? SMOL_KV_ATTEND_DEVICE
+                        : o.kv_attend == "host" ? SMOL_KV_ATTEND_HOST
+                                                : SMOL_KV_ATTEND_AUTO;
     cparams.head_group = o.head_group;
     cparams.kv_type = o.kv_type;
     if (std::string err; !o.streaming.apply(model.get(), cparams, err)) throw cli_error(err);
@@ -714,6 +718,11 @@ int main(int argc, char ** argv) {
                    "KV heads in host memory: auto (what does not fit), none, all")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "none", "all"}));
+    app.add_option("--kv-attend", o.kv_attend,
+                   "offloaded KV heads: auto (split by measured speeds), device (streamed), "
+                   "host (attended on the CPU)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "device", "host"}));
     app.add_option("--head-group", o.head_group, "kv heads per group (0: from the plan)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);

@@ -68,6 +68,7 @@ struct options {
     std::string device = "cpu";
     std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
+    std::string kv_attend = "auto";  // offloaded heads: auto, device, host
     smol_type kv_type = SMOL_TYPE_F16;
     streaming_heads_option streaming;
     std::vector<std::string> api_keys;
@@ -1169,6 +1170,11 @@ int main(int argc, char ** argv) {
     app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB (default: none)");
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->check(CLI::IsMember({"auto", "none", "all"}));
+    app.add_option("--kv-attend", o.kv_attend,
+                   "offloaded KV heads: auto (split by measured speeds), device (streamed), "
+                   "host (attended on the CPU)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "device", "host"}));
     add_kv_type_option(app, o.kv_type);
     o.streaming.add(app);
     app.add_flag("--no-prefix-cache", o.no_prefix_cache, "do not reuse cached prompt prefixes");
@@ -1248,6 +1254,9 @@ int main(int argc, char ** argv) {
     ep.context.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
                             : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                     : SMOL_KV_OFFLOAD_AUTO;
+    ep.context.kv_attend = o.kv_attend == "device" ? SMOL_KV_ATTEND_DEVICE
+                           : o.kv_attend == "host" ? SMOL_KV_ATTEND_HOST
+                                                   : SMOL_KV_ATTEND_AUTO;
     ep.context.kv_type = o.kv_type;
     if (std::string err; !o.streaming.apply(st.model, ep.context, err)) {
         std::fprintf(stderr, "smol-server: %s\n", err.c_str());
