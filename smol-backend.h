@@ -10,6 +10,7 @@
 #define SMOL_BACKEND_H
 
 #include "smol-graph.h"
+#include "smol-plan.h"
 
 #include <iterator>
 #include <memory>
@@ -109,14 +110,12 @@ class backend {
     // (kv_cache::type: F16, Q8_0 or Q4_0).
     virtual bool supports_kv_type(smol_type) const { return true; }
 
-    // The speeds (bytes a second) by which a plan splits offloaded groups
-    // between streaming and the host's attention (smol-host-attention.h):
-    // pinned host-to-device copies, and the host's attention over a cache of
-    // this shape and type. Measured once; 0: nothing to measure (a device
-    // with no link streams every offloaded group unless told otherwise).
-    virtual double link_rate() { return 0; }
-    virtual double host_attention_rate(int32_t /*head_dim*/, int32_t /*q_per_kv*/, smol_type) {
-        return 0;
+    // The speeds by which a plan splits offloaded groups between streaming
+    // and the host's attention (smol-host-attention.h) over a cache of this
+    // shape and type, measured once; none: nothing to measure (a device with
+    // no link streams every offloaded group unless told otherwise).
+    virtual attend_rates attend_speeds(int32_t /*head_dim*/, int32_t /*q_per_kv*/, smol_type) {
+        return {};
     }
 
     // Memory of this backend. alloc throws smol::error (out of memory, with

@@ -16,6 +16,8 @@
 #include "smol-cuda.cuh"
 
 #include <chrono>
+#include <map>
+#include <tuple>
 
 namespace smol::gpu {
 
@@ -56,6 +58,8 @@ cuda_backend::cuda_backend(int device, const backend_options & options)
     SMOL_GPU_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
     for (cudaEvent_t & e : join_)
         SMOL_GPU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    SMOL_GPU_CHECK(
+        cudaEventCreateWithFlags(&host_done_, cudaEventDisableTiming | cudaEventBlockingSync));
     SMOL_GPU_CHECK(cudaEventRecord(staged_, stream_));
     // Attention's partial results for decode-sized batches need well under
     // this; having it from the start keeps the first decode from allocating.
@@ -95,7 +99,7 @@ cuda_backend::~cuda_backend() {
             std::free(p);
     }
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
-    for (cudaEvent_t e : {staged_, fork_, join_[0], join_[1], join_[2]})
+    for (cudaEvent_t e : {staged_, fork_, join_[0], join_[1], join_[2], host_done_})
         if (e) (void)cudaEventDestroy(e);
     for (cudaStream_t st : {h2d_, d2h_, host_stream_, stream_})
         if (st) (void)cudaStreamDestroy(st);
@@ -252,7 +256,8 @@ void cuda_backend::launch_host_node(int32_t node) {
 // host arrays, which the next step rewrites. A failed one fails the step.
 void cuda_backend::finish_host_nodes() {
     if (sched_.prog[size_t(stream_id::host)].empty()) return;
-    SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+    SMOL_GPU_CHECK(cudaEventRecord(host_done_, stream_));
+    SMOL_GPU_CHECK(cudaEventSynchronize(host_done_));
     std::string e;
     {
         std::lock_guard<std::mutex> lock(host_mu_);
@@ -279,8 +284,8 @@ double cuda_backend::link_rate() {
         std::memset(h, 0, n);
         for (int rep = 0; rep < 4; ++rep) {
             const auto t0 = std::chrono::steady_clock::now();
-            SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, stream_));
-            SMOL_GPU_CHECK(cudaStreamSynchronize(stream_));
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, h2d_));
+            SMOL_GPU_CHECK(cudaStreamSynchronize(h2d_));
             const double s =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             if (rep > 0) best = std::max(best, double(n) / s);
@@ -292,6 +297,50 @@ double cuda_backend::link_rate() {
     std::lock_guard<std::mutex> lock(mu);
     known[device_] = best;
     return best;
+}
+
+// The link alone, the host's attention alone, then both at once: 2 GiB of
+// copies issued back to back while the host attends for as long as they
+// run. Once per (device, shape, type, threads) in a process.
+attend_rates cuda_backend::attend_speeds(int32_t head_dim, int32_t q_per_kv, smol_type t) {
+    static std::mutex mu;
+    static std::map<std::tuple<int, int32_t, int32_t, int, int>, attend_rates> known;
+    const auto key = std::make_tuple(device_, head_dim, q_per_kv, int(t), host_threads_);
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (auto it = known.find(key); it != known.end()) return it->second;
+    }
+    attend_rates r;
+    r.link = link_rate();
+    r.host = host().measure(head_dim, q_per_kv, t);
+    activate();
+    constexpr size_t n = size_t(64) << 20;
+    constexpr int n_copies = 32;
+    void * h = nullptr;
+    void * d = nullptr;
+    cudaEvent_t e[2] = {nullptr, nullptr};
+    if (cudaMallocHost(&h, n) == cudaSuccess && cudaMalloc(&d, n) == cudaSuccess &&
+        cudaEventCreate(&e[0]) == cudaSuccess && cudaEventCreate(&e[1]) == cudaSuccess) {
+        std::memset(h, 0, n);
+        SMOL_GPU_CHECK(cudaEventRecord(e[0], h2d_));
+        for (int i = 0; i < n_copies; ++i)
+            SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, h2d_));
+        SMOL_GPU_CHECK(cudaEventRecord(e[1], h2d_));
+        r.host_shared = host().measure(head_dim, q_per_kv, t,
+                                       [&] { return cudaEventQuery(e[1]) == cudaErrorNotReady; });
+        SMOL_GPU_CHECK(cudaEventSynchronize(e[1]));
+        float ms = 0;
+        SMOL_GPU_CHECK(cudaEventElapsedTime(&ms, e[0], e[1]));
+        if (ms > 0) r.link_shared = double(n) * n_copies / (double(ms) / 1e3);
+    }
+    (void)cudaGetLastError();
+    for (cudaEvent_t x : e)
+        if (x) (void)cudaEventDestroy(x);
+    if (d) (void)cudaFree(d);
+    if (h) (void)cudaFreeHost(h);
+    std::lock_guard<std::mutex> lock(mu);
+    known[key] = r;
+    return r;
 }
 
 // A test's kernel fault (smol-faults.h) as a failed kernel shows itself: the
@@ -368,7 +417,7 @@ void cuda_backend::launch_program(graph & g) {
             break;
         case schedule::kind::run: {
             const step & s = steps_[size_t(in.node)];
-            if (st == int(stream_id::host)) {
+            if (st == int(stream_id::host) && s.t->kind != OP_COPY) {
                 launch_host_node(in.node);
             } else if (st != 0) {
                 copy_on(s.t, streams[st]);

@@ -432,10 +432,7 @@ class cuda_backend final : public backend {
     void mm_choose(const mm_key & key, const std::string & candidate, double us) override;
     std::string mm_table_save(const std::string & path) const override;
     std::string mm_used() const override;
-    double link_rate() override;
-    double host_attention_rate(int32_t head_dim, int32_t q_per_kv, smol_type t) override {
-        return host().measure(head_dim, q_per_kv, t);
-    }
+    attend_rates attend_speeds(int32_t head_dim, int32_t q_per_kv, smol_type t) override;
 
   private:
     struct buffer {
@@ -469,6 +466,7 @@ class cuda_backend final : public backend {
     static void CUDART_CB run_host_job(void * job);
     void launch_host_node(int32_t node);
     void finish_host_nodes();
+    double link_rate();
     size_t step_work() const;
     // Counts n more device bytes, or throws with the numbers past the limit.
     void charge(size_t n, const char * what);
@@ -581,7 +579,10 @@ class cuda_backend final : public backend {
     std::deque<host_job> host_jobs_;           // per node index; addresses stay
     batch_info host_batch_;                    // the batch of the run in flight
     std::mutex host_mu_;
-    std::string host_error_;          // the run's first failed host node
+    std::string host_error_; // the run's first failed host node
+    // Recorded at the end of a step with host nodes and waited on asleep:
+    // a thread spinning in a sync would take a core from the host's pool.
+    cudaEvent_t host_done_ = nullptr;
     std::vector<cudaEvent_t> events_; // the schedule's events
     schedule sched_;
     arena_plan probe_;

@@ -84,7 +84,8 @@ struct tensor {
     // but do not keep results alive in the arena.
     tensor * deps[2] = {nullptr, nullptr};
     // A node of a device's graph that the host runs, on memory of its own
-    // (host attention of offloaded KV): the schedule's host stream.
+    // (host attention of offloaded KV), or a copy to or from it: the
+    // schedule's host stream.
     bool on_host = false;
 
     int64_t nrows() const { return ne[1] * ne[2] * ne[3]; }

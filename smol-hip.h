@@ -29,8 +29,10 @@
 #define cudaEventCreateWithFlags         hipEventCreateWithFlags
 #define cudaEventDefault                 hipEventDefault
 #define cudaEventDestroy                 hipEventDestroy
+#define cudaEventBlockingSync            hipEventBlockingSync
 #define cudaEventDisableTiming           hipEventDisableTiming
 #define cudaEventElapsedTime             hipEventElapsedTime
+#define cudaEventQuery                   hipEventQuery
 #define cudaEventRecord                  hipEventRecord
 #define cudaEventSynchronize             hipEventSynchronize
 #define cudaEvent_t                      hipEvent_t
@@ -71,6 +73,7 @@
 #define cudaStream_t                     hipStream_t
 #define cudaSuccess                      hipSuccess
 #define cudaErrorMemoryAllocation        hipErrorMemoryAllocation
+#define cudaErrorNotReady                hipErrorNotReady
 #define CUDART_CB
 
 #endif // SMOL_HIP_H

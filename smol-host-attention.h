@@ -19,6 +19,7 @@
 #include "smol-graph.h"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace smol {
@@ -32,9 +33,12 @@ class host_attention {
     // smol::error for a node it cannot run.
     void run(tensor * t, const batch_info & b);
     // Bytes of an f16 (or `type`) cache that this object's attention reads a
-    // second: one token's attention over 64 Ki cells of several heads, timed
-    // (the planner's host rate).
-    double measure(int32_t head_dim, int32_t q_per_kv, smol_type type);
+    // second: one token's attention over 64 Ki cells of 16 heads, the
+    // median of several passes (the planner's host rate), once per process;
+    // or, with `more`, passes for as long as it returns true (the speed
+    // while something else runs, such as the link's copies), not kept.
+    double measure(int32_t head_dim, int32_t q_per_kv, smol_type type,
+                   const std::function<bool()> & more = {});
 
   private:
     void attend(tensor * t, const batch_info & b);

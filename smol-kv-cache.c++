@@ -510,7 +510,13 @@ tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor 
             qh = op_copy_to_host(*g_, q, host_q_);
             kh = op_copy_to_host(*g_, k, host_k_);
             vh = op_copy_to_host(*g_, v, host_v_);
-            for (tensor * t : {qh, kh, vh}) t->iparams[0] = layer;
+            // On the host stream, as the host's nodes are: the copy
+            // streams carry the slots' copies, which the host must not
+            // wait behind.
+            for (tensor * t : {qh, kh, vh}) {
+                t->iparams[0] = layer;
+                t->on_host = true;
+            }
             qh->name = "q";
             kh->name = "k";
             vh->name = "v";
@@ -534,6 +540,7 @@ tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor 
         c.offset = size_t(view.h0) * size_t(per_kv) * head;
         att = op_copy_to_device(*g_, h, att, c);
         att->iparams[0] = layer;
+        att->on_host = true;
         att->name = "attention output";
     }
     return att;

@@ -548,10 +548,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         // Offloaded groups split between the link and the host by their
         // measured speeds under auto (a backend that has no link to
         // measure streams them all); the plan shows them in any mode.
-        in.link_rate = be_->link_rate();
-        if (in.link_rate > 0)
-            in.host_rate = be_->host_attention_rate(hp.head_dim, hp.n_head / hp.n_head_kv, kv.type);
-        if (in.link_rate > 0 && in.host_rate > 0) plan = make_plan(in);
+        in.rates = be_->attend_speeds(hp.head_dim, hp.n_head / hp.n_head_kv, kv.type);
+        if (in.rates.measured()) plan = make_plan(in);
     }
     graph_.clear();
     if (params.gpu_mem > 0) be_->set_memory_limit(params.gpu_mem);
@@ -911,8 +909,10 @@ smol_memory_info llama_context::memory_info() const {
     m.n_heads = plan.n_layer * plan.n_head_kv;
     m.n_heads_resident = plan.n_resident_groups() * plan.G;
     m.n_heads_host = plan.n_host_groups() * plan.G;
-    m.link_rate = plan.link_rate;
-    m.host_rate = plan.host_rate;
+    m.link_rate = plan.rates.link;
+    m.host_rate = plan.rates.host;
+    m.link_rate_shared = plan.rates.link_shared;
+    m.host_rate_shared = plan.rates.host_shared;
     m.head_group = plan.G;
     m.chunk = plan.chunk;
     m.kv_type = kv.type;

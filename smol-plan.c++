@@ -105,8 +105,7 @@ kv_plan make_plan(const plan_input & in) {
     p.budget = in.budget;
     p.mode = in.mode;
     p.attend = in.attend;
-    p.link_rate = in.link_rate;
-    p.host_rate = in.host_rate;
+    p.rates = in.rates;
     p.weight_bytes = in.weight_bytes;
     p.windowed = in.windowed;
     p.window_cells = in.window_cells;
@@ -276,8 +275,16 @@ kv_plan make_plan(const plan_input & in) {
     int32_t n_host = 0;
     if (in.attend == SMOL_KV_ATTEND_HOST) {
         n_host = n_off;
-    } else if (in.attend == SMOL_KV_ATTEND_AUTO && in.link_rate > 0 && in.host_rate > 0) {
-        n_host = int32_t(double(n_off) * in.host_rate / (in.host_rate + in.link_rate) + 0.5);
+    } else if (in.attend == SMOL_KV_ATTEND_AUTO && in.rates.measured()) {
+        // Bytes a second each way gives the offloaded KV: streamed, on the
+        // host, or split (both at their shared speeds, in proportion).
+        const attend_rates & r = in.rates;
+        const double split = r.link_shared + r.host_shared;
+        if (split > r.link && split > r.host) {
+            n_host = int32_t(double(n_off) * r.host_shared / split + 0.5);
+        } else if (r.host > r.link) {
+            n_host = n_off;
+        }
     }
     if (n_host > 0) {
         p.on_host.assign(p.resident.size(), 0);
@@ -302,7 +309,7 @@ kv_plan make_plan(const plan_input & in) {
 
 std::string kv_plan::format() const {
     std::string s;
-    char b[256];
+    char b[512];
     const int32_t heads = n_layer * n_head_kv;
     const int32_t res_heads = n_resident_groups() * G;
     std::snprintf(b, sizeof b,
@@ -324,17 +331,19 @@ std::string kv_plan::format() const {
                   format_bytes(group_bytes()).c_str());
     s += b;
     if (n_offloaded_groups() > 0) {
-        char rates[128] = "";
-        if (link_rate > 0 && host_rate > 0) {
-            std::snprintf(rates, sizeof rates,
-                          "; measured: link %.1f GB/s, host attention %.1f GB/s", link_rate / 1e9,
-                          host_rate / 1e9);
+        char rates_text[192] = "";
+        if (rates.measured()) {
+            std::snprintf(rates_text, sizeof rates_text,
+                          "; measured: link %.1f GB/s, host attention %.1f GB/s, both at once "
+                          "%.1f + %.1f GB/s",
+                          rates.link / 1e9, rates.host / 1e9, rates.link_shared / 1e9,
+                          rates.host_shared / 1e9);
         }
         std::snprintf(b, sizeof b,
                       "  kv-attend %s: %d offloaded head(s) streamed to the device, %d attended "
                       "on the host in steps of up to %d tokens (prompts stream them)%s\n",
                       attend_name(attend), n_streamed_groups() * G, n_host_groups() * G,
-                      kv_host_max_tokens, rates);
+                      kv_host_max_tokens, rates_text);
         s += b;
     }
     if (const auto n_win = int32_t(std::count(windowed.begin(), windowed.end(), uint8_t(1)))) {

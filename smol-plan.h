@@ -19,6 +19,16 @@
 
 namespace smol {
 
+// The speeds (bytes of KV a second) that split offloaded groups between
+// the link (pinned host-to-device copies into a staging slot) and the
+// host's attention: each alone, and each while the other runs (both read
+// the host's memory). 0: not measured.
+struct attend_rates {
+    double link = 0, host = 0;
+    double link_shared = 0, host_shared = 0;
+    bool measured() const { return link > 0 && host > 0 && link_shared > 0 && host_shared > 0; }
+};
+
 struct plan_input {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0;
     smol_type kv_type = SMOL_TYPE_F16;
@@ -27,11 +37,12 @@ struct plan_input {
     uint64_t budget = 0;    // device bytes (0: no budget)
     smol_kv_offload mode = SMOL_KV_OFFLOAD_AUTO;
     int32_t head_group = 0; // 0: the planner chooses
-    // How offloaded groups are attended, and for AUTO the speeds (bytes of
-    // KV a second) that split them: over the link into a staging slot, and
-    // by the host's attention where they live (0: not measured, all stream).
+    // How offloaded groups are attended, and for AUTO the speeds that
+    // decide it (not measured: all stream). AUTO takes whichever is
+    // fastest: every group streamed, every group on the host, or the split
+    // by the shared speeds that makes both ways finish together.
     smol_kv_attend attend = SMOL_KV_ATTEND_AUTO;
-    double link_rate = 0, host_rate = 0;
+    attend_rates rates;
     // Kv heads, [layer * n_head_kv + head], whose K and V live in the window
     // store (kv_window; empty: none), window_cells cells each instead of
     // n_cells: sliding-window layers' and streaming heads.
@@ -64,7 +75,7 @@ struct kv_plan {
     // which exist only when one does.
     std::vector<uint8_t> on_host;
     smol_kv_attend attend = SMOL_KV_ATTEND_AUTO;
-    double link_rate = 0, host_rate = 0; // as plan_input's
+    attend_rates rates; // as plan_input's
     // Kv heads in the window store, [layer * n_head_kv + head] (empty:
     // none), and its cells: their groups (G keeps a group's heads all in or
     // all out) are that small and always resident (used every step, and the

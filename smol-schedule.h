@@ -21,7 +21,8 @@ namespace smol {
 
 // The program of one graph over four streams: compute runs every op but
 // copies and host nodes, h2d runs host-to-device copies, d2h device-to-host
-// ones, host the nodes the host computes (tensor::on_host). Within a
+// ones, host the nodes the host computes and their own copies to and from
+// it (tensor::on_host). Within a
 // stream instructions run in order; across streams an instruction waits for
 // an event that another stream recorded after the node it depends on. Issue
 // order is the graph's node order, so a copy placed early in the graph is

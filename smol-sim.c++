@@ -70,10 +70,8 @@ class sim_backend final : public backend, public copy_engine {
     void set_memory_limit(size_t bytes) override { mem_.stats_.limit = bytes; }
     memory_stats memory() const override { return mem_.stats_; }
     size_t compute_bytes(graph & g) override { return exec_.bytes_for(g); }
-    // No link to measure (the copies are memcpy): auto streams everything.
-    double host_attention_rate(int32_t head_dim, int32_t q_per_kv, smol_type t) override {
-        return host_.measure(head_dim, q_per_kv, t);
-    }
+    // No link to measure (its copies are memcpy): auto streams everything
+    // (attend_speeds measures nothing).
     // As the CUDA backend does: a graph its builder hands over again keeps
     // the plan and schedule of its last run.
     bool reruns_graphs() const override { return true; }
@@ -139,7 +137,7 @@ class sim_backend final : public backend, public copy_engine {
                     break;
                 case schedule::kind::run: {
                     tensor * t = g->nodes()[size_t(in.node)];
-                    if (st == int(stream_id::host)) {
+                    if (st == int(stream_id::host) && t->kind != OP_COPY) {
                         try {
                             host_.run(t, g->batch);
                         } catch (const std::exception & e) {

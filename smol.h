@@ -358,11 +358,14 @@ typedef struct smol_memory_info {
     int32_t n_heads;          // (layer, kv head) slices
     int32_t n_heads_resident; // of them in device memory
     int32_t n_heads_host;     // of the others, attended on the host (not streamed)
-    double link_rate;         // measured bytes/s of pinned host-to-device copies (0: not)
-    double host_rate;         // measured bytes/s of KV the host's attention reads (0: not)
-    int32_t head_group;       // kv heads per group
-    int32_t chunk;            // tokens per prefill chunk
-    smol_type kv_type;        // the KV cache's element type
+    // Measured bytes/s (0: not measured) of pinned host-to-device copies and
+    // of KV the host's attention reads, each alone and each while the other
+    // runs: what kv_attend AUTO chose by.
+    double link_rate, host_rate;
+    double link_rate_shared, host_rate_shared;
+    int32_t head_group; // kv heads per group
+    int32_t chunk;      // tokens per prefill chunk
+    smol_type kv_type;  // the KV cache's element type
 } smol_memory_info;
 
 SMOL_API void smol_context_memory(const smol_context * ctx, smol_memory_info * info);

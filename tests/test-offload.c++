@@ -1039,27 +1039,37 @@ TEST_CASE("the planner splits offloaded groups between the link and the host by 
     REQUIRE(n_off > 4);
     CHECK(streamed.n_host_groups() == 0);
     CHECK(streamed.n_slots == 2);
+    // Shared speeds whose sum beats either way alone: the split in their
+    // proportion, spread evenly.
     for (double host : {20e9, 54e9, 100e9}) {
         CAPTURE(host);
-        in.link_rate = 54e9;
-        in.host_rate = host;
+        in.rates = {54e9, host, 40e9, 0.8 * host};
         const smol::kv_plan p = smol::make_plan(in);
         CHECK(p.resident == streamed.resident);
-        const double want = double(n_off) * host / (host + 54e9);
-        CHECK(std::abs(double(p.n_host_groups()) - want) <= 0.5);
+        const double share = 0.8 * host / (40e9 + 0.8 * host);
+        CHECK(std::abs(double(p.n_host_groups()) - n_off * share) <= 0.5);
         CHECK(p.n_slots == 2); // prompts stream every offloaded group
-        // Spread evenly: in offloaded order, every run of k groups holds
-        // about k times the host's share.
+        // In offloaded order, every run of 8 groups holds about 8 times
+        // the host's share.
         std::vector<int> order;
         for (int32_t l = 0; l < p.n_layer; ++l)
             for (int32_t g = 0; g < p.n_group; ++g)
                 if (!p.is_resident(l, g)) order.push_back(p.is_on_host(l, g));
         for (size_t i = 0; i + 8 <= order.size(); i += 8) {
             const int n = std::accumulate(order.begin() + long(i), order.begin() + long(i) + 8, 0);
-            CHECK(std::abs(double(n) - 8 * host / (host + 54e9)) <= 1.0);
+            CHECK(std::abs(double(n) - 8 * share) <= 1.0);
         }
         CHECK(p.format().find("attended on the host") != std::string::npos);
     }
+    // Sharing the host's memory, the two together no faster than the link
+    // alone: everything streams; than the host alone: everything on the host.
+    in.rates = {54e9, 40e9, 30e9, 20e9};
+    CHECK(smol::make_plan(in).n_host_groups() == 0);
+    in.rates = {54e9, 80e9, 20e9, 50e9};
+    CHECK(smol::make_plan(in).n_host_groups() == n_off);
+    // Not measured (a zero): everything streams.
+    in.rates = {54e9, 80e9, 0, 50e9};
+    CHECK(smol::make_plan(in).n_host_groups() == 0);
     // device: all stream whatever the speeds; host: none streams at decode
     // steps (prompts still need the slots).
     in.attend = SMOL_KV_ATTEND_DEVICE;

@@ -495,14 +495,20 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     const smol_memory_info & mi = r.place.mem;
     const double used =
         double(n_depth + n_prompt + n_gen / 2) / double(std::max(1u, r.place.n_ctx));
+    // Split: each way at its speed while the other runs.
     const int n_off = mi.n_heads - mi.n_heads_resident;
-    const double host_share =
-        n_off > 0 && mi.host_rate > 0 ? double(mi.n_heads_host) / double(n_off) : 0.0;
+    const double host_share = n_off > 0 ? double(mi.n_heads_host) / double(n_off) : 0.0;
     const double host_kv = double(mi.host_kv) * used;
+    double offloaded_s = host_kv / (o.link_bw * 1e9);
+    if (host_share >= 1 && mi.host_rate > 0) {
+        offloaded_s = host_kv / mi.host_rate;
+    } else if (host_share > 0 && mi.host_rate_shared > 0 && mi.link_rate_shared > 0) {
+        offloaded_s = std::max(host_kv * (1 - host_share) / mi.link_rate_shared,
+                               host_kv * host_share / mi.host_rate_shared);
+    }
     r.place.floor_ms =
         1e3 * ((double(mi.device_weights) + double(mi.device_kv) * used) / (o.device_bw * 1e9) +
-               std::max(host_kv * (1 - host_share) / (o.link_bw * 1e9),
-                        host_share > 0 ? host_kv * host_share / mi.host_rate : 0.0));
+               offloaded_s);
     r.kernels = kernels_of(ctx.get());
     return r;
 }
@@ -750,6 +756,13 @@ struct markdown_table {
             m.chunk, r.place.n_ctx, double(m.device_peak) / 1048576.0,
             r.place.gpu_mem ? (std::to_string(r.place.gpu_mem >> 20) + " MiB").c_str() : "none",
             double(m.host_kv) / 1048576.0);
+        if (m.link_rate > 0 && m.host_rate > 0) {
+            std::fprintf(out,
+                         "; measured link %.1f GB/s, host attention %.1f GB/s, both at once %.1f "
+                         "+ %.1f GB/s",
+                         m.link_rate / 1e9, m.host_rate / 1e9, m.link_rate_shared / 1e9,
+                         m.host_rate_shared / 1e9);
+        }
         if (r.n_depth > 0) {
             std::fprintf(out, "; depth filled in %.1f s (%.0f tokens/s)", r.fill_ns / 1e9,
                          1e9 * r.n_depth / r.fill_ns);
@@ -992,7 +1005,7 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "none", "all"}));
     app.add_option("--kv-attend", o.kv_attend,
-                   "offloaded KV heads: auto (split by measured speeds), device (streamed), "
+                   "offloaded KV heads: auto (by measured speeds), device (streamed), "
                    "host (attended on the CPU)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "device", "host"}));

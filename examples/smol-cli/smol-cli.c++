@@ -719,7 +719,7 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "none", "all"}));
     app.add_option("--kv-attend", o.kv_attend,
-                   "offloaded KV heads: auto (split by measured speeds), device (streamed), "
+                   "offloaded KV heads: auto (by measured speeds), device (streamed), "
                    "host (attended on the CPU)")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "device", "host"}));
