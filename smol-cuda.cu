@@ -320,7 +320,8 @@ attend_rates cuda_backend::attend_speeds(int32_t head_dim, int32_t q_per_kv, smo
     void * d = nullptr;
     cudaEvent_t e[2] = {nullptr, nullptr};
     if (cudaMallocHost(&h, n) == cudaSuccess && cudaMalloc(&d, n) == cudaSuccess &&
-        cudaEventCreate(&e[0]) == cudaSuccess && cudaEventCreate(&e[1]) == cudaSuccess) {
+        cudaEventCreateWithFlags(&e[0], cudaEventDefault) == cudaSuccess &&
+        cudaEventCreateWithFlags(&e[1], cudaEventDefault) == cudaSuccess) {
         std::memset(h, 0, n);
         SMOL_GPU_CHECK(cudaEventRecord(e[0], h2d_));
         for (int i = 0; i < n_copies; ++i)
