@@ -796,7 +796,8 @@ TEST_CASE("the host's attention gives float64 attention over the stored rows") {
         const std::vector<smol_seq_id> seq = {0, 1, 0};
         std::vector<float> q(pos.size() * size_t(n_head) * hd);
         for (float & x : q) x = nd(rng);
-        for (const auto & [window, sink] : {std::pair{0, 0}, std::pair{300, 20}}) {
+        for (const std::pair<int, int> & ws : {std::pair{0, 0}, std::pair{300, 20}}) {
+            const int window = ws.first, sink = ws.second;
             CAPTURE(window);
             // float64: q as the kernels round it, turned as K was.
             std::vector<double> want(q.size());
