@@ -249,7 +249,15 @@ void CUDART_CB cuda_backend::run_host_job(void * job) {
 void cuda_backend::launch_host_node(int32_t node) {
     while (host_jobs_.size() <= size_t(node))
         host_jobs_.push_back({this, int32_t(host_jobs_.size())});
-    SMOL_GPU_CHECK(cudaLaunchHostFunc(host_stream_, run_host_job, &host_jobs_[size_t(node)]));
+    void * job = &host_jobs_[size_t(node)];
+#if defined(SMOL_HIP)
+    // The HIP runtime Debian ships exports no hipLaunchHostFunc; a stream
+    // callback does the same where no step is captured (HIP's are not).
+    SMOL_GPU_CHECK(hipStreamAddCallback(
+        host_stream_, [](hipStream_t, hipError_t, void * j) { run_host_job(j); }, job, 0));
+#else
+    SMOL_GPU_CHECK(cudaLaunchHostFunc(host_stream_, run_host_job, job));
+#endif
 }
 
 // A step with host nodes ends when they have run: they read the batch's

@@ -49,7 +49,6 @@
 #define cudaGraphInstantiate(e, g, f)    hipGraphInstantiate((e), (g), nullptr, nullptr, 0)
 #define cudaGraphLaunch                  hipGraphLaunch
 #define cudaGraph_t                      hipGraph_t
-#define cudaLaunchHostFunc               hipLaunchHostFunc
 #define cudaMalloc                       hipMalloc
 #define cudaMallocHost                   hipHostMalloc
 #define cudaHostAlloc                    hipHostMalloc
