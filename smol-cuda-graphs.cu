@@ -68,7 +68,7 @@ void cuda_backend::structure(const graph & g) {
             put(t->copy.width);
             put(t->copy.height);
             put(t->copy.dpitch ^ (t->copy.spitch << 1) ^ (uint64_t(t->copy.dir) << 62));
-            put(t->copy.offset ^ (uint64_t(t->on_host) << 63));
+            put(t->copy.offset);
         }
         if (deps) {
             put(index(t->deps[0]));

@@ -544,12 +544,16 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         return most;
     };
     plan = make_plan(in);
-    if (plan.n_offloaded_groups() > 0) {
-        // Offloaded groups split between the link and the host by their
-        // measured speeds under auto (a backend that has no link to
-        // measure streams them all); the plan shows them in any mode.
+    if (plan.n_offloaded_groups() > 0 && params.kv_attend != SMOL_KV_ATTEND_DEVICE) {
+        // auto splits offloaded groups by the measured speeds (a backend
+        // with no link to measure streams them all); host keeps them to
+        // show its floor.
         in.rates = be_->attend_speeds(hp.head_dim, hp.n_head / hp.n_head_kv, kv.type);
-        if (in.rates.measured()) plan = make_plan(in);
+        if (params.kv_attend == SMOL_KV_ATTEND_AUTO && in.rates.measured()) {
+            plan = make_plan(in);
+        } else {
+            plan.rates = in.rates;
+        }
     }
     graph_.clear();
     if (params.gpu_mem > 0) be_->set_memory_limit(params.gpu_mem);

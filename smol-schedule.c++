@@ -1,6 +1,7 @@
 // smol-schedule.c++ - the schedule of a graph over the compute stream, the
-// two copy streams and the host stream (make_schedule), its printed program, the events one
-// stream records and another waits for, and one copy node run on the host.
+// two copy streams and the host stream (make_schedule), its printed program,
+// the events one stream records and another waits for, and one copy node run
+// on the host.
 
 #include "smol-schedule.h"
 

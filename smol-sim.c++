@@ -29,7 +29,7 @@ namespace {
 // lives in a separate set of host allocations ("pinned").
 class sim_backend final : public backend, public copy_engine {
   public:
-    explicit sim_backend(int n_threads) : exec_(n_threads), host_(n_threads) {
+    explicit sim_backend(int n_threads) : exec_(n_threads), n_threads_(n_threads) {
         for (int i = 0; i < 3; ++i) workers_[i] = std::thread([this, i] { stream_worker(i + 1); });
     }
     ~sim_backend() override {
@@ -139,7 +139,7 @@ class sim_backend final : public backend, public copy_engine {
                     tensor * t = g->nodes()[size_t(in.node)];
                     if (st == int(stream_id::host) && t->kind != OP_COPY) {
                         try {
-                            host_.run(t, g->batch);
+                            host().run(t, g->batch);
                         } catch (const std::exception & e) {
                             std::lock_guard<std::mutex> lock(mu_);
                             if (copy_error_.empty()) copy_error_ = std::string("sim: ") + e.what();
@@ -173,8 +173,15 @@ class sim_backend final : public backend, public copy_engine {
         }
     }
 
+    // Made when a graph first has host nodes: most contexts never do.
+    host_attention & host() {
+        if (!host_) host_ = std::make_unique<host_attention>(n_threads_);
+        return *host_;
+    }
+
     executor exec_;
-    host_attention host_;
+    int n_threads_;
+    std::unique_ptr<host_attention> host_;
     memory_ledger mem_;
     host_blocks host_mem_;
     schedule sched_;
