@@ -882,7 +882,10 @@ TEST_CASE("the host's attention speed is measured, per cache type") {
     for (smol_type t : {SMOL_TYPE_F16, SMOL_TYPE_Q8_0}) {
         const double rate = h.measure(64, 3, t);
         CAPTURE(rate);
-        CHECK(rate > 1e8);                  // bytes a second: any CPU reads more than 100 MB/s
+        // Bytes a second: timing is the machine's (an emulated CPU reads tens of MB/s), so only
+        // its sanity is asked: positive, finite and below any memory's speed.
+        CHECK(rate > 0);
+        CHECK(rate < 1e13);
         CHECK(h.measure(64, 3, t) == rate); // once per process
     }
 }
