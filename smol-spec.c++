@@ -620,7 +620,16 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
         }
         if (p.draft_model) {
             smol::spec_check_vocab(*s->model->m, *p.draft_model->m, "smol_spec");
+            const int64_t nd = p.draft_model->m->n_params, nt = s->model->m->n_params;
+            if (nd > nt) {
+                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
+                                  "smol_spec: the draft model has " + std::to_string(nd) +
+                                      " parameters, the target " + std::to_string(nt) +
+                                      "; a draft must be smaller than the model it guesses for");
+            }
+            // On the target's device, as the engine places its draft.
             smol_context_params cp = smol_context_default_params();
+            cp.device = target->c->device().name();
             cp.n_ctx = smol_context_n_ctx(target);
             cp.n_batch = uint32_t(s->n_batch);
             cp.n_threads = p.draft_n_threads;

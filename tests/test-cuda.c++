@@ -28,6 +28,7 @@
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -1831,6 +1832,121 @@ TEST_CASE("sequences batched together on the GPU give the logits each gives alon
         CHECK(rel_err(std::vector<float>(got, got + s.n_vocab), want) < 5e-5);
     }
     smol_batch_free(&batch);
+    std::filesystem::remove(path);
+}
+
+// Speculation verifies guesses in one batch. On the GPU that batch's rows
+// are the one-token decodes' within their rounding, not their bits
+// (attention splits its work by the batch; past 4 tokens the matmuls take
+// tiles), so greedy speculation gives plain decoding's tokens up to any
+// step whose two largest logits are that close.
+TEST_CASE("greedy speculation on the GPU gives plain decoding's tokens wherever the top two "
+          "logits are apart") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("spec.gguf");
+    tiny::shape s;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> prompt = random_ids(rng, 20, s.n_vocab);
+    const int n = 40;
+    const auto add_all = [](smol_batch & b, const std::vector<int> & ids, size_t pos0, bool all) {
+        b.n_tokens = 0;
+        for (size_t i = 0; i < ids.size(); ++i)
+            smol_batch_add(&b, 64, ids[i], smol_pos(pos0 + i), 0, all || i + 1 == ids.size());
+    };
+    // Plain greedy decoding, one token a decode: its tokens, each step's
+    // logits and the gap between their two largest, relative to the
+    // largest magnitude.
+    std::vector<int> want;
+    std::vector<std::vector<float>> rows;
+    std::vector<double> gap;
+    smol_batch b = smol_batch_init(64);
+    {
+        context_ptr c = make_context(m.get(), "cuda:0", 128, 64);
+        add_all(b, prompt, 0, false);
+        REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+        for (int i = 0; i < n; ++i) {
+            const float * l = smol_get_logits(c.get(), -1);
+            rows.emplace_back(l, l + s.n_vocab);
+            std::vector<float> sorted = rows.back();
+            std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(),
+                              std::greater<float>());
+            double big = 0;
+            for (float x : rows.back()) big = std::max(big, std::fabs(double(x)));
+            gap.push_back((double(sorted[0]) - double(sorted[1])) / big);
+            want.push_back(int(std::max_element(l, l + s.n_vocab) - l));
+            add_all(b, {want.back()}, prompt.size() + size_t(i), true);
+            REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+        }
+    }
+    // A verify's rows: the prompt, then k of plain's tokens in one batch;
+    // row j is the step after token j.
+    const double bound = 5e-5; // a few K * 2^-24 relative (sums in another order)
+    for (int k : {2, 4, 8, 16}) {
+        CAPTURE(k);
+        context_ptr c = make_context(m.get(), "cuda:0", 128, 64);
+        add_all(b, prompt, 0, false);
+        REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+        add_all(b, std::vector<int>(want.begin(), want.begin() + k), prompt.size(), true);
+        REQUIRE(smol_decode(c.get(), &b) == SMOL_OK);
+        for (int j = 0; j + 1 < k; ++j) {
+            CAPTURE(j);
+            const float * l = smol_get_logits(c.get(), j);
+            REQUIRE(l);
+            CHECK(rel_err(std::vector<float>(l, l + s.n_vocab), rows[size_t(j) + 1]) < bound);
+        }
+    }
+    smol_batch_free(&b);
+    // Speculation, n-gram lookup and the model as its own draft (which
+    // guesses right until the texts part), as a chain and a token tree.
+    struct mode {
+        const char * name;
+        bool draft;
+        int32_t draft_max, tree;
+    };
+    for (const mode md :
+         {mode{"lookup, 3 guesses", false, 3, 0}, mode{"lookup, 7 guesses", false, 7, 0},
+          mode{"own draft, 3 guesses", true, 3, 0}, mode{"own draft, 15 guesses", true, 15, 0},
+          mode{"own draft, tree of 8", true, 1, 8}}) {
+        CAPTURE(std::string(md.name));
+        context_ptr c =
+            make_context(m.get(), "cuda:0", 128, 64, uint32_t(md.tree ? md.tree / 2 + 1 : 1));
+        smol_spec_params p = smol_spec_default_params();
+        p.draft_max = md.draft_max;
+        p.ngram_min = 1;
+        p.tree_budget = md.tree;
+        p.draft_model = md.draft ? m.get() : nullptr;
+        smol_spec * sp = nullptr;
+        INFO(std::string(smol_last_error()));
+        REQUIRE(smol_spec_create(c.get(), &p, &sp) == SMOL_OK);
+        std::vector<smol_token> ids(prompt.begin(), prompt.end());
+        REQUIRE(smol_spec_prompt(sp, ids.data(), int32_t(ids.size())) == SMOL_OK);
+        std::vector<int> got;
+        while (int(got.size()) < n) {
+            smol_token buf[16];
+            int32_t k = 0;
+            REQUIRE(smol_spec_next(sp, buf, std::min(16, n - int(got.size())), &k) == SMOL_OK);
+            REQUIRE(k >= 1);
+            got.insert(got.end(), buf, buf + k);
+        }
+        const smol_spec_stats st = smol_spec_get_stats(sp);
+        smol_spec_free(sp);
+        got.resize(size_t(n));
+        size_t same = 0;
+        while (same < size_t(n) && got[same] == want[same]) ++same;
+        MESSAGE(std::string(md.name) << ": " << same << " of " << n << " tokens plain decoding's, "
+                                     << st.n_accepted << " of " << st.n_drafted
+                                     << " guesses kept in " << st.n_steps << " target decodes");
+        // Where the texts part, plain decoding's top two were within the
+        // verify's rounding (twice the bound: both rows may move).
+        if (same < size_t(n)) {
+            CAPTURE(same);
+            CHECK(gap[same] < 2 * bound);
+        }
+        if (md.draft && same > 4) CHECK(st.n_accepted > 0);
+    }
     std::filesystem::remove(path);
 }
 

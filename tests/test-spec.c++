@@ -278,6 +278,31 @@ TEST_CASE("bad speculation settings and calls out of order are refused" *
     p = smol_spec_default_params();
     p.self_window = -1;
     CHECK(smol_spec_create(c.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+    {
+        // A draft larger than its target: a small model of the real vocabulary
+        // as the target, the real one as its draft.
+        const auto real = gguf::file::open(SMOL_MODEL);
+        rm::options o;
+        o.s.name = "tiny";
+        o.s.n_embd = 64;
+        o.s.n_layer = 1;
+        o.s.n_head = 4;
+        o.s.n_head_kv = 2;
+        o.s.n_ff = 96;
+        o.vocab_from = real.get();
+        o.type = SMOL_TYPE_Q8_0;
+        const std::string path =
+            (std::filesystem::temp_directory_path() / "smol-test-spec-small.gguf").string();
+        rm::write(path, o);
+        test::model_ptr small = load(path);
+        test::context_ptr sc = context(small.get());
+        p = smol_spec_default_params();
+        p.draft_model = m.get();
+        CHECK(smol_spec_create(sc.get(), &p, &s) == SMOL_ERR_INVALID_ARGUMENT);
+        CHECK(s == nullptr);
+        CHECK(std::string(smol_last_error()).find("a draft must be smaller") != std::string::npos);
+        std::filesystem::remove(path);
+    }
     p = smol_spec_default_params();
     REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
     smol_token out[4];
