@@ -675,11 +675,15 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
         smol::set_last_error("smol_spec_prompt: a prompt of at least one token is needed");
         return SMOL_ERR_INVALID_ARGUMENT;
     }
-    if (!s->history.empty()) {
-        smol::set_last_error("smol_spec_prompt: the prompt was given already");
-        return SMOL_ERR_INVALID_ARGUMENT;
-    }
     return smol::guard([&] {
+        if (!s->history.empty()) {
+            // A new text: nothing of the last stays in either cache.
+            s->history.clear();
+            s->next = -1;
+            smol_kv_seq_rm(s->target, -1, 0, -1);
+            if (s->draft) smol_kv_seq_rm(s->draft.get(), -1, 0, -1);
+            s->draft_past = 0;
+        }
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
         s->history.assign(tokens, tokens + n);
         const float * l = smol_get_logits(s->target, -1);

@@ -629,7 +629,9 @@ SMOL_API smol_spec_params smol_spec_default_params(void);
 SMOL_API smol_status smol_spec_create(smol_context * target, const smol_spec_params * params,
                                       smol_spec ** out);
 SMOL_API void smol_spec_free(smol_spec * spec);
-// Decodes the prompt (n >= 1 tokens) into the target (and the draft).
+// Decodes the prompt (n >= 1 tokens) into the target (and the draft). A spec
+// that has a text already starts a new one: both caches are emptied first
+// (the draft's context is kept, so a spec serves prompt after prompt).
 SMOL_API smol_status smol_spec_prompt(smol_spec * spec, const smol_token * tokens, int32_t n);
 // The next tokens: at least one, at most n_max (one target decode).
 SMOL_API smol_status smol_spec_next(smol_spec * spec, smol_token * out, int32_t n_max,

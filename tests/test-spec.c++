@@ -726,6 +726,73 @@ TEST_CASE("a token tree gives plain greedy decoding's tokens, bit for bit, and k
     }
 }
 
+TEST_CASE("a spec serves one prompt after another, each text what a fresh spec gives") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny::shape shape;
+    shape.n_ctx = 128;
+    shape.embd_scale = 0.35f;
+    test::tiny_file target(shape, test::derived_seed(seed, 1), "reuse-target.gguf");
+    test::tiny_file other(shape, test::derived_seed(seed, 2), "reuse-draft.gguf");
+    std::mt19937 rng(test::derived_seed(seed, 3));
+    std::vector<std::vector<smol_token>> prompts(2);
+    for (auto & prompt : prompts) {
+        prompt.resize(size_t(3 + rng() % 6));
+        for (smol_token & t : prompt) t = smol_token(rng() % 256);
+    }
+    const int n = 30;
+    const std::vector<smol_token> want[] = {tiny_plain(target.model.get(), prompts[0], n),
+                                            tiny_plain(target.model.get(), prompts[1], n)};
+    struct mode {
+        const char * name;
+        smol_model * draft;
+        int32_t tree, window;
+    };
+    for (const mode md :
+         {mode{"lookup", nullptr, 0, 0}, mode{"other draft", other.model.get(), 0, 0},
+          mode{"own draft, tree of 8", target.model.get(), 8, 0},
+          mode{"self-speculation, window 8", nullptr, 0, 8}}) {
+        CAPTURE(std::string(md.name));
+        smol_context_params cp = smol_context_default_params();
+        cp.n_ctx = 128;
+        cp.n_batch = 16;
+        cp.n_threads = 1;
+        cp.n_seq_max = 5;
+        smol_context * raw = nullptr;
+        REQUIRE(smol_context_create(target.model.get(), &cp, &raw) == SMOL_OK);
+        test::context_ptr c(raw);
+        smol_spec_params p = smol_spec_default_params();
+        p.draft_max = 4;
+        p.ngram_min = 1;
+        p.draft_model = md.draft;
+        p.tree_budget = md.tree;
+        p.self_window = md.window;
+        p.draft_n_threads = 1;
+        smol_spec * s = nullptr;
+        INFO(std::string(smol_last_error()));
+        REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
+        int64_t total = 0;
+        for (int which : {0, 1, 0}) {
+            CAPTURE(which);
+            const auto & prompt = prompts[size_t(which)];
+            REQUIRE(smol_spec_prompt(s, prompt.data(), int32_t(prompt.size())) == SMOL_OK);
+            std::vector<smol_token> got;
+            while (int(got.size()) < n) {
+                smol_token buf[16];
+                int32_t k = 0;
+                REQUIRE(smol_spec_next(s, buf, std::min(16, n - int(got.size())), &k) == SMOL_OK);
+                got.insert(got.end(), buf, buf + k);
+            }
+            total += int64_t(got.size());
+            CHECK(got == want[which]);
+            // Only this text is in the cache: the last's cells left it.
+            CHECK(smol_kv_seq_len(c.get(), 0) == int32_t(prompt.size() + got.size()));
+        }
+        // The figures count every text.
+        CHECK(smol_spec_get_stats(s).n_tokens == total);
+        smol_spec_free(s);
+    }
+}
+
 TEST_CASE("a tree budget beyond the batch or the sequences is refused, naming it") {
     tiny::shape shape;
     test::tiny_file target(shape, 1, "tree-refuse.gguf");

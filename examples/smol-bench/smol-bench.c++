@@ -31,8 +31,9 @@
 // --link-bw.
 // Speculation: --lookup or --md FILE (a draft model) makes tgN generate N
 // tokens greedily through smol_spec from a bos prompt (up to --draft-max
-// guesses a target pass); the row's name gives the share of guesses kept
-// and the tokens a target pass gave.
+// guesses a target pass), the spec made and warmed up before the timed
+// runs as a context is; the row's name gives the share of guesses kept and
+// the tokens a target pass gave.
 
 #include "../kv-type-option.h"
 #include "../streaming-heads-option.h"
@@ -344,30 +345,24 @@ void test_gen(bench_state & b, int n_gen, int pos0 = 0) {
     }
 }
 
-// Speculative generation: smol_spec from a one-token prompt until n_gen
-// tokens; adds its figures to the totals.
-void test_spec(bench_state & b, const options & o, int n_gen, smol_spec_stats & total) {
-    smol_spec_params sp = smol_spec_default_params();
-    sp.draft_max = o.draft_max;
-    sp.draft_model = o.draft_model;
-    smol_spec * raw = nullptr;
-    check(smol_spec_create(b.ctx, &sp, &raw), "speculation");
-    std::unique_ptr<smol_spec, void (*)(smol_spec *)> spec(raw, smol_spec_free);
+// Speculative generation: the spec starts over from a one-token prompt and
+// generates n_gen tokens; adds this run's figures to the totals.
+void test_spec(bench_state & b, smol_spec * spec, int n_gen, smol_spec_stats * total) {
+    const smol_spec_stats before = smol_spec_get_stats(spec);
     const smol_token bos = std::max<smol_token>(0, smol_token_bos(b.model));
-    check(smol_spec_prompt(spec.get(), &bos, 1), "speculation's prompt");
-    std::vector<smol_token> out(size_t(o.draft_max) + 1);
+    check(smol_spec_prompt(spec, &bos, 1), "speculation's prompt");
+    std::vector<smol_token> out(static_cast<size_t>(n_gen));
     for (int done = 0; done < n_gen;) {
         int32_t n = 0;
-        check(smol_spec_next(spec.get(), out.data(),
-                             std::min<int32_t>(int32_t(out.size()), n_gen - done), &n),
-              "speculation");
+        check(smol_spec_next(spec, out.data(), n_gen - done, &n), "speculation");
         done += n;
     }
-    const smol_spec_stats st = smol_spec_get_stats(spec.get());
-    total.n_steps += st.n_steps;
-    total.n_drafted += st.n_drafted;
-    total.n_accepted += st.n_accepted;
-    total.n_tokens += st.n_tokens;
+    if (!total) return;
+    const smol_spec_stats st = smol_spec_get_stats(spec);
+    total->n_steps += st.n_steps - before.n_steps;
+    total->n_drafted += st.n_drafted - before.n_drafted;
+    total->n_accepted += st.n_accepted - before.n_accepted;
+    total->n_tokens += st.n_tokens - before.n_tokens;
 }
 
 std::string now_iso8601() {
@@ -453,7 +448,21 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
             std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     }
     if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
-    if (n_gen > 0) test_gen(b, 1, n_depth);
+    // Speculation: the spec (and a draft model's context) is made once; an
+    // untimed run warms both contexts up as the timed ones will run.
+    std::unique_ptr<smol_spec, void (*)(smol_spec *)> speculator(nullptr, smol_spec_free);
+    if (spec) {
+        smol_spec_params sp = smol_spec_default_params();
+        sp.draft_max = o.draft_max;
+        sp.draft_model = o.draft_model;
+        smol_spec * raw_spec = nullptr;
+        smol_kv_seq_rm(b.ctx, -1, 0, -1);
+        check(smol_spec_create(b.ctx, &sp, &raw_spec), "speculation");
+        speculator.reset(raw_spec);
+        test_spec(b, speculator.get(), n_gen, nullptr);
+    } else if (n_gen > 0) {
+        test_gen(b, 1, n_depth);
+    }
     smol_spec_stats spec_total{};
     if (spec) r.mode = o.lookup ? " lookup" : " draft";
     for (int rep = 0; rep < reps; rep++) {
@@ -465,7 +474,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
         const auto t0 = std::chrono::steady_clock::now();
         if (n_prompt > 0) test_prompt(b, n_prompt, n_depth);
         if (spec) {
-            test_spec(b, o, n_gen, spec_total);
+            test_spec(b, speculator.get(), n_gen, &spec_total);
         } else if (n_gen > 0) {
             test_gen(b, n_gen, n_depth);
         }
