@@ -20,7 +20,7 @@
 # Results:
 #   DIR/llama_cpp_python-VERSION/vendor/llama.cpp   the llama.cpp sources
 #   DIR/build-cpu/bin/{llama-bench,llama-completion,llama-quantize,llama-tokenize,
-#                      llama-server,llama-perplexity}
+#                      llama-server,llama-perplexity,llama-lookup,llama-speculative}
 #   DIR/build-cuda/bin/...                          (with --cuda)
 #   DIR/venv/bin/python                             llama-cpp-python, numpy, gguf
 set -euo pipefail
@@ -131,8 +131,10 @@ build_tools() {
     local bdir=$1; shift
     # llama-cli needs the server tree in this llama.cpp; llama-completion is
     # the plain prompt-in, text-out tool, llama-tokenize dumps token ids;
-    # llama-server is the serving peer of smol-server (scripts/bench-serve.py).
-    local targets="llama-bench llama-completion llama-quantize llama-tokenize llama-server llama-perplexity"
+    # llama-server is the serving peer of smol-server (scripts/bench-serve.py);
+    # llama-lookup and llama-speculative (examples) are the peers of smol's
+    # speculation (scripts/bench-spec.sh -L).
+    local targets="llama-bench llama-completion llama-quantize llama-tokenize llama-server llama-perplexity llama-lookup llama-speculative"
     local missing=0 t
     for t in $targets; do [ -x "$bdir/bin/$t" ] || missing=1; done
     if [ "$missing" = 0 ]; then
@@ -149,7 +151,7 @@ build_tools() {
         -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_EXAMPLES=ON \
         -DLLAMA_OPENSSL=OFF \
         "$@"
     log "building $targets with $jobs jobs"
