@@ -73,6 +73,25 @@ void thread_pool::run(const std::function<void(int, int)> & fn) {
     }
     cv_.notify_all();
     fn(0, n_threads_);
+    wait();
+}
+
+void thread_pool::launch(const std::function<void(int, int)> & fn) {
+    if (n_threads_ == 1) {
+        fn(0, 1);
+        return;
+    }
+    launched_ = [f = &fn](int ith, int nth) { (*f)(ith - 1, nth - 1); };
+    pending_.store(n_threads_ - 1, std::memory_order_release);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        job_ = &launched_;
+        ++job_gen_;
+    }
+    cv_.notify_all();
+}
+
+void thread_pool::wait() {
     for (int spins = 0; pending_.load(std::memory_order_acquire) != 0;) {
         if (++spins < 2000) {
             SMOL_PAUSE();

@@ -31,6 +31,12 @@ class thread_pool {
     int size() const { return n_threads_; }
     void run(const std::function<void(int ith, int nth)> & fn);
     void barrier();
+    // Starts fn on the workers alone (fn(i, size() - 1) for each i below
+    // size() - 1) and returns at once, the caller free to work meanwhile;
+    // wait() returns when they are done. fn must live until then, and no
+    // run() comes between. A pool of one thread runs fn(0, 1) here.
+    void launch(const std::function<void(int ith, int nth)> & fn);
+    void wait();
 
   private:
     void worker(int ith);
@@ -39,6 +45,7 @@ class thread_pool {
     std::mutex mu_;
     std::condition_variable cv_;
     const std::function<void(int, int)> * job_ = nullptr;
+    std::function<void(int, int)> launched_; // launch's fn, as the workers call it
     uint64_t job_gen_ = 0;
     bool stop_ = false;
     std::atomic<int> pending_{0};

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace smol {
@@ -204,6 +205,8 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     }
     stats_.n_cells = ctx_.kv.n_cells;
     draw_pool_ = std::make_unique<thread_pool>(std::min(8, ctx_.params.n_threads));
+    // On the CPU a step takes every core: the masks wait for the draws.
+    prepare_beside_ = ctx_.device().where() != placement::host && draw_pool_->size() > 1;
     if (params_.worker_thread) worker_ = std::thread([this] { worker(); });
 }
 
@@ -269,6 +272,7 @@ smol_request_id engine::submit(const smol_request_params & p) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
     }
     if (p.grammar) {
+        r->grammar = true;
         try {
             sampler_set_grammar(r->sampler, model_, p.grammar);
         } catch (...) {
@@ -780,9 +784,32 @@ void engine::run_batch(int32_t n) {
         }
     }
     int32_t n_prefill = 0, n_sampled = 0;
+    // The grammars' masks of the requests that draw after this step depend
+    // on their texts so far alone: made while the device runs the step.
+    preparing_.clear();
+    if (prepare_beside_) {
+        for (request * r : slices_) {
+            if (r->grammar && r->n_past + r->nb - r->ng == int32_t(r->tokens.size()))
+                preparing_.push_back(r);
+        }
+    }
+    std::atomic<size_t> next_prepared{0};
+    const std::function<void(int, int)> prepare = [&](int, int) {
+        for (size_t i;
+             (i = next_prepared.fetch_add(1, std::memory_order_relaxed)) < preparing_.size();) {
+            try {
+                smol_sampler_prepare(preparing_[i]->sampler);
+            } catch (const std::exception &) {
+                // Out of memory, say: the draw meets it again and says so.
+            }
+        }
+    };
+    if (!preparing_.empty()) draw_pool_->launch(prepare);
     try {
         ctx_.decode(batch_);
+        if (!preparing_.empty()) draw_pool_->wait();
     } catch (const std::exception & e) {
+        if (!preparing_.empty()) draw_pool_->wait();
         // The batch was checked as it was built: this is a bug or a
         // backend failure. Every request in it ends with the message,
         // which says what the step held.

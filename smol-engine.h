@@ -110,6 +110,7 @@ class engine {
         std::vector<smol_token> stop;
         bool ignore_eog = false;
         smol_sampler * sampler = nullptr;
+        bool grammar = false; // its sampler has one
         smol_engine_event_fn on_event = nullptr;
         void * user_data = nullptr;
         smol_seq_id seq = -1;
@@ -181,6 +182,10 @@ class engine {
     // thread's reads are a large part of the step).
     std::vector<request *> drawing_;
     std::unique_ptr<thread_pool> draw_pool_;
+    // On a device, the requests that draw after a step with a grammar have
+    // their masks made on the draw threads while the device runs the step.
+    bool prepare_beside_ = false;
+    std::vector<request *> preparing_;
 
     std::vector<request_ptr> running_;
     std::deque<request_ptr> queue_;

@@ -299,9 +299,11 @@ namespace {
 
 using smol::uniform01;
 
-// Finds (or makes) the memo of the matcher's current state.
+// Finds (or makes) the memo of the matcher's current state; once entered,
+// the state holds until the grammar moves (accept, reset).
 grammar_memo::state & memo_enter(smol_sampler * s) {
     grammar_memo & m = s->memo;
+    if (m.now) return *m.now;
     s->grammar->state_key(m.key);
     auto it = m.states.find(m.key);
     if (it == m.states.end()) {
@@ -464,12 +466,15 @@ void smol_sampler_reset(smol_sampler * s) {
     s->history.clear();
     s->rng.seed(s->params.seed);
     if (s->grammar) s->grammar->reset();
+    s->memo.now = nullptr;
 }
 
 void smol_sampler_accept(smol_sampler * s, smol_token token) {
     if (!s) return;
-    if (s->grammar && token >= 0 && token < s->vocab->n_vocab)
+    if (s->grammar && token >= 0 && token < s->vocab->n_vocab) {
         s->grammar->accept(s->vocab->pieces[size_t(token)]);
+        s->memo.now = nullptr;
+    }
     if (s->params.repeat_last_n == 0) return;
     s->history.push_back(token);
     if (s->history.size() > size_t(s->params.repeat_last_n)) s->history.erase(s->history.begin());
@@ -537,6 +542,12 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
         if (r < acc) return c[i].id;
     }
     return c[n - 1].id;
+}
+
+void smol_sampler_prepare(smol_sampler * s) {
+    if (!s || !s->grammar) return;
+    memo_enter(s);
+    memo_mask(s);
 }
 
 smol_status smol_sampler_set_grammar(smol_sampler * s, const smol_model * model,

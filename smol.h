@@ -537,6 +537,12 @@ SMOL_API void smol_sampler_reset(smol_sampler * sampler);
 // is SMOL_ERR_INVALID_ARGUMENT with a message giving the line and column.
 SMOL_API smol_status smol_sampler_set_grammar(smol_sampler * sampler, const smol_model * model,
                                               const char * gbnf);
+// Does the part of the next draw that needs no logits, so that a caller can
+// run it while a device computes them (the engine does, on a GPU): with a
+// grammar, the whole token mask of the text's state. smol_sampler_sample
+// draws the same token whether or not this ran before it. Touches the
+// sampler alone: samplers may be prepared on other threads meanwhile.
+SMOL_API void smol_sampler_prepare(smol_sampler * sampler);
 
 // GBNF (start rule "root") for the JSON texts a JSON schema accepts: type,
 // properties and required (in the schema's order; optional properties may

@@ -491,6 +491,49 @@ TEST_CASE("with every KV head offloaded on the simulated device, the engine give
     CHECK(sim_st.kv_bytes_offloaded == cpu_st.kv_bytes_resident);
 }
 
+TEST_CASE("grammar requests on the simulated device, their masks made during the step, draw the "
+          "CPU's tokens") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "grammar.gguf");
+    std::mt19937 rng(seed);
+    const char * gbnf = "root ::= \"{\" pair (\",\" pair)* \"}\"\n"
+                        "pair ::= [a-z]+ \":\" [0-9]+\n";
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 6; ++i) prompts.push_back(random_ids(rng, 4 + 3 * i, 0, f.n_vocab));
+    auto serve = [&](const char * device) {
+        engine_ptr e = make_engine(f.model.get(), 512, 4, 8, true, device);
+        std::vector<result> out(prompts.size());
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            // Greedy and seeded draws, with the grammar and (one in three) without.
+            smol_request_params p = smol_request_default_params();
+            p.prompt = prompts[i].data();
+            p.n_prompt = int32_t(prompts[i].size());
+            p.max_tokens = 24;
+            p.sampler.temperature = i % 2 ? 1.5f : 0.0f;
+            p.sampler.top_k = i % 4 == 1 ? 20 : 0;
+            p.sampler.seed = uint64_t(seed) + i;
+            p.grammar = i % 3 == 2 ? nullptr : gbnf;
+            p.on_event = collect;
+            p.user_data = &out[i];
+            smol_request_id id = 0;
+            INFO(std::string(smol_last_error()));
+            REQUIRE(smol_engine_submit(e.get(), &p, &id) == SMOL_OK);
+        }
+        run(e.get());
+        return out;
+    };
+    const std::vector<result> cpu = serve(nullptr);
+    const std::vector<result> sim = serve("sim");
+    int constrained = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(i);
+        CHECK(!sim[i].tokens.empty());
+        check_same(sim[i], cpu[i]);
+        constrained += i % 3 != 2 ? int(sim[i].tokens.size()) : 0;
+    }
+    MESSAGE(constrained << " tokens drawn under the grammar, each the CPU's");
+}
+
 TEST_CASE("with the prefix cache holding every cell, new requests still get pages of their own") {
     // Eviction frees a few cached blocks a step; were new tokens put in
     // those cells wherever they lie, each sequence's cells would spread

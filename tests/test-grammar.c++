@@ -19,6 +19,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -614,7 +615,8 @@ sampler_ptr make_sampler(const smol_sampler_params & p) {
 
 } // namespace
 
-TEST_CASE("greedy and top-k with a grammar draw what plain sampling of masked logits draws" *
+TEST_CASE("greedy and top-k with a grammar draw what plain sampling of masked logits draws, "
+          "the mask made ahead or not" *
           doctest::skip(real_absent())) {
     SMOL_TEST_DRAW_SEED(seed);
     model_ptr model = load_real();
@@ -638,8 +640,9 @@ TEST_CASE("greedy and top-k with a grammar draw what plain sampling of masked lo
             p.top_k = top_k;
             p.top_p = 0.9f;
             p.min_p = 0.05f;
-            sampler_ptr with = make_sampler(p), plain = make_sampler(p);
+            sampler_ptr with = make_sampler(p), plain = make_sampler(p), prepared = make_sampler(p);
             REQUIRE(smol_sampler_set_grammar(with.get(), model.get(), gbnf.c_str()) == SMOL_OK);
+            REQUIRE(smol_sampler_set_grammar(prepared.get(), model.get(), gbnf.c_str()) == SMOL_OK);
             smol::grammar_matcher m(g);
             std::vector<float> logits(size_t(v->n_vocab)), masked;
             for (int step = 0; step < 60; ++step) {
@@ -661,11 +664,19 @@ TEST_CASE("greedy and top-k with a grammar draw what plain sampling of masked lo
                 for (size_t t = 0; t < masked.size(); ++t) {
                     if (!allowed[t]) masked[t] = -INFINITY;
                 }
+                // The mask made ahead on another thread (twice now and then),
+                // as the engine makes it while a device runs the step.
+                std::thread ahead([&] {
+                    for (int k = 0; k < 1 + step % 2; ++k) smol_sampler_prepare(prepared.get());
+                });
                 const smol_token a = smol_sampler_sample(with.get(), logits.data(), v->n_vocab);
                 n_fast += boost == 1;
                 const smol_token b = smol_sampler_sample(plain.get(), masked.data(), v->n_vocab);
+                ahead.join();
+                const smol_token c = smol_sampler_sample(prepared.get(), logits.data(), v->n_vocab);
                 INFO("top_k ", top_k, ", step ", step);
                 REQUIRE(a == b);
+                REQUIRE(c == a);
                 ++n_steps;
                 if (std::find(v->eog.begin(), v->eog.end(), a) != v->eog.end()) {
                     ++n_ended;
@@ -673,6 +684,7 @@ TEST_CASE("greedy and top-k with a grammar draw what plain sampling of masked lo
                 }
                 smol_sampler_accept(with.get(), a);
                 smol_sampler_accept(plain.get(), b);
+                smol_sampler_accept(prepared.get(), c);
                 REQUIRE(m.accept(v->pieces[size_t(a)]));
             }
         }
