@@ -33,8 +33,9 @@ class thread_pool {
     void barrier();
     // Starts fn on the workers alone (fn(i, size() - 1) for each i below
     // size() - 1) and returns at once, the caller free to work meanwhile;
-    // wait() returns when they are done. fn must live until then, and no
-    // run() comes between. A pool of one thread runs fn(0, 1) here.
+    // wait() returns when they are done. fn must live until then, must not
+    // call barrier(), and no run() comes between. A pool of one thread runs
+    // fn(0, 1) here.
     void launch(const std::function<void(int ith, int nth)> & fn);
     void wait();
 

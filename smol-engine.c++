@@ -179,7 +179,7 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
                         "smol_engine_create: the draft model has " + std::to_string(dm.n_params) +
                             " parameters, more than the target's " +
                             std::to_string(model_.n_params) +
-                            "; a draft must be smaller than the model it guesses for");
+                            "; a draft must be no larger than the model it guesses for");
         }
         smol_context_params cp = smol_context_default_params();
         cp.device = params.context.device;
@@ -205,8 +205,10 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     }
     stats_.n_cells = ctx_.kv.n_cells;
     draw_pool_ = std::make_unique<thread_pool>(std::min(8, ctx_.params.n_threads));
-    // On the CPU a step takes every core: the masks wait for the draws.
-    prepare_beside_ = ctx_.device().where() != placement::host && draw_pool_->size() > 1;
+    // On the CPU a step takes every core, as does a device's step whose
+    // plan attends heads on the host: there the masks wait for the draws.
+    prepare_beside_ = ctx_.device().where() != placement::host && draw_pool_->size() > 1 &&
+                      ctx_.plan.n_host_groups() == 0;
     if (params_.worker_thread) worker_ = std::thread([this] { worker(); });
 }
 
@@ -797,26 +799,42 @@ void engine::run_batch(int32_t n) {
     const std::function<void(int, int)> prepare = [&](int, int) {
         for (size_t i;
              (i = next_prepared.fetch_add(1, std::memory_order_relaxed)) < preparing_.size();) {
-            try {
-                smol_sampler_prepare(preparing_[i]->sampler);
-            } catch (const std::exception &) {
-                // Out of memory, say: the draw meets it again and says so.
-            }
+            smol_sampler_prepare(preparing_[i]->sampler);
         }
     };
-    if (!preparing_.empty()) draw_pool_->launch(prepare);
-    try {
-        ctx_.decode(batch_);
-        if (!preparing_.empty()) draw_pool_->wait();
-    } catch (const std::exception & e) {
-        if (!preparing_.empty()) draw_pool_->wait();
+    // Once the step is done no mask is begun (those left are made, where
+    // needed, by the draws) and the workers are waited for, however the step
+    // ended, before anything else touches a sampler.
+    struct prepared_by_now {
+        thread_pool * pool;
+        std::atomic<size_t> & next;
+        size_t n;
+        ~prepared_by_now() {
+            if (!pool) return;
+            next.store(n, std::memory_order_relaxed);
+            pool->wait();
+        }
+    };
+    std::string failed;
+    {
+        const prepared_by_now by_now{preparing_.empty() ? nullptr : draw_pool_.get(), next_prepared,
+                                     preparing_.size()};
+        if (!preparing_.empty()) draw_pool_->launch(prepare);
+        try {
+            ctx_.decode(batch_);
+        } catch (const std::exception & e) {
+            failed = e.what();
+            if (failed.empty()) failed = "the step failed";
+        }
+    }
+    if (!failed.empty()) {
         // The batch was checked as it was built: this is a bug or a
         // backend failure. Every request in it ends with the message,
         // which says what the step held.
         int32_t n_req = 0;
         for (auto & r : running_) n_req += r->nb > 0;
-        set_last_error(std::string(e.what()) + " (in a step of " + std::to_string(n) +
-                       " tokens from " + std::to_string(n_req) + " requests; " +
+        set_last_error(failed + " (in a step of " + std::to_string(n) + " tokens from " +
+                       std::to_string(n_req) + " requests; " +
                        std::to_string(ctx_.kv.n_cells - ctx_.kv.n_free()) + " of " +
                        std::to_string(ctx_.kv.n_cells) + " cells held, " +
                        std::to_string(ctx_.kv.n_used) + " in the used range)");

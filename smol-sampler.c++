@@ -546,8 +546,13 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
 
 void smol_sampler_prepare(smol_sampler * s) {
     if (!s || !s->grammar) return;
-    memo_enter(s);
-    memo_mask(s);
+    try {
+        memo_enter(s);
+        memo_mask(s);
+    } catch (...) {
+        // Out of memory, say: the draw does the work again and meets it.
+        s->memo.now = nullptr;
+    }
 }
 
 smol_status smol_sampler_set_grammar(smol_sampler * s, const smol_model * model,

@@ -625,7 +625,7 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                 throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
                                   "smol_spec: the draft model has " + std::to_string(nd) +
                                       " parameters, the target " + std::to_string(nt) +
-                                      "; a draft must be smaller than the model it guesses for");
+                                      "; a draft must be no larger than the model it guesses for");
             }
             // On the target's device, as the engine places its draft.
             smol_context_params cp = smol_context_default_params();
@@ -676,14 +676,14 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
         return SMOL_ERR_INVALID_ARGUMENT;
     }
     return smol::guard([&] {
-        if (!s->history.empty()) {
-            // A new text: nothing of the last stays in either cache.
-            s->history.clear();
-            s->next = -1;
-            smol_kv_seq_rm(s->target, -1, 0, -1);
-            if (s->draft) smol_kv_seq_rm(s->draft.get(), -1, 0, -1);
-            s->draft_past = 0;
-        }
+        // A new text: nothing of an earlier one (or of a prompt that failed
+        // half-way) stays in either cache, and sampling draws as a new spec's.
+        s->history.clear();
+        s->next = -1;
+        smol_kv_seq_rm(s->target, -1, 0, -1);
+        if (s->draft) smol_kv_seq_rm(s->draft.get(), -1, 0, -1);
+        s->draft_past = 0;
+        s->verifier.init(s->params.sampling, s->n_vocab);
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
         s->history.assign(tokens, tokens + n);
         const float * l = smol_get_logits(s->target, -1);

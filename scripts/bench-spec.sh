@@ -87,8 +87,9 @@ for name in rewrite continue open; do
             steps+=("$(per_step <<<"$out")")
             share+=("$(kept <<<"$out")")
             if [ -n "$llama" ] && [ -n "$peer" ]; then
-                # The same prompt, threads and greedy sampling; -ngl 99 on a device.
-                ngl=()
+                # The same prompt, threads and greedy sampling; every layer
+                # on the device with -D (llama.cpp's first GPU), else none.
+                ngl=(-ngl 0)
                 [ ${#device[@]} -gt 0 ] && ngl=(-ngl 99)
                 lplain+=("$("$llama/llama-completion" -m "$model" "${ngl[@]}" -t "$threads" -n "$n_gen" --temp 0 -no-cnv -p "$p" 2>&1 </dev/null | llama_rate_plain)")
                 # shellcheck disable=SC2086
