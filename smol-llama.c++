@@ -984,18 +984,24 @@ void llama_context::list_seq_cells(int32_t n, const kv_cache & table, std::vecto
                                    std::vector<int32_t> & begin) {
     seq_mask in_batch = seq_mask::none();
     for (int32_t i = 0; i < n; ++i) in_batch |= seq_mask::of(seqs_[i]);
-    begin.assign(kv_max_seqs + 1, 0);
+    // One pass over the cells finds those a sequence of the batch holds (a
+    // cell no sequence holds is free): a prefix cache may hold many more
+    // cells than the batch's sequences do, and this runs every step.
+    hits_.clear();
+    const uint64_t b0 = in_batch.w[0], b1 = in_batch.w[1];
+    const seq_mask * held = table.cell_seqs.data();
     for (int32_t c = 0; c < table.n_used; ++c) {
-        if (table.cell_pos[c] < 0) continue;
-        for (seq_mask m = table.cell_seqs[c] & in_batch; m; m = m.rest())
-            ++begin[size_t(m.first()) + 1];
+        if (((held[c].w[0] & b0) | (held[c].w[1] & b1)) != 0) hits_.push_back(c);
+    }
+    begin.assign(kv_max_seqs + 1, 0);
+    for (const int32_t c : hits_) {
+        for (seq_mask m = held[c] & in_batch; m; m = m.rest()) ++begin[size_t(m.first()) + 1];
     }
     for (int32_t s = 0; s < kv_max_seqs; ++s) begin[size_t(s) + 1] += begin[size_t(s)];
     cells.resize(size_t(std::max(begin[kv_max_seqs], 1)));
     fill_.assign(begin.begin(), begin.end() - 1);
-    for (int32_t c = 0; c < table.n_used; ++c) {
-        if (table.cell_pos[c] < 0) continue;
-        for (seq_mask m = table.cell_seqs[c] & in_batch; m; m = m.rest())
+    for (const int32_t c : hits_) {
+        for (seq_mask m = held[c] & in_batch; m; m = m.rest())
             cells[size_t(fill_[size_t(m.first())]++)] = c;
     }
     // A sequence takes cells in rising order, so a list is usually sorted

@@ -206,7 +206,7 @@ class llama_context {
     std::vector<int32_t> seq_slots_, seq_slot_begin_, slots_;
     batch_info local_batch_;
     std::vector<int32_t> batch_cells_; // the cell of each token of the last batch, all chunks
-    std::vector<int32_t> fill_;
+    std::vector<int32_t> fill_, hits_; // list_seq_cells' scratch
     int32_t last_out_ = -1;
     int32_t n_last_ = 0;
     // The last batch's logits rows, in host memory from the backend: pinned
