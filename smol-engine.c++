@@ -615,7 +615,9 @@ void engine::admit() {
 }
 
 int32_t engine::step() {
+    using clock = std::chrono::steady_clock;
     std::lock_guard<std::mutex> step_lock(step_mu_);
+    const clock::time_point t0 = clock::now();
     take_news();
     admit();
     {
@@ -624,9 +626,15 @@ int32_t engine::step() {
         stats_.n_queued = int32_t(queue_.size());
     }
     const int32_t n = plan_batch();
+    const double t_plan = std::chrono::duration<double>(clock::now() - t0).count();
+    t_decode_ = t_draw_ = t_emit_ = 0;
     if (n > 0) run_batch(n);
 
     std::lock_guard<std::mutex> lock(mu_);
+    stats_.t_plan_s += t_plan;
+    stats_.t_decode_s += t_decode_;
+    stats_.t_draw_s += t_draw_;
+    stats_.t_emit_s += t_emit_;
     stats_.n_running = int32_t(running_.size());
     stats_.n_queued = int32_t(queue_.size());
     stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
@@ -816,6 +824,8 @@ void engine::run_batch(int32_t n) {
         }
     };
     std::string failed;
+    using clock = std::chrono::steady_clock;
+    const clock::time_point t_step = clock::now();
     {
         const prepared_by_now by_now{preparing_.empty() ? nullptr : draw_pool_.get(), next_prepared,
                                      preparing_.size()};
@@ -827,6 +837,7 @@ void engine::run_batch(int32_t n) {
             if (failed.empty()) failed = "the step failed";
         }
     }
+    t_decode_ = std::chrono::duration<double>(clock::now() - t_step).count();
     if (!failed.empty()) {
         // The batch was checked as it was built: this is a bug or a
         // backend failure. Every request in it ends with the message,
@@ -851,11 +862,15 @@ void engine::run_batch(int32_t n) {
     for (auto & r : running_) {
         if (r->nb > 0 && settle(r, cells, n_prefill)) drawing_.push_back(r.get());
     }
+    const clock::time_point t_draws = clock::now();
     draw_all();
+    const clock::time_point t_events = clock::now();
     for (auto & r : running_) {
         if (r && r->drawing) advance(r, n_sampled);
     }
     running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
+    t_draw_ = std::chrono::duration<double>(t_events - t_draws).count();
+    t_emit_ = std::chrono::duration<double>(clock::now() - t_events).count();
     std::lock_guard<std::mutex> lock(mu_);
     stats_.n_prefill_tokens += n_prefill;
     stats_.n_generated_tokens += n_sampled;

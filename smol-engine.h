@@ -203,6 +203,8 @@ class engine {
     int64_t n_active_ = 0; // submitted and not finished
     smol_engine_stats stats_{};
     int32_t slots_used_ = 0; // the window store's slots in use, as of stats_
+    // The step's phases' times, added to stats_ at its end.
+    double t_decode_ = 0, t_draw_ = 0, t_emit_ = 0;
     bool stop_ = false;
     std::mutex step_mu_;
     std::thread worker_;

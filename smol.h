@@ -756,6 +756,15 @@ typedef struct smol_engine_stats {
     int64_t n_spec_drafted;      // guesses verified (speculation)
     int64_t n_spec_accepted;     // of them, kept
     int64_t n_spec_verifies;     // request-steps that verified at least one guess
+    // Where the engine's steps spent their time, in seconds so far: taking
+    // requests in, planning the batch and speculation's guesses (plan), the
+    // model's step (decode: on a device its launch and the wait for it), the
+    // draws (draw), and moving requests on with their events, the callbacks
+    // included (emit).
+    double t_plan_s;
+    double t_decode_s;
+    double t_draw_s;
+    double t_emit_s;
 } smol_engine_stats;
 
 SMOL_API smol_engine_params smol_engine_default_params(void);

@@ -11,6 +11,7 @@
 #include "tiny-model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
@@ -413,7 +414,10 @@ TEST_CASE("concurrent requests give exactly the tokens and logits each gives alo
         engine_ptr e = make_engine(f.model.get(), 512, slots, 8, false);
         std::vector<result> together(prompts.size());
         for (size_t i = 0; i < prompts.size(); ++i) submit(e.get(), prompts[i], 12, &together[i]);
+        const auto t0 = std::chrono::steady_clock::now();
         run(e.get());
+        const double wall =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         for (size_t i = 0; i < prompts.size(); ++i) {
             CAPTURE(i);
             check_same(together[i], alone[i]);
@@ -423,6 +427,12 @@ TEST_CASE("concurrent requests give exactly the tokens and logits each gives alo
         CHECK(st.n_finished == 6);
         CHECK(st.n_generated_tokens == 72);
         CHECK(st.n_cells_used == 0); // no prefix cache: everything freed
+        // The steps' phases, timed within the run.
+        CHECK(st.t_decode_s > 0);
+        CHECK(st.t_plan_s >= 0);
+        CHECK(st.t_draw_s >= 0);
+        CHECK(st.t_emit_s >= 0);
+        CHECK(st.t_plan_s + st.t_decode_s + st.t_draw_s + st.t_emit_s <= wall);
     }
 }
 

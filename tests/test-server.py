@@ -454,6 +454,11 @@ def run(port):
           "choice i is the answer of seed + i asked alone")
     hits = m1["smol_prefix_cache_hit_tokens_total"] - m0["smol_prefix_cache_hit_tokens_total"]
     check(hits >= 2 * 16, f"choices 1 and 2 take the prompt's KV from choice 0 (+{hits:.0f} hits)")
+    phase = 'smol_engine_seconds_total{{phase="{}"}}'.format
+    phases = {p: m1[phase(p)] - m0[phase(p)] for p in ("plan", "decode", "draw", "emit")}
+    check(phases["decode"] > 0 and all(t >= 0 for t in phases.values()),
+          "/metrics times the engine's steps by phase (" +
+          ", ".join(f"{p} {1e3 * t:.1f} ms" for p, t in phases.items()) + ")")
     by_index = {}
     for ev in client.chat.completions.create(model=model, messages=story, max_tokens=12,
                                              temperature=0.9, seed=77, n=3, stream=True):

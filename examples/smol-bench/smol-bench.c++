@@ -156,8 +156,10 @@ struct result {
     std::string mode;    // " sampled", " json-schema"
 
     int n_tokens() const { return n_seq > 0 ? n_seq * n_gen : n_prompt + n_gen; }
+    std::string note; // after the name: the engine's time by phase
     std::string test_name() const {
-        if (n_seq > 0) return "tg" + std::to_string(n_gen) + mode + " M=" + std::to_string(n_seq);
+        if (n_seq > 0)
+            return "tg" + std::to_string(n_gen) + mode + " M=" + std::to_string(n_seq) + note;
         return (n_prompt > 0 ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen)) +
                (n_depth > 0 ? " @ d" + std::to_string(n_depth) : "") +
                (n_gen > 0 ? mode : std::string());
@@ -649,7 +651,9 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
     r.n_batch = int(ep.context.n_batch);
     std::mt19937 rng(1234);
     std::vector<smol_token> prompt(static_cast<size_t>(n_prompt));
+    smol_engine_stats warm{};
     for (int rep = -1; rep < o.reps; rep++) { // rep -1 warms up
+        if (rep == 0) warm = smol_engine_get_stats(engine.get());
         if (o.progress && rep >= 0)
             std::fprintf(stderr, "smol-bench: %s %s rep %d/%d\n", r.model_label.c_str(),
                          r.test_name().c_str(), rep + 1, o.reps);
@@ -692,6 +696,17 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
         // Scaled to the row's n_seq x n_gen tokens.
         const double ns = std::chrono::duration<double, std::nano>(t1 - t0).count();
         r.samples_ns.push_back(ns * double(n_req) * n_gen / double(count.n_tokens - n_at_t0));
+    }
+    // Where the timed repetitions' steps went, on the engine's own clock.
+    const smol_engine_stats st = smol_engine_get_stats(engine.get());
+    if (const int64_t steps = st.n_steps - warm.n_steps; steps > 0) {
+        const double us = 1e6 / double(steps);
+        char note[160];
+        std::snprintf(note, sizeof note,
+                      " (us a step: plan %.0f, decode %.0f, draw %.0f, emit %.0f)",
+                      (st.t_plan_s - warm.t_plan_s) * us, (st.t_decode_s - warm.t_decode_s) * us,
+                      (st.t_draw_s - warm.t_draw_s) * us, (st.t_emit_s - warm.t_emit_s) * us);
+        r.note = note;
     }
     smol_log_set(nullptr, nullptr);
     return r;

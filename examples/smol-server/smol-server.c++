@@ -1083,6 +1083,19 @@ std::string metrics(server_state & st) {
         "Bytes of the KV cells in use, in heads offloaded to host memory.",
         double(s.kv_bytes_offloaded));
     put("smol_engine_steps_total", "counter", "Batches run.", double(s.n_steps));
+    out += "# HELP smol_engine_seconds_total The engine's steps' time by phase: plan (requests "
+           "in, the batch, speculation's guesses), decode (the model's step), draw, emit (events "
+           "to the requests).\n"
+           "# TYPE smol_engine_seconds_total counter\n";
+    for (const auto & [phase, t] : {std::pair<const char *, double>{"plan", s.t_plan_s},
+                                    {"decode", s.t_decode_s},
+                                    {"draw", s.t_draw_s},
+                                    {"emit", s.t_emit_s}}) {
+        char line[128];
+        std::snprintf(line, sizeof line, "smol_engine_seconds_total{phase=\"%s\"} %.6f\n", phase,
+                      t);
+        out += line;
+    }
     put("smol_spec_drafted_tokens_total", "counter",
         "Guessed tokens verified by speculative decoding.", double(s.n_spec_drafted));
     put("smol_spec_accepted_tokens_total", "counter", "Of those, tokens kept.",
