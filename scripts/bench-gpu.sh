@@ -19,8 +19,9 @@
 #
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
-#                                             serve-probe, serve, peers, bench, offload,
-#                                             capacity, ceilings, hf (in this order)
+#                                             serve-probe, serve, peers, bench, spec,
+#                                             grammar, offload, capacity, ceilings, hf
+#                                             (in this order)
 #   scripts/bench-gpu.sh --offload            add the long-context phase (per-head KV
 #                                             placement under a 24 GiB budget, 1.7B f16)
 #   scripts/bench-gpu.sh --capacity           add the capacity phase: each CAPACITY entry
@@ -612,6 +613,44 @@ if start >= 0:
     data = json.loads(text[start:])
     json.dump(data, open(sys.argv[1], "w"), indent=1)
 EOF
+fi
+
+# --- speculation and constrained decoding --------------------------------------------
+# spec: the 1.7B shape (random f16) decoding through smol_spec: plain, n-gram
+# lookup, a random 135M (f16) as its draft (random weights agree on nothing:
+# its acceptance is not a real draft's) and the model as its own draft (every
+# guess right: the upper bound), at 3 and 8 guesses a pass.
+spec_bench() {
+    local f17 f135
+    f17=$(model_path 1.7B f16)
+    f135=$(model_path 135M f16)
+    [ -s "$f17" ] && [ -s "$f135" ] || { echo "no $f17 or $f135: run the models phase"; return 1; }
+    local b=("$bench" --device cuda:0 -m "$f17" -p 0 -n 128 -r "$reps")
+    "${b[@]}" || return 1
+    local k
+    for k in 3 8; do
+        "${b[@]}" --lookup --draft-max "$k" &&
+            "${b[@]}" --md "$f135" --draft-max "$k" &&
+            "${b[@]}" --md "$f17" --draft-max "$k" || return 1
+    done
+}
+if has spec && time_for 300 spec; then
+    phase spec spec_bench
+    grep '^| .*tg128' "$tmp/spec.txt" >>"$summary"
+fi
+# grammar: the 135M (the real file where it travelled, else random q4_1) at 1 and 32 requests
+# through the engine and the library's batch, top-k 40, without and with
+# examples/smol-bench/user-schema.json; the engine's rows end with its time
+# a step by phase.
+grammar_bench() {
+    [ -s "$real" ] || { echo "no $real: run the models phase"; return 1; }
+    local b=("$bench" --device cuda:0 -m "$real" -p 0 -n 128 -r "$reps" --sample --top-k 40
+        --batched 32 --engine 1,32)
+    "${b[@]}" && "${b[@]}" --json-schema "$root/examples/smol-bench/user-schema.json"
+}
+if has grammar && time_for 240 grammar; then
+    phase grammar grammar_bench
+    grep '^| .*tg128' "$tmp/grammar.txt" >>"$summary"
 fi
 
 # --- long contexts under a budget --------------------------------------------------
