@@ -268,6 +268,7 @@ smol_request_id engine::submit(const smol_request_params & p) {
         p.draft_max != 0) {
         r->draft_max =
             p.draft_max < 0 ? params_.draft_max : std::min(p.draft_max, params_.draft_max);
+        r->k_next = r->draft_max;
         r->verifier.init(p.sampler, model_.hp.n_vocab);
     }
     if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
@@ -718,7 +719,7 @@ int32_t engine::plan_batch() {
             r->guess.clear();
             if (r->nb != 1 || r->draft_max == 0) continue;
             int32_t k =
-                std::min({r->draft_max, r->max_tokens - r->n_generated - 1, budget - reserved});
+                std::min({r->k_next, r->max_tokens - r->n_generated - 1, budget - reserved});
             while (k > 0 && !ctx_.kv.has_free(n + reserved + k)) --k;
             if (k <= 0) continue;
             r->ng = k; // the most it may get
@@ -964,6 +965,7 @@ void engine::advance(request_ptr & r, int32_t & n_sampled) {
             r->cells.resize(size_t(r->n_past + kept));
         }
         r->n_past += kept;
+        r->k_next = spec_next_length(r->k_next, r->ng, kept, r->draft_max);
         if (draft_ && r->draft_past > r->n_past) {
             draft_->kv.seq_rm(r->seq, r->n_past, -1);
             r->draft_past = r->n_past;

@@ -130,6 +130,7 @@ class engine {
         // rows of them (a sampling draft), and the tokens of `tokens` that
         // the draft's cache holds (sequence seq of the draft's context).
         int32_t draft_max = 0;
+        int32_t k_next = 0; // guesses in its next pass (spec_next_length)
         spec_verifier verifier;
         std::vector<smol_token> guess;
         std::vector<double> q;

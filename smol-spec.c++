@@ -155,6 +155,7 @@ struct smol_spec {
     std::unique_ptr<smol_context, context_free> draft;
     int32_t draft_past = 0; // history tokens the draft's cache holds
     int32_t draft_cap = 0;  // the draft context's batch: every draft decode is cut to it
+    int32_t k_next = 0;     // a chain's guesses in the next pass (spec_next_length)
 
     smol_batch batch{};
     smol_spec_stats stats{};
@@ -684,6 +685,7 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
         if (s->draft) smol_kv_seq_rm(s->draft.get(), -1, 0, -1);
         s->draft_past = 0;
         s->verifier.init(s->params.sampling, s->n_vocab);
+        s->k_next = s->params.draft_max;
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
         s->history.assign(tokens, tokens + n);
         const float * l = smol_get_logits(s->target, -1);
@@ -729,7 +731,7 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
             s->stats.n_tokens += int64_t(path.size());
             return;
         }
-        const int32_t k = std::max(0, std::min({s->params.draft_max, n_max - 1, room}));
+        const int32_t k = std::max(0, std::min({s->k_next, n_max - 1, room}));
         std::vector<smol_token> guess;
         if (k > 0) {
             if (s->draft) {
@@ -763,6 +765,8 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
             s->history.push_back(tokens[size_t(i)]);
         }
         s->next = after;
+        s->k_next =
+            smol::spec_next_length(s->k_next, int32_t(guess.size()), kept, s->params.draft_max);
         *n_out = n_new;
         s->stats.n_steps++;
         s->stats.n_drafted += int64_t(guess.size());

@@ -11,6 +11,7 @@
 #include "smol-sampler.h"
 #include "smol.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -65,6 +66,17 @@ class spec_verifier {
 // ngram_min tokens) that occurred before; appended to out.
 void spec_lookup(const smol_token * text, int32_t n, int32_t ngram_min, int32_t ngram_max,
                  int32_t k, std::vector<smol_token> & out);
+
+// How many guesses the next pass makes, at most `most`: after a pass that
+// kept all of its `guessed`, twice as many (at least as many as `last`);
+// after one that rejected a guess, one more than it kept. Verifying guesses
+// that are mostly wrong costs a longer pass for nothing, and a run of right
+// ones grows back in a few passes. A pass that guessed nothing keeps `last`.
+inline int32_t spec_next_length(int32_t last, int32_t guessed, int32_t kept, int32_t most) {
+    if (guessed <= 0) return last;
+    if (kept >= guessed) return std::min(most, std::max(last, 2 * guessed));
+    return std::min(most, kept + 1);
+}
 
 // Throws SMOL_ERR_INVALID_ARGUMENT, the message starting with who, naming
 // the first token whose text differs between the two vocabularies (or

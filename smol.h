@@ -593,7 +593,9 @@ SMOL_API smol_status smol_json_schema_to_grammar(const char * schema, char * buf
 // other branches leave the cache.
 
 typedef struct smol_spec_params {
-    int32_t draft_max;        // most tokens proposed per step (8)
+    int32_t draft_max;        // most tokens proposed per step (8): a chain proposes one
+                              // more than it kept after a rejection, twice as many after
+                              // all were kept
     int32_t ngram_min;        // lookup: the shortest suffix matched (2)
     int32_t ngram_max;        // lookup: the longest suffix tried first (4)
     smol_model * draft_model; // NULL: n-gram lookup; not owned

@@ -9,6 +9,7 @@
 
 #include "gguf.h"
 #include "random-model.h"
+#include "smol-spec.h"
 #include "smol.h"
 #include "test-handles.h"
 #include "test-seed.h"
@@ -144,6 +145,54 @@ TEST_CASE("n-gram lookup gives plain greedy decoding's tokens and keeps guesses 
     CHECK(steps < tokens); // fewer target decodes than tokens
     MESSAGE("lookup: " << tokens << " tokens in " << steps << " target decodes, " << accepted
                        << " guesses kept");
+}
+
+TEST_CASE("a chain guesses one more than it kept after a rejection, and grows after a run of "
+          "right guesses") {
+    // The rule (most 8): all kept doubles (never below the last length);
+    // a rejection leaves one more than was kept; no guess keeps the last.
+    CHECK(smol::spec_next_length(8, 8, 0, 8) == 1);
+    CHECK(smol::spec_next_length(8, 8, 3, 8) == 4);
+    CHECK(smol::spec_next_length(1, 1, 1, 8) == 2);
+    CHECK(smol::spec_next_length(4, 4, 4, 8) == 8);
+    CHECK(smol::spec_next_length(8, 2, 2, 8) == 8); // fewer found, all right
+    CHECK(smol::spec_next_length(3, 0, 0, 8) == 3);
+    CHECK(smol::spec_next_length(2, 2, 2, 3) == 3);
+}
+
+TEST_CASE("lookup's passes follow the chain's length rule, pass by pass" *
+          doctest::skip(real_absent())) {
+    test::model_ptr m = load(SMOL_MODEL);
+    int passes = 0, shortened = 0;
+    for (const char * text : k_prompts) {
+        INFO(text);
+        const auto prompt = tokenize(m.get(), text);
+        test::context_ptr c = context(m.get());
+        smol_spec_params p = smol_spec_default_params();
+        smol_spec * s = nullptr;
+        REQUIRE(smol_spec_create(c.get(), &p, &s) == SMOL_OK);
+        REQUIRE(smol_spec_prompt(s, prompt.data(), int32_t(prompt.size())) == SMOL_OK);
+        // Each call is one target pass: its guesses and kept ones are the
+        // figures' differences. The room for more is n_max - 1 = 16.
+        int32_t allowed = p.draft_max;
+        for (int i = 0; i < 40; ++i) {
+            const smol_spec_stats before = smol_spec_get_stats(s);
+            smol_token out[17];
+            int32_t n = 0;
+            REQUIRE(smol_spec_next(s, out, 17, &n) == SMOL_OK);
+            const smol_spec_stats after = smol_spec_get_stats(s);
+            const int32_t guessed = int32_t(after.n_drafted - before.n_drafted);
+            const int32_t kept = int32_t(after.n_accepted - before.n_accepted);
+            CAPTURE(i);
+            CHECK(guessed <= allowed);
+            shortened += allowed < p.draft_max;
+            allowed = kept < guessed ? kept + 1 : guessed > 0 ? p.draft_max : allowed;
+            ++passes;
+        }
+        smol_spec_free(s);
+    }
+    CHECK(shortened > 0); // some guess was rejected and the next pass shorter
+    MESSAGE(passes << " passes, " << shortened << " of them shortened by a rejection before");
 }
 
 TEST_CASE("a draft model gives plain greedy decoding's tokens, guessing well or badly, as a "
