@@ -257,6 +257,54 @@ TEST_CASE("greedy decoding with n-gram lookup gives plain decoding's tokens and 
     }
 }
 
+TEST_CASE("the engine's lookup guesses one more than it kept after a rejection, pass by pass") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "adapt.gguf");
+    std::mt19937 rng(seed);
+    int steps = 0, shortened = 0, rejections = 0;
+    // Texts until a rejection was followed by a pass (the tiny model's text
+    // often settles, lookup then guessing right): four at least.
+    for (int trial = 0; trial < 4 || shortened == 0; ++trial) {
+        REQUIRE(trial < 40);
+        engine_setup s;
+        s.draft_max = 8;
+        s.parallel = 1;
+        engine_ptr e = make_engine(f.model.get(), s);
+        const std::vector<int> prompt =
+            trial % 2 ? repeated(rng, 4 + trial, 4, f.n_vocab) : random_ids(rng, 12, 0, f.n_vocab);
+        result r;
+        smol_request_params p = smol_request_default_params();
+        p.prompt = prompt.data();
+        p.n_prompt = int32_t(prompt.size());
+        p.max_tokens = 80;
+        p.ignore_eog = true;
+        p.on_event = collect;
+        p.user_data = &r;
+        REQUIRE(smol_engine_submit(e.get(), &p, nullptr) == SMOL_OK);
+        // One request: each step's figures are its pass.
+        int64_t allowed = s.draft_max;
+        smol_engine_stats last = smol_engine_get_stats(e.get());
+        for (int32_t active = 1; active > 0;) {
+            REQUIRE(smol_engine_step(e.get(), &active) == SMOL_OK);
+            const smol_engine_stats now = smol_engine_get_stats(e.get());
+            const int64_t guessed = now.n_spec_drafted - last.n_spec_drafted;
+            const int64_t kept = now.n_spec_accepted - last.n_spec_accepted;
+            last = now;
+            CAPTURE(steps);
+            CHECK(guessed <= allowed);
+            shortened += allowed < s.draft_max && guessed > 0;
+            if (guessed > kept) ++rejections;
+            allowed = kept < guessed ? kept + 1 : guessed > 0 ? s.draft_max : allowed;
+            ++steps;
+        }
+        CHECK(r.tokens.size() == 80);
+    }
+    CHECK(rejections > 0);
+    CHECK(shortened > 0);
+    MESSAGE(steps << " steps, " << rejections << " with a rejected guess, " << shortened
+                  << " passes shortened after one");
+}
+
 TEST_CASE("a Gemma keeping only its window, lookup's rejected guesses rolled back, gives plain "
           "decoding's tokens and logits") {
     SMOL_TEST_DRAW_SEED(seed);
