@@ -15,6 +15,7 @@
 #include "../streaming-heads-option.h"
 #include "access.h"
 #include "chat-page.h"
+#include "metrics.h"
 #include "request.h"
 #include "smol.h"
 
@@ -91,61 +92,6 @@ void send_error(httplib::Response & res, const api_error & e) {
                     "application/json");
 }
 
-// --- what /metrics shows beyond the engine's figures -----------------------------
-
-// A Prometheus histogram of seconds.
-class histogram {
-  public:
-    explicit histogram(std::vector<double> bounds)
-        : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-    void observe(double seconds) {
-        std::lock_guard<std::mutex> lock(mu_);
-        const size_t i =
-            size_t(std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin());
-        ++counts_[i];
-        sum_ += seconds;
-        ++n_;
-    }
-    std::string text(const char * name, const char * help) const {
-        std::lock_guard<std::mutex> lock(mu_);
-        std::string out =
-            std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
-        uint64_t cum = 0;
-        char line[256];
-        for (size_t i = 0; i <= bounds_.size(); ++i) {
-            cum += counts_[i];
-            if (i < bounds_.size()) {
-                std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %llu\n", name, bounds_[i],
-                              static_cast<unsigned long long>(cum));
-            } else {
-                std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %llu\n", name,
-                              static_cast<unsigned long long>(cum));
-            }
-            out += line;
-        }
-        std::snprintf(line, sizeof line, "%s_sum %.17g\n%s_count %llu\n", name, sum_, name,
-                      static_cast<unsigned long long>(n_));
-        return out + line;
-    }
-
-  private:
-    std::vector<double> bounds_;
-    mutable std::mutex mu_;
-    std::vector<uint64_t> counts_;
-    double sum_ = 0;
-    uint64_t n_ = 0;
-};
-
-struct server_metrics {
-    histogram first_token{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
-    histogram per_token{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}};
-    histogram queue_wait{{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
-    // Requests the engine ended, by how: stop, length, cancelled, error.
-    std::atomic<int64_t> finished[5] = {};
-    std::atomic<int64_t> tool_call_replies{0}, tool_calls{0};
-    std::atomic<int64_t> constrained{0}; // requests whose output follows a grammar
-};
-
 // --- the model and the engine --------------------------------------------------
 
 struct server_state {
@@ -155,8 +101,6 @@ struct server_state {
     served_model served; // what requests are checked against
     std::chrono::milliseconds queue_wait{1000};
     std::time_t started = std::time(nullptr);
-    std::atomic<int64_t> n_http_errors{0};
-    std::atomic<int64_t> n_disconnects{0};
     std::atomic<uint64_t> next_id{1};
     server_metrics m;
     // /v1/embeddings runs in a context of its own, made at its first
@@ -735,7 +679,7 @@ struct choices {
     }
     void client_gone() {
         for (const auto & j : jobs) j->state->client_gone = true;
-        front().st.n_disconnects++;
+        front().st.m.disconnects++;
     }
     // The prompt counted once, the tokens of every choice.
     json usage() const {
@@ -785,7 +729,7 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
                 }
                 const job * failed = c->failed();
                 const std::string out = dump(failed ? failed->failure() : c->whole(texts));
-                if (failed) c->front().st.n_http_errors++;
+                if (failed) c->front().st.m.http_errors++;
                 sink.write(out.data(), out.size());
                 sink.done();
                 return true;
@@ -826,7 +770,7 @@ void handle_generate(server_state & st, const httplib::Request & req, httplib::R
             }
             if (const job * failed = c->failed()) {
                 // The stream ends with the error, as OpenAI's streams do.
-                failed->st.n_http_errors++;
+                failed->st.m.http_errors++;
                 send(failed->failure());
                 sink.done();
                 return true;
@@ -920,7 +864,7 @@ void handle_responses(server_state & st, const httplib::Request & req, httplib::
                     }
                 }
             }
-            if (j.finish == SMOL_FINISH_ERROR) j.st.n_http_errors++;
+            if (j.finish == SMOL_FINISH_ERROR) j.st.m.http_errors++;
             const std::string out =
                 dump(j.finish == SMOL_FINISH_ERROR
                          ? j.failure()
@@ -993,7 +937,7 @@ void handle_responses(server_state & st, const httplib::Request & req, httplib::
         }
         if (!j.finished) return true;
         if (j.finish == SMOL_FINISH_ERROR) {
-            j.st.n_http_errors++;
+            j.st.m.http_errors++;
             json f = j.failure();
             send("error", {{"code", "generation_failed"}, {"message", f["error"]["message"]}});
             sink.done();
@@ -1046,88 +990,6 @@ void handle_responses(server_state & st, const httplib::Request & req, httplib::
         sink.done();
         return true;
     });
-}
-
-std::string metrics(server_state & st) {
-    const smol_engine_stats s = smol_engine_get_stats(st.engine);
-    std::string out;
-    auto put = [&](const char * name, const char * type, const char * help, double v) {
-        char line[512];
-        std::snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
-                      type, name, v);
-        out += line;
-    };
-    put("smol_requests_running", "gauge", "Requests generating now.", s.n_running);
-    put("smol_requests_queued", "gauge", "Requests waiting for a slot.", s.n_queued);
-    put("smol_requests_finished_total", "counter", "Requests the engine finished.",
-        double(s.n_finished));
-    put("smol_tokens_in_total", "counter", "Prompt tokens of admitted requests.",
-        double(s.n_prompt_tokens));
-    put("smol_prefill_tokens_total", "counter", "Prompt tokens computed (not cached).",
-        double(s.n_prefill_tokens));
-    put("smol_tokens_out_total", "counter", "Tokens generated.", double(s.n_generated_tokens));
-    put("smol_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from the cache.",
-        double(s.n_prefix_hit_tokens));
-    put("smol_prefix_cache_hit_requests_total", "counter", "Requests that reused a cached prefix.",
-        double(s.n_prefix_hit_requests));
-    put("smol_prefix_cache_hit_ratio", "gauge", "Reused prompt tokens over all prompt tokens.",
-        s.prefix_hit_rate);
-    put("smol_prefix_cache_blocks", "gauge", "Blocks in the prefix cache.", s.n_prefix_blocks);
-    put("smol_preemptions_total", "counter", "Requests preempted for lack of KV cells.",
-        double(s.n_preempted));
-    put("smol_kv_cells", "gauge", "KV cells of the context.", s.n_cells);
-    put("smol_kv_cells_used", "gauge", "KV cells holding tokens.", s.n_cells_used);
-    put("smol_kv_bytes_resident", "gauge", "Bytes of the KV cells in use, in resident heads.",
-        double(s.kv_bytes_resident));
-    put("smol_kv_bytes_offloaded", "gauge",
-        "Bytes of the KV cells in use, in heads offloaded to host memory.",
-        double(s.kv_bytes_offloaded));
-    put("smol_engine_steps_total", "counter", "Batches run.", double(s.n_steps));
-    out += "# HELP smol_engine_seconds_total The engine's steps' time by phase: plan (requests "
-           "in, the batch, speculation's guesses), decode (the model's step), draw, emit (events "
-           "to the requests).\n"
-           "# TYPE smol_engine_seconds_total counter\n";
-    for (const auto & [phase, t] : {std::pair<const char *, double>{"plan", s.t_plan_s},
-                                    {"decode", s.t_decode_s},
-                                    {"draw", s.t_draw_s},
-                                    {"emit", s.t_emit_s}}) {
-        char line[128];
-        std::snprintf(line, sizeof line, "smol_engine_seconds_total{phase=\"%s\"} %.6f\n", phase,
-                      t);
-        out += line;
-    }
-    put("smol_spec_drafted_tokens_total", "counter",
-        "Guessed tokens verified by speculative decoding.", double(s.n_spec_drafted));
-    put("smol_spec_accepted_tokens_total", "counter", "Of those, tokens kept.",
-        double(s.n_spec_accepted));
-    put("smol_spec_verifies_total", "counter",
-        "Request steps that verified at least one guessed token.", double(s.n_spec_verifies));
-    put("smol_http_errors_total", "counter", "Requests answered with an error.",
-        double(st.n_http_errors.load()));
-    put("smol_client_disconnects_total", "counter", "Requests whose client went away.",
-        double(st.n_disconnects.load()));
-    out += "# HELP smol_requests_by_finish_total Requests the engine ended, by how.\n"
-           "# TYPE smol_requests_by_finish_total counter\n";
-    const char * reasons[] = {"none", "stop", "length", "cancelled", "error"};
-    for (int r = 1; r < 5; ++r) {
-        char line[128];
-        std::snprintf(line, sizeof line, "smol_requests_by_finish_total{reason=\"%s\"} %lld\n",
-                      reasons[r], static_cast<long long>(st.m.finished[r].load()));
-        out += line;
-    }
-    put("smol_constrained_requests_total", "counter",
-        "Requests whose output follows a grammar (response_format, grammar, tool_choice).",
-        double(st.m.constrained.load()));
-    put("smol_tool_call_replies_total", "counter", "Replies read as tool calls.",
-        double(st.m.tool_call_replies.load()));
-    put("smol_tool_calls_total", "counter", "Tool calls in those replies.",
-        double(st.m.tool_calls.load()));
-    out += st.m.first_token.text("smol_time_to_first_token_seconds",
-                                 "From submission to the first generated token.");
-    out += st.m.per_token.text("smol_time_per_output_token_seconds",
-                               "A request's time per generated token after its first.");
-    out += st.m.queue_wait.text("smol_queue_wait_seconds", "From submission to a sequence slot.");
-    return out;
 }
 
 // --- model path ----------------------------------------------------------------
@@ -1432,13 +1294,14 @@ int main(int argc, char ** argv) {
         res.set_content(R"({"status":"ok"})", "application/json");
     });
     svr.Get("/metrics", [&st](const httplib::Request &, httplib::Response & res) {
-        res.set_content(metrics(st), "text/plain; version=0.0.4");
+        res.set_content(metrics_text(smol_engine_get_stats(st.engine), st.m),
+                        "text/plain; version=0.0.4");
     });
     // Every error the routes did not fill (unknown path, wrong method,
     // oversized body, malformed HTTP) still answers in OpenAI's shape.
     const httplib::Server::HandlerWithResponse on_error = [&st](const httplib::Request &,
                                                                 httplib::Response & res) {
-        st.n_http_errors++;
+        st.m.http_errors++;
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         api_error e{res.status, "", res.status >= 500 ? "server_error" : "invalid_request_error",
                     "", ""};
