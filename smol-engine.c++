@@ -173,14 +173,7 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
                         "it makes per step)");
         }
         const llama_model & dm = *params_.draft_model->m;
-        spec_check_vocab(model_, dm, "smol_engine_create");
-        if (dm.n_params > model_.n_params) {
-            throw error(SMOL_ERR_INVALID_ARGUMENT,
-                        "smol_engine_create: the draft model has " + std::to_string(dm.n_params) +
-                            " parameters, more than the target's " +
-                            std::to_string(model_.n_params) +
-                            "; a draft must be no larger than the model it guesses for");
-        }
+        spec_check_draft(model_, dm, "smol_engine_create");
         smol_context_params cp = smol_context_default_params();
         cp.device = params.context.device;
         cp.n_ctx = ctx_.params.n_ctx;
@@ -628,14 +621,13 @@ int32_t engine::step() {
     }
     const int32_t n = plan_batch();
     const double t_plan = std::chrono::duration<double>(clock::now() - t0).count();
-    t_decode_ = t_draw_ = t_emit_ = 0;
-    if (n > 0) run_batch(n);
+    const step_times t = n > 0 ? run_batch(n) : step_times{};
 
     std::lock_guard<std::mutex> lock(mu_);
     stats_.t_plan_s += t_plan;
-    stats_.t_decode_s += t_decode_;
-    stats_.t_draw_s += t_draw_;
-    stats_.t_emit_s += t_emit_;
+    stats_.t_decode_s += t.decode;
+    stats_.t_draw_s += t.draw;
+    stats_.t_emit_s += t.emit;
     stats_.n_running = int32_t(running_.size());
     stats_.n_queued = int32_t(queue_.size());
     stats_.n_cells_used = ctx_.kv.n_cells - ctx_.kv.n_free();
@@ -769,7 +761,7 @@ int32_t engine::plan_batch() {
 }
 
 // Decodes the planned batch of n tokens and moves each request in it on.
-void engine::run_batch(int32_t n) {
+engine::step_times engine::run_batch(int32_t n) {
     // The batch in the order of the slices planned above (decode tokens,
     // then prompt chunks), which is not always the requests' order: a
     // younger request decodes while an older one is still in its prompt
@@ -795,50 +787,11 @@ void engine::run_batch(int32_t n) {
         }
     }
     int32_t n_prefill = 0, n_sampled = 0;
-    // The grammars' masks of the requests that draw after this step depend
-    // on their texts so far alone: made while the device runs the step.
-    preparing_.clear();
-    if (prepare_beside_) {
-        for (request * r : slices_) {
-            if (r->grammar && r->n_past + r->nb - r->ng == int32_t(r->tokens.size()))
-                preparing_.push_back(r);
-        }
-    }
-    std::atomic<size_t> next_prepared{0};
-    const std::function<void(int, int)> prepare = [&](int, int) {
-        for (size_t i;
-             (i = next_prepared.fetch_add(1, std::memory_order_relaxed)) < preparing_.size();) {
-            smol_sampler_prepare(preparing_[i]->sampler);
-        }
-    };
-    // Once the step is done no mask is begun (those left are made, where
-    // needed, by the draws) and the workers are waited for, however the step
-    // ended, before anything else touches a sampler.
-    struct prepared_by_now {
-        thread_pool * pool;
-        std::atomic<size_t> & next;
-        size_t n;
-        ~prepared_by_now() {
-            if (!pool) return;
-            next.store(n, std::memory_order_relaxed);
-            pool->wait();
-        }
-    };
-    std::string failed;
     using clock = std::chrono::steady_clock;
     const clock::time_point t_step = clock::now();
-    {
-        const prepared_by_now by_now{preparing_.empty() ? nullptr : draw_pool_.get(), next_prepared,
-                                     preparing_.size()};
-        if (!preparing_.empty()) draw_pool_->launch(prepare);
-        try {
-            ctx_.decode(batch_);
-        } catch (const std::exception & e) {
-            failed = e.what();
-            if (failed.empty()) failed = "the step failed";
-        }
-    }
-    t_decode_ = std::chrono::duration<double>(clock::now() - t_step).count();
+    const std::string failed = decode_batch();
+    step_times t;
+    t.decode = std::chrono::duration<double>(clock::now() - t_step).count();
     if (!failed.empty()) {
         // The batch was checked as it was built: this is a bug or a
         // backend failure. Every request in it ends with the message,
@@ -870,12 +823,51 @@ void engine::run_batch(int32_t n) {
         if (r && r->drawing) advance(r, n_sampled);
     }
     running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
-    t_draw_ = std::chrono::duration<double>(t_events - t_draws).count();
-    t_emit_ = std::chrono::duration<double>(clock::now() - t_events).count();
+    t.draw = std::chrono::duration<double>(t_events - t_draws).count();
+    t.emit = std::chrono::duration<double>(clock::now() - t_events).count();
     std::lock_guard<std::mutex> lock(mu_);
     stats_.n_prefill_tokens += n_prefill;
     stats_.n_generated_tokens += n_sampled;
     ++stats_.n_steps;
+    return t;
+}
+
+// Decodes batch_; on a device, the grammars' masks of the requests that
+// draw after the step (they depend on the texts so far alone) are made on
+// the draw threads meanwhile. Returns what failed (empty: nothing).
+std::string engine::decode_batch() {
+    preparing_.clear();
+    if (prepare_beside_) {
+        for (request * r : slices_) {
+            if (r->grammar && r->n_past + r->nb - r->ng == int32_t(r->tokens.size()))
+                preparing_.push_back(r);
+        }
+    }
+    std::atomic<size_t> next{0};
+    const std::function<void(int, int)> prepare = [&](int, int) {
+        for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < preparing_.size();)
+            smol_sampler_prepare(preparing_[i]->sampler);
+    };
+    // Once the step is done no mask is begun (those left are made, where
+    // needed, by the draws) and the workers are waited for, however the step
+    // ended, before anything else touches a sampler.
+    struct prepared_by_now {
+        thread_pool * pool;
+        std::atomic<size_t> & next;
+        size_t n;
+        ~prepared_by_now() {
+            if (!pool) return;
+            next.store(n, std::memory_order_relaxed);
+            pool->wait();
+        }
+    } const by_now{preparing_.empty() ? nullptr : draw_pool_.get(), next, preparing_.size()};
+    if (!preparing_.empty()) draw_pool_->launch(prepare);
+    try {
+        ctx_.decode(batch_);
+    } catch (const std::exception & e) {
+        return *e.what() ? e.what() : "the step failed";
+    }
+    return {};
 }
 
 // Moves r on after a decode that held its slice (cells: the batch's

@@ -150,7 +150,12 @@ class engine {
     void take_news();
     void admit();
     int32_t plan_batch();
-    void run_batch(int32_t n);
+    // The seconds of a step's phases after planning (smol_engine_stats).
+    struct step_times {
+        double decode = 0, draw = 0, emit = 0;
+    };
+    step_times run_batch(int32_t n);
+    std::string decode_batch();
     bool settle(request_ptr & r, const int32_t * cells, int32_t & n_prefill);
     void draw(request & r);
     void draw_all();
@@ -204,8 +209,6 @@ class engine {
     int64_t n_active_ = 0; // submitted and not finished
     smol_engine_stats stats_{};
     int32_t slots_used_ = 0; // the window store's slots in use, as of stats_
-    // The step's phases' times, added to stats_ at its end.
-    double t_decode_ = 0, t_draw_ = 0, t_emit_ = 0;
     bool stop_ = false;
     std::mutex step_mu_;
     std::thread worker_;

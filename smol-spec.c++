@@ -120,7 +120,7 @@ void smol::spec_lookup(const smol_token * h, int32_t n, int32_t ngram_min, int32
     }
 }
 
-void smol::spec_check_vocab(const llama_model & target, const llama_model & draft,
+void smol::spec_check_draft(const llama_model & target, const llama_model & draft,
                             const std::string & who) {
     const int32_t nt = target.hp.n_vocab, nd = draft.hp.n_vocab;
     for (smol_token t = 0; t < std::min(nt, nd); ++t) {
@@ -137,6 +137,12 @@ void smol::spec_check_vocab(const llama_model & target, const llama_model & draf
         throw error(SMOL_ERR_INVALID_ARGUMENT, who + ": the draft model has " + std::to_string(nd) +
                                                    " tokens and the target " + std::to_string(nt) +
                                                    "; a draft must share the target's tokenizer");
+    }
+    if (draft.n_params > target.n_params) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    who + ": the draft model has " + std::to_string(draft.n_params) +
+                        " parameters, more than the target's " + std::to_string(target.n_params) +
+                        "; a draft must be no larger than the model it guesses for");
     }
 }
 
@@ -620,14 +626,7 @@ smol_status smol_spec_create(smol_context * target, const smol_spec_params * par
                 s->q.resize(size_t(std::max(p.draft_max, p.tree_budget)) * size_t(s->n_vocab));
         }
         if (p.draft_model) {
-            smol::spec_check_vocab(*s->model->m, *p.draft_model->m, "smol_spec");
-            const int64_t nd = p.draft_model->m->n_params, nt = s->model->m->n_params;
-            if (nd > nt) {
-                throw smol::error(SMOL_ERR_INVALID_ARGUMENT,
-                                  "smol_spec: the draft model has " + std::to_string(nd) +
-                                      " parameters, the target " + std::to_string(nt) +
-                                      "; a draft must be no larger than the model it guesses for");
-            }
+            smol::spec_check_draft(*s->model->m, *p.draft_model->m, "smol_spec");
             // On the target's device, as the engine places its draft.
             smol_context_params cp = smol_context_default_params();
             cp.device = target->c->device().name();

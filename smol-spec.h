@@ -78,10 +78,11 @@ inline int32_t spec_next_length(int32_t last, int32_t guessed, int32_t kept, int
     return std::min(most, kept + 1);
 }
 
-// Throws SMOL_ERR_INVALID_ARGUMENT, the message starting with who, naming
-// the first token whose text differs between the two vocabularies (or
-// their sizes).
-void spec_check_vocab(const llama_model & target, const llama_model & draft,
+// Whether draft may guess for target: throws SMOL_ERR_INVALID_ARGUMENT, the
+// message starting with who, naming the first token whose text differs
+// between the two vocabularies (or their sizes), or both parameter counts
+// when the draft is the larger.
+void spec_check_draft(const llama_model & target, const llama_model & draft,
                       const std::string & who);
 
 } // namespace smol

@@ -154,9 +154,9 @@ struct result {
     std::vector<double> samples_ns;
     std::string kernels; // the matmul kernels of the last decode (GPU)
     std::string mode;    // " sampled", " json-schema"
+    std::string note;    // after the name: the engine's time by phase
 
     int n_tokens() const { return n_seq > 0 ? n_seq * n_gen : n_prompt + n_gen; }
-    std::string note; // after the name: the engine's time by phase
     std::string test_name() const {
         if (n_seq > 0)
             return "tg" + std::to_string(n_gen) + mode + " M=" + std::to_string(n_seq) + note;
@@ -458,7 +458,6 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
         sp.draft_max = o.draft_max;
         sp.draft_model = o.draft_model;
         smol_spec * raw_spec = nullptr;
-        smol_kv_seq_rm(b.ctx, -1, 0, -1);
         check(smol_spec_create(b.ctx, &sp, &raw_spec), "speculation");
         speculator.reset(raw_spec);
         test_spec(b, speculator.get(), n_gen, nullptr);
