@@ -175,7 +175,8 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
         const llama_model & dm = *params_.draft_model->m;
         spec_check_draft(model_, dm, "smol_engine_create");
         smol_context_params cp = smol_context_default_params();
-        cp.device = params.context.device;
+        // On the target's (first) device, as smol_spec places its draft.
+        cp.device = ctx_.device().name();
         cp.n_ctx = ctx_.params.n_ctx;
         cp.n_batch = ctx_.params.n_batch;
         cp.n_seq_max = uint32_t(cache_seq_); // a sequence per slot, the same ids
@@ -200,8 +201,10 @@ engine::engine(const llama_model & model, const smol_engine_params & params)
     draw_pool_ = std::make_unique<thread_pool>(std::min(8, ctx_.params.n_threads));
     // On the CPU a step takes every core, as does a device's step whose
     // plan attends heads on the host: there the masks wait for the draws.
-    prepare_beside_ = ctx_.device().where() != placement::host && draw_pool_->size() > 1 &&
-                      ctx_.plan.n_host_groups() == 0;
+    bool devices = true; // every stage on a device, none on the CPU's threads
+    for (int32_t d = 0; d < ctx_.n_devices(); ++d)
+        devices = devices && ctx_.device(d).where() != placement::host;
+    prepare_beside_ = devices && draw_pool_->size() > 1 && ctx_.n_host_heads() == 0;
     if (params_.worker_thread) worker_ = std::thread([this] { worker(); });
 }
 
@@ -1014,27 +1017,9 @@ smol_engine_stats engine::stats() const {
     s.n_queued += int32_t(incoming_.size()); // submitted since the last step
     s.prefix_hit_rate =
         s.n_prompt_tokens > 0 ? double(s.n_prefix_hit_tokens) / double(s.n_prompt_tokens) : 0.0;
-    const uint64_t cell_bytes = uint64_t(ctx_.kv.n_layer) * uint64_t(ctx_.kv.n_head_kv) *
-                                uint64_t(ctx_.kv.row_words) * 2 * sizeof(uint16_t);
-    // The cells in use, split by where their heads live (per-head placement).
-    const smol_memory_info mi = ctx_.memory_info();
-    const uint64_t used = uint64_t(s.n_cells_used) * cell_bytes;
-    const uint64_t n_heads = uint64_t(std::max(mi.n_heads, 1));
-    s.kv_bytes_offloaded = used / n_heads * (n_heads - uint64_t(mi.n_heads_resident));
-    s.kv_bytes_resident = used - s.kv_bytes_offloaded;
-    // A group in the window store holds only its slots: counted by group.
-    if (ctx_.win.on()) {
-        const kv_plan & p = ctx_.plan;
-        const uint64_t group_cell = cell_bytes / uint64_t(p.n_layer) / uint64_t(p.n_group);
-        s.kv_bytes_resident = s.kv_bytes_offloaded = 0;
-        for (int32_t l = 0; l < p.n_layer; ++l) {
-            for (int32_t g = 0; g < p.n_group; ++g) {
-                const uint64_t cells = uint64_t(p.is_windowed(l, g) ? slots_used_ : s.n_cells_used);
-                (p.is_resident(l, g) ? s.kv_bytes_resident : s.kv_bytes_offloaded) +=
-                    cells * group_cell;
-            }
-        }
-    }
+    // The cells in use, split by where their heads live (per-head placement;
+    // a group in the window store holds only its slots).
+    ctx_.kv_bytes_held(s.n_cells_used, slots_used_, s.kv_bytes_resident, s.kv_bytes_offloaded);
     return s;
 }
 

@@ -451,7 +451,7 @@ void kv_placement::after_attention(int32_t layer, int32_t group, tensor * att, t
     c.dir = copy_dir::d2h;
     tensor * t = op_copy_2d(*g_, base_of(layer, group) + cells_from, placement::host_pinned,
                             slots_[o % 2] + cells_from, be_->where(), c, stored, nullptr);
-    t->iparams[0] = layer;
+    t->iparams[0] = plan_.first_layer + layer;
     t->iparams[1] = group;
     t->iparams[2] = o % 2;
     offload_[size_t(o)] = t;
@@ -470,7 +470,7 @@ void kv_placement::issue_prefetch(int32_t o, int32_t layer, int32_t group) {
     tensor * t = op_copy_2d(*g_, slots_[o % 2], be_->where(), base_of(layer, group),
                             placement::host_pinned, c, o >= 2 ? attend_[size_t(o - 2)] : nullptr,
                             o >= 2 ? offload_[size_t(o - 2)] : nullptr);
-    t->iparams[0] = layer;
+    t->iparams[0] = plan_.first_layer + layer;
     t->iparams[1] = group;
     t->iparams[2] = o % 2;
     prefetch_[size_t(o)] = t;
@@ -514,7 +514,7 @@ tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor 
             // streams carry the slots' copies, which the host must not
             // wait behind.
             for (tensor * t : {qh, kh, vh}) {
-                t->iparams[0] = layer;
+                t->iparams[0] = plan_.first_layer + layer;
                 t->on_host = true;
             }
             qh->name = "q";
@@ -522,11 +522,11 @@ tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor 
             vh->name = "v";
         }
         const kv_view view = group_view(layer, gr, -1);
-        tensor * stored = op_kv_store_heads(*g_, kh, vh, layer, view, nullptr);
+        tensor * stored = op_kv_store_heads(*g_, kh, vh, plan_.first_layer + layer, view, nullptr);
         stored->on_host = true;
         const int32_t n_head = int32_t(q->ne[0] / kv_.head_dim);
-        tensor * h = op_attention_heads(*g_, qh, stored, layer, n_head, kv_.n_head_kv, kv_.head_dim,
-                                        view, nullptr, opts);
+        tensor * h = op_attention_heads(*g_, qh, stored, plan_.first_layer + layer, n_head,
+                                        kv_.n_head_kv, kv_.head_dim, view, nullptr, opts);
         h->data = host_out_;
         h->where = placement::host_pinned;
         h->on_host = true;
@@ -539,7 +539,7 @@ tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor 
         c.dpitch = c.spitch = h->nb[1];
         c.offset = size_t(view.h0) * size_t(per_kv) * head;
         att = op_copy_to_device(*g_, h, att, c);
-        att->iparams[0] = layer;
+        att->iparams[0] = plan_.first_layer + layer;
         att->on_host = true;
         att->name = "attention output";
     }

@@ -315,7 +315,9 @@ constexpr int32_t kv_host_max_tokens = 8;
 // attention output. Longer steps stream it.
 //
 // A graph builder calls begin() (the first PREFETCH) and then, per layer,
-// every group not on_host() in order, then host_layer():
+// every group not on_host() in order, then host_layer(). Layers are the
+// plan's (a device's part of the model counts from its first; the nodes
+// are labelled with the model's index, plan.first_layer + layer):
 //   io = place.group(layer, group);        // the view, the PREFETCH to wait on
 //   stored = KV_STORE(k, v, io.view, io.ready);
 //   place.after_store(layer, group);       // the next PREFETCH when due

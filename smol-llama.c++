@@ -366,6 +366,90 @@ static void check_kv_type(smol_type t, int32_t head_dim, const backend & be) {
     }
 }
 
+// One device's part of a context: layers [l0, l1), their weights and their
+// KV under the device's budget and plan; the first stage also embeds the
+// tokens, the last computes the outputs, and every other takes the hidden
+// states the one before it handed over. Torn down in reverse: the
+// placement before the backend it releases its memory through.
+struct llama_context::stage {
+    stage(const kv_cache & kv, std::unique_ptr<backend> b, int32_t first_layer, int32_t end_layer,
+          int32_t n_head_kv)
+        : be(std::move(b)), l0(first_layer), l1(end_layer), place(kv, plan),
+          g(64 + size_t(end_layer - first_layer) * (32 + 8 * size_t(n_head_kv))) {}
+    ~stage() {
+        for (void * p : owned) be->release(p);
+        if (hidden) be->release_host(hidden);
+    }
+    stage(const stage &) = delete;
+    stage & operator=(const stage &) = delete;
+
+    std::unique_ptr<backend> be;
+    std::string name; // as the device list gives it
+    int32_t l0 = 0, l1 = 0;
+    bool first = true, last = true;
+    uint64_t budget = 0;
+    kv_plan plan;
+    kv_placement place; // the KV storage by the plan and a step's copies
+    // The weights as this stage's backend sees them: the embeddings (first
+    // stage), the output's (last), its layers'.
+    weight tok_embd, output_norm, output;
+    std::vector<llama_layer> layers;
+    std::vector<void *> owned; // backend memory of the weights
+    graph g;
+    // The shape g was built for, while its generation is built_gen.
+    step_shape built{};
+    uint64_t built_gen = ~uint64_t(0);
+    // g's last node: the outputs (last stage) or the hidden states the next
+    // stage takes.
+    tensor * out = nullptr;
+    // Stages after the first: the hidden states of a chunk's tokens, host
+    // memory of this stage's backend that the one before downloads into.
+    float * hidden = nullptr;
+};
+
+// The names of a device list: "sim,sim" -> {"sim", "sim"}.
+static std::vector<std::string> device_names(const std::string & list) {
+    std::vector<std::string> out;
+    for (size_t a = 0;;) {
+        const size_t b = list.find(',', a);
+        std::string name = list.substr(a, b == std::string::npos ? std::string::npos : b - a);
+        name.erase(0, name.find_first_not_of(' '));
+        name.erase(name.find_last_not_of(' ') + 1);
+        if (name.empty()) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        "the device list '" + list +
+                            "' has an empty entry; name each device once, such as "
+                            "\"cuda:0,cuda:1\"");
+        }
+        out.push_back(name);
+        if (b == std::string::npos) return out;
+        a = b + 1;
+    }
+}
+
+// Each device's first layer, and n_layer last: contiguous ranges in
+// proportion to the shares, none empty.
+static std::vector<int32_t> layer_bounds(int32_t n_layer, const std::vector<double> & shares,
+                                         const std::vector<std::string> & names) {
+    double total = 0;
+    for (const double s : shares) total += s;
+    std::vector<int32_t> bounds(shares.size() + 1, 0);
+    double sum = 0;
+    for (size_t i = 0; i < shares.size(); ++i) {
+        sum += shares[i];
+        bounds[i + 1] =
+            i + 1 == shares.size() ? n_layer : int32_t(std::lround(double(n_layer) * sum / total));
+        if (bounds[i + 1] <= bounds[i]) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        "device " + std::to_string(i) + " (" + names[i] +
+                            ") gets none of the model's " + std::to_string(n_layer) +
+                            " layers by its share; give it a larger share (tensor_split, "
+                            "--tensor-split) or leave it out of the device list");
+        }
+    }
+    return bounds;
+}
+
 // Streaming heads from the parameters: checked, and copied (the caller
 // owns the array).
 void llama_context::take_streaming_heads(bool has_swa) {
@@ -390,8 +474,9 @@ void llama_context::take_streaming_heads(bool has_swa) {
         throw error(SMOL_ERR_UNSUPPORTED, "streaming heads on a model with sliding-window layers "
                                           "are not supported; leave --streaming-heads off");
     }
-    if (!be_->supports_attention_sinks()) {
-        throw error(SMOL_ERR_UNSUPPORTED, std::string(be_->name()) +
+    for (const auto & st : stages_) {
+        if (st->be->supports_attention_sinks()) continue;
+        throw error(SMOL_ERR_UNSUPPORTED, std::string(st->be->name()) +
                                               " has no streaming-head attention yet; leave "
                                               "--streaming-heads off or run on the CPU");
     }
@@ -406,13 +491,75 @@ void llama_context::take_streaming_heads(bool has_swa) {
 }
 
 llama_context::llama_context(const llama_model & m, const smol_context_params & p)
-    : model(m), params(p),
-      be_(make_backend(p.device ? p.device : "cpu",
-                       p.n_threads > 0 ? p.n_threads : default_threads(), backend_options_of(p))),
-      graph_(64 + size_t(m.hp.n_layer) * (32 + 8 * size_t(m.hp.n_head_kv))) {
+    : model(m), params(p) {
     const llama_hparams & hp = m.hp;
+    device_list_ = p.device && *p.device ? p.device : "cpu";
+    const std::vector<std::string> names = device_names(device_list_);
+    const size_t n_dev = names.size();
+    const int split = c_enum(p.split);
+    if (split != SMOL_SPLIT_LAYER && split != SMOL_SPLIT_HEAD) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "split " + std::to_string(split) + " is neither SMOL_SPLIT_LAYER nor _HEAD");
+    }
+    if (n_dev > 1 && split == SMOL_SPLIT_HEAD) {
+        throw error(SMOL_ERR_UNSUPPORTED, "splitting each layer's heads over the devices '" +
+                                              device_list_ +
+                                              "' is not built yet; split the model by layers "
+                                              "(SMOL_SPLIT_LAYER, --split layer)");
+    }
+    auto check_list = [&](const char * what, const void * a, uint32_t n) {
+        if (n == 0 && !a) return;
+        if (!a || n != n_dev) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        std::string(what) + " has " + std::to_string(a ? n : 0) +
+                            " entries for the " + std::to_string(n_dev) + " device(s) of '" +
+                            device_list_ + "'; give one per device");
+        }
+    };
+    check_list("device_mem", p.device_mem, p.n_device_mem);
+    check_list("tensor_split", p.tensor_split, p.n_tensor_split);
+    if (n_dev > size_t(hp.n_layer)) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "the device list '" + device_list_ + "' names " + std::to_string(n_dev) +
+                        " devices and the model has " + std::to_string(hp.n_layer) +
+                        " layers; give at most one device a layer");
+    }
+    std::vector<uint64_t> budgets(n_dev, p.gpu_mem);
+    if (p.device_mem) budgets.assign(p.device_mem, p.device_mem + n_dev);
+    std::vector<double> shares(n_dev, 1.0);
+    if (p.tensor_split) {
+        for (size_t i = 0; i < n_dev; ++i) {
+            const double s = p.tensor_split[i];
+            if (!std::isfinite(s) || s < 0) {
+                throw error(SMOL_ERR_INVALID_ARGUMENT,
+                            "tensor_split[" + std::to_string(i) + "] is " + std::to_string(s) +
+                                "; a device's share of the layers is a number >= 0");
+            }
+            shares[i] = s;
+        }
+    } else if (std::all_of(budgets.begin(), budgets.end(), [](uint64_t b) { return b > 0; })) {
+        for (size_t i = 0; i < n_dev; ++i) shares[i] = double(budgets[i]);
+    }
+    const std::vector<int32_t> bounds = layer_bounds(hp.n_layer, shares, names);
+    if (params.n_threads <= 0) params.n_threads = default_threads();
+    const backend_options options = backend_options_of(p);
+    for (size_t i = 0; i < n_dev; ++i) {
+        auto st = std::make_unique<stage>(kv, make_backend(names[i], params.n_threads, options),
+                                          bounds[i], bounds[i + 1], hp.n_head_kv);
+        st->name = names[i];
+        st->budget = budgets[i];
+        st->first = i == 0;
+        st->last = i + 1 == n_dev;
+        stages_.push_back(std::move(st));
+    }
+    const backend & be0 = *stages_.front()->be;
+    auto all_stages = [&](auto && can) {
+        return std::all_of(stages_.begin(), stages_.end(),
+                           [&](const std::unique_ptr<stage> & st) { return can(*st->be); });
+    };
+
     if (params.n_ctx == 0) params.n_ctx = uint32_t(std::min(4096, hp.n_ctx_train));
-    if (params.n_batch == 0) params.n_batch = be_->default_batch();
+    if (params.n_batch == 0) params.n_batch = be0.default_batch();
     params.n_batch = std::min(params.n_batch, params.n_ctx);
     if (params.n_seq_max == 0) params.n_seq_max = 1;
     if (params.n_seq_max > uint32_t(kv_max_seqs)) {
@@ -420,14 +567,18 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
                                                    " is above " + std::to_string(kv_max_seqs) +
                                                    ", the most sequences a KV cell can hold");
     }
-    if (params.n_threads <= 0) params.n_threads = default_threads();
-    params.device = nullptr; // not kept: the caller owns the strings
+    // Not kept: the caller owns the strings and arrays.
+    params.device = nullptr;
     params.autotune_file = nullptr;
+    params.device_mem = nullptr;
+    params.n_device_mem = 0;
+    params.tensor_split = nullptr;
+    params.n_tensor_split = 0;
     if (params.n_ctx > (1u << 24)) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "n_ctx " + std::to_string(params.n_ctx) + " is too large for the CPU cache");
     }
-    check_kv_type(params.kv_type, hp.head_dim, *be_);
+    for (const auto & st : stages_) check_kv_type(params.kv_type, hp.head_dim, *st->be);
     kv.init(hp.n_layer, hp.n_head_kv, hp.head_dim, int32_t(params.n_ctx), params.kv_type);
     const size_t nb = params.n_batch;
     tokens_.resize(nb);
@@ -451,77 +602,109 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         params.window_reserve > 0 ? params.window_reserve : int32_t(params.n_batch);
     // Sliding-window layers, or streaming heads, keep their window plus a
     // reserve of window_reserve positions per sequence (kv_window), unless
-    // asked to keep all, or the backend cannot, or that would be no smaller.
+    // asked to keep all, or a backend cannot, or that would be no smaller.
     const int32_t window = has_swa && !params.swa_full ? hp.n_swa : stream_window;
     const int32_t sink = has_swa ? 0 : stream_sink;
-    if (window > 0 && be_->supports_window_store()) {
+    if (window > 0 && all_stages([](const backend & be) { return be.supports_window_store(); })) {
         const int32_t n_slots = kv_window::slots_needed(
             kv.n_cells, int32_t(params.n_seq_max), window, reserve, int32_t(params.n_batch), sink);
         if (n_slots < kv.n_cells) win.init(kv, window, reserve, n_slots, sink);
     }
 
-    // A weight type the device does not compute with is refused before
+    // A weight type a device does not compute with is refused before
     // anything is placed, naming the first such tensor.
-    {
-        std::vector<std::pair<std::string, const weight *>> ws = {
-            {"token_embd", &m.tok_embd}, {"output_norm", &m.output_norm}, {"output", &m.output}};
-        for (size_t l = 0; l < m.layers.size(); ++l) {
-            m.layers[l].each([&](const char * name, const weight & w) {
+    for (const auto & st : stages_) {
+        std::vector<std::pair<std::string, const weight *>> ws;
+        if (st->first) ws.push_back({"token_embd", &m.tok_embd});
+        if (st->last) {
+            ws.push_back({"output_norm", &m.output_norm});
+            ws.push_back({"output", &m.output});
+        }
+        for (int32_t l = st->l0; l < st->l1; ++l) {
+            m.layers[size_t(l)].each([&](const char * name, const weight & w) {
                 ws.push_back({"blk." + std::to_string(l) + "." + name, &w});
             });
         }
         for (const auto & [what, w] : ws) {
-            if (be_->supports_weights(w->type)) continue;
+            if (st->be->supports_weights(w->type)) continue;
             throw error(SMOL_ERR_UNSUPPORTED,
-                        std::string(be_->name()) + " does not compute with " +
+                        std::string(st->be->name()) + " does not compute with " +
                             smol_type_name(w->type) + " weights yet (" + what +
                             " is one); run this model on the CPU (device \"cpu\"), or convert "
                             "it with smol-quantize to a type the device supports");
         }
     }
 
-    // Plan before allocating anything: the weights' device bytes, and the
-    // compute memory of a chunk as the backend measures it on the graph
-    // (built here over the file's weights, all heads resident).
-    const bool on_device = be_->where() != placement::host;
-    uint64_t weight_bytes = 0;
-    auto bytes_of = [](const weight & w) { return cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1); };
-    if (on_device) {
-        weight_bytes += bytes_of(m.tok_embd) + bytes_of(m.output_norm);
-        if (m.output.data != m.tok_embd.data) weight_bytes += bytes_of(m.output);
-        for (const llama_layer & L : m.layers)
-            L.each([&](const char *, const weight & w) { weight_bytes += bytes_of(w); });
+    // Plan each device before allocating anything. A step's chunk is the
+    // smallest of the plans' (every device runs the same chunks): a device
+    // that planned a larger one plans again for it.
+    for (const auto & st : stages_) plan_stage(*st, int32_t(params.n_batch));
+    chunk_ = int32_t(params.n_batch);
+    for (const auto & st : stages_) chunk_ = std::min(chunk_, st->plan.chunk);
+    for (const auto & st : stages_) {
+        if (st->plan.chunk > chunk_) plan_stage(*st, chunk_);
     }
-    tok_embd_ = m.tok_embd;
-    output_norm_ = m.output_norm;
-    output_ = m.output;
-    layers_ = m.layers;
-    plan.n_layer = hp.n_layer;
+    for (const auto & st : stages_) place_stage(*st);
+}
+
+static uint64_t bytes_of(const weight & w) {
+    return cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1);
+}
+
+// The plan of one device: its layers' KV under its budget, with the
+// weights it holds and the compute memory its backend measures on its
+// graph (built here over the file's weights, all heads resident).
+void llama_context::plan_stage(stage & st, int32_t n_batch) {
+    const llama_hparams & hp = model.hp;
+    const llama_model & m = model;
+    const int32_t n_layer = st.l1 - st.l0;
+    const size_t h0 = size_t(st.l0) * size_t(hp.n_head_kv),
+                 h1 = size_t(st.l1) * size_t(hp.n_head_kv);
+    uint64_t weight_bytes = 0;
+    if (st.be->where() != placement::host) {
+        if (st.first) weight_bytes += bytes_of(m.tok_embd);
+        if (st.last) {
+            weight_bytes += bytes_of(m.output_norm);
+            if (!st.first || m.output.data != m.tok_embd.data) weight_bytes += bytes_of(m.output);
+        }
+        for (int32_t l = st.l0; l < st.l1; ++l)
+            m.layers[size_t(l)].each(
+                [&](const char *, const weight & w) { weight_bytes += bytes_of(w); });
+    }
+    st.tok_embd = m.tok_embd;
+    st.output_norm = m.output_norm;
+    st.output = m.output;
+    st.layers.assign(m.layers.begin() + st.l0, m.layers.begin() + st.l1);
+    kv_plan & plan = st.plan;
+    plan = kv_plan{};
+    plan.n_layer = n_layer;
     plan.n_head_kv = hp.n_head_kv;
     plan.n_cells = kv.n_cells;
     plan.head_dim = hp.head_dim;
     plan.kv_type = kv.type;
+    plan.first_layer = st.l0;
     plan_input in;
-    in.n_layer = hp.n_layer;
+    in.n_layer = n_layer;
+    in.first_layer = st.l0;
     in.n_head_kv = hp.n_head_kv;
     in.head_dim = hp.head_dim;
     in.n_cells = kv.n_cells;
     in.kv_type = kv.type;
-    in.n_batch = params.n_batch;
-    in.budget = params.gpu_mem;
+    in.n_batch = uint32_t(n_batch);
+    in.budget = st.budget;
     in.mode = params.kv_offload;
     in.attend = params.kv_attend;
     in.head_group = params.head_group;
     in.weight_bytes = weight_bytes;
     if (win.on() && !streaming.empty()) {
-        in.windowed = streaming;
+        in.windowed.assign(streaming.begin() + ptrdiff_t(h0), streaming.begin() + ptrdiff_t(h1));
     } else if (win.on()) {
-        for (int32_t l = 0; l < hp.n_layer; ++l)
+        for (int32_t l = st.l0; l < st.l1; ++l)
             in.windowed.insert(in.windowed.end(), size_t(hp.n_head_kv), uint8_t(hp.swa[size_t(l)]));
     }
     in.window_cells = win.on() ? win.table.n_cells : 0;
-    in.streaming = streaming;
     if (!streaming.empty()) {
+        in.streaming.assign(streaming.begin() + ptrdiff_t(h0), streaming.begin() + ptrdiff_t(h1));
         in.streaming_sink = stream_sink;
         in.streaming_window = stream_window;
     }
@@ -534,97 +717,133 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
             plan.G = G;
             plan.n_group = hp.n_head_kv / G;
             plan.chunk = n;
-            plan.resident.assign(size_t(hp.n_layer) * size_t(plan.n_group), 1);
-            graph_.clear();
-            graph_.batch.kv = &kv;
-            set_local_batch(false);
-            build_graph(shape_of(n, std::min(n, chunk_outputs)));
-            most = std::max<uint64_t>(most, be_->compute_bytes(graph_));
+            plan.resident.assign(size_t(n_layer) * size_t(plan.n_group), 1);
+            st.g.clear();
+            st.g.batch.kv = &kv;
+            set_local_batch(st.g, false);
+            build_graph(st, shape_of(st, n, std::min(n, chunk_outputs)));
+            most = std::max<uint64_t>(most, st.be->compute_bytes(st.g));
         }
         return most;
     };
-    plan = make_plan(in);
-    if (plan.n_offloaded_groups() > 0 && params.kv_attend != SMOL_KV_ATTEND_DEVICE) {
-        // auto splits offloaded groups by the measured speeds (a backend
-        // with no link to measure streams them all); host keeps them to
-        // show its floor.
-        in.rates = be_->attend_speeds(hp.head_dim, hp.n_head / hp.n_head_kv, kv.type);
-        if (params.kv_attend == SMOL_KV_ATTEND_AUTO && in.rates.measured()) {
-            plan = make_plan(in);
-        } else {
-            plan.rates = in.rates;
+    try {
+        plan = make_plan(in);
+        if (plan.n_offloaded_groups() > 0 && params.kv_attend != SMOL_KV_ATTEND_DEVICE) {
+            // auto splits offloaded groups by the measured speeds (a backend
+            // with no link to measure streams them all); host keeps them to
+            // show its floor.
+            in.rates = st.be->attend_speeds(hp.head_dim, hp.n_head / hp.n_head_kv, kv.type);
+            if (params.kv_attend == SMOL_KV_ATTEND_AUTO && in.rates.measured()) {
+                plan = make_plan(in);
+            } else {
+                plan.rates = in.rates;
+            }
         }
+    } catch (const error & e) {
+        if (stages_.size() == 1) throw;
+        throw error(e.status, "device " + st.name + " (layers " + std::to_string(st.l0) + "-" +
+                                  std::to_string(st.l1 - 1) + " of " + std::to_string(hp.n_layer) +
+                                  "): " + e.what() +
+                                  "; or give this device a smaller share of the layers "
+                                  "(tensor_split, --tensor-split)");
     }
-    graph_.clear();
-    if (params.gpu_mem > 0) be_->set_memory_limit(params.gpu_mem);
+    st.g.clear();
+}
 
+// Places a planned stage: its budget, its weights, its KV and the memory of
+// its largest graph, so that no later step allocates. Under a budget the
+// largest keeps as many logits as a chunk may, as the plan counted.
+void llama_context::place_stage(stage & st) {
+    const llama_model & m = model;
+    backend & be = *st.be;
+    if (st.budget > 0) be.set_memory_limit(st.budget);
     // Weights stay in the mapped file for the CPU; other backends get a copy.
     auto place = [&](const weight & w) {
         weight c = w;
-        c.data = to_backend(w);
+        if (be.where() == placement::host) return c;
+        const size_t n = bytes_of(w);
+        void * p = be.alloc(n);
+        st.owned.push_back(p);
+        be.upload(p, w.data, n);
+        c.data = p;
         return c;
     };
-    layers_.clear();
-    tok_embd_ = place(m.tok_embd);
-    output_norm_ = place(m.output_norm);
-    output_ = m.output.data == m.tok_embd.data ? tok_embd_ : place(m.output);
-    for (const llama_layer & L : m.layers) {
-        llama_layer P = L;
-        P.each([&](const char *, weight & w) { w = place(w); });
-        layers_.push_back(P);
+    if (st.first) st.tok_embd = place(m.tok_embd);
+    if (st.last) {
+        st.output_norm = place(m.output_norm);
+        st.output = st.first && m.output.data == m.tok_embd.data ? st.tok_embd : place(m.output);
     }
-    kv_place_.alloc(*be_, hp.n_head);
-    // Plan the largest graph once so the arena is sized before the first
-    // decode; under a budget, with as many logits as a chunk keeps, as the
-    // plan counted, so no later batch grows past it.
-    graph_.clear();
-    graph_.batch.kv = &kv;
-    set_local_batch(false);
-    build_graph(shape_of(plan.chunk, params.gpu_mem > 0 ? std::min(plan.chunk, chunk_outputs) : 1));
-    be_->reserve(graph_);
+    st.layers.clear();
+    for (int32_t l = st.l0; l < st.l1; ++l) {
+        llama_layer P = m.layers[size_t(l)];
+        P.each([&](const char *, weight & w) { w = place(w); });
+        st.layers.push_back(P);
+    }
+    st.place.alloc(be, m.hp.n_head);
+    if (!st.first) {
+        bool pinned = false;
+        st.hidden =
+            static_cast<float *>(be.alloc_host(size_t(chunk_) * size_t(m.hp.n_embd) * sizeof(float),
+                                               pinned, "the hidden states between devices"));
+    }
+    st.g.clear();
+    st.g.batch.kv = &kv;
+    set_local_batch(st.g, false);
+    build_graph(st, shape_of(st, chunk_, st.budget > 0 ? std::min(chunk_, chunk_outputs) : 1));
+    be.reserve(st.g);
 }
 
 llama_context::~llama_context() {
-    for (void * p : owned_) be_->release(p);
-    be_->release_host(logits_);
+    if (logits_) stages_.back()->be->release_host(logits_);
 }
 
 // Room for n logits; what the rows held before need not survive (a batch
 // writes its own). Grows by doubling: pinning is slow, batches vary.
 void llama_context::reserve_logits(size_t n) {
     if (n <= logits_cap_) return;
+    backend & be = *stages_.back()->be;
     const size_t cap = std::max(n, 2 * logits_cap_);
     bool pinned = false;
-    void * p = be_->alloc_host(cap * sizeof(float), pinned, "the logits");
-    be_->release_host(logits_);
+    void * p = be.alloc_host(cap * sizeof(float), pinned, "the logits");
+    if (logits_) be.release_host(logits_);
     logits_ = static_cast<float *>(p);
     logits_cap_ = cap;
 }
 
-void * llama_context::to_backend(const weight & w) {
-    if (be_->where() == placement::host) return const_cast<void *>(w.data);
-    const size_t n = cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1);
-    void * p = be_->alloc(n);
-    owned_.push_back(p);
-    be_->upload(p, w.data, n);
-    return p;
+const backend & llama_context::device(int32_t d) const {
+    return *stages_[size_t(d)]->be;
+}
+const kv_plan & llama_context::plan(int32_t d) const {
+    return stages_[size_t(d)]->plan;
+}
+const graph & llama_context::last_graph(int32_t d) const {
+    return stages_[size_t(d)]->g;
+}
+int32_t llama_context::n_host_heads() const {
+    int32_t n = 0;
+    for (const auto & st : stages_) n += st->plan.n_host_groups() * st->plan.G;
+    return n;
 }
 
-llama_context::step_shape llama_context::shape_of(int32_t n, int32_t n_out) const {
-    return {n, n_out, kv_place_.copies_of(cells_.data(), n)};
+llama_context::step_shape llama_context::shape_of(const stage & st, int32_t n,
+                                                  int32_t n_out) const {
+    return {n, st.last ? n_out : 0, st.place.copies_of(cells_.data(), n)};
 }
 
-// The forward pass: embeddings; per layer RMSNorm, q, k, v and RoPE, then
-// per kv-head group the store of the new k, v and the attention over the
+// A stage's part of the forward pass: the embeddings (first stage) or the
+// hidden states handed over; per layer RMSNorm, q, k, v and RoPE, then per
+// kv-head group the store of the new k, v and the attention over the
 // group's view (kv_placement adds the copies of offloaded groups around
-// them), the output projection and the MLP; the output head.
-void llama_context::build_graph(const step_shape & shape) {
+// them), the output projection and the MLP; the output head (last stage),
+// else the hidden states for the next.
+void llama_context::build_graph(stage & st, const step_shape & shape) {
     const llama_hparams & hp = model.hp;
-    graph & g = graph_;
+    graph & g = st.g;
     const int32_t n = shape.n, n_out = shape.n_out;
+    const placement where = st.be->where();
     auto W = [&](const weight & w) {
         tensor * t = g.leaf(w.type, const_cast<void *>(w.data), w.ne0, w.ne1);
-        t->where = be_->where();
+        t->where = where;
         return t;
     };
     // Inputs stay in host memory; a device backend copies them in.
@@ -635,14 +854,22 @@ void llama_context::build_graph(const step_shape & shape) {
         return t;
     };
 
-    tensor * tok = ints(tokens_, n);
     tensor * pos = ints(positions_, n);
-    kv_place_.begin(g, shape.copies);
+    kv_placement & place = st.place;
+    place.begin(g, shape.copies);
     const bool gemma = hp.arch == llama_arch::gemma3;
-    tensor * x = op_get_rows(g, W(tok_embd_), tok);
-    if (hp.embd_scale != 1.0f) x = op_scale(g, x, hp.embd_scale);
-    for (int l = 0; l < hp.n_layer; ++l) {
-        const llama_layer & L = layers_[size_t(l)];
+    tensor * x = nullptr;
+    if (st.first) {
+        x = op_get_rows(g, W(st.tok_embd), ints(tokens_, n));
+        if (hp.embd_scale != 1.0f) x = op_scale(g, x, hp.embd_scale);
+    } else {
+        x = g.new_tensor(SMOL_TYPE_F32, hp.n_embd, n);
+        x->data = st.hidden;
+        x->where = placement::host;
+    }
+    for (int32_t l = st.l0; l < st.l1; ++l) {
+        const int32_t ll = l - st.l0; // the stage's own index: its plan's and placement's
+        const llama_layer & L = st.layers[size_t(ll)];
         const bool local = !hp.swa.empty() && hp.swa[size_t(l)];
         const float base = local ? hp.rope_base_swa : hp.rope_base;
         tensor * cur = op_rms_norm(g, x, W(L.attn_norm), hp.rms_eps);
@@ -657,25 +884,25 @@ void llama_context::build_graph(const step_shape & shape) {
         k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, base, gemma);
         const attn_opts layer_opts{local ? hp.n_swa : 0, hp.attn_scale};
         tensor * att = nullptr;
-        for (int32_t gr = 0; gr < plan.n_group; ++gr) {
-            if (kv_place_.on_host(l, gr)) continue;
+        for (int32_t gr = 0; gr < st.plan.n_group; ++gr) {
+            if (place.on_host(ll, gr)) continue;
             // A group's heads stream or not alike (the planner's G).
             const bool streams =
                 !streaming.empty() &&
-                streaming[size_t(l) * size_t(hp.n_head_kv) + size_t(gr) * size_t(plan.G)];
+                streaming[size_t(l) * size_t(hp.n_head_kv) + size_t(gr) * size_t(st.plan.G)];
             const attn_opts opts =
                 streams ? attn_opts{stream_window, hp.attn_scale, stream_sink} : layer_opts;
-            const kv_placement::group_io io = kv_place_.group(l, gr);
+            const kv_placement::group_io io = place.group(ll, gr);
             tensor * stored = op_kv_store_heads(g, k, v, l, io.view, io.ready);
-            kv_place_.after_store(l, gr);
+            place.after_store(ll, gr);
             att = op_attention_heads(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim, io.view,
                                      att, opts);
-            kv_place_.after_attention(l, gr, att, stored);
+            place.after_attention(ll, gr, att, stored);
         }
         // The host's groups: its copies read q, k and v after the device's
         // last reader in the graph's order, so the arena keeps them for the
         // copies; the host's work still runs beside the device's.
-        att = kv_place_.host_layer(l, q, k, v, layer_opts, att);
+        att = place.host_layer(ll, q, k, v, layer_opts, att);
         tensor * o = op_mul_mat(g, W(L.wo), att);
         if (gemma) o = op_rms_norm(g, o, W(L.post_attn_norm), hp.rms_eps);
         x = op_add(g, x, o);
@@ -687,10 +914,14 @@ void llama_context::build_graph(const step_shape & shape) {
         if (gemma) d = op_rms_norm(g, d, W(L.post_ffw_norm), hp.rms_eps);
         x = op_add(g, x, d);
     }
+    if (!st.last) {
+        st.out = x;
+        return;
+    }
     if (n_out == 0) return;
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));
-    x = op_rms_norm(g, x, W(output_norm_), hp.rms_eps);
-    logits_node_ = params.embeddings ? x : op_mul_mat(g, W(output_), x);
+    x = op_rms_norm(g, x, W(st.output_norm), hp.rms_eps);
+    st.out = params.embeddings ? x : op_mul_mat(g, W(st.output), x);
 }
 
 void llama_context::decode(const smol_batch & b) {
@@ -807,7 +1038,7 @@ void llama_context::decode(const smol_batch & b) {
                                 " tokens; the cache is left as it was before the call");
             }
             int32_t outs = 0;
-            for (m = 0; m < std::min(plan.chunk, n - i0) && outs < chunk_outputs; ++m)
+            for (m = 0; m < std::min(chunk_, n - i0) && outs < chunk_outputs; ++m)
                 outs += out_row_[size_t(i0 + m)] >= 0;
             run_chunk(b, i0, m, out_base);
             out_base += outs;
@@ -864,68 +1095,131 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
     }
     // The host's attention reads the lists whatever the device's does.
-    const bool lists = be_->wants_seq_cells() || plan.n_host_groups() > 0;
+    bool lists = n_host_heads() > 0;
+    for (const auto & st : stages_) lists = lists || st->be->wants_seq_cells();
     if (lists) list_seq_cells(n, kv, seq_cells_, seq_begin_);
     if (lists && win.on()) list_seq_cells(n, win.table, seq_slots_, seq_slot_begin_);
-    // A backend that runs a graph again gets the last one, unless the step's
-    // shape changed or graph_ was rebuilt for something else since.
-    const step_shape shape = shape_of(n, n_out);
-    const bool again = be_->reruns_graphs() && graph_.generation() == built_gen_ && shape == built_;
-    if (!again) {
-        graph_.clear();
-        logits_node_ = nullptr;
-    }
-    graph_.batch = batch_info{positions_.data(),
-                              seqs_.data(),
-                              cells_.data(),
-                              n,
-                              &kv,
-                              lists ? seq_cells_.data() : nullptr,
-                              lists ? seq_begin_.data() : nullptr};
-    set_local_batch(lists);
-    if (!again) {
-        build_graph(shape);
-        built_ = shape;
-        built_gen_ = graph_.generation();
-    }
-    graph_.rerun = again;
-    float * dst = logits_ + size_t(out_base) * size_t(out_width());
-    if (logits_node_ && be_->where() == placement::host) logits_node_->data = dst;
-    be_->run(graph_);
-    if (logits_node_ && logits_node_->data != dst) {
-        be_->download(dst, logits_node_->data, logits_node_->nbytes());
+    const batch_info batch{positions_.data(),
+                           seqs_.data(),
+                           cells_.data(),
+                           n,
+                           &kv,
+                           lists ? seq_cells_.data() : nullptr,
+                           lists ? seq_begin_.data() : nullptr};
+    // Each device in turn over its layers, handing its hidden states to the
+    // next through the next one's host memory.
+    for (size_t d = 0; d < stages_.size(); ++d) {
+        stage & st = *stages_[d];
+        // A backend that runs a graph again gets its last one, unless the
+        // step's shape changed or the graph was rebuilt for something else
+        // since.
+        const step_shape shape = shape_of(st, n, n_out);
+        const bool again =
+            st.be->reruns_graphs() && st.g.generation() == st.built_gen && shape == st.built;
+        if (!again) {
+            st.g.clear();
+            st.out = nullptr;
+        }
+        st.g.batch = batch;
+        set_local_batch(st.g, lists);
+        if (!again) {
+            build_graph(st, shape);
+            st.built = shape;
+            st.built_gen = st.g.generation();
+        }
+        st.g.rerun = again;
+        if (!st.last) {
+            st.be->run(st.g);
+            st.be->download(stages_[d + 1]->hidden, st.out->data, st.out->nbytes());
+            continue;
+        }
+        float * dst = logits_ + size_t(out_base) * size_t(out_width());
+        if (st.out && st.be->where() == placement::host) st.out->data = dst;
+        st.be->run(st.g);
+        if (st.out && st.out->data != dst) st.be->download(dst, st.out->data, st.out->nbytes());
     }
 }
 
-smol_memory_info llama_context::memory_info() const {
-    smol_memory_info m{};
-    const memory_stats st = be_->memory();
-    m.budget = params.gpu_mem;
-    m.device_weights = plan.weight_bytes;
-    m.device_compute = plan.compute_bytes;
-    m.device_staging = uint64_t(plan.n_slots) * plan.slot_bytes();
-    m.device_kv = plan.resident_kv_bytes();
-    m.device_planned = plan.device_bytes();
-    m.device_peak = st.peak;
-    m.host_kv = plan.host_kv_bytes();
-    m.host_pinned = kv_place_.host_pinned();
-    m.host_pageable = kv_place_.host_pageable();
-    m.n_heads = plan.n_layer * plan.n_head_kv;
-    m.n_heads_resident = plan.n_resident_groups() * plan.G;
-    m.n_heads_host = plan.n_host_groups() * plan.G;
-    m.link_rate = plan.rates.link;
-    m.host_rate = plan.rates.host;
-    m.link_rate_shared = plan.rates.link_shared;
-    m.host_rate_shared = plan.rates.host_shared;
-    m.head_group = plan.G;
-    m.chunk = plan.chunk;
-    m.kv_type = kv.type;
+smol_memory_info llama_context::memory_info(int32_t d) const {
+    auto of = [&](const stage & s) {
+        const kv_plan & plan = s.plan;
+        smol_memory_info m{};
+        m.budget = s.budget;
+        m.device_weights = plan.weight_bytes;
+        m.device_compute = plan.compute_bytes;
+        m.device_staging = uint64_t(plan.n_slots) * plan.slot_bytes();
+        m.device_kv = plan.resident_kv_bytes();
+        m.device_planned = plan.device_bytes();
+        m.device_peak = s.be->memory().peak;
+        m.host_kv = plan.host_kv_bytes();
+        m.host_pinned = s.place.host_pinned();
+        m.host_pageable = s.place.host_pageable();
+        m.n_heads = plan.n_layer * plan.n_head_kv;
+        m.n_heads_resident = plan.n_resident_groups() * plan.G;
+        m.n_heads_host = plan.n_host_groups() * plan.G;
+        m.link_rate = plan.rates.link;
+        m.host_rate = plan.rates.host;
+        m.link_rate_shared = plan.rates.link_shared;
+        m.host_rate_shared = plan.rates.host_shared;
+        m.head_group = plan.G;
+        m.chunk = chunk_;
+        m.kv_type = kv.type;
+        m.device = s.name.c_str();
+        m.first_layer = s.l0;
+        m.n_layer = s.l1 - s.l0;
+        return m;
+    };
+    if (d >= 0) return of(*stages_[size_t(d)]);
+    smol_memory_info m = of(*stages_.front());
+    for (size_t i = 1; i < stages_.size(); ++i) {
+        const smol_memory_info o = of(*stages_[i]);
+        for (auto f : {&smol_memory_info::budget, &smol_memory_info::device_weights,
+                       &smol_memory_info::device_compute, &smol_memory_info::device_staging,
+                       &smol_memory_info::device_kv, &smol_memory_info::device_planned,
+                       &smol_memory_info::device_peak, &smol_memory_info::host_kv,
+                       &smol_memory_info::host_pinned, &smol_memory_info::host_pageable})
+            m.*f += o.*f;
+        m.n_heads += o.n_heads;
+        m.n_heads_resident += o.n_heads_resident;
+        m.n_heads_host += o.n_heads_host;
+    }
+    m.device = device_list_.c_str();
+    m.first_layer = 0;
+    m.n_layer = model.hp.n_layer;
     return m;
+}
+
+void llama_context::kv_bytes_held(int32_t cells, int32_t slots, uint64_t & resident,
+                                  uint64_t & offloaded) const {
+    // K and V of one head's cell.
+    const uint64_t head_cell = uint64_t(kv.row_words) * 2 * sizeof(uint16_t);
+    resident = offloaded = 0;
+    for (const auto & st : stages_) {
+        const kv_plan & p = st->plan;
+        for (int32_t l = 0; l < p.n_layer; ++l) {
+            for (int32_t g = 0; g < p.n_group; ++g) {
+                const uint64_t n = uint64_t(p.is_windowed(l, g) ? slots : cells);
+                (p.is_resident(l, g) ? resident : offloaded) += n * head_cell * uint64_t(p.G);
+            }
+        }
+    }
+}
+
+std::string llama_context::plan_text() const {
+    if (stages_.size() == 1) return stages_.front()->plan.format();
+    std::string out;
+    for (const auto & st : stages_) {
+        out += "device " + st->name + ": layers " + std::to_string(st->l0) + "-" +
+               std::to_string(st->l1 - 1) + " of " + std::to_string(model.hp.n_layer) +
+               (st->first ? ", the embeddings" : "") + (st->last ? ", the output" : "") + "\n";
+        out += st->plan.format();
+    }
+    return out;
 }
 
 std::string llama_context::schedule_text(int32_t n) {
     if (n <= 0) n = 1;
-    n = std::min({n, plan.chunk, kv.n_free()});
+    n = std::min({n, chunk_, kv.n_free()});
     if (n <= 0) throw error(SMOL_ERR_CONTEXT_FULL, "the KV cache has no free cell for a step");
     // The cells the step would take: each marked taken while the next is
     // found, all given back before the graph is built.
@@ -941,28 +1235,35 @@ std::string llama_context::schedule_text(int32_t n) {
         kv.n_used = std::max(kv.n_used, c + 1);
     }
     for (int32_t j = 0; j < n; ++j) kv.cell_pos[size_t(cells_[size_t(j)])] = -1;
-    graph_.clear();
-    graph_.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
     for (int32_t j = 0; j < n; ++j) slots_[size_t(j)] = win.on() ? j % win.table.n_cells : 0;
-    set_local_batch(false);
-    build_graph(shape_of(n, 1));
+    std::string out;
+    for (const auto & st : stages_) {
+        st->g.clear();
+        st->g.batch = batch_info{positions_.data(), seqs_.data(), cells_.data(), n, &kv};
+        set_local_batch(st->g, false);
+        build_graph(*st, shape_of(*st, n, 1));
+        schedule s;
+        make_schedule(st->g, s);
+        out += "step of " + std::to_string(n) + " token(s) on " + st->be->name() +
+               (stages_.size() > 1
+                    ? " (layers " + std::to_string(st->l0) + "-" + std::to_string(st->l1 - 1) + ")"
+                    : std::string()) +
+               " after " + std::to_string(n_used) + " used cells\n";
+        out += format_schedule(st->g, s);
+    }
     kv.n_used = n_used;
-    schedule s;
-    make_schedule(graph_, s);
-    std::string out = "step of " + std::to_string(n) + " token(s) on " + be_->name() + " after " +
-                      std::to_string(n_used) + " used cells\n";
-    return out + format_schedule(graph_, s);
+    return out;
 }
 
-// The window store's batch beside graph_.batch (its tokens, their slots).
-void llama_context::set_local_batch(bool lists) {
+// The window store's batch beside g.batch (its tokens, their slots).
+void llama_context::set_local_batch(graph & g, bool lists) {
     if (!win.on()) return;
-    local_batch_ = graph_.batch;
+    local_batch_ = g.batch;
     local_batch_.kv = &win.table;
     local_batch_.cell = slots_.data();
     local_batch_.seq_cells = lists ? seq_slots_.data() : nullptr;
     local_batch_.seq_begin = lists ? seq_slot_begin_.data() : nullptr;
-    graph_.batch.local = &local_batch_;
+    g.batch.local = &local_batch_;
 }
 
 smol_pos llama_context::seq_pos_exact(smol_seq_id seq) {

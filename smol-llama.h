@@ -131,14 +131,27 @@ class llama_context {
     // final hidden state.
     const float * logits(int32_t i) const;
     int32_t out_width() const { return params.embeddings ? model.hp.n_embd : model.hp.n_vocab; }
-    const backend & device() const { return *be_; }
 
-    smol_memory_info memory_info() const;
-    // The plan and the program of a step of n_tokens after the cache's
-    // current contents, as text.
-    std::string schedule_text(int32_t n_tokens);
+    // The devices the model is split over (one stage each, in layer order)
+    // and each one's backend, KV plan and last graph run.
+    int32_t n_devices() const { return int32_t(stages_.size()); }
+    const backend & device(int32_t d = 0) const;
+    const kv_plan & plan(int32_t d = 0) const;
     // The graph of the last step run (for tests that read its schedule).
-    const graph & last_graph() const { return graph_; }
+    const graph & last_graph(int32_t d = 0) const;
+    // Offloaded heads attended on the host, on every device.
+    int32_t n_host_heads() const;
+
+    // The whole context's memory (d < 0), or device d's.
+    smol_memory_info memory_info(int32_t d = -1) const;
+    // The KV bytes of `cells` cells of the cache and `slots` slots of the
+    // window store, by where their heads live.
+    void kv_bytes_held(int32_t cells, int32_t slots, uint64_t & resident,
+                       uint64_t & offloaded) const;
+    // Every device's plan, and the program of a step of n_tokens after the
+    // cache's current contents, as text.
+    std::string plan_text() const;
+    std::string schedule_text(int32_t n_tokens);
     // The cache cell each token of the last decoded batch went to.
     const int32_t * last_cells() const { return batch_cells_.data(); }
     // The lowest position at which seq can be decoded exactly (0: any; see
@@ -159,40 +172,32 @@ class llama_context {
     // positions they keep first and their window.
     std::vector<uint8_t> streaming;
     int32_t stream_sink = 0, stream_window = 0;
-    kv_plan plan;
     smol_perf perf{};
 
   private:
-    // What decides a step's graph: its token and output counts and its KV
-    // copies.
+    struct stage;
+    // What decides a stage's graph for a step: its token and output counts
+    // and its KV copies.
     struct step_shape {
         int32_t n = 0, n_out = 0;
         kv_copies copies;
         bool operator==(const step_shape &) const = default;
     };
-    step_shape shape_of(int32_t n_tokens, int32_t n_outputs) const;
-    void build_graph(const step_shape & s);
+    step_shape shape_of(const stage & st, int32_t n_tokens, int32_t n_outputs) const;
+    void build_graph(stage & st, const step_shape & s);
+    void plan_stage(stage & st, int32_t n_batch);
+    void place_stage(stage & st);
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
     void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
     void list_seq_cells(int32_t n_tokens, const kv_cache & table, std::vector<int32_t> & cells,
                         std::vector<int32_t> & begin);
-    void set_local_batch(bool lists);
+    void set_local_batch(graph & g, bool lists);
     void take_streaming_heads(bool has_swa);
 
-    void * to_backend(const weight & w);
-
-    std::unique_ptr<backend> be_;
-    std::vector<void *> owned_; // backend memory of the weights
-    // The KV cache's storage by the plan and the copies of a step (after
-    // be_: it releases its memory through it).
-    kv_placement kv_place_{kv, plan};
-    // The model's weights as this context's backend sees them.
-    weight tok_embd_, output_norm_, output_;
-    std::vector<llama_layer> layers_;
-    graph graph_;
-    // The shape graph_ was built for, while its generation is built_gen_.
-    step_shape built_{};
-    uint64_t built_gen_ = ~uint64_t(0);
+    // One per device, in layer order.
+    std::vector<std::unique_ptr<stage>> stages_;
+    std::string device_list_; // as given
+    int32_t chunk_ = 0;       // tokens per prefill chunk: the smallest of the stages' plans
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
     // Each sequence's newest position and cell, as of kv.version
@@ -209,13 +214,13 @@ class llama_context {
     std::vector<int32_t> fill_, hits_; // list_seq_cells' scratch
     int32_t last_out_ = -1;
     int32_t n_last_ = 0;
-    // The last batch's logits rows, in host memory from the backend: pinned
-    // for a GPU, so a step's download is one copy at the link's speed (into
-    // pageable memory the driver stages it and copies twice).
+    // The last batch's logits rows, in host memory from the last device's
+    // backend: pinned for a GPU, so a step's download is one copy at the
+    // link's speed (into pageable memory the driver stages it and copies
+    // twice).
     float * logits_ = nullptr;
     size_t logits_cap_ = 0; // floats
     void reserve_logits(size_t n);
-    tensor * logits_node_ = nullptr;
 };
 
 } // namespace smol

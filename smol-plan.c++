@@ -98,6 +98,7 @@ constexpr uint64_t compute_floor = 64ull << 20;
 kv_plan make_plan(const plan_input & in) {
     kv_plan p;
     p.n_layer = in.n_layer;
+    p.first_layer = in.first_layer;
     p.n_head_kv = in.n_head_kv;
     p.head_dim = in.head_dim;
     p.kv_type = in.kv_type;
@@ -380,9 +381,10 @@ std::string kv_plan::format() const {
             int32_t l1 = l0 + 1;
             while (l1 < n_layer && list(l1) == list(l0)) ++l1;
             if (l1 - l0 > 1) {
-                std::snprintf(b, sizeof b, " %d-%d: %s", l0, l1 - 1, list(l0).c_str());
+                std::snprintf(b, sizeof b, " %d-%d: %s", first_layer + l0, first_layer + l1 - 1,
+                              list(l0).c_str());
             } else {
-                std::snprintf(b, sizeof b, " %d: %s", l0, list(l0).c_str());
+                std::snprintf(b, sizeof b, " %d: %s", first_layer + l0, list(l0).c_str());
             }
             s += b;
             l0 = l1;
@@ -402,9 +404,10 @@ std::string kv_plan::format() const {
             int32_t l1 = l0 + 1;
             while (l1 < n_layer && count(l1) == count(l0)) ++l1;
             if (l1 - l0 > 1) {
-                std::snprintf(b, sizeof b, " %d-%d: %d/%d", l0, l1 - 1, count(l0), n_head_kv);
+                std::snprintf(b, sizeof b, " %d-%d: %d/%d", first_layer + l0, first_layer + l1 - 1,
+                              count(l0), n_head_kv);
             } else {
-                std::snprintf(b, sizeof b, " %d: %d/%d", l0, count(l0), n_head_kv);
+                std::snprintf(b, sizeof b, " %d: %d/%d", first_layer + l0, count(l0), n_head_kv);
             }
             s += b;
             l0 = l1;

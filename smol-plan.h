@@ -31,6 +31,7 @@ struct attend_rates {
 
 struct plan_input {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+    int32_t first_layer = 0; // the model's index of the plan's layer 0 (a device's part)
     smol_type kv_type = SMOL_TYPE_F16;
     int32_t n_cells = 0;    // the context's KV cells
     uint32_t n_batch = 512; // most tokens of one decode call
@@ -61,6 +62,7 @@ struct plan_input {
 
 struct kv_plan {
     int32_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_cells = 0;
+    int32_t first_layer = 0; // as plan_input's: what the plan's text and copies call layer 0
     smol_type kv_type = SMOL_TYPE_F16;
     int32_t G = 0;       // kv heads per group
     int32_t n_group = 0; // groups per layer

@@ -440,6 +440,11 @@ smol_context_params smol_context_default_params(void) {
     p.n_seq_max = 1;
     p.device = nullptr;
     p.gpu_mem = 0;
+    p.split = SMOL_SPLIT_LAYER;
+    p.device_mem = nullptr;
+    p.n_device_mem = 0;
+    p.tensor_split = nullptr;
+    p.n_tensor_split = 0;
     p.kv_offload = SMOL_KV_OFFLOAD_AUTO;
     p.kv_attend = SMOL_KV_ATTEND_AUTO;
     p.head_group = 0;
@@ -544,7 +549,13 @@ smol_status smol_autotune(const smol_model * model, const char * device, const i
 smol_status smol_context_matmul_kernels(const smol_context * ctx, char * buf, size_t size,
                                         size_t * n_out) {
     if (!ctx) return invalid("smol_context_matmul_kernels: ctx must not be NULL");
-    return copy_out(ctx->c->device().mm_used(), buf, size, n_out);
+    const smol::llama_context & c = *ctx->c;
+    std::string text;
+    for (int32_t d = 0; d < c.n_devices(); ++d) {
+        if (c.n_devices() > 1) text += std::string(c.device(d).name()) + ":\n";
+        text += c.device(d).mm_used();
+    }
+    return copy_out(text, buf, size, n_out);
 }
 uint32_t smol_context_n_ctx(const smol_context * ctx) {
     return ctx ? ctx->c->params.n_ctx : 0;
@@ -561,10 +572,25 @@ void smol_context_memory(const smol_context * ctx, smol_memory_info * info) {
     *info = ctx->c->memory_info();
 }
 
+int32_t smol_context_n_devices(const smol_context * ctx) {
+    return ctx ? ctx->c->n_devices() : 0;
+}
+
+smol_status smol_context_device_memory(const smol_context * ctx, int32_t i,
+                                       smol_memory_info * info) {
+    if (!ctx || !info) return invalid("smol_context_device_memory: ctx and info must not be NULL");
+    if (i < 0 || i >= ctx->c->n_devices()) {
+        return invalid("smol_context_device_memory: device " + std::to_string(i) +
+                       " is outside [0, " + std::to_string(ctx->c->n_devices()) + ")");
+    }
+    *info = ctx->c->memory_info(i);
+    return SMOL_OK;
+}
+
 smol_status smol_context_plan_dump(const smol_context * ctx, char * buf, size_t size,
                                    size_t * n_out) {
     if (!ctx) return invalid("smol_context_plan_dump: ctx must not be NULL");
-    return copy_out(ctx->c->plan.format(), buf, size, n_out);
+    return copy_out(ctx->c->plan_text(), buf, size, n_out);
 }
 
 smol_status smol_context_schedule_dump(smol_context * ctx, int32_t n_tokens, char * buf,

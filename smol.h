@@ -286,16 +286,41 @@ typedef enum smol_attn_kernel {
     SMOL_ATTN_CLASSIC = 4,
 } smol_attn_kernel;
 
+// How a context over several devices (a device list: "sim,sim",
+// "cuda:0,cuda:1", "cuda:0,cpu") divides the model. LAYER gives each
+// device a contiguous range of layers, their weights and their KV cache,
+// under its own budget and its own per-head plan (the first device also
+// embeds the tokens, the last computes the outputs); a step's hidden
+// states pass from each device to the next through host memory. Only
+// placement changes, so the logits are those of one device of the kind.
+// HEAD, each layer's heads divided among the devices, is not built yet
+// and is refused.
+typedef enum smol_split {
+    SMOL_SPLIT_LAYER = 0,
+    SMOL_SPLIT_HEAD = 1,
+} smol_split;
+
 // Asked before each chunk of a smol_decode batch; true stops the call.
 typedef bool (*smol_abort_fn)(void * user_data);
 
 typedef struct smol_context_params {
-    uint32_t n_ctx;               // KV cells shared by all sequences (0: 4096, capped at training)
-    uint32_t n_batch;             // most tokens one smol_decode call takes (0: 512, 4096 on a GPU)
-    int32_t n_threads;            // CPU threads (0: all cores)
-    uint32_t n_seq_max;           // most sequences at once (default 1, at most 128)
-    const char * device;          // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
-    uint64_t gpu_mem;             // device memory budget in bytes (0: none, every head resident)
+    uint32_t n_ctx;      // KV cells shared by all sequences (0: 4096, capped at training)
+    uint32_t n_batch;    // most tokens one smol_decode call takes (0: 512, 4096 on a GPU)
+    int32_t n_threads;   // CPU threads (0: all cores)
+    uint32_t n_seq_max;  // most sequences at once (default 1, at most 128)
+    const char * device; // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
+                         // (a comma-separated list: the model split over them)
+    uint64_t gpu_mem;    // device memory budget in bytes (0: none, every head resident)
+    // A device list: how the model is split (LAYER), each device's budget
+    // (device_mem[i]; NULL: gpu_mem for each), and each device's share of
+    // the layers, in proportion as llama.cpp's --tensor-split
+    // (tensor_split[i]; NULL: in proportion to the budgets when every
+    // device has one, else even). Each array has one entry per device.
+    smol_split split;
+    const uint64_t * device_mem;
+    uint32_t n_device_mem;
+    const float * tensor_split;
+    uint32_t n_tensor_split;
     smol_kv_offload kv_offload;   // default AUTO
     smol_kv_attend kv_attend;     // offloaded slices: streamed or attended on the host (AUTO)
     int32_t head_group;           // kv heads per group (0: the planner chooses)
@@ -366,10 +391,24 @@ typedef struct smol_memory_info {
     int32_t head_group; // kv heads per group
     int32_t chunk;      // tokens per prefill chunk
     smol_type kv_type;  // the KV cache's element type
+    // The device ("sim", "cuda:1"; the whole context: its device list, as
+    // given) and its layers [first_layer, first_layer + n_layer); the
+    // string lives as long as the context.
+    const char * device;
+    int32_t first_layer, n_layer;
 } smol_memory_info;
 
+// The whole context's memory: over several devices, budgets and bytes
+// summed (device_peak: the sum of each device's peak), head_group and the
+// rates the first device's.
 SMOL_API void smol_context_memory(const smol_context * ctx, smol_memory_info * info);
-// The KV plan as text (bytes per kind, resident heads per layer, G, chunk).
+// The devices a context runs on (1 unless a device list split the model)
+// and the memory of device i alone, as smol_context_memory's.
+SMOL_API int32_t smol_context_n_devices(const smol_context * ctx);
+SMOL_API smol_status smol_context_device_memory(const smol_context * ctx, int32_t i,
+                                                smol_memory_info * info);
+// The KV plan as text (bytes per kind, resident heads per layer, G, chunk;
+// over several devices, each device's).
 SMOL_API smol_status smol_context_plan_dump(const smol_context * ctx, char * buf, size_t size,
                                             size_t * n_out);
 // The program of a step of n_tokens tokens, one instruction a line per

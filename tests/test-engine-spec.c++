@@ -109,6 +109,7 @@ struct engine_setup {
     int32_t draft_max = 0;
     smol_model * draft = nullptr;
     uint32_t n_batch = 0; // 0: n_ctx
+    const char * device = nullptr;
     // Streaming heads (empty: none), with 2 sinks and a window of 5.
     std::vector<uint8_t> streaming;
 };
@@ -119,6 +120,7 @@ engine_ptr make_engine(smol_model * m, const engine_setup & s) {
     p.context.n_batch = s.n_batch ? s.n_batch : s.n_ctx;
     p.context.n_seq_max = s.parallel;
     p.context.n_threads = 2;
+    p.context.device = s.device;
     p.n_chunk = s.chunk;
     p.prefix_cache = s.prefix;
     p.prefix_block = 8;
@@ -405,6 +407,13 @@ TEST_CASE("greedy decoding with a draft model gives plain decoding's tokens and 
     check_same(serve(f.model.get(), spec, jobs, &st), want);
     CHECK(st.n_spec_drafted > 0);
     CHECK(st.n_spec_accepted == st.n_spec_drafted);
+
+    // The target's layers split over two simulated devices, the draft on
+    // the first: the same output.
+    spec.draft = other.model.get();
+    spec.device = "sim,sim";
+    check_same(serve(f.model.get(), spec, jobs, &st), want);
+    CHECK(st.n_spec_drafted > 0);
 }
 
 TEST_CASE("a draft whose cache is full leaves requests without guesses and the output as it was") {

@@ -459,8 +459,8 @@ TEST_CASE("seeded sampling requests draw the same tokens alone and six at once")
     }
 }
 
-TEST_CASE("with every KV head offloaded on the simulated device, the engine gives the CPU's "
-          "tokens and logits") {
+TEST_CASE("with every KV head offloaded on the simulated device, alone or two splitting the "
+          "layers, the engine gives the CPU's tokens and logits") {
     SMOL_TEST_DRAW_SEED(seed);
     tiny_file f(SMOL_TYPE_Q8_0, seed, "offload.gguf");
     std::mt19937 rng(seed);
@@ -482,14 +482,19 @@ TEST_CASE("with every KV head offloaded on the simulated device, the engine give
         *st = smol_engine_get_stats(e.get());
         return out;
     };
-    smol_engine_stats cpu_st{}, sim_st{};
+    smol_engine_stats cpu_st{}, sim_st{}, split_st{};
     const std::vector<result> cpu = serve(nullptr, SMOL_KV_OFFLOAD_AUTO, &cpu_st);
     const std::vector<result> sim = serve("sim", SMOL_KV_OFFLOAD_ALL, &sim_st);
+    // And with the model's layers split over two simulated devices.
+    const std::vector<result> split = serve("sim,sim", SMOL_KV_OFFLOAD_ALL, &split_st);
     for (size_t i = 0; i < prompts.size(); ++i) {
         CAPTURE(i);
         CHECK(sim[i].tokens.size() == 10);
         check_same(sim[i], cpu[i]);
+        check_same(split[i], cpu[i]);
     }
+    CHECK(split_st.kv_bytes_offloaded == sim_st.kv_bytes_offloaded);
+    CHECK(split_st.kv_bytes_resident == 0);
     CHECK(sim_st.n_prefix_hit_tokens > 0);
     CHECK(sim_st.n_prefix_hit_tokens == cpu_st.n_prefix_hit_tokens);
     // The prefix cache still holds cells: on the CPU they are resident, on

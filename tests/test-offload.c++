@@ -29,6 +29,7 @@
 
 using test::decode_all;
 using test::random_ids;
+using test::run_workload;
 
 namespace {
 
@@ -90,51 +91,6 @@ smol_memory_info memory_of(smol_context * c) {
     smol_memory_info mi;
     smol_context_memory(c, &mi);
     return mi;
-}
-
-// A workload of several sequences: prompts (in chunks of the context's
-// n_batch), then decode steps that batch one token of every sequence, then
-// a few steps of sequence 0 alone. Every logit row, in order.
-std::vector<float> run_workload(smol_context * c, int n_vocab,
-                                const std::vector<std::vector<int>> & prompts,
-                                const std::vector<int> & steps) {
-    std::vector<float> out;
-    const int32_t cap = int32_t(smol_context_n_batch(c));
-    smol_batch b = smol_batch_init(cap);
-    auto keep = [&]() {
-        for (int i = 0; i < b.n_tokens; ++i) {
-            const float * l = smol_get_logits(c, i);
-            REQUIRE(l != nullptr);
-            out.insert(out.end(), l, l + n_vocab);
-        }
-    };
-    auto decode = [&]() {
-        const smol_status st = smol_decode(c, &b);
-        INFO(std::string(smol_last_error()));
-        REQUIRE(st == SMOL_OK);
-        keep();
-        b.n_tokens = 0;
-    };
-    std::vector<int> len(prompts.size(), 0);
-    for (size_t s = 0; s < prompts.size(); ++s) {
-        for (int t : prompts[s]) {
-            smol_batch_add(&b, cap, t, len[s]++, smol_seq_id(s), true);
-            if (b.n_tokens == cap) decode();
-        }
-        if (b.n_tokens > 0) decode();
-    }
-    size_t k = 0;
-    for (int round = 0; round < 3; ++round) {
-        for (size_t s = 0; s < prompts.size(); ++s)
-            smol_batch_add(&b, cap, steps[k++ % steps.size()], len[s]++, smol_seq_id(s), true);
-        decode();
-    }
-    for (int round = 0; round < 3; ++round) {
-        smol_batch_add(&b, cap, steps[k++ % steps.size()], len[0]++, 0, true);
-        decode();
-    }
-    smol_batch_free(&b);
-    return out;
 }
 
 bool same_bits(const std::vector<float> & a, const std::vector<float> & b) {
@@ -1183,7 +1139,7 @@ void check_schedule(const smol::graph & g, const smol::schedule & s, const smol:
     // the slot's previous reader and OFFLOAD finished (WAR).
     for (size_t k = 0; k < prefetches.size(); ++k) {
         const tensor * p = prefetches[k];
-        const int32_t flat = p->iparams[0] * plan.n_group + p->iparams[1];
+        const int32_t flat = (p->iparams[0] - plan.first_layer) * plan.n_group + p->iparams[1];
         if (flat > 0) {
             const tensor * prev = attentions[size_t(flat - 1)];
             CHECK(p->node_index < prev->node_index);
@@ -1230,7 +1186,7 @@ TEST_CASE("the schedule waits for each prefetch, issues it a group early and nev
                 ctx.decode(b);
                 smol::schedule s;
                 smol::make_schedule(ctx.last_graph(), s);
-                check_schedule(ctx.last_graph(), s, ctx.plan);
+                check_schedule(ctx.last_graph(), s, ctx.plan());
                 b.n_tokens = 0;
             }
         }
@@ -1244,17 +1200,17 @@ TEST_CASE("the schedule waits for each prefetch, issues it a group early and nev
     {
         auto model = smol::llama_model::load(path, smol_model_default_params());
         smol::llama_context probe(*model, sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_ALL, 1, 0}));
-        const uint64_t budget = probe.plan.weight_bytes + probe.plan.compute_bytes +
-                                2 * probe.plan.group_bytes() + 5 * probe.plan.group_bytes();
+        const uint64_t budget = probe.plan().weight_bytes + probe.plan().compute_bytes +
+                                2 * probe.plan().group_bytes() + 5 * probe.plan().group_bytes();
         smol::llama_context ctx(*model,
                                 sim_params(256, 32, 1, {"", SMOL_KV_OFFLOAD_AUTO, 1, budget}));
-        CHECK(ctx.plan.n_resident_groups() == 5);
+        CHECK(ctx.plan().n_resident_groups() == 5);
         smol_batch b = smol_batch_init(32);
         for (int i = 0; i < 20; ++i) smol_batch_add(&b, 32, i + 1, i, 0, i == 19);
         ctx.decode(b);
         smol::schedule s;
         smol::make_schedule(ctx.last_graph(), s);
-        check_schedule(ctx.last_graph(), s, ctx.plan);
+        check_schedule(ctx.last_graph(), s, ctx.plan());
         smol_batch_free(&b);
     }
     std::filesystem::remove(path);

@@ -165,8 +165,10 @@ TEST_CASE("sliding-window layers keeping their window give the bits of keeping e
         const char * device;
         smol_kv_offload mode;
     };
+    // Split by layers too: each device's plan keeps its windowed layers.
     for (const run r : {run{"cpu", SMOL_KV_OFFLOAD_AUTO}, run{"sim", SMOL_KV_OFFLOAD_NONE},
-                        run{"sim", SMOL_KV_OFFLOAD_ALL}}) {
+                        run{"sim", SMOL_KV_OFFLOAD_ALL}, run{"sim,sim", SMOL_KV_OFFLOAD_ALL},
+                        run{"cpu,sim,sim", SMOL_KV_OFFLOAD_AUTO}}) {
         CAPTURE(r.device);
         CAPTURE(int(r.mode));
         context_ptr c = make_context(g.m.get(), params(r.device, false, r.mode));
@@ -431,15 +433,22 @@ TEST_CASE("streaming heads in the window store give the bits of keeping every po
         smol_kv_offload mode;
     };
     for (const run r : {run{"cpu", SMOL_KV_OFFLOAD_AUTO}, run{"sim", SMOL_KV_OFFLOAD_NONE},
-                        run{"sim", SMOL_KV_OFFLOAD_ALL}}) {
+                        run{"sim", SMOL_KV_OFFLOAD_ALL}, run{"sim,sim,sim", SMOL_KV_OFFLOAD_ALL}}) {
         CAPTURE(r.device);
         CAPTURE(int(r.mode));
         context_ptr c = make_context(t.m.get(), stream_params(r.device, r.mode, heads));
         const std::string plan = plan_text(c.get());
         CAPTURE(plan);
-        const auto n_stream = std::count(heads.begin(), heads.end(), uint8_t(1));
-        CHECK(plan.find("window store: " + std::to_string(n_stream) +
-                        " streaming head(s) keep 88 cells of 256") != std::string::npos);
+        // Over three devices, each plan keeps its own layer's streaming heads.
+        const bool split = std::string(r.device).find(',') != std::string::npos;
+        for (int l = 0; l < (split ? llama_shape().n_layer : 1); ++l) {
+            const auto first = heads.begin() + (split ? l * llama_shape().n_head_kv : 0);
+            const auto n_stream = std::count(
+                first, split ? first + llama_shape().n_head_kv : heads.end(), uint8_t(1));
+            if (n_stream == 0) continue;
+            CHECK(plan.find("window store: " + std::to_string(n_stream) +
+                            " streaming head(s) keep 88 cells of 256") != std::string::npos);
+        }
         check_bits(run_workload(c.get(), 300, seed), want);
     }
 }
