@@ -35,6 +35,7 @@
 // runs as a context is; the row's name gives the share of guesses kept and
 // the tokens a target pass gave.
 
+#include "../device-option.h"
 #include "../kv-type-option.h"
 #include "../streaming-heads-option.h"
 #include "smol.h"
@@ -85,12 +86,11 @@ struct options {
     int reps = 5;
     std::string output = "md";
     std::string output_err = "none";
-    std::string device;
+    device_options devices;
     std::vector<int> depth{0};
     bool sample = false;
     int top_k = 0;           // with sample
     std::string json_schema; // a file; with sample
-    std::string gpu_mem;
     std::string kv_offload = "auto";
     std::string kv_attend = "auto";
     int head_group = 0;
@@ -130,6 +130,7 @@ struct placement_info {
     uint64_t gpu_mem = 0;
     std::string kv_offload;
     smol_memory_info mem{};
+    std::string devices; // a line per device, over several
     uint32_t n_ctx = 0;
     double floor_ms = 0; // per decoded token at the test's depth
 };
@@ -397,8 +398,7 @@ result new_result(const std::string & file, const smol_model_info & info,
 result run_test(smol_model * model, const smol_model_info & info, const std::string & file,
                 const options & o, int n_batch, int n_threads, int n_prompt, int n_gen,
                 int n_depth) {
-    const std::string & device = o.device;
-    result r = new_result(file, info, device, n_threads, n_prompt, n_gen);
+    result r = new_result(file, info, o.devices.device, n_threads, n_prompt, n_gen);
     r.n_batch = n_batch;
     r.n_depth = n_depth;
 
@@ -410,9 +410,7 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
     cparams.n_ctx = uint32_t(n_depth + n_prompt + n_gen + (spec ? 1 + o.draft_max : 0));
     cparams.n_batch = uint32_t(n_batch);
     cparams.n_threads = n_threads;
-    if (!device.empty()) cparams.device = device.c_str();
-    if (!o.gpu_mem.empty())
-        check(smol_parse_size(o.gpu_mem.c_str(), &cparams.gpu_mem), "--gpu-mem");
+    if (std::string err; !o.devices.apply(cparams, err)) throw bench_error(err);
     cparams.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
@@ -492,12 +490,13 @@ result run_test(smol_model * model, const smol_model_info & info, const std::str
         r.mode += note;
     }
     b.report(r.test_name());
-    r.place.shown =
-        n_depth > 0 || !o.gpu_mem.empty() || o.kv_offload != "auto" || o.kv_type != SMOL_TYPE_F16;
-    r.place.gpu_mem = cparams.gpu_mem;
+    r.place.shown = n_depth > 0 || !o.devices.gpu_mem.empty() || o.kv_offload != "auto" ||
+                    o.kv_type != SMOL_TYPE_F16 || smol_context_n_devices(ctx.get()) > 1;
     r.place.kv_offload = o.kv_offload;
     r.place.n_ctx = smol_context_n_ctx(ctx.get());
     smol_context_memory(ctx.get(), &r.place.mem);
+    r.place.gpu_mem = r.place.mem.budget;
+    r.place.devices = device_lines(ctx.get());
     // A decode step reads every weight and the KV of the cells in use: the
     // resident part at the device's bandwidth, the rest over the link or,
     // for the heads attended on the host, at the host's measured speed, the
@@ -564,9 +563,8 @@ std::string kernels_of(smol_context * ctx) {
 
 result run_batched(smol_model * model, const smol_model_info & info, const std::string & file,
                    const options & o, int n_threads, int n_seq) {
-    const std::string & device = o.device;
     const int n_prompt = o.batched_prompt, n_gen = o.batched_gen, reps = o.reps;
-    result r = new_result(file, info, device, n_threads, n_prompt, n_gen);
+    result r = new_result(file, info, o.devices.device, n_threads, n_prompt, n_gen);
     r.n_seq = n_seq;
 
     smol_context_params cparams = smol_context_default_params();
@@ -574,7 +572,7 @@ result run_batched(smol_model * model, const smol_model_info & info, const std::
     cparams.n_batch = uint32_t(std::max(n_seq, 512));
     cparams.n_seq_max = uint32_t(n_seq);
     cparams.n_threads = n_threads;
-    if (!device.empty()) cparams.device = device.c_str();
+    if (std::string err; !o.devices.apply(cparams, err)) throw bench_error(err);
     cparams.attn = attn_kernel_of(o.attn);
     smol_context * raw = nullptr;
     check(smol_context_create(model, &cparams, &raw), "cannot create a context for " + file);
@@ -623,7 +621,7 @@ bool engine_counted(const smol_engine_event * ev, void * user) {
 result run_engine(smol_model * model, const smol_model_info & info, const std::string & file,
                   const options & o, int n_threads, int n_req) {
     const int n_prompt = o.batched_prompt, n_gen = o.batched_gen;
-    result r = new_result(file, info, o.device, n_threads, n_prompt, n_gen);
+    result r = new_result(file, info, o.devices.device, n_threads, n_prompt, n_gen);
     r.n_seq = n_req;
     r.mode = " engine";
     const std::string gbnf = o.sample ? schema_grammar(o) : "";
@@ -634,7 +632,7 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
     ep.context.n_batch = std::min<uint32_t>(512, ep.context.n_ctx);
     ep.context.n_seq_max = uint32_t(n_req);
     ep.context.n_threads = n_threads;
-    if (!o.device.empty()) ep.context.device = o.device.c_str();
+    if (std::string err; !o.devices.apply(ep.context, err)) throw bench_error(err);
     ep.context.attn = attn_kernel_of(o.attn);
     ep.prefix_cache = false; // every prompt is new
     // The engine's line a request would fill the table's stream; warnings
@@ -796,6 +794,12 @@ struct markdown_table {
                          r.place.floor_ms, ms, 100.0 * r.place.floor_ms / ms);
         }
         std::fprintf(out, "\n");
+        // Over several devices, each one's part, under the row as well.
+        for (size_t a = 0; a < r.place.devices.size();) {
+            const size_t b = r.place.devices.find('\n', a);
+            std::fprintf(out, "| %s\n", r.place.devices.substr(a, b - a).c_str());
+            a = b + 1;
+        }
     }
 
     void footer() const {
@@ -891,7 +895,7 @@ struct sink {
 int run(options & o) {
     if (o.json) o.output = "json";
     if (o.n_threads.empty()) o.n_threads = {int(std::max(1u, std::thread::hardware_concurrency()))};
-    const bool show_kernels = !o.device.empty() && o.device != "cpu";
+    const bool show_kernels = !o.devices.device.empty() && o.devices.device != "cpu";
     const bool show_batch = o.n_batch.size() > 1 || o.n_batch[0] != 0 || show_kernels;
     const sink sinks[] = {{stdout, o.output, {stdout, show_batch, show_kernels}},
                           {stderr, o.output_err, {stderr, show_batch, show_kernels}}};
@@ -921,9 +925,9 @@ int run(options & o) {
             check(smol_model_load(file.c_str(), nullptr, &raw), "cannot load " + file);
             model_ptr model(raw);
             std::fprintf(stderr, "smol-bench: autotuning the matmul kernels of %s on %s\n",
-                         file.c_str(), o.device.c_str());
+                         file.c_str(), o.devices.device.c_str());
             auto log = [](const char * line, void *) { std::fprintf(stderr, "  %s\n", line); };
-            check(smol_autotune(model.get(), o.device.c_str(), nullptr, 0,
+            check(smol_autotune(model.get(), o.devices.device.c_str(), nullptr, 0,
                                 o.autotune_file.empty() ? nullptr : o.autotune_file.c_str(), log,
                                 nullptr),
                   "autotune of " + file);
@@ -1017,13 +1021,11 @@ int main(int argc, char ** argv) {
         ->capture_default_str()
         ->check(CLI::IsMember({"none", "md", "json"}));
     app.add_flag("--json", o.json, "print a JSON array (same as -o json)");
-    app.add_option("--device", o.device,
-                   "where to run: cpu, sim (a simulated device) or cuda:N (default: cpu)");
+    add_device_options(app, o.devices);
     app.add_option("-d,--n-depth", o.depth, "tokens of context filled before each test")
         ->delimiter(',')
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB (default: none)");
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->capture_default_str()
         ->check(CLI::IsMember({"auto", "none", "all"}));

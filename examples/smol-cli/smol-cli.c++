@@ -5,6 +5,7 @@
 // adds. Tokens are streamed to stdout as they are sampled; the loading bar,
 // notes and timings go to stderr so stdout holds only text.
 
+#include "../device-option.h"
 #include "../kv-type-option.h"
 #include "../streaming-heads-option.h"
 #include "smol.h"
@@ -93,8 +94,7 @@ struct options {
     uint32_t n_ctx = 0;
     uint32_t n_batch = 0;
     int32_t n_threads = 0;
-    std::string device;
-    std::string gpu_mem;
+    device_options devices;
     std::string kv_offload = "auto";
     std::string kv_attend = "auto";
     int32_t head_group = 0;
@@ -602,9 +602,7 @@ int run(const options & o, const char * argv0) {
     if (o.n_batch) cparams.n_batch = o.n_batch;
     cparams.n_threads = o.n_threads;
     cparams.swa_full = o.swa_full;
-    if (!o.device.empty()) cparams.device = o.device.c_str();
-    if (!o.gpu_mem.empty())
-        check(smol_parse_size(o.gpu_mem.c_str(), &cparams.gpu_mem), "--gpu-mem");
+    if (std::string err; !o.devices.apply(cparams, err)) throw cli_error(err);
     cparams.kv_offload = o.kv_offload == "none"  ? SMOL_KV_OFFLOAD_NONE
                          : o.kv_offload == "all" ? SMOL_KV_OFFLOAD_ALL
                                                  : SMOL_KV_OFFLOAD_AUTO;
@@ -636,6 +634,7 @@ int run(const options & o, const char * argv0) {
             std::fprintf(stderr, "  measured: device peak %.1f MiB, host pinned %.1f MiB%s\n",
                          double(mi.device_peak) / 1048576.0, double(mi.host_pinned) / 1048576.0,
                          mi.host_pageable ? " (some host memory could not be pinned)" : "");
+            std::fputs(device_lines(ctx.get()).c_str(), stderr);
         }
         if (o.dump_schedule) {
             smol_status st = smol_context_schedule_dump(ctx.get(), 1, text.data(), text.size(), &n);
@@ -710,10 +709,7 @@ int main(int argc, char ** argv) {
     app.add_option("-t,--threads", o.n_threads, "CPU threads (0: all cores)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    app.add_option("--device", o.device,
-                   "where to run: cpu, sim (a simulated device) or cuda:N (default: cpu)");
-    app.add_option("--gpu-mem", o.gpu_mem,
-                   "device memory budget, such as 24GiB (default: none, all KV resident)");
+    add_device_options(app, o.devices);
     app.add_option("--kv-offload", o.kv_offload,
                    "KV heads in host memory: auto (what does not fit), none, all")
         ->capture_default_str()

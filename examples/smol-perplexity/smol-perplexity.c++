@@ -13,6 +13,7 @@
 //   scripts/pydoc-text.py /tmp/pydoc.txt   writes a real English text (Python's own
 //                                          documentation topics) to use
 
+#include "../device-option.h"
 #include "../kv-type-option.h"
 #include "../streaming-heads-option.h"
 #include "smol.h"
@@ -37,8 +38,7 @@ struct options {
     int32_t n_batch = 512;
     int32_t chunks = -1;
     int threads = 0;
-    std::string device = "cpu";
-    std::string gpu_mem;
+    device_options devices;
     smol_type kv_type = SMOL_TYPE_F16;
     streaming_heads_option streaming;
     bool quiet = false;
@@ -99,15 +99,14 @@ int run(const options & o) {
     cp.n_ctx = uint32_t(n_ctx);
     cp.n_batch = uint32_t(std::min(o.n_batch, n_ctx));
     cp.n_threads = o.threads;
-    cp.device = o.device.c_str();
     cp.kv_type = o.kv_type;
     if (std::string err; !o.streaming.apply(model, cp, err)) {
         std::fprintf(stderr, "smol-perplexity: %s\n", err.c_str());
         smol_model_free(model);
         return 1;
     }
-    if (!o.gpu_mem.empty() && smol_parse_size(o.gpu_mem.c_str(), &cp.gpu_mem) != SMOL_OK) {
-        std::fprintf(stderr, "smol-perplexity: --gpu-mem: %s\n", smol_last_error());
+    if (std::string err; !o.devices.apply(cp, err)) {
+        std::fprintf(stderr, "smol-perplexity: %s\n", err.c_str());
         smol_model_free(model);
         return 1;
     }
@@ -200,8 +199,7 @@ int main(int argc, char ** argv) {
         ->check(CLI::PositiveNumber);
     app.add_option("--chunks", o.chunks, "score at most this many chunks (default: all)");
     app.add_option("-t,--threads", o.threads, "CPU threads")->capture_default_str();
-    app.add_option("--device", o.device, "cpu, sim or cuda:N")->capture_default_str();
-    app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB");
+    add_device_options(app, o.devices);
     add_kv_type_option(app, o.kv_type);
     o.streaming.add(app);
     app.add_flag("-q,--quiet", o.quiet, "only the final estimate");

@@ -11,6 +11,7 @@
 // route but /health and the page needs one, and listening beyond loopback
 // needs keys (or --no-auth).
 
+#include "../device-option.h"
 #include "../kv-type-option.h"
 #include "../streaming-heads-option.h"
 #include "access.h"
@@ -66,8 +67,7 @@ struct options {
     bool no_prefix_cache = false;
     bool swa_full = false; // sliding-window layers keep every position
     int32_t window_reserve = 0;
-    std::string device = "cpu";
-    std::string gpu_mem;             // device memory budget ("24GiB"); empty: none
+    device_options devices;          // --device, --gpu-mem, --split, --tensor-split
     std::string kv_offload = "auto"; // KV heads in host memory: auto, none, all
     std::string kv_attend = "auto";  // offloaded heads: auto, device, host
     smol_type kv_type = SMOL_TYPE_F16;
@@ -1041,8 +1041,7 @@ int main(int argc, char ** argv) {
                    "connections served at once; more wait for one to end (default 1024)");
     app.add_option("--chunk", o.chunk, "most prompt tokens of one request per step (default 256)");
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all cores)");
-    app.add_option("--device", o.device, "cpu, sim (a simulated device) or cuda:N (default cpu)");
-    app.add_option("--gpu-mem", o.gpu_mem, "device memory budget, such as 24GiB (default: none)");
+    add_device_options(app, o.devices);
     app.add_option("--kv-offload", o.kv_offload, "KV heads in host memory: auto, none, all")
         ->check(CLI::IsMember({"auto", "none", "all"}));
     app.add_option("--kv-attend", o.kv_attend,
@@ -1120,9 +1119,8 @@ int main(int argc, char ** argv) {
     ep.context.n_batch = std::min<uint32_t>(512, o.n_ctx);
     ep.context.n_seq_max = o.parallel;
     ep.context.n_threads = o.threads;
-    ep.context.device = o.device.c_str();
-    if (!o.gpu_mem.empty() && smol_parse_size(o.gpu_mem.c_str(), &ep.context.gpu_mem) != SMOL_OK) {
-        std::fprintf(stderr, "smol-server: --gpu-mem: %s\n", smol_last_error());
+    if (std::string err; !o.devices.apply(ep.context, err)) {
+        std::fprintf(stderr, "smol-server: %s\n", err.c_str());
         smol_model_free(st.model);
         return 1;
     }
