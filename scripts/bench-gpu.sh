@@ -20,8 +20,12 @@
 #   scripts/bench-gpu.sh                      build, models, autotune, bench, ceilings
 #   scripts/bench-gpu.sh --only PHASES        a comma list of: build, models, autotune,
 #                                             serve-probe, serve, peers, bench, spec,
-#                                             grammar, offload, capacity, ceilings, hf
-#                                             (in this order)
+#                                             grammar, offload, capacity, split, ceilings,
+#                                             hf (in this order)
+#   scripts/bench-gpu.sh --split              add the layer-split phase: the 1.7B f16 shape
+#                                             over two GPUs (cuda:0,cuda:0 on a machine of
+#                                             one), capacity and decode against one GPU,
+#                                             llama.cpp's -sm layer beside it
 #   scripts/bench-gpu.sh --offload            add the long-context phase (per-head KV
 #                                             placement under a 24 GiB budget, 1.7B f16)
 #   scripts/bench-gpu.sh --capacity           add the capacity phase: each CAPACITY entry
@@ -74,6 +78,7 @@ while [ $# -gt 0 ]; do
         --peers) phases="$phases,peers" ;;
         --offload) phases="$phases,offload" ;;
         --capacity) phases="$phases,capacity" ;;
+        --split) phases="$phases,split" ;;
         --hf) phases="$phases,hf" ;;
         --serve) phases="$phases,serve" ;;
         --pack)
@@ -717,6 +722,45 @@ if has capacity; then
     } >>"$summary"
     phase capacity capacity_bench
     grep -E '^\||^nvidia-smi|^--' "$tmp/capacity.txt" >>"$summary"
+fi
+
+# --- split: the layers over two GPUs --------------------------------------------------
+# The 1.7B f16 shape with every head resident under 24 GiB a GPU: the most
+# context one GPU holds (SPLIT_CTX, default 81920 tokens) against twice that
+# on two; then decode at equal context on one GPU and on two, and llama.cpp's
+# -sm layer beside it when its build is there. With one GPU, cuda:0,cuda:0
+# stands in for the pair (two backends of one GPU: the hand-off, not the
+# capacity).
+split_bench() {
+    local f ctx=${SPLIT_CTX:-81920} devs=cuda:0,cuda:1 n_gpu
+    f=$(model_path 1.7B f16)
+    [ -s "$f" ] || { echo "no $f: run the models phase"; return 1; }
+    n_gpu=$(nvidia-smi -L | wc -l)
+    [ "$n_gpu" -ge 2 ] || { devs=cuda:0,cuda:0; echo "one GPU: $devs stands in for two"; }
+    echo "-- capacity: one GPU at $ctx tokens, then $devs at $((2 * ctx)), every head resident"
+    "$bench" --device cuda:0 -m "$f" --gpu-mem 24GiB --kv-offload none -p 0 -n 16 \
+        -d $((ctx - 16)) -r 1 --progress 2>&1 || return 1
+    "$bench" --device "$devs" -m "$f" --gpu-mem 24GiB --kv-offload none -p 0 -n 16 \
+        -d $((2 * ctx - 16)) -r 1 --progress 2>&1 || return 1
+    echo "-- equal context: one GPU, then $devs"
+    "$bench" --device cuda:0 -m "$f" -p 512 -n 128 -d 4096 -r "$reps" 2>&1 || return 1
+    "$bench" --device "$devs" -m "$f" -p 512 -n 128 -d 4096 -r "$reps" 2>&1 || return 1
+    if [ "$n_gpu" -ge 2 ] && peers_built; then
+        echo "-- llama.cpp, one GPU then two (-sm layer)"
+        CUDA_VISIBLE_DEVICES=0 "$peers_bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 \
+            -d 4096 -r "$reps" -o md 2>&1
+        "$peers_bin/llama-bench" -m "$f" -ngl 99 -fa 1 -sm layer -p 512 -n 128 -d 4096 \
+            -r "$reps" -o md 2>&1
+    fi
+}
+if has split && time_for 400 split; then
+    {
+        echo
+        echo "### the layers split over GPUs, SmolLM2-1.7B shape (random f16)"
+        echo
+    } >>"$summary"
+    phase split split_bench
+    grep -E '^\||^--|stands in' "$tmp/split.txt" >>"$summary"
 fi
 
 # --- ceilings ----------------------------------------------------------------------

@@ -2173,13 +2173,14 @@ TEST_CASE("SmolLM2-135M on the GPU stays within llama.cpp's rounding noise" *
 namespace {
 
 context_ptr make_placed(smol_model * m, uint32_t n_ctx, uint32_t n_batch, uint32_t n_seq,
-                        smol_kv_offload mode, int32_t head_group, uint64_t budget) {
+                        smol_kv_offload mode, int32_t head_group, uint64_t budget,
+                        const char * device = "cuda:0") {
     smol_context_params p = smol_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
     p.n_seq_max = n_seq;
     p.n_threads = 4;
-    p.device = "cuda:0";
+    p.device = device;
     p.kv_offload = mode;
     p.kv_attend = SMOL_KV_ATTEND_DEVICE; // bit-identity is the device placements' contract
     p.head_group = head_group;
@@ -2308,6 +2309,46 @@ TEST_CASE("KV resident, offloaded or mixed on the GPU gives bit-identical logits
     // 300 cells in use: the copies cross a 256-cell granule.
     check_gpu_placements(m.get(), s.n_head_kv, s.n_vocab, 1024, 64,
                          {random_ids(rng, 200, s.n_vocab), random_ids(rng, 90, s.n_vocab)}, 24);
+    std::filesystem::remove(path);
+}
+
+// The layers split over GPUs: over cuda:0 twice (two backends of one GPU,
+// the hidden states handed between them through pinned host memory) and
+// over cuda:0 and cuda:1 where there are two, resident and with every head
+// streamed: the logits of one GPU, bit for bit.
+TEST_CASE("a model split by layers over GPUs gives one GPU's logits bit for bit") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("split.gguf");
+    tiny::shape s;
+    s.n_embd = 128;
+    s.n_head = 8;
+    s.n_head_kv = 4;
+    s.n_layer = 5;
+    s.n_ctx = 1024;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 200, s.n_vocab),
+                                                   random_ids(rng, 90, s.n_vocab)};
+    context_ptr one = make_placed(m.get(), 1024, 64, 2, SMOL_KV_OFFLOAD_NONE, 1, 0);
+    const std::vector<float> want = placed_workload(one.get(), s.n_vocab, prompts, 24);
+    std::vector<const char *> lists = {"cuda:0,cuda:0"};
+    try {
+        smol::make_cuda_backend(1);
+        lists.push_back("cuda:0,cuda:1");
+    } catch (const smol::error & e) {
+        MESSAGE("one GPU (" << e.what() << "): the split over two GPUs is not run");
+    }
+    for (const char * devices : lists) {
+        for (smol_kv_offload mode : {SMOL_KV_OFFLOAD_NONE, SMOL_KV_OFFLOAD_ALL}) {
+            CAPTURE(devices);
+            CAPTURE(int(mode));
+            context_ptr c = make_placed(m.get(), 1024, 64, 2, mode, 1, 0, devices);
+            REQUIRE(smol_context_n_devices(c.get()) == 2);
+            CHECK(same_bits(placed_workload(c.get(), s.n_vocab, prompts, 24), want));
+        }
+    }
     std::filesystem::remove(path);
 }
 
