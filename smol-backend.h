@@ -109,6 +109,10 @@ class backend {
     // Whether its KV_STORE and ATTENTION kernels take a cache of type t
     // (kv_cache::type: F16, Q8_0 or Q4_0).
     virtual bool supports_kv_type(smol_type) const { return true; }
+    // Whether it runs ALL_REDUCE nodes (a head split's rank) over the host
+    // memory its graphs live in: the CPU and the simulated device, with the
+    // in-process collective (smol-collective.h).
+    virtual bool supports_all_reduce() const { return false; }
 
     // The speeds by which a plan splits offloaded groups between streaming
     // and the host's attention (smol-host-attention.h) over a cache of this

@@ -6,6 +6,7 @@
 #include "smol-cpu.h"
 
 #include "smol-backend.h"
+#include "smol-collective.h"
 #include "smol-cpu-kernels.h"
 #include "smol-error.h"
 #include "smol-faults.h"
@@ -269,6 +270,8 @@ struct op_args {
     float * scratch; // this thread's
     int ith, nth;
     std::atomic<int32_t> * chunks; // per node (node_index), zero when the graph starts
+    const graph * g;               // its collective, for ALL_REDUCE
+    std::atomic<bool> * failed;    // set by a node that could not do its work
 };
 
 inline float * row_f32(const tensor * x, int64_t i) {
@@ -604,13 +607,23 @@ void run_copy(tensor * t, const op_args & a) {
     if (a.ith == 0) run_copy_node(t);
 }
 
+// Thread 0 meets the other ranks; the rest wait at the barrier after it.
+void run_all_reduce(tensor * t, const op_args & a) {
+    if (a.ith != 0) return;
+    const tensor * x = t->src[0];
+    const size_t n = size_t(x->ne[0]) * size_t(x->nrows());
+    if (!a.g->comm || !a.g->comm->all_reduce(a.g->rank, static_cast<const float *>(x->data),
+                                             static_cast<float *>(t->data), n))
+        a.failed->store(true, std::memory_order_relaxed);
+}
+
 using op_fn = void (*)(tensor *, const op_args &);
 
 // A KV_STORE or ATTENTION node of a window store's view works on the store's
 // slots: its kernel is given that batch (batch_info::local).
 template <op_fn run> void run_on_view(tensor * t, const op_args & a) {
     const batch_info & b = batch_of_view(a.batch, node_kv_view(t, *a.batch.kv));
-    run(t, op_args{a.k, a.pool, b, a.work, a.scratch, a.ith, a.nth, a.chunks});
+    run(t, op_args{a.k, a.pool, b, a.work, a.scratch, a.ith, a.nth, a.chunks, a.g, a.failed});
 }
 
 const op_fn op_table[OP_COUNT] = {
@@ -626,14 +639,15 @@ const op_fn op_table[OP_COUNT] = {
     run_copy,
     run_scale,
     run_geglu,
+    run_all_reduce,
 };
 
 } // namespace
 
 void kv_store_part(const tensor * t, const batch_info & b, int ith, int nth) {
     const batch_info & vb = batch_of_view(b, node_kv_view(t, *b.kv));
-    run_kv_store(const_cast<tensor *>(t),
-                 op_args{cpu::kernels_best(), nullptr, vb, nullptr, nullptr, ith, nth, nullptr});
+    run_kv_store(const_cast<tensor *>(t), op_args{cpu::kernels_best(), nullptr, vb, nullptr,
+                                                  nullptr, ith, nth, nullptr, nullptr, nullptr});
 }
 
 namespace {
@@ -708,6 +722,7 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
     // plain flag set after a barrier could be seen by some threads at that
     // barrier and not by others.
     failed_node_.store(-1, std::memory_order_relaxed);
+    node_failed_.store(false, std::memory_order_relaxed);
     stop_at_.store(INT32_MAX, std::memory_order_relaxed);
     const std::function<void(int, int)> body = [&st](int ith, int nth) {
         executor & e = *st.self;
@@ -718,7 +733,9 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
                      reinterpret_cast<float *>(e.scratch_.data + e.scratch_per_thread_ * ith),
                      ith,
                      nth,
-                     e.chunks_.get()};
+                     e.chunks_.get(),
+                     st.g,
+                     &e.node_failed_};
         int32_t bars = 0; // barriers passed
         // The barrier after a node; false: the run stops here.
         const auto go_on = [&] {
@@ -765,6 +782,12 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
         if (bad >= 0) events_.fail();
         copies->finish();
     }
+    if (bad >= 0 && node_failed_.load(std::memory_order_relaxed)) {
+        throw error(SMOL_ERR_BACKEND, "node " + std::to_string(bad) + " (" +
+                                          describe_node(nodes[size_t(bad)]) +
+                                          ") did not meet the other devices of the head split: "
+                                          "one of them failed");
+    }
     if (bad >= 0) {
         throw error(SMOL_ERR_BACKEND, "a kernel failed: node " + std::to_string(bad) + " (" +
                                           describe_node(nodes[size_t(bad)]) +
@@ -773,7 +796,8 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
 }
 
 void executor::check_node(int32_t node, int32_t barrier) {
-    if (faults::hit(faults::site::kernel)) {
+    if (failed_node_.load(std::memory_order_relaxed) >= 0) return; // the first one stops the run
+    if (node_failed_.load(std::memory_order_relaxed) || faults::hit(faults::site::kernel)) {
         failed_node_.store(node, std::memory_order_relaxed);
         stop_at_.store(barrier, std::memory_order_relaxed);
     }
@@ -788,6 +812,7 @@ class cpu_backend final : public backend {
     explicit cpu_backend(int n_threads) : exec_(n_threads) {}
     const char * name() const override { return "cpu"; }
     placement where() const override { return placement::host; }
+    bool supports_all_reduce() const override { return true; }
     void * alloc(size_t bytes) override {
         mem_.check("cpu", bytes, "memory");
         void * p = host_alloc(bytes, "host memory");

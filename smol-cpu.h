@@ -99,6 +99,7 @@ class executor {
     arena_plan plan_, probe_;
     event_set events_;
     std::atomic<int32_t> failed_node_{-1};    // the node that failed, or -1
+    std::atomic<bool> node_failed_{false};    // set by a node that could not do its work
     std::atomic<int32_t> stop_at_{INT32_MAX}; // every thread leaves after this barrier
 };
 

@@ -466,6 +466,7 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         copy_on(t, stream_);
         return;
     case OP_MUL_MAT:
+    case OP_ALL_REDUCE: // a head split's: no NCCL yet (supports_all_reduce)
     case OP_COUNT:
         break;
     }

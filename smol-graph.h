@@ -22,6 +22,8 @@
 
 namespace smol {
 
+class collective;
+
 // --- tensors ----------------------------------------------------------------
 
 // Where a tensor's bytes live. host_pinned and device exist so that the KV
@@ -31,18 +33,19 @@ enum class placement : uint8_t { host, host_pinned, device };
 const char * placement_name(placement p);
 
 enum op : uint8_t {
-    OP_NONE,      // a leaf: weights, inputs, the KV cache
-    OP_GET_ROWS,  // dst[i] = src0[ids[i]] as f32 (ids: int32 in src1)
-    OP_RMS_NORM,  // dst = src0 / rms(src0) * src1 (eps in fparams[0])
-    OP_MUL_MAT,   // dst[i][r] = dot(src0 row r, src1 row i)
-    OP_ADD,       // dst = src0 + src1
-    OP_ROPE,      // rotate pairs of each head by pos (src1 int32 positions)
-    OP_KV_STORE,  // write k (src0) and v (src1) rows into the cache cells
-    OP_ATTENTION, // causal, masked by sequence, over the cache (GQA)
-    OP_SWIGLU,    // dst = silu(src0) * src1
-    OP_COPY,      // dst = src0, across placements (prefetch / offload)
-    OP_SCALE,     // dst = src0 * fparams[0]
-    OP_GEGLU,     // dst = gelu(src0) * src1, GELU's tanh form
+    OP_NONE,       // a leaf: weights, inputs, the KV cache
+    OP_GET_ROWS,   // dst[i] = src0[ids[i]] as f32 (ids: int32 in src1)
+    OP_RMS_NORM,   // dst = src0 / rms(src0) * src1 (eps in fparams[0])
+    OP_MUL_MAT,    // dst[i][r] = dot(src0 row r, src1 row i)
+    OP_ADD,        // dst = src0 + src1
+    OP_ROPE,       // rotate pairs of each head by pos (src1 int32 positions)
+    OP_KV_STORE,   // write k (src0) and v (src1) rows into the cache cells
+    OP_ATTENTION,  // causal, masked by sequence, over the cache (GQA)
+    OP_SWIGLU,     // dst = silu(src0) * src1
+    OP_COPY,       // dst = src0, across placements (prefetch / offload)
+    OP_SCALE,      // dst = src0 * fparams[0]
+    OP_GEGLU,      // dst = gelu(src0) * src1, GELU's tanh form
+    OP_ALL_REDUCE, // dst = the sum over the graph's ranks of each one's src0 (a head split)
     OP_COUNT,
 };
 extern const char * const op_names[OP_COUNT];
@@ -148,6 +151,10 @@ class graph {
     // graph of that backend's last run again, unchanged but for its batch
     // (backend::reruns_graphs); clear() resets it.
     bool rerun = false;
+    // A head split's graph: the ranks its ALL_REDUCE nodes sum over and
+    // this graph's rank among them (null: one device). clear() keeps them.
+    collective * comm = nullptr;
+    int32_t rank = 0;
 
   private:
     uint64_t generation_;
@@ -184,6 +191,9 @@ tensor * op_attention(graph & g, tensor * q, tensor * after, int32_t layer, int3
 tensor * op_swiglu(graph & g, tensor * gate, tensor * up);
 tensor * op_geglu(graph & g, tensor * gate, tensor * up);
 tensor * op_scale(graph & g, tensor * x, float c);
+// The sum of x (f32, contiguous) over the ranks of g.comm, added in rank
+// order: every rank gets the same bits.
+tensor * op_all_reduce(graph & g, tensor * x);
 // KV_STORE of the heads of `view` (k and v rows hold every kv head); `after`
 // (may be null) orders it behind a copy that fills the view's memory.
 tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, const kv_view & view,

@@ -332,7 +332,7 @@ void kv_placement::alloc(backend & be, int32_t n_head) {
         // One block: q and the output (n_head heads), k and v (n_head_kv).
         const size_t hd4 = size_t(kv_.head_dim) * sizeof(float) * size_t(kv_host_max_tokens);
         host_q_bytes_ = (size_t(n_head) * hd4 + 255) / 256 * 256;
-        host_kv_bytes_ = (size_t(kv_.n_head_kv) * hd4 + 255) / 256 * 256;
+        host_kv_bytes_ = (size_t(plan_.n_head_kv) * hd4 + 255) / 256 * 256;
         bool pinned = false;
         auto * p = static_cast<uint8_t *>(be.alloc_host(2 * (host_q_bytes_ + host_kv_bytes_),
                                                         pinned, "the host attention's buffers"));
@@ -526,12 +526,12 @@ tensor * kv_placement::host_layer(int32_t layer, tensor * q, tensor * k, tensor 
         stored->on_host = true;
         const int32_t n_head = int32_t(q->ne[0] / kv_.head_dim);
         tensor * h = op_attention_heads(*g_, qh, stored, plan_.first_layer + layer, n_head,
-                                        kv_.n_head_kv, kv_.head_dim, view, nullptr, opts);
+                                        plan_.n_head_kv, kv_.head_dim, view, nullptr, opts);
         h->data = host_out_;
         h->where = placement::host_pinned;
         h->on_host = true;
         // The group's query heads: a column range of every row, back.
-        const int32_t per_kv = n_head / kv_.n_head_kv;
+        const int32_t per_kv = n_head / plan_.n_head_kv;
         const size_t head = size_t(kv_.head_dim) * sizeof(float);
         copy_desc c;
         c.width = size_t(view.h1 - view.h0) * size_t(per_kv) * head;

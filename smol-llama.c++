@@ -4,7 +4,9 @@
 
 #include "smol-llama.h"
 
+#include "smol-collective.h"
 #include "smol-cpu-kernels.h"
+#include "smol-cpu.h"
 #include "smol-error.h"
 #include "smol-quant.h"
 #include "smol-schedule.h"
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <thread>
 
 namespace smol {
@@ -387,6 +390,11 @@ struct llama_context::stage {
     std::string name; // as the device list gives it
     int32_t l0 = 0, l1 = 0;
     bool first = true, last = true;
+    // A head split's rank (-1: a layer split's stage, or one device): it
+    // holds kv heads [kv0, kv1) of every layer with their query heads, and
+    // rows [ff0, ff1) of the MLP; the others are the whole model's.
+    int32_t rank = -1;
+    int32_t kv0 = 0, kv1 = 0, ff0 = 0, ff1 = 0;
     uint64_t budget = 0;
     kv_plan plan;
     kv_placement place; // the KV storage by the plan and a step's copies
@@ -395,6 +403,8 @@ struct llama_context::stage {
     weight tok_embd, output_norm, output;
     std::vector<llama_layer> layers;
     std::vector<void *> owned; // backend memory of the weights
+    // A rank's column slices of wo and w_down, copied out of the file.
+    std::vector<std::vector<uint8_t>> sliced;
     graph g;
     // The shape g was built for, while its generation is built_gen.
     step_shape built{};
@@ -429,6 +439,40 @@ static std::vector<std::string> device_names(const std::string & list) {
 
 // Each device's first layer, and n_layer last: contiguous ranges in
 // proportion to the shares, none empty.
+// Whether the model divides among n devices of a head split: the kv heads
+// evenly (each device whole GQA groups), and wo and w_down (whose columns
+// the devices share) cut on whole blocks of their types.
+static void check_head_split(const llama_model & m, int32_t n, const std::string & list) {
+    const llama_hparams & hp = m.hp;
+    if (hp.n_head_kv % n != 0) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "a head split gives each device as many kv heads, and the model's " +
+                        std::to_string(hp.n_head_kv) + " do not divide among the " +
+                        std::to_string(n) + " devices of '" + list +
+                        "'; give a number of devices that divides them, or split by layers "
+                        "(--split layer)");
+    }
+    for (int32_t l = 0; l < hp.n_layer; ++l) {
+        const llama_layer & L = m.layers[size_t(l)];
+        for (const auto & [name, w] :
+             {std::pair<const char *, const weight *>{"attn_output", &L.wo},
+              {"ffn_down", &L.w_down}}) {
+            const int64_t blk = type_block_elems(w->type);
+            for (int32_t r = 1; r < n; ++r) {
+                const int64_t c = w->ne0 * r / n;
+                if (blk > 0 && c % blk == 0) continue;
+                throw error(SMOL_ERR_UNSUPPORTED,
+                            "a head split over " + std::to_string(n) + " devices cuts blk." +
+                                std::to_string(l) + "." + name + " (" + smol_type_name(w->type) +
+                                ", blocks of " + std::to_string(blk) + ") at column " +
+                                std::to_string(c) +
+                                ", inside a block; split by layers (--split layer), use another "
+                                "number of devices, or a type of smaller blocks (smol-quantize)");
+            }
+        }
+    }
+}
+
 static std::vector<int32_t> layer_bounds(int32_t n_layer, const std::vector<double> & shares,
                                          const std::vector<std::string> & names) {
     double total = 0;
@@ -501,12 +545,14 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "split " + std::to_string(split) + " is neither SMOL_SPLIT_LAYER nor _HEAD");
     }
-    if (n_dev > 1 && split == SMOL_SPLIT_HEAD) {
-        throw error(SMOL_ERR_UNSUPPORTED, "splitting each layer's heads over the devices '" +
-                                              device_list_ +
-                                              "' is not built yet; split the model by layers "
-                                              "(SMOL_SPLIT_LAYER, --split layer)");
+    by_heads_ = n_dev > 1 && split == SMOL_SPLIT_HEAD;
+    if (by_heads_ && p.tensor_split) {
+        throw error(SMOL_ERR_INVALID_ARGUMENT,
+                    "tensor_split shares the layers of a layer split; a head split divides "
+                    "every layer's heads evenly: leave it out (--tensor-split) or split by "
+                    "layers (--split layer)");
     }
+    if (by_heads_) check_head_split(m, int32_t(n_dev), device_list_);
     auto check_list = [&](const char * what, const void * a, uint32_t n) {
         if (n == 0 && !a) return;
         if (!a || n != n_dev) {
@@ -518,7 +564,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     };
     check_list("device_mem", p.device_mem, p.n_device_mem);
     check_list("tensor_split", p.tensor_split, p.n_tensor_split);
-    if (n_dev > size_t(hp.n_layer)) {
+    if (!by_heads_ && n_dev > size_t(hp.n_layer)) {
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "the device list '" + device_list_ + "' names " + std::to_string(n_dev) +
                         " devices and the model has " + std::to_string(hp.n_layer) +
@@ -540,17 +586,43 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     } else if (std::all_of(budgets.begin(), budgets.end(), [](uint64_t b) { return b > 0; })) {
         for (size_t i = 0; i < n_dev; ++i) shares[i] = double(budgets[i]);
     }
-    const std::vector<int32_t> bounds = layer_bounds(hp.n_layer, shares, names);
+    const std::vector<int32_t> bounds =
+        by_heads_ ? std::vector<int32_t>() : layer_bounds(hp.n_layer, shares, names);
     if (params.n_threads <= 0) params.n_threads = default_threads();
     const backend_options options = backend_options_of(p);
     for (size_t i = 0; i < n_dev; ++i) {
-        auto st = std::make_unique<stage>(kv, make_backend(names[i], params.n_threads, options),
-                                          bounds[i], bounds[i + 1], hp.n_head_kv);
+        auto be = make_backend(names[i], params.n_threads, options);
+        if (by_heads_ && !be->supports_all_reduce()) {
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        std::string(be->name()) +
+                            " has no all-reduce for a head split yet (NCCL is not built in); "
+                            "split by layers (SMOL_SPLIT_LAYER, --split layer)");
+        }
+        auto st = std::make_unique<stage>(kv, std::move(be), by_heads_ ? 0 : bounds[i],
+                                          by_heads_ ? hp.n_layer : bounds[i + 1], hp.n_head_kv);
         st->name = names[i];
         st->budget = budgets[i];
-        st->first = i == 0;
-        st->last = i + 1 == n_dev;
+        st->first = by_heads_ || i == 0;
+        st->last = by_heads_ ? i == 0 : i + 1 == n_dev;
+        st->kv1 = hp.n_head_kv;
+        st->ff1 = hp.n_ff;
+        if (by_heads_) {
+            const int32_t D = int32_t(n_dev), r = int32_t(i);
+            st->rank = r;
+            st->kv0 = hp.n_head_kv * r / D;
+            st->kv1 = hp.n_head_kv * (r + 1) / D;
+            st->ff0 = hp.n_ff * r / D;
+            st->ff1 = hp.n_ff * (r + 1) / D;
+        }
         stages_.push_back(std::move(st));
+    }
+    if (by_heads_) {
+        comm_ = std::make_unique<collective>(int32_t(n_dev));
+        ranks_ = std::make_unique<thread_pool>(int32_t(n_dev));
+        for (const auto & st : stages_) {
+            st->g.comm = comm_.get();
+            st->g.rank = st->rank;
+        }
     }
     const backend & be0 = *stages_.front()->be;
     auto all_stages = [&](auto && can) {
@@ -651,34 +723,96 @@ static uint64_t bytes_of(const weight & w) {
     return cpu::row_bytes(w.type, w.ne0) * size_t(w.ne1);
 }
 
+// The weights a stage holds, as views of the file's: its layers' whole, or
+// for a head split's rank the rows of its heads in wq, wk, wv and of its
+// MLP rows in the gate and up, and the same columns of wo and w_down,
+// copied out (a row's columns are not contiguous); norms and embeddings
+// whole.
+void llama_context::stage_weights(stage & st) {
+    const llama_model & m = model;
+    const llama_hparams & hp = m.hp;
+    st.tok_embd = m.tok_embd;
+    st.output_norm = m.output_norm;
+    st.output = m.output;
+    st.layers.assign(m.layers.begin() + st.l0, m.layers.begin() + st.l1);
+    st.sliced.clear();
+    if (st.rank < 0) return;
+    const int64_t hd = hp.head_dim, per_q = hp.n_head / hp.n_head_kv;
+    const int64_t q0 = st.kv0 * per_q * hd, q1 = st.kv1 * per_q * hd;
+    auto rows = [](const weight & w, int64_t r0, int64_t r1) {
+        weight s = w;
+        s.ne1 = r1 - r0;
+        s.data = static_cast<const uint8_t *>(w.data) + size_t(r0) * bytes_of({w.type, w.ne0});
+        return s;
+    };
+    auto cols = [&](const weight & w, int64_t c0, int64_t c1) {
+        const size_t row = bytes_of({w.type, w.ne0}), from = bytes_of({w.type, c0}),
+                     n = bytes_of({w.type, c1 - c0});
+        std::vector<uint8_t> & out = st.sliced.emplace_back(n * size_t(w.ne1));
+        const auto * src = static_cast<const uint8_t *>(w.data);
+        for (int64_t r = 0; r < w.ne1; ++r)
+            std::memcpy(out.data() + size_t(r) * n, src + size_t(r) * row + from, n);
+        weight s = w;
+        s.ne0 = c1 - c0;
+        s.data = out.data();
+        return s;
+    };
+    for (llama_layer & L : st.layers) {
+        L.wq = rows(L.wq, q0, q1);
+        L.wk = rows(L.wk, st.kv0 * hd, st.kv1 * hd);
+        L.wv = rows(L.wv, st.kv0 * hd, st.kv1 * hd);
+        L.wo = cols(L.wo, q0, q1);
+        L.w_gate = rows(L.w_gate, st.ff0, st.ff1);
+        L.w_up = rows(L.w_up, st.ff0, st.ff1);
+        L.w_down = cols(L.w_down, st.ff0, st.ff1);
+    }
+}
+
+// What a stage holds, for messages and the plan: "layers 3-4 of 5", or a
+// head split's "rank 1 of 2: kv heads 2-3 of 4, MLP rows 48-95 of 96".
+std::string llama_context::stage_text(const stage & st) const {
+    const llama_hparams & hp = model.hp;
+    if (st.rank < 0) {
+        return "layers " + std::to_string(st.l0) + "-" + std::to_string(st.l1 - 1) + " of " +
+               std::to_string(hp.n_layer);
+    }
+    return "rank " + std::to_string(st.rank) + " of " + std::to_string(stages_.size()) +
+           ": kv heads " + std::to_string(st.kv0) + "-" + std::to_string(st.kv1 - 1) + " of " +
+           std::to_string(hp.n_head_kv) + ", MLP rows " + std::to_string(st.ff0) + "-" +
+           std::to_string(st.ff1 - 1) + " of " + std::to_string(hp.n_ff);
+}
+
 // The plan of one device: its layers' KV under its budget, with the
 // weights it holds and the compute memory its backend measures on its
 // graph (built here over the file's weights, all heads resident).
 void llama_context::plan_stage(stage & st, int32_t n_batch) {
     const llama_hparams & hp = model.hp;
     const llama_model & m = model;
-    const int32_t n_layer = st.l1 - st.l0;
-    const size_t h0 = size_t(st.l0) * size_t(hp.n_head_kv),
-                 h1 = size_t(st.l1) * size_t(hp.n_head_kv);
+    const int32_t n_layer = st.l1 - st.l0, n_head_kv = st.kv1 - st.kv0;
+    stage_weights(st);
     uint64_t weight_bytes = 0;
     if (st.be->where() != placement::host) {
-        if (st.first) weight_bytes += bytes_of(m.tok_embd);
+        if (st.first) weight_bytes += bytes_of(st.tok_embd);
         if (st.last) {
-            weight_bytes += bytes_of(m.output_norm);
-            if (!st.first || m.output.data != m.tok_embd.data) weight_bytes += bytes_of(m.output);
+            weight_bytes += bytes_of(st.output_norm);
+            if (!st.first || m.output.data != m.tok_embd.data) weight_bytes += bytes_of(st.output);
         }
-        for (int32_t l = st.l0; l < st.l1; ++l)
-            m.layers[size_t(l)].each(
-                [&](const char *, const weight & w) { weight_bytes += bytes_of(w); });
+        for (const llama_layer & L : st.layers)
+            L.each([&](const char *, const weight & w) { weight_bytes += bytes_of(w); });
     }
-    st.tok_embd = m.tok_embd;
-    st.output_norm = m.output_norm;
-    st.output = m.output;
-    st.layers.assign(m.layers.begin() + st.l0, m.layers.begin() + st.l1);
+    // The stage's (layer, kv head) flags: its layers' heads [kv0, kv1).
+    auto heads_of = [&](const std::vector<uint8_t> & all) {
+        std::vector<uint8_t> mine;
+        for (int32_t l = st.l0; l < st.l1; ++l) {
+            const auto at = all.begin() + ptrdiff_t(l) * hp.n_head_kv;
+            mine.insert(mine.end(), at + st.kv0, at + st.kv1);
+        }
+        return mine;
+    };
     kv_plan & plan = st.plan;
     plan = kv_plan{};
     plan.n_layer = n_layer;
-    plan.n_head_kv = hp.n_head_kv;
+    plan.n_head_kv = n_head_kv;
     plan.n_cells = kv.n_cells;
     plan.head_dim = hp.head_dim;
     plan.kv_type = kv.type;
@@ -686,7 +820,7 @@ void llama_context::plan_stage(stage & st, int32_t n_batch) {
     plan_input in;
     in.n_layer = n_layer;
     in.first_layer = st.l0;
-    in.n_head_kv = hp.n_head_kv;
+    in.n_head_kv = n_head_kv;
     in.head_dim = hp.head_dim;
     in.n_cells = kv.n_cells;
     in.kv_type = kv.type;
@@ -697,14 +831,14 @@ void llama_context::plan_stage(stage & st, int32_t n_batch) {
     in.head_group = params.head_group;
     in.weight_bytes = weight_bytes;
     if (win.on() && !streaming.empty()) {
-        in.windowed.assign(streaming.begin() + ptrdiff_t(h0), streaming.begin() + ptrdiff_t(h1));
+        in.windowed = heads_of(streaming);
     } else if (win.on()) {
         for (int32_t l = st.l0; l < st.l1; ++l)
-            in.windowed.insert(in.windowed.end(), size_t(hp.n_head_kv), uint8_t(hp.swa[size_t(l)]));
+            in.windowed.insert(in.windowed.end(), size_t(n_head_kv), uint8_t(hp.swa[size_t(l)]));
     }
     in.window_cells = win.on() ? win.table.n_cells : 0;
     if (!streaming.empty()) {
-        in.streaming.assign(streaming.begin() + ptrdiff_t(h0), streaming.begin() + ptrdiff_t(h1));
+        in.streaming = heads_of(streaming);
         in.streaming_sink = stream_sink;
         in.streaming_window = stream_window;
     }
@@ -713,9 +847,9 @@ void llama_context::plan_stage(stage & st, int32_t n_batch) {
     // a chunk may.
     in.compute_bytes = [&](int32_t n) -> uint64_t {
         uint64_t most = 0;
-        for (int32_t G : {hp.n_head_kv, 1}) {
+        for (int32_t G : {n_head_kv, 1}) {
             plan.G = G;
-            plan.n_group = hp.n_head_kv / G;
+            plan.n_group = n_head_kv / G;
             plan.chunk = n;
             plan.resident.assign(size_t(n_layer) * size_t(plan.n_group), 1);
             st.g.clear();
@@ -741,11 +875,10 @@ void llama_context::plan_stage(stage & st, int32_t n_batch) {
         }
     } catch (const error & e) {
         if (stages_.size() == 1) throw;
-        throw error(e.status, "device " + st.name + " (layers " + std::to_string(st.l0) + "-" +
-                                  std::to_string(st.l1 - 1) + " of " + std::to_string(hp.n_layer) +
-                                  "): " + e.what() +
-                                  "; or give this device a smaller share of the layers "
-                                  "(tensor_split, --tensor-split)");
+        throw error(e.status, "device " + st.name + " (" + stage_text(st) + "): " + e.what() +
+                                  (by_heads_ ? std::string()
+                                             : "; or give this device a smaller share of the "
+                                               "layers (tensor_split, --tensor-split)"));
     }
     st.g.clear();
 }
@@ -768,18 +901,17 @@ void llama_context::place_stage(stage & st) {
         c.data = p;
         return c;
     };
-    if (st.first) st.tok_embd = place(m.tok_embd);
+    const bool tied = m.output.data == m.tok_embd.data;
+    if (st.first) st.tok_embd = place(st.tok_embd);
     if (st.last) {
-        st.output_norm = place(m.output_norm);
-        st.output = st.first && m.output.data == m.tok_embd.data ? st.tok_embd : place(m.output);
+        st.output_norm = place(st.output_norm);
+        st.output = st.first && tied ? st.tok_embd : place(st.output);
     }
-    st.layers.clear();
-    for (int32_t l = st.l0; l < st.l1; ++l) {
-        llama_layer P = m.layers[size_t(l)];
-        P.each([&](const char *, weight & w) { w = place(w); });
-        st.layers.push_back(P);
-    }
-    st.place.alloc(be, m.hp.n_head);
+    for (llama_layer & L : st.layers) L.each([&](const char *, weight & w) { w = place(w); });
+    // The column slices: uploaded by now on a device, the weights themselves
+    // on the CPU.
+    if (be.where() != placement::host) st.sliced.clear();
+    st.place.alloc(be, (st.kv1 - st.kv0) * (m.hp.n_head / m.hp.n_head_kv));
     if (!st.first) {
         bool pinned = false;
         st.hidden =
@@ -794,14 +926,20 @@ void llama_context::place_stage(stage & st) {
 }
 
 llama_context::~llama_context() {
-    if (logits_) stages_.back()->be->release_host(logits_);
+    if (logits_) output_stage().be->release_host(logits_);
+}
+
+// The stage that computes the outputs: the last of a layer split, a head
+// split's rank 0.
+llama_context::stage & llama_context::output_stage() const {
+    return by_heads_ ? *stages_.front() : *stages_.back();
 }
 
 // Room for n logits; what the rows held before need not survive (a batch
 // writes its own). Grows by doubling: pinning is slow, batches vary.
 void llama_context::reserve_logits(size_t n) {
     if (n <= logits_cap_) return;
-    backend & be = *stages_.back()->be;
+    backend & be = *output_stage().be;
     const size_t cap = std::max(n, 2 * logits_cap_);
     bool pinned = false;
     void * p = be.alloc_host(cap * sizeof(float), pinned, "the logits");
@@ -841,6 +979,8 @@ void llama_context::build_graph(stage & st, const step_shape & shape) {
     graph & g = st.g;
     const int32_t n = shape.n, n_out = shape.n_out;
     const placement where = st.be->where();
+    // The stage's heads: a head split's rank has its share, else all.
+    const int32_t n_head_kv = st.kv1 - st.kv0, n_head = n_head_kv * (hp.n_head / hp.n_head_kv);
     auto W = [&](const weight & w) {
         tensor * t = g.leaf(w.type, const_cast<void *>(w.data), w.ne0, w.ne1);
         t->where = where;
@@ -880,30 +1020,33 @@ void llama_context::build_graph(stage & st, const step_shape & shape) {
             q = op_rms_norm(g, q, W(L.q_norm), hp.rms_eps, hp.head_dim);
             k = op_rms_norm(g, k, W(L.k_norm), hp.rms_eps, hp.head_dim);
         }
-        q = op_rope(g, q, pos, hp.n_head, hp.head_dim, base, gemma);
-        k = op_rope(g, k, pos, hp.n_head_kv, hp.head_dim, base, gemma);
+        q = op_rope(g, q, pos, n_head, hp.head_dim, base, gemma);
+        k = op_rope(g, k, pos, n_head_kv, hp.head_dim, base, gemma);
         const attn_opts layer_opts{local ? hp.n_swa : 0, hp.attn_scale};
         tensor * att = nullptr;
         for (int32_t gr = 0; gr < st.plan.n_group; ++gr) {
             if (place.on_host(ll, gr)) continue;
             // A group's heads stream or not alike (the planner's G).
             const bool streams =
-                !streaming.empty() &&
-                streaming[size_t(l) * size_t(hp.n_head_kv) + size_t(gr) * size_t(st.plan.G)];
+                !streaming.empty() && streaming[size_t(l) * size_t(hp.n_head_kv) + size_t(st.kv0) +
+                                                size_t(gr) * size_t(st.plan.G)];
             const attn_opts opts =
                 streams ? attn_opts{stream_window, hp.attn_scale, stream_sink} : layer_opts;
             const kv_placement::group_io io = place.group(ll, gr);
             tensor * stored = op_kv_store_heads(g, k, v, l, io.view, io.ready);
             place.after_store(ll, gr);
-            att = op_attention_heads(g, q, stored, l, hp.n_head, hp.n_head_kv, hp.head_dim, io.view,
-                                     att, opts);
+            att = op_attention_heads(g, q, stored, l, n_head, n_head_kv, hp.head_dim, io.view, att,
+                                     opts);
             place.after_attention(ll, gr, att, stored);
         }
         // The host's groups: its copies read q, k and v after the device's
         // last reader in the graph's order, so the arena keeps them for the
         // copies; the host's work still runs beside the device's.
         att = place.host_layer(ll, q, k, v, layer_opts, att);
+        // A head split's rank holds its heads' part of the projection: the
+        // ranks' parts summed (Megatron's layout), and the same for the MLP.
         tensor * o = op_mul_mat(g, W(L.wo), att);
+        if (st.rank >= 0) o = op_all_reduce(g, o);
         if (gemma) o = op_rms_norm(g, o, W(L.post_attn_norm), hp.rms_eps);
         x = op_add(g, x, o);
         cur = op_rms_norm(g, x, W(L.ffn_norm), hp.rms_eps);
@@ -911,6 +1054,7 @@ void llama_context::build_graph(stage & st, const step_shape & shape) {
         tensor * up = op_mul_mat(g, W(L.w_up), cur);
         tensor * d =
             op_mul_mat(g, W(L.w_down), gemma ? op_geglu(g, gate, up) : op_swiglu(g, gate, up));
+        if (st.rank >= 0) d = op_all_reduce(g, d);
         if (gemma) d = op_rms_norm(g, d, W(L.post_ffw_norm), hp.rms_eps);
         x = op_add(g, x, d);
     }
@@ -1106,13 +1250,11 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
                            &kv,
                            lists ? seq_cells_.data() : nullptr,
                            lists ? seq_begin_.data() : nullptr};
-    // Each device in turn over its layers, handing its hidden states to the
-    // next through the next one's host memory.
-    for (size_t d = 0; d < stages_.size(); ++d) {
-        stage & st = *stages_[d];
-        // A backend that runs a graph again gets its last one, unless the
-        // step's shape changed or the graph was rebuilt for something else
-        // since.
+    // Each device's graph for the step. A backend that runs a graph again
+    // gets its last one, unless the step's shape changed or the graph was
+    // rebuilt for something else since.
+    for (const auto & sp : stages_) {
+        stage & st = *sp;
         const step_shape shape = shape_of(st, n, n_out);
         const bool again =
             st.be->reruns_graphs() && st.g.generation() == st.built_gen && shape == st.built;
@@ -1128,16 +1270,48 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
             st.built_gen = st.g.generation();
         }
         st.g.rerun = again;
-        if (!st.last) {
-            st.be->run(st.g);
-            st.be->download(stages_[d + 1]->hidden, st.out->data, st.out->nbytes());
-            continue;
-        }
-        float * dst = logits_ + size_t(out_base) * size_t(out_width());
+    }
+    float * dst = logits_ + size_t(out_base) * size_t(out_width());
+    // The stage that computes the outputs writes them to dst.
+    auto run_outputs = [&](stage & st) {
         if (st.out && st.be->where() == placement::host) st.out->data = dst;
         st.be->run(st.g);
         if (st.out && st.out->data != dst) st.be->download(dst, st.out->data, st.out->nbytes());
+    };
+    if (!by_heads_) {
+        // Each device in turn over its layers, handing its hidden states to
+        // the next through the next one's host memory.
+        for (size_t d = 0; d + 1 < stages_.size(); ++d) {
+            stage & st = *stages_[d];
+            st.be->run(st.g);
+            st.be->download(stages_[d + 1]->hidden, st.out->data, st.out->nbytes());
+        }
+        run_outputs(*stages_.back());
+        return;
     }
+    // A head split's ranks side by side, meeting at each all-reduce. A rank
+    // that fails aborts the collective, so the others stop at their next
+    // all-reduce instead of waiting; its error is the one reported.
+    std::mutex mu;
+    std::exception_ptr first;
+    ranks_->run([&](int r, int) {
+        try {
+            stage & st = *stages_[size_t(r)];
+            if (st.last) {
+                run_outputs(st);
+            } else {
+                st.be->run(st.g);
+            }
+        } catch (...) {
+            {
+                std::lock_guard<std::mutex> lock(mu);
+                if (!first) first = std::current_exception();
+            }
+            comm_->abort();
+        }
+    });
+    comm_->reset();
+    if (first) std::rethrow_exception(first);
 }
 
 smol_memory_info llama_context::memory_info(int32_t d) const {
@@ -1167,6 +1341,8 @@ smol_memory_info llama_context::memory_info(int32_t d) const {
         m.device = s.name.c_str();
         m.first_layer = s.l0;
         m.n_layer = s.l1 - s.l0;
+        m.first_kv_head = s.kv0;
+        m.n_kv_heads = s.kv1 - s.kv0;
         return m;
     };
     if (d >= 0) return of(*stages_[size_t(d)]);
@@ -1186,6 +1362,8 @@ smol_memory_info llama_context::memory_info(int32_t d) const {
     m.device = device_list_.c_str();
     m.first_layer = 0;
     m.n_layer = model.hp.n_layer;
+    m.first_kv_head = 0;
+    m.n_kv_heads = model.hp.n_head_kv;
     return m;
 }
 
@@ -1209,9 +1387,9 @@ std::string llama_context::plan_text() const {
     if (stages_.size() == 1) return stages_.front()->plan.format();
     std::string out;
     for (const auto & st : stages_) {
-        out += "device " + st->name + ": layers " + std::to_string(st->l0) + "-" +
-               std::to_string(st->l1 - 1) + " of " + std::to_string(model.hp.n_layer) +
-               (st->first ? ", the embeddings" : "") + (st->last ? ", the output" : "") + "\n";
+        out += "device " + st->name + ": " + stage_text(*st) +
+               (st->first && !by_heads_ ? ", the embeddings" : "") +
+               (st->last ? ", the output" : "") + "\n";
         out += st->plan.format();
     }
     return out;
@@ -1245,10 +1423,8 @@ std::string llama_context::schedule_text(int32_t n) {
         schedule s;
         make_schedule(st->g, s);
         out += "step of " + std::to_string(n) + " token(s) on " + st->be->name() +
-               (stages_.size() > 1
-                    ? " (layers " + std::to_string(st->l0) + "-" + std::to_string(st->l1 - 1) + ")"
-                    : std::string()) +
-               " after " + std::to_string(n_used) + " used cells\n";
+               (stages_.size() > 1 ? " (" + stage_text(*st) + ")" : std::string()) + " after " +
+               std::to_string(n_used) + " used cells\n";
         out += format_schedule(st->g, s);
     }
     kv.n_used = n_used;

@@ -22,6 +22,9 @@
 
 namespace smol {
 
+class collective;
+class thread_pool;
+
 // The families smol runs: Llama (SmolLM2, Llama 2/3 shapes) and Gemma 3,
 // whose graph adds an embedding scale, q and k norms per head, norms after
 // attention and the MLP, GeGLU, NeoX RoPE, and local sliding-window layers
@@ -185,6 +188,9 @@ class llama_context {
     };
     step_shape shape_of(const stage & st, int32_t n_tokens, int32_t n_outputs) const;
     void build_graph(stage & st, const step_shape & s);
+    stage & output_stage() const;
+    void stage_weights(stage & st);
+    std::string stage_text(const stage & st) const;
     void plan_stage(stage & st, int32_t n_batch);
     void place_stage(stage & st);
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
@@ -194,8 +200,13 @@ class llama_context {
     void set_local_batch(graph & g, bool lists);
     void take_streaming_heads(bool has_swa);
 
-    // One per device, in layer order.
+    // One per device, in layer order (a head split: in rank order).
     std::vector<std::unique_ptr<stage>> stages_;
+    // A head split: the ranks' all-reduce and the threads that run their
+    // graphs side by side.
+    bool by_heads_ = false;
+    std::unique_ptr<collective> comm_;
+    std::unique_ptr<thread_pool> ranks_;
     std::string device_list_; // as given
     int32_t chunk_ = 0;       // tokens per prefill chunk: the smallest of the stages' plans
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;

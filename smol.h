@@ -293,8 +293,15 @@ typedef enum smol_attn_kernel {
 // embeds the tokens, the last computes the outputs); a step's hidden
 // states pass from each device to the next through host memory. Only
 // placement changes, so the logits are those of one device of the kind.
-// HEAD, each layer's heads divided among the devices, is not built yet
-// and is refused.
+// HEAD divides every layer's kv heads (with their query heads) and MLP rows
+// evenly among the devices (Megatron's layout), each device's KV under its
+// own budget and plan, the partial outputs of the attention and the MLP
+// summed across the devices (an all-reduce, in rank order): within float32
+// rounding of one device, not bit-identical (the sums' order differs). It
+// needs the kv heads to divide among the devices and the cut columns of
+// attn_output and ffn_down on whole blocks of their types, and runs on the
+// CPU and simulated devices (an in-process all-reduce); a GPU refuses it
+// until its NCCL all-reduce is built.
 typedef enum smol_split {
     SMOL_SPLIT_LAYER = 0,
     SMOL_SPLIT_HEAD = 1,
@@ -392,10 +399,12 @@ typedef struct smol_memory_info {
     int32_t chunk;      // tokens per prefill chunk
     smol_type kv_type;  // the KV cache's element type
     // The device ("sim", "cuda:1"; the whole context: its device list, as
-    // given) and its layers [first_layer, first_layer + n_layer); the
-    // string lives as long as the context.
+    // given), its layers [first_layer, first_layer + n_layer) and of each
+    // its kv heads [first_kv_head, first_kv_head + n_kv_heads) (a head
+    // split's share); the string lives as long as the context.
     const char * device;
     int32_t first_layer, n_layer;
+    int32_t first_kv_head, n_kv_heads;
 } smol_memory_info;
 
 // The whole context's memory: over several devices, budgets and bytes

@@ -63,7 +63,8 @@ inline void add_device_options(CLI::App & app, device_options & o) {
                    "per device, such as 8GiB,24GiB (default: none, all KV resident)");
     app.add_option("--split", o.split,
                    "several devices: layer (each holds a range of layers, their weights and "
-                   "KV; exact) or head (not built yet)")
+                   "KV; exact) or head (each holds a share of every layer's heads and MLP, "
+                   "their partial sums added across the devices; CPU and sim devices)")
         ->capture_default_str()
         ->check(CLI::IsMember({"layer", "head"}));
     app.add_option("--tensor-split", o.tensor_split,
@@ -72,8 +73,8 @@ inline void add_device_options(CLI::App & app, device_options & o) {
         ->delimiter(',');
 }
 
-// One line per device of a context over several: its layers, budget,
-// planned and peak device memory, resident heads and host KV.
+// One line per device of a context over several: its layers and kv heads,
+// budget, planned and peak device memory, resident heads and host KV.
 inline std::string device_lines(const smol_context * ctx) {
     std::string out;
     const int32_t n = smol_context_n_devices(ctx);
@@ -82,9 +83,10 @@ inline std::string device_lines(const smol_context * ctx) {
         if (smol_context_device_memory(ctx, i, &m) != SMOL_OK) break;
         char line[320];
         std::snprintf(line, sizeof line,
-                      "  device %d %s: layers %d-%d, budget %s, planned %.1f MiB, peak %.1f "
-                      "MiB, %d of %d kv heads resident, host KV %.1f MiB\n",
-                      i, m.device, m.first_layer, m.first_layer + m.n_layer - 1,
+                      "  device %d %s: layers %d-%d, kv heads %d-%d, budget %s, planned %.1f "
+                      "MiB, peak %.1f MiB, %d of %d kv heads resident, host KV %.1f MiB\n",
+                      i, m.device, m.first_layer, m.first_layer + m.n_layer - 1, m.first_kv_head,
+                      m.first_kv_head + m.n_kv_heads - 1,
                       m.budget ? (std::to_string(m.budget >> 20) + " MiB").c_str() : "none",
                       double(m.device_planned) / 1048576.0, double(m.device_peak) / 1048576.0,
                       m.n_heads_resident, m.n_heads, double(m.host_kv) / 1048576.0);

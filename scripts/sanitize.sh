@@ -39,8 +39,8 @@ for kind in "${kinds[@]}"; do
             ;;
         thread)
             build=build-tsan
-            targets=(test-offload test-engine test-faults smol-server)
-            select=(-R '^(test-offload|test-engine|test-faults|test-server|test-server-load)$')
+            targets=(test-offload test-engine test-faults test-split smol-server)
+            select=(-R '^(test-offload|test-engine|test-faults|test-split|test-server|test-server-load)$')
             # A report makes the program exit 66 when it ends; races wholly
             # inside Debian's uninstrumented cpp-httplib are suppressed
             # (tests/tsan.supp says why).
