@@ -79,7 +79,8 @@ void kv_cache::init(int32_t layers, int32_t heads, int32_t dim, int32_t cells, s
 }
 
 int32_t kv_cache::n_free() const {
-    return int32_t(std::count(cell_pos.begin(), cell_pos.end(), -1));
+    // Past n_used every cell is free.
+    return n_cells - n_used + int32_t(std::count(cell_pos.begin(), cell_pos.begin() + n_used, -1));
 }
 
 void kv_cache::clear() {
