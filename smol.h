@@ -318,11 +318,12 @@ typedef struct smol_context_params {
     const char * device; // "cpu" (default, NULL too), "sim" (simulated device) or "cuda:N"
                          // (a comma-separated list: the model split over them)
     uint64_t gpu_mem;    // device memory budget in bytes (0: none, every head resident)
-    // A device list: how the model is split (LAYER), each device's budget
-    // (device_mem[i]; NULL: gpu_mem for each), and each device's share of
-    // the layers, in proportion as llama.cpp's --tensor-split
-    // (tensor_split[i]; NULL: in proportion to the budgets when every
-    // device has one, else even). Each array has one entry per device.
+    // A device list: how the model is split (LAYER by default, or HEAD),
+    // each device's budget (device_mem[i]; NULL: gpu_mem for each), and for
+    // a layer split each device's share of the layers, in proportion as
+    // llama.cpp's --tensor-split (tensor_split[i]; NULL: in proportion to
+    // the budgets when every device has one, else even). Each array has one
+    // entry per device.
     smol_split split;
     const uint64_t * device_mem;
     uint32_t n_device_mem;
