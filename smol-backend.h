@@ -109,10 +109,12 @@ class backend {
     // Whether its KV_STORE and ATTENTION kernels take a cache of type t
     // (kv_cache::type: F16, Q8_0 or Q4_0).
     virtual bool supports_kv_type(smol_type) const { return true; }
-    // Whether it runs ALL_REDUCE nodes (a head split's rank) over the host
-    // memory its graphs live in: the CPU and the simulated device, with the
-    // in-process collective (smol-collective.h).
+    // Whether it runs ALL_REDUCE nodes (a head split's rank), and how: over
+    // the host memory its graphs live in, with the graph's in-process
+    // collective (smol-collective.h: the CPU and the simulated device), or
+    // on a GPU with its group's communicator (join_gpu_group: NCCL).
     virtual bool supports_all_reduce() const { return false; }
+    virtual bool reduces_in_process() const { return false; }
 
     // The speeds by which a plan splits offloaded groups between streaming
     // and the host's attention (smol-host-attention.h) over a cache of this
@@ -184,6 +186,15 @@ std::unique_ptr<backend> make_backend(const std::string & device, int n_threads,
 std::unique_ptr<backend> make_cuda_backend(int device, const backend_options & options = {});
 // The simulated device (smol-sim.c++), for make_backend's "sim".
 std::unique_ptr<backend> make_sim_backend(int n_threads);
+
+// The GPUs of a head split (their backends, in rank order) as one group for
+// their ALL_REDUCE nodes: an NCCL communicator each, NVLink multicast off.
+// Throws smol::error saying why not (a GPU listed twice, a build without
+// NCCL). abort_gpu_group, when a rank failed a step, stops the others'
+// all-reduces (NCCL's abort) and leaves the group to be joined again.
+// Defined by smol-cuda.cu in a CUDA build.
+void join_gpu_group(const std::vector<backend *> & ranks);
+void abort_gpu_group(const std::vector<backend *> & ranks);
 
 } // namespace smol
 

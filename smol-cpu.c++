@@ -813,6 +813,7 @@ class cpu_backend final : public backend {
     const char * name() const override { return "cpu"; }
     placement where() const override { return placement::host; }
     bool supports_all_reduce() const override { return true; }
+    bool reduces_in_process() const override { return true; }
     void * alloc(size_t bytes) override {
         mem_.check("cpu", bytes, "memory");
         void * p = host_alloc(bytes, "host memory");
@@ -859,6 +860,11 @@ std::unique_ptr<backend> make_cuda_backend(int, const backend_options &) {
     throw error(SMOL_ERR_UNSUPPORTED, "this smol was built without CUDA; configure it with "
                                       "-DSMOL_CUDA=ON on a machine with the CUDA toolkit");
 }
+// No GPU backend to make, so no GPU group is ever asked for.
+void join_gpu_group(const std::vector<backend *> &) {
+    throw error(SMOL_ERR_UNSUPPORTED, "this smol was built without CUDA");
+}
+void abort_gpu_group(const std::vector<backend *> &) {}
 #endif
 
 std::unique_ptr<backend> make_backend(const std::string & device, int n_threads,

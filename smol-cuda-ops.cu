@@ -465,8 +465,22 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
     case OP_COPY:
         copy_on(t, stream_);
         return;
+    case OP_ALL_REDUCE:
+#if defined(SMOL_NCCL)
+        if (nccl_) {
+            // The sum of every rank's partials, on this GPU's stream (NCCL
+            // gives every rank the same bits).
+            const ncclResult_t r = ncclAllReduce(a->data, t->data, size_t(a->ne[0]) * a->nrows(),
+                                                 ncclFloat, ncclSum, nccl_, stream_);
+            if (r != ncclSuccess) {
+                throw error(SMOL_ERR_BACKEND,
+                            name_ + ": NCCL's all-reduce failed: " + ncclGetErrorString(r));
+            }
+            return;
+        }
+#endif
+        break;
     case OP_MUL_MAT:
-    case OP_ALL_REDUCE: // a head split's: no NCCL yet (supports_all_reduce)
     case OP_COUNT:
         break;
     }

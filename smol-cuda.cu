@@ -15,7 +15,9 @@
 
 #include "smol-cuda.cuh"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -80,6 +82,9 @@ cuda_backend::~cuda_backend() {
     // Errors here cannot be reported; free what can be freed.
     (void)cudaSetDevice(device_);
     if (stream_) (void)cudaStreamSynchronize(stream_);
+#if defined(SMOL_NCCL)
+    if (nccl_) (void)ncclCommDestroy(nccl_);
+#endif
     for (auto & c : execs_) (void)cudaGraphExecDestroy(c.exec);
 #if defined(SMOL_HAVE_BLAS)
     if (blas_) cublasDestroy(blas_);
@@ -464,6 +469,56 @@ std::unique_ptr<backend> make_cuda_backend(int device, const backend_options & o
                                           " " SMOL_GPU_VENDOR " device(s)");
     }
     return std::make_unique<gpu::cuda_backend>(device, options);
+}
+
+void join_gpu_group(const std::vector<backend *> & ranks) {
+#if defined(SMOL_NCCL)
+    std::vector<gpu::cuda_backend *> gpus;
+    std::vector<int> devices;
+    for (backend * b : ranks) {
+        auto * g = dynamic_cast<gpu::cuda_backend *>(b);
+        if (!g) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT, std::string(b->name()) +
+                                                       " is not a GPU: a head split over GPUs "
+                                                       "all-reduces through NCCL, GPUs alone");
+        }
+        if (std::find(devices.begin(), devices.end(), g->device()) != devices.end()) {
+            throw error(SMOL_ERR_INVALID_ARGUMENT,
+                        std::string(g->name()) + " is listed twice: a head split gives each "
+                                                 "GPU one share (NCCL joins a GPU once); list "
+                                                 "each GPU once, or split by layers");
+        }
+        gpus.push_back(g);
+        devices.push_back(g->device());
+    }
+    // NVLink multicast stays off (it can take a shared host's GPUs out of
+    // service): before NCCL starts, whatever the environment says.
+    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+    std::vector<ncclComm_t> comms(gpus.size(), nullptr);
+    const ncclResult_t r = ncclCommInitAll(comms.data(), int(comms.size()), devices.data());
+    if (r != ncclSuccess) {
+        throw error(SMOL_ERR_BACKEND, std::string("NCCL could not join the GPUs of the head "
+                                                  "split: ") +
+                                          ncclGetErrorString(r));
+    }
+    for (size_t i = 0; i < gpus.size(); ++i) gpus[i]->set_nccl(comms[i]);
+#else
+    (void)ranks;
+    throw error(SMOL_ERR_UNSUPPORTED,
+                "this smol was built without NCCL, which a head split over GPUs all-reduces "
+                "through (configure with SMOL_NCCL_ROOT where nccl.h and libnccl are); split "
+                "by layers (--split layer)");
+#endif
+}
+
+void abort_gpu_group(const std::vector<backend *> & ranks) {
+#if defined(SMOL_NCCL)
+    for (backend * b : ranks) {
+        if (auto * g = dynamic_cast<gpu::cuda_backend *>(b)) g->abort_nccl();
+    }
+#else
+    (void)ranks;
+#endif
 }
 
 } // namespace smol

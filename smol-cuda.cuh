@@ -16,6 +16,10 @@
 #include "smol-host-attention.h"
 #include "smol-schedule.h"
 
+#if defined(SMOL_NCCL)
+#include <nccl.h>
+#endif
+
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -414,6 +418,29 @@ class cuda_backend final : public backend {
     bool supports_kv_type(smol_type t) const override {
         return t == SMOL_TYPE_F16 || t == SMOL_TYPE_Q8_0 || t == SMOL_TYPE_Q4_0;
     }
+#if defined(SMOL_NCCL)
+    // A head split's ALL_REDUCE over NCCL, once join_gpu_group gave this
+    // GPU its communicator.
+    bool supports_all_reduce() const override {
+        return true;
+    }
+    int device() const {
+        return device_;
+    }
+    // join_gpu_group's communicator: set (replacing one joined before),
+    // aborted by abort_gpu_group, destroyed with the backend. Either drops
+    // the graphs captured with the old one.
+    void set_nccl(ncclComm_t c) {
+        if (nccl_) (void)ncclCommDestroy(nccl_);
+        nccl_ = c;
+        drop_graphs();
+    }
+    void abort_nccl() {
+        if (nccl_) (void)ncclCommAbort(nccl_);
+        nccl_ = nullptr;
+        drop_graphs();
+    }
+#endif
     void * alloc(size_t bytes) override;
     void release(void * p) override;
     void upload(void * dst, const void * src, size_t bytes) override;
@@ -421,8 +448,12 @@ class cuda_backend final : public backend {
     void memset(void * dst, int value, size_t bytes) override;
     void * alloc_host(size_t bytes, bool & pinned, const char * what) override;
     void release_host(void * p) override;
-    void set_memory_limit(size_t bytes) override { mem_.limit = bytes; }
-    memory_stats memory() const override { return mem_; }
+    void set_memory_limit(size_t bytes) override {
+        mem_.limit = bytes;
+    }
+    memory_stats memory() const override {
+        return mem_;
+    }
     size_t compute_bytes(graph & g) override;
     void run(graph & g) override;
     void reserve(graph & g) override;
@@ -441,7 +472,9 @@ class cuda_backend final : public backend {
     };
     void grow(buffer & b, size_t bytes, const char * what);
     void grow_host(size_t bytes);
-    void activate() const { SMOL_GPU_CHECK(cudaSetDevice(device_)); }
+    void activate() const {
+        SMOL_GPU_CHECK(cudaSetDevice(device_));
+    }
 
     void make_steps(graph & g);
     const std::vector<const tensor *> & extra_reads(); // per node, of steps_ (plan_arena)
@@ -558,6 +591,9 @@ class cuda_backend final : public backend {
 
     int device_;
     std::string name_;
+#if defined(SMOL_NCCL)
+    ncclComm_t nccl_ = nullptr;
+#endif
     int n_sm_ = 1;
     size_t l2_bytes_ = 0;
     bool fuse_ = true;

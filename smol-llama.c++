@@ -595,8 +595,17 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         if (by_heads_ && !be->supports_all_reduce()) {
             throw error(SMOL_ERR_UNSUPPORTED,
                         std::string(be->name()) +
-                            " has no all-reduce for a head split yet (NCCL is not built in); "
-                            "split by layers (SMOL_SPLIT_LAYER, --split layer)");
+                            " cannot all-reduce a head split's partial sums in this build (a "
+                            "GPU needs NCCL, found when smol is configured; AMD GPUs have "
+                            "none yet); split by layers (SMOL_SPLIT_LAYER, --split layer)");
+        }
+        if (by_heads_ && i > 0 &&
+            be->reduces_in_process() != stages_.front()->be->reduces_in_process()) {
+            throw error(SMOL_ERR_UNSUPPORTED,
+                        "the head split over '" + device_list_ +
+                            "' mixes GPUs (which all-reduce through NCCL) with devices in host "
+                            "memory (cpu, sim); list one kind, or split by layers (--split "
+                            "layer)");
         }
         auto st = std::make_unique<stage>(kv, std::move(be), by_heads_ ? 0 : bounds[i],
                                           by_heads_ ? hp.n_layer : bounds[i + 1], hp.n_head_kv);
@@ -623,6 +632,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
             st->g.comm = comm_.get();
             st->g.rank = st->rank;
         }
+        gpu_group_ = !stages_.front()->be->reduces_in_process();
+        if (gpu_group_) join_gpu_group(rank_backends());
     }
     const backend & be0 = *stages_.front()->be;
     auto all_stages = [&](auto && can) {
@@ -927,6 +938,12 @@ void llama_context::place_stage(stage & st) {
 
 llama_context::~llama_context() {
     if (logits_) output_stage().be->release_host(logits_);
+}
+
+std::vector<backend *> llama_context::rank_backends() const {
+    std::vector<backend *> out;
+    for (const auto & st : stages_) out.push_back(st->be.get());
+    return out;
 }
 
 // The stage that computes the outputs: the last of a layer split, a head
@@ -1289,9 +1306,14 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         run_outputs(*stages_.back());
         return;
     }
-    // A head split's ranks side by side, meeting at each all-reduce. A rank
-    // that fails aborts the collective, so the others stop at their next
-    // all-reduce instead of waiting; its error is the one reported.
+    // A head split's ranks side by side, meeting at each all-reduce. The
+    // first rank that fails aborts the collective (or the GPUs' group, which
+    // is joined again before the next step), so the others stop at their
+    // next all-reduce instead of waiting; its error is the one reported.
+    if (regroup_) {
+        join_gpu_group(rank_backends());
+        regroup_ = false;
+    }
     std::mutex mu;
     std::exception_ptr first;
     ranks_->run([&](int r, int) {
@@ -1303,11 +1325,14 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
                 st.be->run(st.g);
             }
         } catch (...) {
-            {
-                std::lock_guard<std::mutex> lock(mu);
-                if (!first) first = std::current_exception();
-            }
+            std::lock_guard<std::mutex> lock(mu);
+            if (first) return;
+            first = std::current_exception();
             comm_->abort();
+            if (gpu_group_) {
+                abort_gpu_group(rank_backends());
+                regroup_ = true;
+            }
         }
     });
     comm_->reset();

@@ -207,6 +207,10 @@ class llama_context {
     bool by_heads_ = false;
     std::unique_ptr<collective> comm_;
     std::unique_ptr<thread_pool> ranks_;
+    // Its ranks are GPUs (join_gpu_group), and their group was aborted by a
+    // failed step and is joined again before the next.
+    bool gpu_group_ = false, regroup_ = false;
+    std::vector<backend *> rank_backends() const;
     std::string device_list_; // as given
     int32_t chunk_ = 0;       // tokens per prefill chunk: the smallest of the stages' plans
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;

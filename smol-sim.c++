@@ -43,6 +43,7 @@ class sim_backend final : public backend, public copy_engine {
     const char * name() const override { return "sim"; }
     placement where() const override { return placement::device; }
     bool supports_all_reduce() const override { return true; }
+    bool reduces_in_process() const override { return true; }
     void * alloc(size_t bytes) override {
         mem_.check("sim device", bytes, "device memory");
         void * p = host_alloc(bytes, "simulated device memory");

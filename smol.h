@@ -299,9 +299,9 @@ typedef enum smol_attn_kernel {
 // summed across the devices (an all-reduce, in rank order): within float32
 // rounding of one device, not bit-identical (the sums' order differs). It
 // needs the kv heads to divide among the devices and the cut columns of
-// attn_output and ffn_down on whole blocks of their types, and runs on the
-// CPU and simulated devices (an in-process all-reduce); a GPU refuses it
-// until its NCCL all-reduce is built.
+// attn_output and ffn_down on whole blocks of their types. CPU and
+// simulated devices all-reduce in the process; GPUs (each listed once)
+// through NCCL, in a build that found it; the two kinds do not mix.
 typedef enum smol_split {
     SMOL_SPLIT_LAYER = 0,
     SMOL_SPLIT_HEAD = 1,

@@ -64,7 +64,7 @@ inline void add_device_options(CLI::App & app, device_options & o) {
     app.add_option("--split", o.split,
                    "several devices: layer (each holds a range of layers, their weights and "
                    "KV; exact) or head (each holds a share of every layer's heads and MLP, "
-                   "their partial sums added across the devices; CPU and sim devices)")
+                   "their partial sums added across the devices; GPUs through NCCL)")
         ->capture_default_str()
         ->check(CLI::IsMember({"layer", "head"}));
     app.add_option("--tensor-split", o.tensor_split,

@@ -161,8 +161,11 @@ fi
 
 # --- build --------------------------------------------------------------------
 build_smol() {
-    local prefix=()
+    local prefix=() nccl_root
     [ -n "$deps" ] && prefix=(-DCMAKE_PREFIX_PATH="$(cd "$deps" && pwd)")
+    # NCCL for a head split over GPUs: the toolkit's, else the PyPI wheel's.
+    nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+    [ -n "$nccl_root" ] && prefix+=(-DSMOL_NCCL_ROOT="$nccl_root")
     local gen=()
     command -v ninja >/dev/null && gen=(-G Ninja)
     cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DSMOL_CUDA=ON \
@@ -727,8 +730,9 @@ fi
 # --- split: the layers over two GPUs --------------------------------------------------
 # The 1.7B f16 shape with every head resident under 24 GiB a GPU: the most
 # context one GPU holds (SPLIT_CTX, default 81920 tokens) against twice that
-# on two; then decode at equal context on one GPU and on two, and llama.cpp's
-# -sm layer beside it when its build is there. With one GPU, cuda:0,cuda:0
+# on two; then decode at equal context on one GPU and on two, split by
+# layers and (two GPUs, NCCL) by heads, and llama.cpp's -sm layer and row
+# beside them when its build is there. With one GPU, cuda:0,cuda:0
 # stands in for the pair (two backends of one GPU: the hand-off, not the
 # capacity).
 split_bench() {
@@ -742,14 +746,16 @@ split_bench() {
         -d $((ctx - 16)) -r 1 --progress 2>&1 || return 1
     "$bench" --device "$devs" -m "$f" --gpu-mem 24GiB --kv-offload none -p 0 -n 16 \
         -d $((2 * ctx - 16)) -r 1 --progress 2>&1 || return 1
-    echo "-- equal context: one GPU, then $devs"
+    echo "-- equal context: one GPU, then $devs by layers, then by heads"
     "$bench" --device cuda:0 -m "$f" -p 512 -n 128 -d 4096 -r "$reps" 2>&1 || return 1
     "$bench" --device "$devs" -m "$f" -p 512 -n 128 -d 4096 -r "$reps" 2>&1 || return 1
+    [ "$n_gpu" -ge 2 ] && { "$bench" --device "$devs" --split head -m "$f" -p 512 -n 128 -d 4096 \
+        -r "$reps" 2>&1 || return 1; }
     if [ "$n_gpu" -ge 2 ] && peers_built; then
         echo "-- llama.cpp, one GPU then two (-sm layer)"
         CUDA_VISIBLE_DEVICES=0 "$peers_bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 128 \
             -d 4096 -r "$reps" -o md 2>&1
-        "$peers_bin/llama-bench" -m "$f" -ngl 99 -fa 1 -sm layer -p 512 -n 128 -d 4096 \
+        "$peers_bin/llama-bench" -m "$f" -ngl 99 -fa 1 -sm layer,row -p 512 -n 128 -d 4096 \
             -r "$reps" -o md 2>&1
     fi
 }

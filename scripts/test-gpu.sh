@@ -112,6 +112,9 @@ if [ -n "${SMOL_GPU_DEPS:-}" ]; then
         export PYTHONPATH=/tmp/smol-site${PYTHONPATH:+:$PYTHONPATH}
     fi
 fi
+# NCCL for a head split over GPUs: the toolkit's, else the PyPI wheel's.
+nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+[ -n "$nccl_root" ] && prefix+=(-DSMOL_NCCL_ROOT="$nccl_root")
 
 log "configure"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSMOL_CUDA=ON \
