@@ -796,7 +796,6 @@ void executor::run(graph & g, const schedule * sched, copy_engine * copies) {
 }
 
 void executor::check_node(int32_t node, int32_t barrier) {
-    if (failed_node_.load(std::memory_order_relaxed) >= 0) return; // the first one stops the run
     if (node_failed_.load(std::memory_order_relaxed) || faults::hit(faults::site::kernel)) {
         failed_node_.store(node, std::memory_order_relaxed);
         stop_at_.store(barrier, std::memory_order_relaxed);

@@ -176,8 +176,6 @@ static std::vector<std::string> device_names(const std::string & list) {
     }
 }
 
-// Each device's first layer, and n_layer last: contiguous ranges in
-// proportion to the shares, none empty.
 // Whether the model divides among n devices of a head split: the kv heads
 // evenly (each device whole GQA groups), and wo and w_down (whose columns
 // the devices share) cut on whole blocks of their types.
@@ -212,6 +210,8 @@ static void check_head_split(const llama_model & m, int32_t n, const std::string
     }
 }
 
+// Each device's first layer, and n_layer last: contiguous ranges in
+// proportion to the shares, none empty.
 static std::vector<int32_t> layer_bounds(int32_t n_layer, const std::vector<double> & shares,
                                          const std::vector<std::string> & names) {
     double total = 0;
@@ -433,18 +433,20 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
         if (n_slots < kv.n_cells) win.init(kv, window, reserve, n_slots, sink);
     }
 
-    // A weight type a device does not compute with is refused before
-    // anything is placed, naming the first such tensor.
+    // Each device's weights (their slices for a head split), once; a type
+    // a device does not compute with is refused before anything is placed,
+    // naming the first such tensor.
     for (const auto & st : stages_) {
+        stage_weights(*st);
         std::vector<std::pair<std::string, const weight *>> ws;
-        if (st->first) ws.push_back({"token_embd", &m.tok_embd});
+        if (st->first) ws.push_back({"token_embd", &st->tok_embd});
         if (st->last) {
-            ws.push_back({"output_norm", &m.output_norm});
-            ws.push_back({"output", &m.output});
+            ws.push_back({"output_norm", &st->output_norm});
+            ws.push_back({"output", &st->output});
         }
-        for (int32_t l = st->l0; l < st->l1; ++l) {
-            m.layers[size_t(l)].each([&](const char * name, const weight & w) {
-                ws.push_back({"blk." + std::to_string(l) + "." + name, &w});
+        for (size_t i = 0; i < st->layers.size(); ++i) {
+            st->layers[i].each([&](const char * name, const weight & w) {
+                ws.push_back({"blk." + std::to_string(st->l0 + int32_t(i)) + "." + name, &w});
             });
         }
         for (const auto & [what, w] : ws) {
@@ -533,13 +535,13 @@ std::string llama_context::stage_text(const stage & st) const {
 }
 
 // The plan of one device: its layers' KV under its budget, with the
-// weights it holds and the compute memory its backend measures on its
-// graph (built here over the file's weights, all heads resident).
+// weights it holds (stage_weights, not yet placed) and the compute memory
+// its backend measures on its graph (built here over them, all heads
+// resident).
 void llama_context::plan_stage(stage & st, int32_t n_batch) {
     const llama_hparams & hp = model.hp;
     const llama_model & m = model;
     const int32_t n_layer = st.l1 - st.l0, n_head_kv = st.kv1 - st.kv0;
-    stage_weights(st);
     uint64_t weight_bytes = 0;
     if (st.be->where() != placement::host) {
         if (st.first) weight_bytes += bytes_of(st.tok_embd);
