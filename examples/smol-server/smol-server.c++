@@ -19,6 +19,7 @@
 #include "metrics.h"
 #include "request.h"
 #include "smol.h"
+#include "waker.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -103,6 +104,7 @@ struct server_state {
     std::time_t started = std::time(nullptr);
     std::atomic<uint64_t> next_id{1};
     server_metrics m;
+    server::waker wake; // wakes the requests' threads for the engine
     // /v1/embeddings runs in a context of its own, made at its first
     // request, one request at a time.
     smol_context_params embd_params{};
@@ -218,6 +220,7 @@ struct stream_state {
     std::deque<smol_token> tokens;
     int32_t n_top = -1; // logprobs with this many alternatives; -1: none (set before submission)
     server_metrics * metrics = nullptr;
+    server::waker * wake = nullptr; // notifies cv (set before submission)
     bool queued_seen = false;
     std::chrono::steady_clock::time_point t_first; // the first generated token
     std::deque<token_logprob> logprobs;            // one a token of `tokens`, when asked
@@ -277,7 +280,7 @@ bool on_event(const smol_engine_event * ev, void * user) {
             if (s->n_top >= 0) s->logprobs.push_back(std::move(lp));
         }
     }
-    s->cv.notify_all();
+    s->wake->post(std::shared_ptr<std::condition_variable>(*ref, &s->cv));
     const bool go_on = !s->client_gone.load();
     if (ev->finish != SMOL_FINISH_NONE) delete ref;
     return go_on;
@@ -401,6 +404,7 @@ struct job {
         logprobs = g.logprobs;
         state->n_top = g.logprobs ? g.top_logprobs : -1;
         state->metrics = &st.m;
+        state->wake = &st.wake;
         text.tools = g.tools;
         parallel_calls = g.parallel_tool_calls;
         smol_request_params p = smol_request_default_params();
