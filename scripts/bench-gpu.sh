@@ -63,7 +63,8 @@
 # 128), SERVE_RUNS (runs of each server, alternating; default 2),
 # SERVE_CONCURRENCY (default 1,4,16,64), SERVE_PARALLEL (requests generating
 # at once in each server; default 32), SERVE_CTX (KV cells; default 8192),
-# SERVE_DEVICE (smol-server's --device; default cuda:0), SERVE_PICK=1 (the
+# SERVE_DEVICE (smol-server's --device; default cuda:0), SERVE_PROCESSES
+# (bench-serve.py's client processes; default 4), SERVE_PICK=1 (the
 # table takes the first variant serve-probe found whole, when smol-server as
 # it is was not); PEERS_BIN (where the llama.cpp programs are; default
 # build-peers/cuda/bin).
@@ -488,6 +489,7 @@ serve_bench() {
                 echo "-- ${names[$i]}, $t tokens per request, run $r"
                 python3 "$root/scripts/bench-serve.py" --port "${ports[$i]}" --concurrency "$conc" \
                     --max-tokens "$t" --label "${names[$i]} t$t r$r" --first-request "$first" \
+                    --processes "${SERVE_PROCESSES:-4}" \
                     --json "$tmp/serve-${names[$i]}-t$t-r$r.json" || rc=1
             done
         done

@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
 """Serving benchmark for any OpenAI-compatible server (smol-server, llama.cpp's
 llama-server): aggregate generated tokens per second and latency percentiles
-(end to end and time to first token) at several concurrency levels.
+(end to end and time to first token) at several concurrency levels. Beside the rate over the level's wall time
+(prompts included) it gives the decode rate: the level's concurrency over
+the mean time per output token after the first (TPOT), the rate of the
+steps once every request is generating, which is what a library's batched
+decode of that many sequences measures.
 
 Each level sends a bounded number of streamed /v1/completions requests, each
 with its own prompt (so no two share more than a few tokens) and a fixed
 number of generated tokens (ignore_eos), from that many client threads at
-once. Loopback only.
+once. Loopback only. One Python process reads a few tens of thousands of
+streamed chunks a second at most; for servers faster than that, --processes
+spreads each level's clients over that many processes.
 
     scripts/bench-serve.py --port 8080 [--concurrency 1,4,16,64] [--max-tokens 32]
-                           [--requests 8,16,32,64] [--first-request N] [--json out.json]
+                           [--requests 8,16,32,64] [--first-request N] [--processes P]
+                           [--json out.json]
 """
 
 import argparse
@@ -71,6 +78,16 @@ def one_or_error(host, port, model, i, max_tokens):
         return time.perf_counter() - t0, 0.0, 0, f"{type(e).__name__}: {e}"
 
 
+def run_share(host, port, model, ids, threads, max_tokens):
+    """Requests ids from this many client threads: their one_or_error()s."""
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda i: one_or_error(host, port, model, i, max_tokens), ids))
+
+
+def _ready(_):
+    return True
+
+
 def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -87,6 +104,8 @@ def main():
     ap.add_argument("--first-request", type=int, default=0,
                     help="number of the first request (its prompt); runs that should not "
                          "share prompts start apart")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="client processes each level's requests are spread over (default 1)")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -100,38 +119,54 @@ def main():
     model = json.loads(c.getresponse().read())["data"][0]["id"]
     c.close()
     one(a.host, a.port, model, 10_000, 4)  # warm up
+    procs = None
+    if a.processes > 1:
+        procs = concurrent.futures.ProcessPoolExecutor(a.processes)
+        list(procs.map(_ready, range(a.processes)))  # started before any timing
 
-    print(f"| concurrency | requests | tok/s | latency p50 / p90 / p99 (s) | "
+    print(f"| concurrency | requests | tok/s | decode tok/s | latency p50 / p90 / p99 (s) | "
           f"TTFT p50 / p90 / p99 (s) |")
-    print("| ---: | ---: | ---: | --- | --- |")
+    print("| ---: | ---: | ---: | ---: | --- | --- |")
     rows = []
     next_id = a.first_request
     for level, n in zip(levels, counts):
         ids = list(range(next_id, next_id + n))
         next_id += n
         t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(level) as pool:
-            res = list(pool.map(lambda i: one_or_error(a.host, a.port, model, i, a.max_tokens),
-                                ids))
+        p = min(a.processes, level)
+        if p <= 1:
+            res = run_share(a.host, a.port, model, ids, level, a.max_tokens)
+        else:
+            # Process k takes every p-th request and its share of the level's
+            # clients.
+            shares = [procs.submit(run_share, a.host, a.port, model, ids[k::p],
+                                   level // p + (k < level % p), a.max_tokens)
+                      for k in range(p)]
+            res = [r for f in shares for r in f.result()]
         wall = time.perf_counter() - t0
         lat, ttft, toks = [r[0] for r in res], [r[1] for r in res], sum(r[2] for r in res)
+        tpot = [(r[0] - r[1]) / (r[2] - 1) for r in res if r[2] > 1 and not r[3]]
+        decode = level * len(tpot) / sum(tpot) if tpot and sum(tpot) > 0 else 0.0
         errors = [r[3] for r in res if r[3]]
         # Requests that ended with fewer tokens than asked for (ignore_eos):
         # the figures of such a level do not measure what they say.
         short = sum(r[2] < a.max_tokens for r in res)
         row = {"label": a.label, "concurrency": level, "requests": n, "tokens": toks,
-               "wall_s": wall, "tok_s": toks / wall,
+               "wall_s": wall, "tok_s": toks / wall, "decode_tok_s": decode,
+               "tpot_s": [pct(tpot, p) for p in (50, 90, 99)] if tpot else [],
                "latency_s": [pct(lat, p) for p in (50, 90, 99)],
                "ttft_s": [pct(ttft, p) for p in (50, 90, 99)],
                "errors": len(errors), "short": short}
         rows.append(row)
-        print(f"| {level} | {n} | {row['tok_s']:.1f} | "
+        print(f"| {level} | {n} | {row['tok_s']:.1f} | {decode:.1f} | "
               + " / ".join(f"{x:.2f}" for x in row["latency_s"]) + " | "
               + " / ".join(f"{x:.2f}" for x in row["ttft_s"]) + " |", flush=True)
         if errors or short:
             print(f"  ({short} of {n} requests ended short of {a.max_tokens} tokens, "
                   f"{len(errors)} with an error" + (f": {errors[0]}" if errors else "") + ")",
                   flush=True)
+    if procs:
+        procs.shutdown()
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
