@@ -36,6 +36,7 @@ struct grammar_memo {
     struct state {
         std::vector<uint64_t> known, allowed;
         bool whole = false;
+        int32_t n_allowed = 0; // once whole
     };
     // A bound on memory: past it the states start again from none.
     static constexpr size_t max_states = 256;
@@ -343,6 +344,8 @@ const std::vector<uint64_t> & memo_mask(smol_sampler * s) {
             st.allowed[w] = x;
         }
         std::fill(st.known.begin(), st.known.end(), ~uint64_t(0));
+        st.n_allowed = 0;
+        for (uint64_t w : st.allowed) st.n_allowed += std::popcount(w);
         st.whole = true;
     }
     return st.allowed;
@@ -501,8 +504,16 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
     const std::vector<uint64_t> * allow = nullptr;
     bool first_k = false;
     if (s->grammar && s->vocab->n_vocab == n_vocab) {
-        memo_enter(s);
-        const smol_token t = grammar_first(s, l, n_vocab, first_k);
+        const grammar_memo::state & st = memo_enter(s);
+        // A whole mask (made ahead by smol_sampler_prepare, or before) of
+        // few tokens is drawn from directly: the same token grammar_first
+        // would give, without its search of the logits. Not where
+        // grammar_first draws itself (temperature alone), which would
+        // change what the generator gives next.
+        const bool draws_itself = p.temperature > 0.0f && (p.top_k <= 0 || p.top_k >= n_vocab) &&
+                                  p.top_p >= 1.0f && p.min_p <= 0.0f;
+        const bool few = st.whole && st.n_allowed <= n_vocab / 16 && !draws_itself;
+        const smol_token t = few ? -1 : grammar_first(s, l, n_vocab, first_k);
         if (t >= 0) return t;
         if (!first_k) {
             allow = &memo_mask(s);
