@@ -960,7 +960,7 @@ TEST_CASE("a model split by layers over GPUs gives one GPU's logits bit for bit,
         smol::make_cuda_backend(1);
         lists.push_back("cuda:0,cuda:1");
     } catch (const smol::error & e) {
-        MESSAGE("one GPU (" << e.what() << "): the split over two GPUs is not run");
+        MESSAGE("one GPU (" << std::string(e.what()) << "): the split over two GPUs is not run");
     }
     for (const char * devices : lists) {
         for (smol_kv_offload mode : {SMOL_KV_OFFLOAD_NONE, SMOL_KV_OFFLOAD_ALL}) {
