@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Serving benchmark for any OpenAI-compatible server (smol-server, llama.cpp's
 llama-server): aggregate generated tokens per second and latency percentiles
-(end to end and time to first token) at several concurrency levels. Beside the rate over the level's wall time
-(prompts included) it gives the decode rate: the level's concurrency over
-the mean time per output token after the first (TPOT), the rate of the
-steps once every request is generating, which is what a library's batched
-decode of that many sequences measures.
+(end to end and time to first token) at several concurrency levels. Beside
+the rate over the level's wall time (prompts included) it gives the decode
+rate: the level's concurrency over the mean time per output token after the
+first (TPOT), the rate of the steps once every request is generating, which
+is what a library's batched decode of that many sequences measures.
 
 Each level sends a bounded number of streamed /v1/completions requests, each
 with its own prompt (so no two share more than a few tokens) and a fixed
@@ -133,15 +133,15 @@ def main():
         ids = list(range(next_id, next_id + n))
         next_id += n
         t0 = time.perf_counter()
-        p = min(a.processes, level)
-        if p <= 1:
+        n_proc = min(a.processes, level)
+        if n_proc <= 1:
             res = run_share(a.host, a.port, model, ids, level, a.max_tokens)
         else:
-            # Process k takes every p-th request and its share of the level's
-            # clients.
-            shares = [procs.submit(run_share, a.host, a.port, model, ids[k::p],
-                                   level // p + (k < level % p), a.max_tokens)
-                      for k in range(p)]
+            # Process k takes every n_proc-th request and its share of the
+            # level's clients.
+            shares = [procs.submit(run_share, a.host, a.port, model, ids[k::n_proc],
+                                   level // n_proc + (k < level % n_proc), a.max_tokens)
+                      for k in range(n_proc)]
             res = [r for f in shares for r in f.result()]
         wall = time.perf_counter() - t0
         lat, ttft, toks = [r[0] for r in res], [r[1] for r in res], sum(r[2] for r in res)
