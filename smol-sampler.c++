@@ -375,17 +375,23 @@ bool grammar_best(smol_sampler * s, const float * l, int32_t n_vocab, size_t wan
 // allowed tokens in the logits' order, if they are among the best few, are
 // the masked k best (first_k is then set). Temperature alone: a draw that
 // the grammar refuses is taken out and drawn again (rejection sampling: the
-// masked softmax). -1 where the mask is needed.
+// masked softmax). -1 where the mask is needed, and at once where the
+// state's whole mask (made ahead by smol_sampler_prepare, or before) leaves
+// few tokens: drawing from it gives the same token without the search.
+// Rejection sampling keeps its own draws, whose generator use would change.
 smol_token grammar_first(smol_sampler * s, const float * l, int32_t n_vocab, bool & first_k) {
     const smol_sampler_params & p = s->params;
     first_k = false;
+    const grammar_memo::state & st = *s->memo.now;
+    const bool few = st.whole && st.n_allowed <= n_vocab / 16;
     if (p.temperature <= 0.0f) {
+        if (few) return -1;
         const smol_token t = smol::argmax(l, n_vocab);
         if (grammar_allows(s, t)) return t;
         return grammar_best(s, l, n_vocab, 1) ? s->cands[0].id : -1;
     }
     if (p.top_k > 0 && p.top_k < n_vocab) {
-        first_k = grammar_best(s, l, n_vocab, size_t(p.top_k));
+        if (!few) first_k = grammar_best(s, l, n_vocab, size_t(p.top_k));
         return -1;
     }
     if (p.top_p < 1.0f || p.min_p > 0.0f) return -1;
@@ -504,16 +510,8 @@ smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n
     const std::vector<uint64_t> * allow = nullptr;
     bool first_k = false;
     if (s->grammar && s->vocab->n_vocab == n_vocab) {
-        const grammar_memo::state & st = memo_enter(s);
-        // A whole mask (made ahead by smol_sampler_prepare, or before) of
-        // few tokens is drawn from directly: the same token grammar_first
-        // would give, without its search of the logits. Not where
-        // grammar_first draws itself (temperature alone), which would
-        // change what the generator gives next.
-        const bool draws_itself = p.temperature > 0.0f && (p.top_k <= 0 || p.top_k >= n_vocab) &&
-                                  p.top_p >= 1.0f && p.min_p <= 0.0f;
-        const bool few = st.whole && st.n_allowed <= n_vocab / 16 && !draws_itself;
-        const smol_token t = few ? -1 : grammar_first(s, l, n_vocab, first_k);
+        memo_enter(s);
+        const smol_token t = grammar_first(s, l, n_vocab, first_k);
         if (t >= 0) return t;
         if (!first_k) {
             allow = &memo_mask(s);
