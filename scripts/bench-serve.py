@@ -2,10 +2,12 @@
 """Serving benchmark for any OpenAI-compatible server (smol-server, llama.cpp's
 llama-server): aggregate generated tokens per second and latency percentiles
 (end to end and time to first token) at several concurrency levels. Beside
-the rate over the level's wall time (prompts included) it gives the decode
-rate: the level's concurrency over the mean time per output token after the
-first (TPOT), the rate of the steps once every request is generating, which
-is what a library's batched decode of that many sequences measures.
+the rate over the level's wall time (prompts included) it gives two decode
+rates: the level's concurrency over the mean time per output token after the
+first (TPOT), which counts the other requests' prompts read while a request
+generates; and the steady rate, the tokens a second over the intervals when
+every client's request is generating and no prompt is being read, which is
+what a library's batched decode of that many sequences measures.
 
 Each level sends a bounded number of streamed /v1/completions requests, each
 with its own prompt (so no two share more than a few tokens) and a fixed
@@ -20,6 +22,7 @@ spreads each level's clients over that many processes.
 """
 
 import argparse
+import bisect
 import concurrent.futures
 import http.client
 import json
@@ -39,7 +42,8 @@ def prompt(i):
 
 def one(host, port, model, i, max_tokens):
     """One streamed completion: (latency s, time to first token s, tokens,
-    the error the stream ended with or None)."""
+    the error the stream ended with or None, the arrival times of its text
+    chunks on the monotonic clock)."""
     body = {"model": model, "prompt": prompt(i), "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -49,7 +53,7 @@ def one(host, port, model, i, max_tokens):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-    ttft, chunks, usage, err = None, 0, None, None
+    ttft, arrivals, usage, err = None, [], None, None
     for raw in r:
         line = raw.decode().strip()
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -61,11 +65,12 @@ def one(host, port, model, i, max_tokens):
             usage = ev["usage"].get("completion_tokens")
         for ch in ev.get("choices", []):
             if ch.get("text"):
-                chunks += 1
+                arrivals.append(time.monotonic())
                 if ttft is None:
                     ttft = time.perf_counter() - t0
     c.close()
-    return time.perf_counter() - t0, ttft or 0.0, usage if usage else chunks, err
+    return (time.perf_counter() - t0, ttft or 0.0, usage if usage else len(arrivals), err,
+            arrivals)
 
 
 def one_or_error(host, port, model, i, max_tokens):
@@ -75,7 +80,7 @@ def one_or_error(host, port, model, i, max_tokens):
     try:
         return one(host, port, model, i, max_tokens)
     except (OSError, http.client.HTTPException, RuntimeError, ValueError) as e:
-        return time.perf_counter() - t0, 0.0, 0, f"{type(e).__name__}: {e}"
+        return time.perf_counter() - t0, 0.0, 0, f"{type(e).__name__}: {e}", []
 
 
 def run_share(host, port, model, ids, threads, max_tokens):
@@ -86,6 +91,27 @@ def run_share(host, port, model, ids, threads, max_tokens):
 
 def _ready(_):
     return True
+
+
+def steady_rate(res, level):
+    """Text chunks a second while every one of the level's clients has a
+    request between its first and its last chunk: the server's decode of
+    `level` sequences with no prompt being read beside it, as `--batched`
+    measures the library. Counted over the intervals where that holds; 0
+    when there are none."""
+    spans = [(r[4][0], r[4][-1]) for r in res if not r[3] and len(r[4]) > 1]
+    times = sorted(t for r in res if not r[3] for t in r[4])
+    edges = sorted({t for s in spans for t in s})
+    seconds, chunks = 0.0, 0
+    for a, b in zip(edges, edges[1:]):
+        if sum(s <= a and b <= e for s, e in spans) == level:
+            seconds += b - a
+            chunks += bisect.bisect_right(times, b) - bisect.bisect_right(times, a)
+    if seconds <= 0:
+        return 0.0
+    # A chunk is a token but where the detokenizer held text back.
+    toks = sum(r[2] for r in res if not r[3] and r[4])
+    return chunks / seconds * toks / max(1, len(times))
 
 
 def pct(xs, p):
@@ -124,9 +150,9 @@ def main():
         procs = concurrent.futures.ProcessPoolExecutor(a.processes)
         list(procs.map(_ready, range(a.processes)))  # started before any timing
 
-    print(f"| concurrency | requests | tok/s | decode tok/s | latency p50 / p90 / p99 (s) | "
-          f"TTFT p50 / p90 / p99 (s) |")
-    print("| ---: | ---: | ---: | ---: | --- | --- |")
+    print(f"| concurrency | requests | tok/s | decode tok/s | steady tok/s | "
+          f"latency p50 / p90 / p99 (s) | TTFT p50 / p90 / p99 (s) |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- |")
     rows = []
     next_id = a.first_request
     for level, n in zip(levels, counts):
@@ -147,18 +173,20 @@ def main():
         lat, ttft, toks = [r[0] for r in res], [r[1] for r in res], sum(r[2] for r in res)
         tpot = [(r[0] - r[1]) / (r[2] - 1) for r in res if r[2] > 1 and not r[3]]
         decode = level * len(tpot) / sum(tpot) if tpot and sum(tpot) > 0 else 0.0
+        steady = steady_rate(res, level)
         errors = [r[3] for r in res if r[3]]
         # Requests that ended with fewer tokens than asked for (ignore_eos):
         # the figures of such a level do not measure what they say.
         short = sum(r[2] < a.max_tokens for r in res)
         row = {"label": a.label, "concurrency": level, "requests": n, "tokens": toks,
                "wall_s": wall, "tok_s": toks / wall, "decode_tok_s": decode,
+               "steady_tok_s": steady,
                "tpot_s": [pct(tpot, p) for p in (50, 90, 99)] if tpot else [],
                "latency_s": [pct(lat, p) for p in (50, 90, 99)],
                "ttft_s": [pct(ttft, p) for p in (50, 90, 99)],
                "errors": len(errors), "short": short}
         rows.append(row)
-        print(f"| {level} | {n} | {row['tok_s']:.1f} | {decode:.1f} | "
+        print(f"| {level} | {n} | {row['tok_s']:.1f} | {decode:.1f} | {steady:.1f} | "
               + " / ".join(f"{x:.2f}" for x in row["latency_s"]) + " | "
               + " / ".join(f"{x:.2f}" for x in row["ttft_s"]) + " |", flush=True)
         if errors or short:
