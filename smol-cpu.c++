@@ -327,6 +327,14 @@ void run_scale(tensor * t, const op_args & a) {
         a.k.scale(row_f32(t, i), row_f32(t->src[0], i), t->fparams[0], t->ne[0]);
 }
 
+void run_argmax(tensor * t, const op_args & a) {
+    const tensor * x = t->src[0];
+    int64_t i0, i1;
+    split(x->nrows(), a.ith, a.nth, i0, i1);
+    int32_t * y = static_cast<int32_t *>(t->data);
+    for (int64_t i = i0; i < i1; ++i) y[i] = int32_t(a.k.argmax(row_f32(x, i), x->ne[0]));
+}
+
 // GELU in its tanh form (Gemma's gelu_pytorch_tanh), computed in f32.
 void run_geglu(tensor * t, const op_args & a) {
     int64_t i0, i1;
@@ -640,6 +648,7 @@ const op_fn op_table[OP_COUNT] = {
     run_scale,
     run_geglu,
     run_all_reduce,
+    run_argmax,
 };
 
 } // namespace

@@ -107,6 +107,48 @@ __global__ void scale_kernel(const float * x, size_t ldx, float c, float * dst, 
     }
 }
 
+// A block a row: each row's argmax, as the CPU's (the first of equal
+// maxima, NaNs passed over, 0 where nothing is above -infinity). A thread
+// keeps the first of its own maxima; pairs merge by value, then index.
+constexpr int argmax_threads = 1024;
+
+__global__ void __launch_bounds__(argmax_threads)
+    argmax_kernel(const float * x, size_t ldx, int n, int32_t * dst) {
+    const float * row = x + size_t(blockIdx.x) * ldx;
+    float best = -INFINITY;
+    int at = INT_MAX;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const float v = row[e];
+        if (v > best) {
+            best = v;
+            at = e;
+        }
+    }
+    auto merge = [&](float b, int i) {
+        if (b > best || (b == best && i < at)) {
+            best = b;
+            at = i;
+        }
+    };
+#pragma unroll
+    for (int o = warp_size / 2; o > 0; o /= 2) merge(SMOL_SHFL_XOR(best, o), SMOL_SHFL_XOR(at, o));
+    __shared__ float wb[argmax_threads / warp_size];
+    __shared__ int wi[argmax_threads / warp_size];
+    const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
+    if (lane == 0) {
+        wb[warp] = best;
+        wi[warp] = at;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    const int n_warps = blockDim.x / warp_size;
+    best = lane < n_warps ? wb[lane] : -INFINITY;
+    at = lane < n_warps ? wi[lane] : INT_MAX;
+#pragma unroll
+    for (int o = warp_size / 2; o > 0; o /= 2) merge(SMOL_SHFL_XOR(best, o), SMOL_SHFL_XOR(at, o));
+    if (lane == 0) dst[blockIdx.x] = best > -INFINITY ? at : 0;
+}
+
 // silu(g) * u of M rows of K (g's and u's rows ld apart; with lo, each of
 // their elements is the sum of it and the one lo further: a cuBLAS step's
 // results over bf16_hl pairs, added here in place of blas_pair_sum_kernel),
@@ -480,6 +522,11 @@ void cuda_backend::launch(const step & s, const batch_info & b) {
         }
 #endif
         break;
+    case OP_ARGMAX:
+        argmax_kernel<<<unsigned(a->nrows()), argmax_threads, 0, stream_>>>(
+            data_of<const float>(a), a->nb[1] / 4, int(a->ne[0]), data_of<int32_t>(t));
+        check_launch("argmax");
+        return;
     case OP_MUL_MAT:
     case OP_COUNT:
         break;

@@ -267,6 +267,10 @@ smol_request_id engine::submit(const smol_request_params & p) {
         r->k_next = r->draft_max;
         r->verifier.init(p.sampler, model_.hp.n_vocab);
     }
+    // Greedy, with nothing that reads the logits but the choice.
+    r->top_only = p.skip_event_logits && p.sampler.temperature <= 0.0f &&
+                  (p.sampler.repeat_penalty == 1.0f || p.sampler.repeat_last_n == 0) &&
+                  !p.grammar && r->draft_max == 0;
     if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
     }
@@ -782,6 +786,7 @@ engine::step_times engine::run_batch(int32_t n) {
             const int32_t p = r->n_past + j;
             const bool last = p == int32_t(r->tokens.size()) - 1;
             smol_batch_add(&batch_, batch_cap_, r->tokens[size_t(p)], p, r->seq, last);
+            if (last && r->top_only) batch_.logits[batch_.n_tokens - 1] = SMOL_KEEP_TOKEN;
         }
         // Guesses after the last known token, each with its logits.
         for (int32_t j = 0; j < r->ng; ++j) {
@@ -889,8 +894,15 @@ bool engine::settle(request_ptr & r, const int32_t * cells, int32_t & n_prefill)
     if (r->n_past != int32_t(r->tokens.size())) return false;
     const int32_t row0 = r->b0 + n_known - 1;
     r->rows.clear();
-    for (int32_t i = 0; i <= r->ng; ++i) r->rows.push_back(ctx_.logits(row0 + i));
-    if (std::find(r->rows.begin(), r->rows.end(), nullptr) != r->rows.end()) {
+    r->top = -1;
+    if (r->top_only) {
+        r->top = ctx_.top_token(row0);
+        r->rows.push_back(nullptr);
+    } else {
+        for (int32_t i = 0; i <= r->ng; ++i) r->rows.push_back(ctx_.logits(row0 + i));
+    }
+    if (r->top_only ? r->top < 0
+                    : std::find(r->rows.begin(), r->rows.end(), nullptr) != r->rows.end()) {
         // Cannot happen with the slices in place; were it to, this
         // request alone ends, rather than a token -1 failing the
         // next step for every request in it.
@@ -915,6 +927,8 @@ void engine::draw(request & r) {
             r.kept =
                 r.verifier.accept(r.rows.data(), r.guess.data(), r.ng,
                                   draft_ && r.verifier.sampling() ? r.q.data() : nullptr, &r.after);
+        } else if (r.top_only) {
+            r.after = r.top; // what greedy sampling takes from the logits
         } else {
             r.after = smol_sampler_sample(r.sampler, r.rows[0], model_.hp.n_vocab);
         }

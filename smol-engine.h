@@ -140,6 +140,10 @@ class engine {
         // was drawn from them, the guesses kept and the token after them.
         bool drawing = false;
         std::vector<const float *> rows;
+        // Greedy with no use for its logits: its steps keep only the top
+        // token (SMOL_KEEP_TOKEN), its rows are null and top holds it.
+        bool top_only = false;
+        smol_token top = -1;
         int32_t kept = 0;
         smol_token after = -1;
         std::string draw_error; // what failed in the draw, if anything

@@ -28,9 +28,9 @@ const char * placement_name(placement p) {
 
 const char * const op_names[OP_COUNT] = {
     "NONE",      "GET_ROWS", "RMS_NORM", "MUL_MAT", "ADD",   "ROPE",       "KV_STORE",
-    "ATTENTION", "SWIGLU",   "COPY",     "SCALE",   "GEGLU", "ALL_REDUCE",
+    "ATTENTION", "SWIGLU",   "COPY",     "SCALE",   "GEGLU", "ALL_REDUCE", "ARGMAX",
 };
-static_assert(OP_COUNT == 13, "op_names must list every op");
+static_assert(OP_COUNT == 14, "op_names must list every op");
 
 void tensor_set_shape(tensor & t, smol_type type, int64_t ne0, int64_t ne1, int64_t ne2,
                       int64_t ne3) {
@@ -161,6 +161,10 @@ tensor * op_geglu(graph & g, tensor * gate, tensor * up) {
 
 tensor * op_all_reduce(graph & g, tensor * x) {
     return elementwise(g, OP_ALL_REDUCE, x, nullptr);
+}
+
+tensor * op_argmax(graph & g, tensor * x) {
+    return node(g, OP_ARGMAX, 1, x->nrows(), x);
 }
 
 tensor * op_scale(graph & g, tensor * x, float c) {

@@ -46,6 +46,7 @@ enum op : uint8_t {
     OP_SCALE,      // dst = src0 * fparams[0]
     OP_GEGLU,      // dst = gelu(src0) * src1, GELU's tanh form
     OP_ALL_REDUCE, // dst = the sum over the graph's ranks of each one's src0 (a head split)
+    OP_ARGMAX,     // dst[i] = the index (int32) of row i's largest, the first of equal maxima
     OP_COUNT,
 };
 extern const char * const op_names[OP_COUNT];
@@ -194,6 +195,9 @@ tensor * op_scale(graph & g, tensor * x, float c);
 // The sum of x (f32, contiguous) over the ranks of g.comm, added in rank
 // order: every rank gets the same bits.
 tensor * op_all_reduce(graph & g, tensor * x);
+// Each row's argmax as an int32 (in a 4-byte element): NaNs passed over, 0
+// for a row with no value above -infinity, as cpu::kernels::argmax.
+tensor * op_argmax(graph & g, tensor * x);
 // KV_STORE of the heads of `view` (k and v rows hold every kv head); `after`
 // (may be null) orders it behind a copy that fills the view's memory.
 tensor * op_kv_store_heads(graph & g, tensor * k, tensor * v, int32_t layer, const kv_view & view,

@@ -410,6 +410,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
+    out_token_.resize(nb);
     slots_.resize(nb);
     reserve_logits(size_t(out_width()));
     const bool has_swa =
@@ -723,7 +724,8 @@ int32_t llama_context::n_host_heads() const {
 
 llama_context::step_shape llama_context::shape_of(const stage & st, int32_t n,
                                                   int32_t n_out) const {
-    return {n, st.last ? n_out : 0, st.place.copies_of(cells_.data(), n)};
+    return {n, st.last ? n_out : 0, st.last && n_out > 0 && tokens_only_,
+            st.place.copies_of(cells_.data(), n)};
 }
 
 // A stage's part of the forward pass: the embeddings (first stage) or the
@@ -824,6 +826,7 @@ void llama_context::build_graph(stage & st, const step_shape & shape) {
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));
     x = op_rms_norm(g, x, W(st.output_norm), hp.rms_eps);
     st.out = params.embeddings ? x : op_mul_mat(g, W(st.output), x);
+    if (shape.tokens) st.out = op_argmax(g, st.out);
 }
 
 void llama_context::decode(const smol_batch & b) {
@@ -906,17 +909,24 @@ void llama_context::decode(const smol_batch & b) {
                         " are free; raise the context size or drop finished sequences");
     }
 
-    // Which tokens keep logits (without flags, only the last one's).
+    // Which tokens keep logits, or their top token only (without flags,
+    // the last one's logits). When none keeps logits, the graph picks the
+    // top tokens and only they leave the last device.
     int32_t n_out = 0;
+    bool any_logits = false;
     for (int32_t i = 0; i < n; ++i) {
-        const bool want = b.logits ? b.logits[i] != 0 : i == n - 1;
-        out_row_[size_t(i)] = want ? n_out++ : -1;
+        const int8_t keep = b.logits ? b.logits[i] : int8_t(i == n - 1);
+        const bool token = keep == SMOL_KEEP_TOKEN && !params.embeddings;
+        out_row_[size_t(i)] = keep != SMOL_KEEP_NONE ? n_out++ : -1;
+        out_token_[size_t(i)] = int8_t(token);
+        any_logits = any_logits || (keep != SMOL_KEEP_NONE && !token);
     }
     n_last_ = n;
     last_out_ = -1;
     for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
         if (out_row_[size_t(i)] >= 0) last_out_ = i;
-    reserve_logits(size_t(n_out) * size_t(out_width()));
+    tokens_only_ = n_out > 0 && !any_logits;
+    reserve_logits(tokens_only_ ? size_t(n_out) : size_t(n_out) * size_t(out_width()));
 
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
@@ -1029,7 +1039,8 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         }
         st.g.rerun = again;
     }
-    float * dst = logits_ + size_t(out_base) * size_t(out_width());
+    float * dst =
+        tokens_only_ ? logits_ + out_base : logits_ + size_t(out_base) * size_t(out_width());
     // The stage that computes the outputs writes them to dst.
     auto run_outputs = [&](stage & st) {
         if (st.out && st.be->where() == placement::host) st.out->data = dst;
@@ -1261,8 +1272,16 @@ void llama_context::list_seq_cells(int32_t n, const kv_cache & table, std::vecto
 
 const float * llama_context::logits(int32_t i) const {
     if (i < 0) i = last_out_;
-    if (i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return nullptr;
+    if (i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0 || out_token_[size_t(i)]) return nullptr;
     return logits_ + size_t(out_row_[size_t(i)]) * size_t(out_width());
+}
+
+smol_token llama_context::top_token(int32_t i) const {
+    if (i < 0) i = last_out_;
+    if (params.embeddings || i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return -1;
+    const size_t row = size_t(out_row_[size_t(i)]);
+    if (tokens_only_) return reinterpret_cast<const int32_t *>(logits_)[row];
+    return smol_token(cpu::kernels_best().argmax(logits_ + row * size_t(out_width()), out_width()));
 }
 
 } // namespace smol

@@ -131,8 +131,11 @@ class llama_context {
 
     void decode(const smol_batch & batch); // throws smol::error
     // The i-th token's output row: logits, or with params.embeddings its
-    // final hidden state.
+    // final hidden state; null for a token that kept only its top token.
     const float * logits(int32_t i) const;
+    // The i-th token's most likely next token (smol_get_top_token); -1 if
+    // it kept neither logits nor its token.
+    smol_token top_token(int32_t i) const;
     int32_t out_width() const { return params.embeddings ? model.hp.n_embd : model.hp.n_vocab; }
 
     // The devices the model is split over (one stage each, in layer order)
@@ -183,6 +186,7 @@ class llama_context {
     // and its KV copies.
     struct step_shape {
         int32_t n = 0, n_out = 0;
+        bool tokens = false; // the outputs are the rows' top tokens, not logits
         kv_copies copies;
         bool operator==(const step_shape &) const = default;
     };
@@ -214,7 +218,8 @@ class llama_context {
     std::string device_list_; // as given
     int32_t chunk_ = 0;       // tokens per prefill chunk: the smallest of the stages' plans
     std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
-    std::vector<int32_t> out_row_; // batch index -> logits row, -1 if none
+    std::vector<int32_t> out_row_;  // batch index -> logits row, -1 if none
+    std::vector<int8_t> out_token_; // batch index -> it kept only its top token
     // Each sequence's newest position and cell, as of kv.version
     // seq_version_ (rescanned from the cells when the cache changed).
     std::vector<smol_pos> seq_max_;
@@ -232,8 +237,10 @@ class llama_context {
     // The last batch's logits rows, in host memory from the last device's
     // backend: pinned for a GPU, so a step's download is one copy at the
     // link's speed (into pageable memory the driver stages it and copies
-    // twice).
+    // twice). With tokens_only_, an int32 top token a row instead: every
+    // output of the batch kept only its token, and the graph picked them.
     float * logits_ = nullptr;
+    bool tokens_only_ = false;
     size_t logits_cap_ = 0; // floats
     void reserve_logits(size_t n);
 };

@@ -629,7 +629,7 @@ bool smol_batch_add(smol_batch * b, int32_t capacity, smol_token token, smol_pos
     b->token[i] = token;
     b->pos[i] = pos;
     b->seq_id[i] = seq;
-    b->logits[i] = logits ? 1 : 0;
+    b->logits[i] = logits ? SMOL_KEEP_LOGITS : SMOL_KEEP_NONE;
     return true;
 }
 
@@ -644,6 +644,10 @@ const smol_model * smol_context_get_model(const smol_context * ctx) {
 
 const float * smol_get_logits(smol_context * ctx, int32_t i) {
     return ctx && !ctx->c->params.embeddings ? ctx->c->logits(i) : nullptr;
+}
+
+smol_token smol_get_top_token(smol_context * ctx, int32_t i) {
+    return ctx ? ctx->c->top_token(i) : -1;
 }
 
 const float * smol_get_embeddings(smol_context * ctx, int32_t i) {

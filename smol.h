@@ -427,6 +427,17 @@ SMOL_API smol_status smol_context_plan_dump(const smol_context * ctx, char * buf
 SMOL_API smol_status smol_context_schedule_dump(smol_context * ctx, int32_t n_tokens, char * buf,
                                                 size_t size, size_t * n_out);
 
+// What smol_decode keeps of a batch token (smol_batch.logits): nothing, its
+// logits (smol_get_logits; any value but 0 and 2 means the same), or only its
+// most likely token (smol_get_top_token), which greedy decoding needs. When
+// every token that keeps something keeps its token only, a GPU picks the
+// tokens where the logits are and copies back only them.
+typedef enum smol_keep {
+    SMOL_KEEP_NONE = 0,
+    SMOL_KEEP_LOGITS = 1,
+    SMOL_KEEP_TOKEN = 2,
+} smol_keep;
+
 // A batch of tokens, each with its position and sequence, as in llama.cpp:
 // tokens of several sequences may be mixed, so a serving loop batches them.
 typedef struct smol_batch {
@@ -434,7 +445,7 @@ typedef struct smol_batch {
     smol_token * token;
     smol_pos * pos;
     smol_seq_id * seq_id;
-    int8_t * logits; // nonzero: keep the logits of this token
+    int8_t * logits; // per token, a smol_keep (NULL: the last token's logits)
 } smol_batch;
 
 // Allocates arrays for n_tokens_max tokens (n_tokens starts at 0).
@@ -454,8 +465,14 @@ SMOL_API bool smol_batch_add(smol_batch * batch, int32_t capacity, smol_token to
 SMOL_API smol_status smol_decode(smol_context * ctx, const smol_batch * batch);
 
 // Logits (n_vocab floats) of batch token i of the last decode; i = -1 is
-// the last token that asked for logits. NULL if i kept none.
+// the last token that asked for logits. NULL if i kept none (or only its
+// token).
 SMOL_API const float * smol_get_logits(smol_context * ctx, int32_t i);
+// The most likely next token after batch token i of the last decode (the
+// first of equal maxima, as greedy sampling takes; i = -1: the last token
+// that kept something), for a token that kept its logits or its token; -1
+// if it kept neither, or in a context made for embeddings.
+SMOL_API smol_token smol_get_top_token(smol_context * ctx, int32_t i);
 // In a context made with embeddings: the final hidden state (n_embd floats)
 // of the i-th token of the last batch (-1: the last with an output), as
 // smol_get_logits gives logits; NULL for a token without one, or in a
@@ -783,6 +800,11 @@ typedef struct smol_request_params {
     // Guesses per step: < 0 (the default) the engine's draft_max, 0 none
     // (this request does not speculate), else at most this many.
     int32_t draft_max;
+    // Its events need not carry logits (event.logits may be NULL): a greedy
+    // request (temperature <= 0, no penalty, grammar or speculation) then
+    // keeps only its top token a step (SMOL_KEEP_TOKEN), which a GPU picks
+    // where the logits are. false: every event carries them.
+    bool skip_event_logits;
     smol_engine_event_fn on_event;
     void * user_data;
 } smol_request_params;

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -265,6 +266,56 @@ TEST_CASE("rms_norm (whole rows and per head), add, scale, swiglu and geglu matc
             return s.read(out);
         };
         CHECK(rel_err(run(*g_be), run(*c_be)) <= 1e-5);
+    }
+}
+
+TEST_CASE("argmax picks the first of equal maxima, passing NaNs over, as the CPU does") {
+    auto g_be = gpu();
+    auto c_be = cpu();
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = INFINITY;
+    for (const int64_t n : {int64_t(49152), int64_t(1031)}) {
+        CAPTURE(n);
+        const int64_t rows = 8;
+        std::vector<float> a = random_floats(rng, size_t(n * rows));
+        auto row = [&](int64_t r) { return a.data() + r * n; };
+        std::uniform_int_distribution<int64_t> at(0, n - 1);
+        const int64_t i0 = at(rng), i1 = at(rng);
+        row(1)[i0] = row(1)[i1] = 40.0f; // two equal maxima
+        for (int k = 0; k < 50; ++k) row(2)[at(rng)] = nan;
+        row(2)[0] = nan;
+        std::fill_n(row(3), n, -inf);
+        std::fill_n(row(4), n, nan);
+        for (int64_t i = 0; i < n; ++i) row(5)[i] = -1.0f - std::fabs(row(5)[i]);
+        row(5)[std::max(i0, i1)] = -0.0f; // zeros of both signs, equal
+        row(5)[std::min(i0, i1)] = 0.0f;
+        row(6)[n - 1] = 50.0f;
+        row(7)[at(rng)] = inf;
+        // The index wanted, found here in plain loops.
+        std::vector<int32_t> want(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+            float best = -inf;
+            for (int64_t i = 0; i < n; ++i)
+                if (row(r)[i] > best) best = row(r)[i];
+            int32_t w = 0;
+            if (best > -inf) {
+                while (!(row(r)[w] == best)) ++w;
+            }
+            want[size_t(r)] = w;
+        }
+        auto run = [&](backend & be) {
+            side s(be);
+            tensor * out = smol::op_argmax(s.g, s.leaf(SMOL_TYPE_F32, a.data(), n, rows));
+            s.poison(out);
+            be.run(s.g);
+            const std::vector<float> f = s.read(out);
+            std::vector<int32_t> got(f.size());
+            std::memcpy(got.data(), f.data(), f.size() * sizeof(float));
+            return got;
+        };
+        CHECK(run(*c_be) == want);
+        CHECK(run(*g_be) == want);
     }
 }
 

@@ -349,9 +349,10 @@ engine_ptr make_engine(smol_model * m, uint32_t n_ctx, uint32_t parallel, uint32
     return engine_ptr(e);
 }
 
-// Greedy, or with sampler.seed > 0 sampled from that seed.
+// Greedy, or with sampler.seed > 0 sampled from that seed; skip_logits:
+// its events need not carry logits.
 smol_request_id submit(smol_engine * e, const std::vector<int> & prompt, int max_tokens,
-                       result * out, uint32_t sample_seed = 0) {
+                       result * out, uint32_t sample_seed = 0, bool skip_logits = false) {
     smol_request_params p = smol_request_default_params();
     p.prompt = prompt.data();
     p.n_prompt = int32_t(prompt.size());
@@ -363,6 +364,7 @@ smol_request_id submit(smol_engine * e, const std::vector<int> & prompt, int max
         p.sampler.seed = sample_seed;
     }
     p.ignore_eog = true;
+    p.skip_event_logits = skip_logits;
     p.on_event = collect;
     p.user_data = out;
     smol_request_id id = 0;
@@ -433,6 +435,52 @@ TEST_CASE("concurrent requests give exactly the tokens and logits each gives alo
         CHECK(st.t_draw_s >= 0);
         CHECK(st.t_emit_s >= 0);
         CHECK(st.t_plan_s + st.t_decode_s + st.t_draw_s + st.t_emit_s <= wall);
+    }
+}
+
+TEST_CASE("greedy requests without logits in their events keep only their top tokens and give "
+          "the same text, on the CPU and the simulated device") {
+    SMOL_TEST_DRAW_SEED(seed);
+    tiny_file f(SMOL_TYPE_Q8_0, seed, "top.gguf");
+    std::mt19937 rng(seed);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 6; ++i) prompts.push_back(random_ids(rng, 4 + 5 * i, 0, f.n_vocab));
+    // Even requests greedy, odd ones sampled, each with its events' logits.
+    auto seed_of = [](size_t i) { return i % 2 ? uint32_t(7 + i) : 0u; };
+    std::vector<result> ref(prompts.size());
+    {
+        engine_ptr e = make_engine(f.model.get(), 512, 8, 8, false);
+        for (size_t i = 0; i < prompts.size(); ++i)
+            submit(e.get(), prompts[i], 10, &ref[i], seed_of(i));
+        run(e.get());
+    }
+    for (const char * device : {static_cast<const char *>(nullptr), "sim"}) {
+        CAPTURE(device ? device : "cpu");
+        // The greedy ones alone: every step keeps top tokens only (on the
+        // simulated device the graph picks them); then beside the sampled
+        // ones, whose draws need the logits of the same steps.
+        for (bool mixed : {false, true}) {
+            CAPTURE(mixed);
+            engine_ptr e = make_engine(f.model.get(), 512, 8, 8, false, device);
+            std::vector<result> out(prompts.size());
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                if (mixed || !seed_of(i))
+                    submit(e.get(), prompts[i], 10, &out[i], seed_of(i), true);
+            }
+            run(e.get());
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                CAPTURE(i);
+                if (!mixed && seed_of(i)) continue;
+                CHECK(out[i].tokens == ref[i].tokens);
+                CHECK(out[i].finish == SMOL_FINISH_LENGTH);
+                // A sampled request still hears its logits; a greedy one none.
+                if (seed_of(i)) {
+                    check_same(out[i], ref[i]);
+                } else {
+                    CHECK(out[i].logits.empty());
+                }
+            }
+        }
     }
 }
 

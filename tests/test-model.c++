@@ -328,6 +328,90 @@ TEST_CASE("sequences batched together give the logits each gives alone") {
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a token that keeps only its top token gets its logits' argmax, on the CPU and the "
+          "simulated device") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("top.gguf");
+    tiny::shape s;
+    s.wtype = SMOL_TYPE_F16;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // Two sequences interleaved, every token with an output.
+    const std::vector<int> a = random_ids(rng, 9, s.n_vocab), b = random_ids(rng, 6, s.n_vocab);
+    auto fill = [&](smol_batch & batch, const std::vector<int8_t> & keep) {
+        batch.n_tokens = 0;
+        for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+            if (i < a.size()) smol_batch_add(&batch, 64, a[i], smol_pos(i), 0, true);
+            if (i < b.size()) smol_batch_add(&batch, 64, b[i], smol_pos(i), 1, true);
+        }
+        for (int i = 0; i < batch.n_tokens; ++i) batch.logits[i] = keep[size_t(i) % keep.size()];
+    };
+    smol_batch batch = smol_batch_init(64);
+    const int n = int(a.size() + b.size());
+
+    // The truth: every token's logits on the CPU, and the first of their
+    // maxima found here.
+    context_ptr ref = make_context(m.get(), 64, 64, 2);
+    fill(batch, {SMOL_KEEP_LOGITS});
+    REQUIRE(smol_decode(ref.get(), &batch) == SMOL_OK);
+    std::vector<std::vector<float>> want(static_cast<size_t>(n));
+    std::vector<smol_token> top(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        const float * l = smol_get_logits(ref.get(), i);
+        REQUIRE(l);
+        want[size_t(i)].assign(l, l + s.n_vocab);
+        top[size_t(i)] = smol_token(std::max_element(l, l + s.n_vocab) - l);
+        CHECK(smol_get_top_token(ref.get(), i) == top[size_t(i)]);
+    }
+
+    for (const char * device : {"cpu", "sim"}) {
+        CAPTURE(device);
+        smol_context_params p = smol_context_default_params();
+        p.n_ctx = 64;
+        p.n_batch = 64;
+        p.n_seq_max = 2;
+        p.n_threads = 2;
+        p.device = device;
+        smol_context * raw = nullptr;
+        REQUIRE(smol_context_create(m.get(), &p, &raw) == SMOL_OK);
+        context_ptr c(raw);
+        // Every output a token only (the graph picks them), then tokens
+        // beside logits and tokens with nothing kept.
+        for (const std::vector<int8_t> & keep :
+             {std::vector<int8_t>{SMOL_KEEP_TOKEN},
+              std::vector<int8_t>{SMOL_KEEP_TOKEN, SMOL_KEEP_LOGITS, SMOL_KEEP_NONE}}) {
+            CAPTURE(keep.size());
+            smol_kv_seq_rm(c.get(), -1, 0, -1);
+            fill(batch, keep);
+            REQUIRE(smol_decode(c.get(), &batch) == SMOL_OK);
+            for (int i = 0; i < n; ++i) {
+                CAPTURE(i);
+                const int8_t k = keep[size_t(i) % keep.size()];
+                const float * l = smol_get_logits(c.get(), i);
+                if (k == SMOL_KEEP_NONE) {
+                    CHECK(smol_get_top_token(c.get(), i) == -1);
+                    CHECK(l == nullptr);
+                    continue;
+                }
+                CHECK(smol_get_top_token(c.get(), i) == top[size_t(i)]);
+                if (k == SMOL_KEEP_TOKEN) {
+                    CHECK(l == nullptr);
+                } else {
+                    REQUIRE(l);
+                    CHECK(std::equal(l, l + s.n_vocab, want[size_t(i)].begin()));
+                }
+            }
+            // -1: the last token that kept something.
+            int last = n - 1;
+            while (keep[size_t(last) % keep.size()] == SMOL_KEEP_NONE) --last;
+            CHECK(smol_get_top_token(c.get(), -1) == top[size_t(last)]);
+        }
+    }
+    smol_batch_free(&batch);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("sequences 64 to 127 share a prompt's cells and decode as sequence 0 does") {
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("seqs128.gguf");

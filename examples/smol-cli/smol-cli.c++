@@ -270,10 +270,17 @@ struct session {
     bool verbose_prompt = false;
     smol_model * draft = nullptr;   // -md
     smol_sampler_params sampling{}; // with the seed drawn
+    // Greedy with no penalty: a step keeps only its top token (on a GPU
+    // picked there), not the logits.
+    bool greedy() const {
+        return sampling.temperature <= 0.0f &&
+               (sampling.repeat_penalty == 1.0f || sampling.repeat_last_n == 0);
+    }
 };
 
 // Decodes tokens after what the cache holds, in chunks of the batch size,
-// keeping only the last token's logits (all that sampling needs).
+// keeping only the last token's logits, or its top token (all that
+// sampling needs).
 void decode(session & s, std::span<const smol_token> tokens) {
     for (size_t i = 0; i < tokens.size(); i += size_t(s.batch->capacity)) {
         const size_t n = std::min(tokens.size() - i, size_t(s.batch->capacity));
@@ -281,6 +288,7 @@ void decode(session & s, std::span<const smol_token> tokens) {
         for (size_t j = 0; j < n; j++)
             smol_batch_add(&s.batch->batch, s.batch->capacity, tokens[i + j], s.n_past + int32_t(j),
                            0, i + j + 1 == tokens.size());
+        if (i + n == tokens.size() && s.greedy()) s.batch->batch.logits[n - 1] = SMOL_KEEP_TOKEN;
         check(smol_decode(s.ctx, &s.batch->batch), "decode");
         s.n_past += int32_t(n);
     }
@@ -305,9 +313,13 @@ generation generate(session & s, int32_t n_predict, bool decode_last) {
     } scope;
     for (int32_t n = 0; n_predict < 0 || n < n_predict; n++) {
         if (g_interrupted) break;
-        const float * logits = smol_get_logits(s.ctx, -1);
-        if (!logits) throw cli_error("the last decode kept no logits");
-        const smol_token t = smol_sampler_sample(s.sampler, logits, s.n_vocab);
+        smol_token t = -1;
+        if (s.greedy()) {
+            t = smol_get_top_token(s.ctx, -1);
+        } else if (const float * logits = smol_get_logits(s.ctx, -1)) {
+            t = smol_sampler_sample(s.sampler, logits, s.n_vocab);
+        }
+        if (t < 0) throw cli_error("the last decode kept no logits");
         smol_sampler_accept(s.sampler, t);
         if (smol_token_is_eog(s.model, t)) {
             g.eog = true;

@@ -415,6 +415,7 @@ struct job {
         p.ignore_eog = g.ignore_eos;
         p.grammar = g.grammar.empty() ? nullptr : g.grammar.c_str();
         if (!g.speculative) p.draft_max = 0;
+        p.skip_event_logits = !g.logprobs; // logprobs alone read them
         if (p.grammar) ++st.m.constrained;
         p.on_event = on_event;
         auto * ref = new std::shared_ptr<stream_state>(state);
