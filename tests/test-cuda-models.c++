@@ -454,6 +454,59 @@ TEST_CASE("sequences batched together on the GPU give the logits each gives alon
     std::filesystem::remove(path);
 }
 
+TEST_CASE("tokens keeping only their top token on the GPU get the argmax of the same step's "
+          "logits, through replayed steps") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("top.gguf");
+    tiny::shape s;
+    s.wtype = SMOL_TYPE_Q8_0;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<int> a = random_ids(rng, 12, s.n_vocab), b = random_ids(rng, 7, s.n_vocab);
+    // The same steps in two contexts: one keeps every output's logits, the
+    // other only the top tokens (the graph's argmax, copied back alone).
+    context_ptr full = make_context(m.get(), "cuda:0", 64, 64, 2);
+    context_ptr tops = make_context(m.get(), "cuda:0", 64, 64, 2);
+    smol_batch batch = smol_batch_init(64);
+    int last_a = -1, last_b = -1; // each sequence's last token in the batch
+    for (size_t i = 0; i < a.size() || i < b.size(); ++i) {
+        if (i < a.size()) {
+            smol_batch_add(&batch, 64, a[i], smol_pos(i), 0, true);
+            last_a = batch.n_tokens - 1;
+        }
+        if (i < b.size()) {
+            smol_batch_add(&batch, 64, b[i], smol_pos(i), 1, true);
+            last_b = batch.n_tokens - 1;
+        }
+    }
+    smol_pos pa = smol_pos(a.size()), pb = smol_pos(b.size());
+    // The prompts, then greedy steps of both sequences (replayed graphs).
+    for (int step = 0; step < 8; ++step) {
+        CAPTURE(step);
+        REQUIRE(smol_decode(full.get(), &batch) == SMOL_OK);
+        for (int i = 0; i < batch.n_tokens; ++i) batch.logits[i] = SMOL_KEEP_TOKEN;
+        REQUIRE(smol_decode(tops.get(), &batch) == SMOL_OK);
+        std::vector<int> next;
+        for (int i = 0; i < batch.n_tokens; ++i) {
+            CAPTURE(i);
+            const float * l = smol_get_logits(full.get(), i);
+            REQUIRE(l);
+            const int want = int(std::max_element(l, l + s.n_vocab) - l);
+            CHECK(smol_get_top_token(tops.get(), i) == want);
+            CHECK(smol_get_logits(tops.get(), i) == nullptr);
+            next.push_back(want);
+        }
+        batch.n_tokens = 0;
+        smol_batch_add(&batch, 64, next[size_t(last_a)], pa++, 0, true);
+        smol_batch_add(&batch, 64, next[size_t(last_b)], pb++, 1, true);
+        last_a = 0;
+        last_b = 1;
+    }
+    smol_batch_free(&batch);
+    std::filesystem::remove(path);
+}
+
 // Speculation verifies guesses in one batch. On the GPU that batch's rows
 // are the one-token decodes' within their rounding, not their bits
 // (attention splits its work by the batch; past 4 tokens the matmuls take
