@@ -267,10 +267,10 @@ smol_request_id engine::submit(const smol_request_params & p) {
         r->k_next = r->draft_max;
         r->verifier.init(p.sampler, model_.hp.n_vocab);
     }
-    // Greedy, with nothing that reads the logits but the choice.
+    // Greedy, with nothing that reads the logits but the choice (greedy
+    // verification of guesses only compares them with the top tokens).
     r->top_only = p.skip_event_logits && p.sampler.temperature <= 0.0f &&
-                  (p.sampler.repeat_penalty == 1.0f || p.sampler.repeat_last_n == 0) &&
-                  !p.grammar && r->draft_max == 0;
+                  (p.sampler.repeat_penalty == 1.0f || p.sampler.repeat_last_n == 0) && !p.grammar;
     if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
     }
@@ -415,6 +415,12 @@ void engine::propose(const std::vector<request *> & rs) {
     }
     llama_context & d = *draft_;
     const int32_t n_vocab = model_.hp.n_vocab;
+    // A greedy request's guess is the draft's top token: its row keeps that
+    // alone.
+    auto keep_draft_row = [&](const request & r) {
+        if (!r.verifier.sampling())
+            draft_batch_.logits[draft_batch_.n_tokens - 1] = SMOL_KEEP_TOKEN;
+    };
     // Decodes the draft batch and draws a guess for each request that has a
     // row in it.
     auto flush = [&] {
@@ -422,13 +428,12 @@ void engine::propose(const std::vector<request *> & rs) {
         d.decode(draft_batch_);
         for (const auto & rr : draft_rows_) {
             request & r = *rr.first;
-            const float * l = d.logits(rr.second);
             if (r.verifier.sampling()) {
                 double * qi = r.q.data() + r.guess.size() * size_t(n_vocab);
-                r.verifier.probs(l, qi);
+                r.verifier.probs(d.logits(rr.second), qi);
                 r.guess.push_back(r.verifier.draw(qi));
             } else {
-                r.guess.push_back(smol_token(std::max_element(l, l + n_vocab) - l));
+                r.guess.push_back(d.top_token(rr.second));
             }
         }
         draft_rows_.clear();
@@ -456,6 +461,7 @@ void engine::propose(const std::vector<request *> & rs) {
                 const bool last = i == n - 1;
                 if (last) draft_rows_.emplace_back(r, draft_batch_.n_tokens);
                 smol_batch_add(&draft_batch_, batch_cap_, r->tokens[size_t(i)], i, r->seq, last);
+                if (last) keep_draft_row(*r);
             }
             r->draft_past = n;
         }
@@ -468,6 +474,7 @@ void engine::propose(const std::vector<request *> & rs) {
                 const int32_t pos = int32_t(r->tokens.size() + r->guess.size()) - 1;
                 draft_rows_.emplace_back(r, draft_batch_.n_tokens);
                 smol_batch_add(&draft_batch_, batch_cap_, r->guess.back(), pos, r->seq, true);
+                keep_draft_row(*r);
                 r->draft_past = pos + 1;
             }
             if (draft_batch_.n_tokens == 0) break;
@@ -792,6 +799,7 @@ engine::step_times engine::run_batch(int32_t n) {
         for (int32_t j = 0; j < r->ng; ++j) {
             smol_batch_add(&batch_, batch_cap_, r->guess[size_t(j)], int32_t(r->tokens.size()) + j,
                            r->seq, true);
+            if (r->top_only) batch_.logits[batch_.n_tokens - 1] = SMOL_KEEP_TOKEN;
         }
     }
     int32_t n_prefill = 0, n_sampled = 0;
@@ -894,14 +902,16 @@ bool engine::settle(request_ptr & r, const int32_t * cells, int32_t & n_prefill)
     if (r->n_past != int32_t(r->tokens.size())) return false;
     const int32_t row0 = r->b0 + n_known - 1;
     r->rows.clear();
-    r->top = -1;
-    if (r->top_only) {
-        r->top = ctx_.top_token(row0);
-        r->rows.push_back(nullptr);
-    } else {
-        for (int32_t i = 0; i <= r->ng; ++i) r->rows.push_back(ctx_.logits(row0 + i));
+    r->tops.clear();
+    for (int32_t i = 0; i <= r->ng; ++i) {
+        if (r->top_only) {
+            r->tops.push_back(ctx_.top_token(row0 + i));
+            r->rows.push_back(nullptr);
+        } else {
+            r->rows.push_back(ctx_.logits(row0 + i));
+        }
     }
-    if (r->top_only ? r->top < 0
+    if (r->top_only ? std::find(r->tops.begin(), r->tops.end(), -1) != r->tops.end()
                     : std::find(r->rows.begin(), r->rows.end(), nullptr) != r->rows.end()) {
         // Cannot happen with the slices in place; were it to, this
         // request alone ends, rather than a token -1 failing the
@@ -923,12 +933,13 @@ void engine::draw(request & r) {
     r.after = -1;
     r.draw_error.clear();
     try {
-        if (r.draft_max > 0) {
+        if (r.top_only) {
+            // What greedy sampling and verification take from the logits.
+            r.kept = spec_greedy_accept(r.tops.data(), r.guess.data(), r.ng, &r.after);
+        } else if (r.draft_max > 0) {
             r.kept =
                 r.verifier.accept(r.rows.data(), r.guess.data(), r.ng,
                                   draft_ && r.verifier.sampling() ? r.q.data() : nullptr, &r.after);
-        } else if (r.top_only) {
-            r.after = r.top; // what greedy sampling takes from the logits
         } else {
             r.after = smol_sampler_sample(r.sampler, r.rows[0], model_.hp.n_vocab);
         }

@@ -141,9 +141,9 @@ class engine {
         bool drawing = false;
         std::vector<const float *> rows;
         // Greedy with no use for its logits: its steps keep only the top
-        // token (SMOL_KEEP_TOKEN), its rows are null and top holds it.
+        // tokens (SMOL_KEEP_TOKEN), its rows are null and tops hold them.
         bool top_only = false;
-        smol_token top = -1;
+        std::vector<smol_token> tops;
         int32_t kept = 0;
         smol_token after = -1;
         std::string draw_error; // what failed in the draw, if anything

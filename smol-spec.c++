@@ -23,10 +23,6 @@
 
 namespace {
 
-smol_token argmax(const float * l, int32_t n) {
-    return smol::argmax(l, n);
-}
-
 struct context_free {
     void operator()(smol_context * c) const { smol_context_free(c); }
 };
@@ -65,6 +61,26 @@ smol_token smol::spec_verifier::draw(const double * w) {
     return last;
 }
 
+namespace {
+
+// The guesses that equal the target's choice after each (top_of(i), the
+// choice after the guaranteed token and guesses [0, i)), asked in turn.
+template <class TopOf>
+int32_t greedy_kept(TopOf top_of, const smol_token * guesses, int32_t n, smol_token * after) {
+    int32_t kept = 0;
+    smol_token t = top_of(0);
+    while (kept < n && guesses[kept] == t) t = top_of(++kept);
+    *after = t;
+    return kept;
+}
+
+} // namespace
+
+int32_t smol::spec_greedy_accept(const smol_token * tops, const smol_token * guesses, int32_t n,
+                                 smol_token * after) {
+    return greedy_kept([&](int32_t i) { return tops[i]; }, guesses, n, after);
+}
+
 smol_token smol::spec_verifier::pick(const float * l) {
     if (!sampling_) return argmax(l, n_vocab_);
     probs(l, p_.data());
@@ -73,16 +89,8 @@ smol_token smol::spec_verifier::pick(const float * l) {
 
 int32_t smol::spec_verifier::accept(const float * const * rows, const smol_token * guesses,
                                     int32_t n, const double * q, smol_token * after) {
-    if (!sampling_) {
-        int32_t kept = 0;
-        smol_token t = argmax(rows[0], n_vocab_);
-        while (kept < n && guesses[kept] == t) {
-            ++kept;
-            t = argmax(rows[kept], n_vocab_);
-        }
-        *after = t;
-        return kept;
-    }
+    if (!sampling_)
+        return greedy_kept([&](int32_t i) { return argmax(rows[i], n_vocab_); }, guesses, n, after);
     for (int32_t i = 0; i < n; ++i) {
         probs(rows[i], p_.data());
         const smol_token x = guesses[i];
@@ -198,14 +206,18 @@ struct smol_spec {
     ~smol_spec() { smol_batch_free(&batch); }
 
     // Decodes tokens at positions from `pos` into ctx, keeping the logits of
-    // each when all_logits, else of the last only.
+    // each when all_logits, else of the last only; or, with keep
+    // SMOL_KEEP_TOKEN, only their top tokens (what greedy choices read).
     static void decode(smol_context * ctx, smol_batch & b, int32_t cap, const smol_token * tokens,
-                       int32_t n, int32_t pos, bool all_logits) {
+                       int32_t n, int32_t pos, bool all_logits, smol_keep keep = SMOL_KEEP_LOGITS) {
         for (int32_t i0 = 0; i0 < n; i0 += cap) {
             b.n_tokens = 0;
             const int32_t i1 = std::min(n, i0 + cap);
-            for (int32_t i = i0; i < i1; ++i)
-                smol_batch_add(&b, cap, tokens[i], pos + i, 0, all_logits || i == n - 1);
+            for (int32_t i = i0; i < i1; ++i) {
+                const bool kept = all_logits || i == n - 1;
+                smol_batch_add(&b, cap, tokens[i], pos + i, 0, kept);
+                if (kept) b.logits[b.n_tokens - 1] = int8_t(keep);
+            }
             const smol_status st = smol_decode(ctx, &b);
             if (st != SMOL_OK) throw smol::error(st, smol_last_error());
         }
@@ -226,21 +238,21 @@ struct smol_spec {
         // Catch the draft up: the history it lacks, then next.
         std::vector<smol_token> feed(history.begin() + draft_past, history.end());
         feed.push_back(next);
-        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false);
+        const smol_keep keep = sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN;
+        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false, keep);
         draft_past = int32_t(history.size()) + 1;
         for (int32_t i = 0; i < k; ++i) {
-            const float * l = smol_get_logits(d, -1);
             smol_token t = -1;
             if (sampling) {
                 double * qi = q.data() + size_t(i) * size_t(n_vocab);
-                probs(l, qi);
+                probs(smol_get_logits(d, -1), qi);
                 t = draw(qi);
             } else {
-                t = argmax(l, n_vocab);
+                t = smol_get_top_token(d, -1);
             }
             out.push_back(t);
             if (i + 1 == k) break;
-            decode(d, batch, draft_cap, &t, 1, draft_past, false);
+            decode(d, batch, draft_cap, &t, 1, draft_past, false, keep);
             ++draft_past;
         }
     }
@@ -429,6 +441,8 @@ struct smol_spec {
                 node & nd = tree[size_t(*it)];
                 if (nd.at < 0) nd.at = batch.n_tokens;
                 smol_batch_add(&batch, n_batch, nd.token, pos + nd.depth, sq, true);
+                // Greedy walks read the target's top tokens alone.
+                if (!sampling) batch.logits[batch.n_tokens - 1] = SMOL_KEEP_TOKEN;
             }
         }
         const smol_status st = smol_decode(target, &batch);
@@ -499,14 +513,14 @@ struct smol_spec {
 
     // Walks down while a child is the target's argmax.
     smol_token walk_greedy(std::vector<int32_t> & path) {
-        smol_token after = argmax(smol_get_logits(target, tree[0].at), n_vocab);
+        smol_token after = smol_get_top_token(target, tree[0].at);
         for (bool found = true; found;) {
             found = false;
             for (int32_t c = 1; c < int32_t(tree.size()); ++c) {
                 if (tree[size_t(c)].parent != path.back() || tree[size_t(c)].token != after)
                     continue;
                 path.push_back(c);
-                after = argmax(smol_get_logits(target, tree[size_t(c)].at), n_vocab);
+                after = smol_get_top_token(target, tree[size_t(c)].at);
                 found = true;
                 break;
             }
@@ -685,10 +699,11 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
         s->draft_past = 0;
         s->verifier.init(s->params.sampling, s->n_vocab);
         s->k_next = s->params.draft_max;
-        smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false);
+        smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false,
+                          s->sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN);
         s->history.assign(tokens, tokens + n);
-        const float * l = smol_get_logits(s->target, -1);
-        s->next = s->verifier.pick(l);
+        s->next = s->sampling ? s->verifier.pick(smol_get_logits(s->target, -1))
+                              : smol_get_top_token(s->target, -1);
     });
 }
 
@@ -739,18 +754,28 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
                 s->lookup(k, guess);
             }
         }
-        // Verify: next and the guesses in one batch, every logit kept.
+        // Verify: next and the guesses in one batch, every logit kept (or,
+        // greedy, every top token).
         std::vector<smol_token> tokens{s->next};
         tokens.insert(tokens.end(), guess.begin(), guess.end());
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens.data(), int32_t(tokens.size()),
-                          pos, true);
-        std::vector<const float *> rows(tokens.size());
-        for (size_t i = 0; i < rows.size(); ++i) rows[i] = smol_get_logits(s->target, int32_t(i));
+                          pos, true, s->sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN);
         smol_token after = -1;
         // The guesses the target agrees with.
-        const int32_t kept =
-            s->verifier.accept(rows.data(), guess.data(), int32_t(guess.size()),
-                               s->draft && s->sampling ? s->q.data() : nullptr, &after);
+        int32_t kept = 0;
+        if (s->sampling) {
+            std::vector<const float *> rows(tokens.size());
+            for (size_t i = 0; i < rows.size(); ++i)
+                rows[i] = smol_get_logits(s->target, int32_t(i));
+            kept = s->verifier.accept(rows.data(), guess.data(), int32_t(guess.size()),
+                                      s->draft ? s->q.data() : nullptr, &after);
+        } else {
+            std::vector<smol_token> tops(tokens.size());
+            for (size_t i = 0; i < tops.size(); ++i)
+                tops[i] = smol_get_top_token(s->target, int32_t(i));
+            kept =
+                smol::spec_greedy_accept(tops.data(), guess.data(), int32_t(guess.size()), &after);
+        }
         // The cache keeps next and the kept guesses; the draft's, what it
         // decoded of them.
         const int32_t n_new = 1 + kept;

@@ -61,6 +61,13 @@ class spec_verifier {
     std::vector<double> p_;
 };
 
+// Greedy verification from the target's top tokens alone (SMOL_KEEP_TOKEN):
+// tops[i] (i = 0..n) follows the guaranteed token and guesses [0, i). The
+// guesses equal to their top token are kept up to the first that is not;
+// *after gets the top token after those kept. Returns the guesses kept.
+int32_t spec_greedy_accept(const smol_token * tops, const smol_token * guesses, int32_t n,
+                           smol_token * after);
+
 // Up to k tokens to follow text[0, n), by n-gram lookup: the tokens after
 // the latest earlier occurrence of the longest suffix (ngram_max down to
 // ngram_min tokens) that occurred before; appended to out.

@@ -110,6 +110,8 @@ struct engine_setup {
     smol_model * draft = nullptr;
     uint32_t n_batch = 0; // 0: n_ctx
     const char * device = nullptr;
+    // Requests whose events need no logits: greedy ones keep only top tokens.
+    bool skip_logits = false;
     // Streaming heads (empty: none), with 2 sinks and a window of 5.
     std::vector<uint8_t> streaming;
 };
@@ -171,6 +173,7 @@ std::vector<result> serve(smol_model * m, const engine_setup & s, const std::vec
         p.sampler.temperature = j.temperature;
         p.sampler.seed = j.seed;
         p.ignore_eog = true;
+        p.skip_event_logits = s.skip_logits;
         p.on_event = collect;
         p.user_data = &out[i];
         const smol_status st = smol_engine_submit(e.get(), &p, nullptr);
@@ -185,13 +188,20 @@ std::vector<result> serve(smol_model * m, const engine_setup & s, const std::vec
     return out;
 }
 
-void check_same(const std::vector<result> & got, const std::vector<result> & want) {
+// The same tokens and ends, and the same logits in the events; without
+// logits (skip_logits), greedy events carry none.
+void check_same(const std::vector<result> & got, const std::vector<result> & want,
+                bool logits = true) {
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) {
         CAPTURE(i);
         CHECK(got[i].finish == want[i].finish);
         CHECK(got[i].tokens == want[i].tokens);
         CHECK(got[i].events_after_finish == 0);
+        if (!logits) {
+            CHECK(got[i].logits.empty());
+            continue;
+        }
         REQUIRE(got[i].logits.size() == want[i].logits.size());
         for (size_t t = 0; t < got[i].logits.size(); ++t) {
             CAPTURE(t);
@@ -256,6 +266,16 @@ TEST_CASE("greedy decoding with n-gram lookup gives plain decoding's tokens and 
         CHECK(st.n_spec_accepted < st.n_spec_drafted);
         CHECK(st.n_spec_verifies > 0);
         CHECK(st.n_spec_drafted <= int64_t(draft_max) * st.n_spec_verifies);
+        // Verified from the top tokens alone, on the CPU and the simulated
+        // device (whose graph picks them).
+        spec.skip_logits = true;
+        for (const char * device : {static_cast<const char *>(nullptr), "sim"}) {
+            CAPTURE(device ? device : "cpu");
+            spec.device = device;
+            check_same(serve(f.model.get(), spec, jobs, &st), want, false);
+            CHECK(st.n_spec_accepted > 0);
+            CHECK(st.n_spec_accepted < st.n_spec_drafted);
+        }
     }
 }
 
@@ -413,6 +433,10 @@ TEST_CASE("greedy decoding with a draft model gives plain decoding's tokens and 
     spec.draft = other.model.get();
     spec.device = "sim,sim";
     check_same(serve(f.model.get(), spec, jobs, &st), want);
+    CHECK(st.n_spec_drafted > 0);
+    // And verified from the target's top tokens alone.
+    spec.skip_logits = true;
+    check_same(serve(f.model.get(), spec, jobs, &st), want, false);
     CHECK(st.n_spec_drafted > 0);
 }
 
