@@ -3,7 +3,9 @@
 # that smol is compared against, plus a Python venv with llama-cpp-python.
 #
 #   scripts/peers.sh [DIR]             # DIR defaults to /work/peers
-#   scripts/peers.sh --cuda [DIR]      # or PEERS_CUDA=1: add the CUDA backend (sm_90)
+#   scripts/peers.sh --cuda [DIR]      # or PEERS_CUDA=1: add the CUDA backend (sm_90; on a
+#                                      # machine without a GPU driver, built to be carried:
+#                                      # linked against the driver stub, CPU code for AVX2)
 #   scripts/peers.sh --no-venv [DIR]   # or PEERS_VENV=0: only the CMake build
 #   scripts/peers.sh --sources [DIR]   # only download and unpack the sdist: the
 #                                      # tokenizer suite (models/ggml-vocab-*) and
@@ -192,7 +194,19 @@ EOF
 fi
 build_tools "$dir/build-cpu" "${native_flags[@]}"
 if [ "$cuda" = 1 ]; then
-    build_tools "$dir/build-cuda" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch"
+    cuda_flags=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$cuda_arch")
+    # No GPU driver here (libcuda.so.1): the build is for another machine.
+    # Its executables link against the toolkit's stub of the driver, and its
+    # CPU code takes AVX2, not this CPU's own instructions.
+    stub=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")/../lib64/stubs
+    if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' && [ -f "$stub/libcuda.so" ]; then
+        log "no GPU driver here: linking against $stub/libcuda.so, CPU code for AVX2"
+        mkdir -p "$dir/cuda-stub"
+        ln -sf "$(cd "$stub" && pwd)/libcuda.so" "$dir/cuda-stub/libcuda.so.1"
+        cuda_flags+=(-DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$dir/cuda-stub" -DGGML_NATIVE=OFF
+            -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+    fi
+    build_tools "$dir/build-cuda" "${cuda_flags[@]}"
 fi
 
 # 4. The venv with llama-cpp-python built from the same sdist.
