@@ -267,10 +267,6 @@ smol_request_id engine::submit(const smol_request_params & p) {
         r->k_next = r->draft_max;
         r->verifier.init(p.sampler, model_.hp.n_vocab);
     }
-    // Greedy, with nothing that reads the logits but the choice (greedy
-    // verification of guesses only compares them with the top tokens).
-    r->top_only = p.skip_event_logits && p.sampler.temperature <= 0.0f &&
-                  (p.sampler.repeat_penalty == 1.0f || p.sampler.repeat_last_n == 0) && !p.grammar;
     if (smol_sampler_create(&p.sampler, &r->sampler) != SMOL_OK) {
         throw error(SMOL_ERR_INVALID_ARGUMENT, smol_last_error());
     }
@@ -283,6 +279,9 @@ smol_request_id engine::submit(const smol_request_params & p) {
             throw;
         }
     }
+    // Greedy, with nothing that reads the logits but the choice (greedy
+    // verification of guesses only compares them with the top tokens).
+    r->top_only = p.skip_event_logits && smol_sampler_is_greedy(r->sampler);
     std::lock_guard<std::mutex> lock(mu_);
     // Every slot taken and n_queue_max waiting: refuse rather than queue
     // without bound.

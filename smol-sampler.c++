@@ -489,6 +489,13 @@ void smol_sampler_accept(smol_sampler * s, smol_token token) {
     if (s->history.size() > size_t(s->params.repeat_last_n)) s->history.erase(s->history.begin());
 }
 
+bool smol_sampler_is_greedy(const smol_sampler * s) {
+    if (!s) return false;
+    const smol_sampler_params & p = s->params;
+    return p.temperature <= 0.0f && (p.repeat_penalty == 1.0f || p.repeat_last_n == 0) &&
+           !s->grammar;
+}
+
 smol_token smol_sampler_sample(smol_sampler * s, const float * logits, int32_t n_vocab) {
     if (!s || !logits || n_vocab <= 0) return -1;
     const smol_sampler_params & p = s->params;

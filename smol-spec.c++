@@ -179,6 +179,9 @@ struct smol_spec {
     // the target's of one position.
     bool sampling = false;
     smol::spec_verifier verifier;
+    // What a decode keeps of the rows a choice reads: greedy choices read
+    // only the top tokens.
+    smol_keep keep() const { return sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN; }
     std::vector<double> q, p;
 
     // A token tree (SpecExec): node 0 is next, the root; a node's draft
@@ -238,8 +241,7 @@ struct smol_spec {
         // Catch the draft up: the history it lacks, then next.
         std::vector<smol_token> feed(history.begin() + draft_past, history.end());
         feed.push_back(next);
-        const smol_keep keep = sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN;
-        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false, keep);
+        decode(d, batch, draft_cap, feed.data(), int32_t(feed.size()), draft_past, false, keep());
         draft_past = int32_t(history.size()) + 1;
         for (int32_t i = 0; i < k; ++i) {
             smol_token t = -1;
@@ -252,7 +254,7 @@ struct smol_spec {
             }
             out.push_back(t);
             if (i + 1 == k) break;
-            decode(d, batch, draft_cap, &t, 1, draft_past, false, keep);
+            decode(d, batch, draft_cap, &t, 1, draft_past, false, keep());
             ++draft_past;
         }
     }
@@ -699,8 +701,7 @@ smol_status smol_spec_prompt(smol_spec * s, const smol_token * tokens, int32_t n
         s->draft_past = 0;
         s->verifier.init(s->params.sampling, s->n_vocab);
         s->k_next = s->params.draft_max;
-        smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false,
-                          s->sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN);
+        smol_spec::decode(s->target, s->batch, s->n_batch, tokens, n, 0, false, s->keep());
         s->history.assign(tokens, tokens + n);
         s->next = s->sampling ? s->verifier.pick(smol_get_logits(s->target, -1))
                               : smol_get_top_token(s->target, -1);
@@ -759,7 +760,7 @@ smol_status smol_spec_next(smol_spec * s, smol_token * out, int32_t n_max, int32
         std::vector<smol_token> tokens{s->next};
         tokens.insert(tokens.end(), guess.begin(), guess.end());
         smol_spec::decode(s->target, s->batch, s->n_batch, tokens.data(), int32_t(tokens.size()),
-                          pos, true, s->sampling ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN);
+                          pos, true, s->keep());
         smol_token after = -1;
         // The guesses the target agrees with.
         int32_t kept = 0;

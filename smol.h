@@ -591,6 +591,10 @@ SMOL_API void smol_sampler_free(smol_sampler * sampler);
 SMOL_API smol_token smol_sampler_sample(smol_sampler * sampler, const float * logits,
                                         int32_t n_vocab);
 SMOL_API void smol_sampler_accept(smol_sampler * sampler, smol_token token);
+// True when the sampler always picks the logits' first largest (temperature
+// <= 0, no penalty, no grammar): smol_get_top_token then gives its token,
+// and a batch may keep that alone (SMOL_KEEP_TOKEN).
+SMOL_API bool smol_sampler_is_greedy(const smol_sampler * sampler);
 // Resets the history, the generator and the grammar's progress.
 SMOL_API void smol_sampler_reset(smol_sampler * sampler);
 

@@ -575,6 +575,17 @@ TEST_CASE("a sampler with a grammar only draws what the grammar allows" *
     CHECK(smol_sampler_set_grammar(s, model.get(), "root ::= \"x\" (") ==
           SMOL_ERR_INVALID_ARGUMENT);
     CHECK(has(smol_last_error(), "line 1, column 14"));
+    {
+        // A greedy sampler with a grammar no longer takes the plain argmax.
+        smol_sampler_params g = p;
+        g.temperature = 0.0f;
+        smol_sampler * greedy = nullptr;
+        REQUIRE(smol_sampler_create(&g, &greedy) == SMOL_OK);
+        std::unique_ptr<smol_sampler, void (*)(smol_sampler *)> hold_g(greedy, smol_sampler_free);
+        CHECK(smol_sampler_is_greedy(greedy));
+        REQUIRE(smol_sampler_set_grammar(greedy, model.get(), "root ::= \"x\"") == SMOL_OK);
+        CHECK_FALSE(smol_sampler_is_greedy(greedy));
+    }
     REQUIRE(smol_sampler_set_grammar(s, model.get(),
                                      "root ::= (\"yes\" | \"no\") \" \"? [0-9]{1,3}\n") == SMOL_OK);
     const auto g = parse("root ::= (\"yes\" | \"no\") \" \"? [0-9]{1,3}\n");

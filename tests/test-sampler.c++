@@ -59,6 +59,18 @@ TEST_CASE("greedy sampling picks the largest logit") {
     }
 }
 
+TEST_CASE("a sampler is greedy at temperature 0 without a penalty that applies") {
+    CHECK(smol_sampler_is_greedy(make(plain(0.0f)).get()));
+    CHECK_FALSE(smol_sampler_is_greedy(make(plain(0.7f)).get()));
+    smol_sampler_params p = plain(0.0f);
+    p.repeat_penalty = 1.1f;
+    p.repeat_last_n = 64;
+    CHECK_FALSE(smol_sampler_is_greedy(make(p).get()));
+    p.repeat_last_n = 0; // a penalty over no tokens
+    CHECK(smol_sampler_is_greedy(make(p).get()));
+    CHECK_FALSE(smol_sampler_is_greedy(nullptr));
+}
+
 TEST_CASE("the same seed gives the same tokens and another seed other tokens") {
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);

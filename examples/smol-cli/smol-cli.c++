@@ -270,12 +270,9 @@ struct session {
     bool verbose_prompt = false;
     smol_model * draft = nullptr;   // -md
     smol_sampler_params sampling{}; // with the seed drawn
-    // Greedy with no penalty: a step keeps only its top token (on a GPU
-    // picked there), not the logits.
-    bool greedy() const {
-        return sampling.temperature <= 0.0f &&
-               (sampling.repeat_penalty == 1.0f || sampling.repeat_last_n == 0);
-    }
+    // Greedy: a step keeps only its top token (on a GPU picked there), not
+    // the logits.
+    bool greedy() const { return smol_sampler_is_greedy(sampler); }
 };
 
 // Decodes tokens after what the cache holds, in chunks of the batch size,
