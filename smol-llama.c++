@@ -151,6 +151,7 @@ struct llama_context::stage {
     // g's last node: the outputs (last stage) or the hidden states the next
     // stage takes.
     tensor * out = nullptr;
+    tensor * out_logits = nullptr; // beside top tokens, the rows keeping logits
     // Stages after the first: the hidden states of a chunk's tokens, host
     // memory of this stage's backend that the one before downloads into.
     float * hidden = nullptr;
@@ -410,7 +411,8 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
-    out_token_.resize(nb);
+    logit_ids_.resize(nb);
+    logit_row_.resize(nb);
     slots_.resize(nb);
     reserve_logits(size_t(out_width()));
     const bool has_swa =
@@ -722,9 +724,10 @@ int32_t llama_context::n_host_heads() const {
     return n;
 }
 
-llama_context::step_shape llama_context::shape_of(const stage & st, int32_t n,
-                                                  int32_t n_out) const {
-    return {n, st.last ? n_out : 0, st.last && n_out > 0 && tokens_only_,
+llama_context::step_shape llama_context::shape_of(const stage & st, int32_t n, int32_t n_out,
+                                                  bool tops, int32_t n_logits) const {
+    tops = tops && st.last && n_out > 0;
+    return {n, st.last ? n_out : 0, tops, tops ? n_logits : 0,
             st.place.copies_of(cells_.data(), n)};
 }
 
@@ -826,7 +829,13 @@ void llama_context::build_graph(stage & st, const step_shape & shape) {
     if (n_out < n) x = op_get_rows(g, x, ints(out_ids_, n_out));
     x = op_rms_norm(g, x, W(st.output_norm), hp.rms_eps);
     st.out = params.embeddings ? x : op_mul_mat(g, W(st.output), x);
-    if (shape.tokens) st.out = op_argmax(g, st.out);
+    st.out_logits = nullptr;
+    if (shape.tokens) {
+        tensor * logits = st.out;
+        st.out = op_argmax(g, logits);
+        if (shape.n_logits > 0)
+            st.out_logits = op_get_rows(g, logits, ints(logit_ids_, shape.n_logits));
+    }
 }
 
 void llama_context::decode(const smol_batch & b) {
@@ -910,23 +919,23 @@ void llama_context::decode(const smol_batch & b) {
     }
 
     // Which tokens keep logits, or their top token only (without flags,
-    // the last one's logits). When none keeps logits, the graph picks the
-    // top tokens and only they leave the last device.
-    int32_t n_out = 0;
-    bool any_logits = false;
+    // the last one's logits). When some keep only their token, the graph
+    // picks every output's top token, and only the tokens and the rows that
+    // keep logits leave the last device.
+    int32_t n_out = 0, n_logits = 0;
     for (int32_t i = 0; i < n; ++i) {
         const int8_t keep = b.logits ? b.logits[i] : int8_t(i == n - 1);
         const bool token = keep == SMOL_KEEP_TOKEN && !params.embeddings;
         out_row_[size_t(i)] = keep != SMOL_KEEP_NONE ? n_out++ : -1;
-        out_token_[size_t(i)] = int8_t(token);
-        any_logits = any_logits || (keep != SMOL_KEEP_NONE && !token);
+        logit_row_[size_t(i)] = keep != SMOL_KEEP_NONE && !token ? n_logits++ : -1;
     }
     n_last_ = n;
     last_out_ = -1;
     for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
         if (out_row_[size_t(i)] >= 0) last_out_ = i;
-    tokens_only_ = n_out > 0 && !any_logits;
-    reserve_logits(tokens_only_ ? size_t(n_out) : size_t(n_out) * size_t(out_width()));
+    tops_ = n_logits < n_out;
+    n_out_ = n_out;
+    reserve_logits(tops_floats() + size_t(n_logits) * size_t(out_width()));
 
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
@@ -942,18 +951,21 @@ void llama_context::decode(const smol_batch & b) {
     const int32_t n_used_before = kv.n_used;
     std::fill_n(batch_cells_.begin(), n, -1);
     try {
-        for (int32_t i0 = 0, out_base = 0, m = 0; i0 < n; i0 += m) {
+        for (int32_t i0 = 0, out_base = 0, logit_base = 0, m = 0; i0 < n; i0 += m) {
             if (params.abort_callback && params.abort_callback(params.abort_user_data)) {
                 throw error(SMOL_ERR_ABORTED,
                             "smol_decode: the abort callback stopped the batch after " +
                                 std::to_string(i0) + " of its " + std::to_string(n) +
                                 " tokens; the cache is left as it was before the call");
             }
-            int32_t outs = 0;
-            for (m = 0; m < std::min(chunk_, n - i0) && outs < chunk_outputs; ++m)
+            int32_t outs = 0, logit_outs = 0;
+            for (m = 0; m < std::min(chunk_, n - i0) && outs < chunk_outputs; ++m) {
                 outs += out_row_[size_t(i0 + m)] >= 0;
-            run_chunk(b, i0, m, out_base);
+                logit_outs += logit_row_[size_t(i0 + m)] >= 0;
+            }
+            run_chunk(b, i0, m, out_base, logit_base);
             out_base += outs;
+            logit_base += logit_outs;
         }
     } catch (...) {
         for (int32_t i = 0; i < n; ++i) {
@@ -979,12 +991,13 @@ void llama_context::decode(const smol_batch & b) {
     }
 }
 
-void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base) {
+void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base,
+                              int32_t logit_base) {
     // Sequences take cells in pages of their own (kv_cache::find_cell), so
     // attention on the GPU skips other sequences' pages whole. (A step of
     // several sequences then writes cells far apart: an offloaded group's
     // OFFLOAD copies the range between them.)
-    int32_t page_from = 0, cell_from = 0, n_out = 0;
+    int32_t page_from = 0, cell_from = 0, n_out = 0, n_logits = 0;
     if (win.on()) win.release_old(kv);
     for (int32_t j = 0; j < n; ++j) {
         const int32_t i = i0 + j;
@@ -1004,7 +1017,10 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         tokens_[size_t(j)] = b.token[i];
         positions_[size_t(j)] = b.pos[i];
         seqs_[size_t(j)] = b.seq_id[i];
-        if (out_row_[size_t(i)] >= 0) out_ids_[size_t(n_out++)] = j;
+        if (out_row_[size_t(i)] < 0) continue;
+        // The rows keeping logits, by their place among the chunk's outputs.
+        if (logit_row_[size_t(i)] >= 0) logit_ids_[size_t(n_logits++)] = n_out;
+        out_ids_[size_t(n_out++)] = j;
     }
     // The host's attention reads the lists whatever the device's does.
     bool lists = n_host_heads() > 0;
@@ -1023,12 +1039,12 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
     // rebuilt for something else since.
     for (const auto & sp : stages_) {
         stage & st = *sp;
-        const step_shape shape = shape_of(st, n, n_out);
+        const step_shape shape = shape_of(st, n, n_out, tops_, n_logits);
         const bool again =
             st.be->reruns_graphs() && st.g.generation() == st.built_gen && shape == st.built;
         if (!again) {
             st.g.clear();
-            st.out = nullptr;
+            st.out = st.out_logits = nullptr;
         }
         st.g.batch = batch;
         set_local_batch(st.g, lists);
@@ -1039,13 +1055,17 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         }
         st.g.rerun = again;
     }
-    float * dst =
-        tokens_only_ ? logits_ + out_base : logits_ + size_t(out_base) * size_t(out_width());
-    // The stage that computes the outputs writes them to dst.
+    float * dst = tops_ ? logits_ + out_base : logits_ + size_t(out_base) * size_t(out_width());
+    float * dst_logits = logits_ + tops_floats() + size_t(logit_base) * size_t(out_width());
+    // The stage that computes the outputs writes them to dst (and the rows
+    // keeping logits beside top tokens to dst_logits).
     auto run_outputs = [&](stage & st) {
-        if (st.out && st.be->where() == placement::host) st.out->data = dst;
+        const std::pair<tensor *, float *> outs[2] = {{st.out, dst}, {st.out_logits, dst_logits}};
+        for (const auto & [t, to] : outs)
+            if (t && st.be->where() == placement::host) t->data = to;
         st.be->run(st.g);
-        if (st.out && st.out->data != dst) st.be->download(dst, st.out->data, st.out->nbytes());
+        for (const auto & [t, to] : outs)
+            if (t && t->data != to) st.be->download(to, t->data, t->nbytes());
     };
     if (!by_heads_) {
         // Each device in turn over its layers, handing its hidden states to
@@ -1270,18 +1290,24 @@ void llama_context::list_seq_cells(int32_t n, const kv_cache & table, std::vecto
     }
 }
 
+size_t llama_context::tops_floats() const {
+    // The top tokens, up to a 64-byte boundary.
+    return tops_ ? (size_t(n_out_) + 15) / 16 * 16 : 0;
+}
+
 const float * llama_context::logits(int32_t i) const {
     if (i < 0) i = last_out_;
-    if (i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0 || out_token_[size_t(i)]) return nullptr;
-    return logits_ + size_t(out_row_[size_t(i)]) * size_t(out_width());
+    if (i < 0 || i >= n_last_ || logit_row_[size_t(i)] < 0) return nullptr;
+    return logits_ + tops_floats() + size_t(logit_row_[size_t(i)]) * size_t(out_width());
 }
 
 smol_token llama_context::top_token(int32_t i) const {
     if (i < 0) i = last_out_;
     if (params.embeddings || i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return -1;
-    const size_t row = size_t(out_row_[size_t(i)]);
-    if (tokens_only_) return reinterpret_cast<const int32_t *>(logits_)[row];
-    return smol_token(cpu::kernels_best().argmax(logits_ + row * size_t(out_width()), out_width()));
+    if (tops_) return reinterpret_cast<const int32_t *>(logits_)[out_row_[size_t(i)]];
+    return smol_token(cpu::kernels_best().argmax(
+        logits_ + tops_floats() + size_t(logit_row_[size_t(i)]) * size_t(out_width()),
+        out_width()));
 }
 
 } // namespace smol

@@ -186,11 +186,17 @@ class llama_context {
     // and its KV copies.
     struct step_shape {
         int32_t n = 0, n_out = 0;
-        bool tokens = false; // the outputs are the rows' top tokens, not logits
+        // The outputs are the rows' top tokens, and n_logits rows (of
+        // logit_ids_) keep their logits beside them.
+        bool tokens = false;
+        int32_t n_logits = 0;
         kv_copies copies;
         bool operator==(const step_shape &) const = default;
     };
-    step_shape shape_of(const stage & st, int32_t n_tokens, int32_t n_outputs) const;
+    // Outputs as logits, or (tops) as top tokens with n_logits rows of
+    // logits beside them.
+    step_shape shape_of(const stage & st, int32_t n_tokens, int32_t n_outputs, bool tops = false,
+                        int32_t n_logits = 0) const;
     void build_graph(stage & st, const step_shape & s);
     stage & output_stage() const;
     void stage_weights(stage & st);
@@ -198,7 +204,8 @@ class llama_context {
     void plan_stage(stage & st, int32_t n_batch);
     void place_stage(stage & st);
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
-    void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
+    void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base,
+                   int32_t logit_base);
     void list_seq_cells(int32_t n_tokens, const kv_cache & table, std::vector<int32_t> & cells,
                         std::vector<int32_t> & begin);
     void set_local_batch(graph & g, bool lists);
@@ -217,9 +224,9 @@ class llama_context {
     std::vector<backend *> rank_backends() const;
     std::string device_list_; // as given
     int32_t chunk_ = 0;       // tokens per prefill chunk: the smallest of the stages' plans
-    std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
-    std::vector<int32_t> out_row_;  // batch index -> logits row, -1 if none
-    std::vector<int8_t> out_token_; // batch index -> it kept only its top token
+    std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_, logit_ids_;
+    std::vector<int32_t> out_row_;   // batch index -> output row, -1 if none
+    std::vector<int32_t> logit_row_; // batch index -> logits row, -1 if none
     // Each sequence's newest position and cell, as of kv.version
     // seq_version_ (rescanned from the cells when the cache changed).
     std::vector<smol_pos> seq_max_;
@@ -237,12 +244,15 @@ class llama_context {
     // The last batch's logits rows, in host memory from the last device's
     // backend: pinned for a GPU, so a step's download is one copy at the
     // link's speed (into pageable memory the driver stages it and copies
-    // twice). With tokens_only_, an int32 top token a row instead: every
-    // output of the batch kept only its token, and the graph picked them.
+    // twice). With tops_, an int32 top token per output row first (some
+    // output kept only its token, and the graph picked every row's), then
+    // tops_floats() on, the rows that kept their logits.
     float * logits_ = nullptr;
-    bool tokens_only_ = false;
+    bool tops_ = false;
+    int32_t n_out_ = 0;     // the last batch's output rows
     size_t logits_cap_ = 0; // floats
     void reserve_logits(size_t n);
+    size_t tops_floats() const;
 };
 
 } // namespace smol

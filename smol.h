@@ -430,8 +430,8 @@ SMOL_API smol_status smol_context_schedule_dump(smol_context * ctx, int32_t n_to
 // What smol_decode keeps of a batch token (smol_batch.logits): nothing, its
 // logits (smol_get_logits; any value but 0 and 2 means the same), or only its
 // most likely token (smol_get_top_token), which greedy decoding needs. When
-// every token that keeps something keeps its token only, a GPU picks the
-// tokens where the logits are and copies back only them.
+// a token keeps its token only, a GPU picks the tokens where the logits are
+// and copies back only them and the logits that tokens keep.
 typedef enum smol_keep {
     SMOL_KEEP_NONE = 0,
     SMOL_KEEP_LOGITS = 1,

@@ -464,10 +464,12 @@ TEST_CASE("tokens keeping only their top token on the GPU get the argmax of the 
     model_ptr m = load(path);
     std::mt19937 rng(seed);
     const std::vector<int> a = random_ids(rng, 12, s.n_vocab), b = random_ids(rng, 7, s.n_vocab);
-    // The same steps in two contexts: one keeps every output's logits, the
-    // other only the top tokens (the graph's argmax, copied back alone).
+    // The same steps in three contexts: one keeps every output's logits,
+    // one only the top tokens (the graph's argmax, copied back alone), and
+    // one tokens and logits in turn (the argmax beside the rows kept).
     context_ptr full = make_context(m.get(), "cuda:0", 64, 64, 2);
     context_ptr tops = make_context(m.get(), "cuda:0", 64, 64, 2);
+    context_ptr mixed = make_context(m.get(), "cuda:0", 64, 64, 2);
     smol_batch batch = smol_batch_init(64);
     int last_a = -1, last_b = -1; // each sequence's last token in the batch
     for (size_t i = 0; i < a.size() || i < b.size(); ++i) {
@@ -487,6 +489,10 @@ TEST_CASE("tokens keeping only their top token on the GPU get the argmax of the 
         REQUIRE(smol_decode(full.get(), &batch) == SMOL_OK);
         for (int i = 0; i < batch.n_tokens; ++i) batch.logits[i] = SMOL_KEEP_TOKEN;
         REQUIRE(smol_decode(tops.get(), &batch) == SMOL_OK);
+        auto keeps_logits = [&](int i) { return (i + step) % 2 == 0; };
+        for (int i = 0; i < batch.n_tokens; ++i)
+            batch.logits[i] = keeps_logits(i) ? SMOL_KEEP_LOGITS : SMOL_KEEP_TOKEN;
+        REQUIRE(smol_decode(mixed.get(), &batch) == SMOL_OK);
         std::vector<int> next;
         for (int i = 0; i < batch.n_tokens; ++i) {
             CAPTURE(i);
@@ -495,6 +501,14 @@ TEST_CASE("tokens keeping only their top token on the GPU get the argmax of the 
             const int want = int(std::max_element(l, l + s.n_vocab) - l);
             CHECK(smol_get_top_token(tops.get(), i) == want);
             CHECK(smol_get_logits(tops.get(), i) == nullptr);
+            CHECK(smol_get_top_token(mixed.get(), i) == want);
+            const float * ml = smol_get_logits(mixed.get(), i);
+            if (keeps_logits(i)) {
+                REQUIRE(ml);
+                CHECK(std::equal(ml, ml + s.n_vocab, l));
+            } else {
+                CHECK(ml == nullptr);
+            }
             next.push_back(want);
         }
         batch.n_tokens = 0;

@@ -412,6 +412,75 @@ TEST_CASE("a token that keeps only its top token gets its logits' argmax, on the
     std::filesystem::remove(path);
 }
 
+TEST_CASE("a batch over two chunks keeps top tokens beside logits in each, on the CPU and the "
+          "simulated device") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("top-chunks.gguf");
+    tiny::shape s;
+    s.wtype = SMOL_TYPE_F16;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    // A chunk keeps at most 512 tokens' outputs: 600 that all keep one run
+    // in [0, 512), every one its logits but a few, and [512, 600), where
+    // tokens, logits and nothing take turns.
+    const int n = 600;
+    const std::vector<int> a = random_ids(rng, n, s.n_vocab);
+    std::vector<int8_t> keep(static_cast<size_t>(n), SMOL_KEEP_LOGITS);
+    for (int i = 0; i < n; ++i) {
+        if (i < 512 && i % 97 == 5) keep[size_t(i)] = SMOL_KEEP_TOKEN;
+        if (i >= 512) keep[size_t(i)] = int8_t(i % 3);
+    }
+    smol_batch batch = smol_batch_init(n);
+    auto fill = [&](bool all_logits) {
+        batch.n_tokens = 0;
+        for (int i = 0; i < n; ++i) smol_batch_add(&batch, n, a[size_t(i)], i, 0, true);
+        if (!all_logits) std::copy(keep.begin(), keep.end(), batch.logits);
+    };
+    context_ptr ref = make_context(m.get(), 640, 640);
+    fill(true);
+    REQUIRE(smol_decode(ref.get(), &batch) == SMOL_OK);
+
+    for (const char * device : {"cpu", "sim"}) {
+        CAPTURE(device);
+        smol_context_params p = smol_context_default_params();
+        p.n_ctx = 640;
+        p.n_batch = 640;
+        p.n_threads = 2;
+        p.device = device;
+        smol_context * raw = nullptr;
+        REQUIRE(smol_context_create(m.get(), &p, &raw) == SMOL_OK);
+        context_ptr c(raw);
+        fill(false);
+        REQUIRE(smol_decode(c.get(), &batch) == SMOL_OK);
+        int wrong_top = 0, wrong_logits = 0, wrong_none = 0;
+        for (int i = 0; i < n; ++i) {
+            const float * want = smol_get_logits(ref.get(), i);
+            REQUIRE(want);
+            const smol_token top = smol_token(std::max_element(want, want + s.n_vocab) - want);
+            const float * l = smol_get_logits(c.get(), i);
+            const smol_token t = smol_get_top_token(c.get(), i);
+            switch (keep[size_t(i)]) {
+            case SMOL_KEEP_NONE:
+                wrong_none += t != -1 || l != nullptr;
+                break;
+            case SMOL_KEEP_TOKEN:
+                wrong_none += l != nullptr;
+                wrong_top += t != top;
+                break;
+            default:
+                wrong_top += t != top;
+                wrong_logits += !l || !std::equal(l, l + s.n_vocab, want);
+            }
+        }
+        CHECK(wrong_top == 0);
+        CHECK(wrong_logits == 0);
+        CHECK(wrong_none == 0);
+    }
+    smol_batch_free(&batch);
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("sequences 64 to 127 share a prompt's cells and decode as sequence 0 does") {
     SMOL_TEST_DRAW_SEED(seed);
     const std::string path = temp_path("seqs128.gguf");
