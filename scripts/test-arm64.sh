@@ -14,7 +14,11 @@
 # quantized-KV kernels under qemu), test-heads (two hundred prefills;
 # test-window runs the streaming heads' code), test-model's Gemma 3 cases (a 262,144-token vocabulary's logits
 # over 700-token prompts: over ten minutes under qemu; the same kernels run
-# them on x86), and the host-side checks (format, install-find-package).
+# them on x86), test-spec's cases that decode hundreds of steps (a draft
+# model, n-gram lookup, self-speculation, speculative sampling: about 15
+# minutes under qemu; token-level logic that runs the same on x86, over
+# the decode test-model checks here), and the host-side checks (format,
+# install-find-package).
 #
 #   scripts/test-arm64.sh            build and test
 #   scripts/test-arm64.sh --build    build only
@@ -34,9 +38,12 @@ cmake --build build-arm64 -j"$(nproc)"
 
 qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 ctest --test-dir build-arm64 --output-on-failure -j"$(nproc)" --timeout 1200 \
-    -E '^(test-requant|perplexity-matches-llama|perplexity-kv-types|test-heads|format|install-find-package|test-model)$'
+    -E '^(test-requant|perplexity-matches-llama|perplexity-kv-types|test-heads|format|install-find-package|test-model|test-spec)$'
 echo "test-arm64: test-model, less its Gemma 3 cases"
 "${qemu[@]}" build-arm64/tests/test-model -tce='Gemma*'
+echo "test-arm64: test-spec, less its long decodes"
+"${qemu[@]}" build-arm64/tests/test-spec \
+    -tce='a draft model*,n-gram lookup*,lookup*,self-speculation*,speculative sampling*'
 
 # qemu's default CPU has every feature (the i8mm variant runs); a Neoverse
 # N1 (ARMv8.2) has dotprod and no i8mm; a Cortex-A53 (ARMv8.0) has neither
