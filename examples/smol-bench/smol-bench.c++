@@ -107,7 +107,7 @@ struct options {
     int batched_gen = 128;     // timed steps of a batched test
     std::vector<int> engine;   // --engine: requests generating together through the engine
     int engine_ctx = 8192;     // --engine-ctx: the engine's KV cells
-    bool event_logits = false; // --event-logits: --engine requests' events carry logits
+    int event_logits = 0;      // --event-logits: requests with logits in events (-1: all)
     bool autotune = false;     // --autotune: write the matmul kernel table and stop
     std::string autotune_file; // where (empty: the device's default file)
     bool lookup = false;       // --lookup: tg speculates by n-gram lookup
@@ -606,7 +606,8 @@ result run_batched(smol_model * model, const smol_model_info & info, const std::
 // it, stepped on this thread; no HTTP): n_req requests of --batched-prompt
 // random tokens submitted together, each generating --batched-gen tokens
 // greedily, each step keeping only the top tokens as smol-server's requests
-// without logprobs do (--event-logits: the logits). Timed from the step
+// without logprobs do (--event-logits: the logits, of every request or of
+// the first N, as requests with logprobs among others). Timed from the step
 // that gave every request its first token to the last one, so the row
 // reads beside --batched M's and smol-server's.
 struct engine_count {
@@ -626,7 +627,10 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
     const int n_prompt = o.batched_prompt, n_gen = o.batched_gen;
     result r = new_result(file, info, o.devices.device, n_threads, n_prompt, n_gen);
     r.n_seq = n_req;
-    r.mode = o.event_logits ? " engine, logits" : " engine";
+    const int n_logits = o.event_logits < 0 ? n_req : std::min(o.event_logits, n_req);
+    r.mode = n_logits == n_req ? " engine, logits"
+             : n_logits > 0    ? " engine, logits of " + std::to_string(n_logits)
+                               : " engine";
     const std::string gbnf = o.sample ? schema_grammar(o) : "";
     if (o.sample) r.mode += sample_mode(o, !gbnf.empty());
 
@@ -671,7 +675,7 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
             }
             rp.max_tokens = n_gen;
             rp.ignore_eog = true;
-            rp.skip_event_logits = !o.event_logits; // as smol-server without logprobs
+            rp.skip_event_logits = i >= n_logits; // as smol-server without logprobs
             if (!gbnf.empty()) {
                 // A request ends when its document does.
                 rp.grammar = gbnf.c_str();
@@ -1080,9 +1084,11 @@ int main(int argc, char ** argv) {
     app.add_option("--engine-ctx", o.engine_ctx,
                    "the engine's KV cells (at least what M requests need)")
         ->check(CLI::PositiveNumber);
-    app.add_flag("--event-logits", o.event_logits,
+    app.add_flag("--event-logits{-1}", o.event_logits,
                  "--engine requests' events carry their logits (as smol-server's with logprobs), "
-                 "so greedy steps copy every logit row back, not only the top tokens");
+                 "so greedy steps copy logit rows back, not only the top tokens; "
+                 "--event-logits=N: the first N requests' only")
+        ->check(CLI::Range(-1, 1 << 20));
     app.add_option("--batched-prompt", o.batched_prompt,
                    "prompt tokens of each sequence before a batched test")
         ->capture_default_str()
