@@ -151,7 +151,7 @@ struct llama_context::stage {
     // g's last node: the outputs (last stage) or the hidden states the next
     // stage takes.
     tensor * out = nullptr;
-    tensor * out_logits = nullptr; // beside top tokens, the rows keeping logits
+    tensor * out_logits = nullptr; // beside top tokens, the logits they were picked from
     // Stages after the first: the hidden states of a chunk's tokens, host
     // memory of this stage's backend that the one before downloads into.
     float * hidden = nullptr;
@@ -411,8 +411,7 @@ llama_context::llama_context(const llama_model & m, const smol_context_params & 
     batch_cells_.resize(nb);
     out_ids_.resize(nb);
     out_row_.resize(nb);
-    logit_ids_.resize(nb);
-    logit_row_.resize(nb);
+    out_logits_.resize(nb);
     slots_.resize(nb);
     reserve_logits(size_t(out_width()));
     const bool has_swa =
@@ -725,9 +724,8 @@ int32_t llama_context::n_host_heads() const {
 }
 
 llama_context::step_shape llama_context::shape_of(const stage & st, int32_t n, int32_t n_out,
-                                                  bool tops, int32_t n_logits) const {
-    tops = tops && st.last && n_out > 0;
-    return {n, st.last ? n_out : 0, tops, tops ? n_logits : 0,
+                                                  bool tops) const {
+    return {n, st.last ? n_out : 0, tops && st.last && n_out > 0,
             st.place.copies_of(cells_.data(), n)};
 }
 
@@ -831,10 +829,10 @@ void llama_context::build_graph(stage & st, const step_shape & shape) {
     st.out = params.embeddings ? x : op_mul_mat(g, W(st.output), x);
     st.out_logits = nullptr;
     if (shape.tokens) {
-        tensor * logits = st.out;
-        st.out = op_argmax(g, logits);
-        if (shape.n_logits > 0)
-            st.out_logits = op_get_rows(g, logits, ints(logit_ids_, shape.n_logits));
+        // The argmax is the graph's last node, so the logits it reads are
+        // where they were when the step ends, for the rows some outputs keep.
+        st.out_logits = st.out;
+        st.out = op_argmax(g, st.out);
     }
 }
 
@@ -920,22 +918,26 @@ void llama_context::decode(const smol_batch & b) {
 
     // Which tokens keep logits, or their top token only (without flags,
     // the last one's logits). When some keep only their token, the graph
-    // picks every output's top token, and only the tokens and the rows that
-    // keep logits leave the last device.
+    // picks every output's top token, and only the tokens, and the logits
+    // rows from the first to the last output that keeps them, leave the
+    // last device (each chunk's). Until the buffer is there, the last
+    // batch's outputs are none.
     int32_t n_out = 0, n_logits = 0;
     for (int32_t i = 0; i < n; ++i) {
         const int8_t keep = b.logits ? b.logits[i] : int8_t(i == n - 1);
         const bool token = keep == SMOL_KEEP_TOKEN && !params.embeddings;
         out_row_[size_t(i)] = keep != SMOL_KEEP_NONE ? n_out++ : -1;
-        logit_row_[size_t(i)] = keep != SMOL_KEEP_NONE && !token ? n_logits++ : -1;
+        out_logits_[size_t(i)] = int8_t(keep != SMOL_KEEP_NONE && !token);
+        n_logits += out_logits_[size_t(i)];
     }
-    n_last_ = n;
+    n_last_ = 0;
     last_out_ = -1;
-    for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
-        if (out_row_[size_t(i)] >= 0) last_out_ = i;
     tops_ = n_logits < n_out;
     n_out_ = n_out;
-    reserve_logits(tops_floats() + size_t(n_logits) * size_t(out_width()));
+    reserve_logits(tops_floats() + (n_logits > 0 ? size_t(n_out) * size_t(out_width()) : 0));
+    n_last_ = n;
+    for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
+        if (out_row_[size_t(i)] >= 0) last_out_ = i;
 
     // A long batch runs in chunks of the plan's size, each ending early at
     // its chunk_outputs-th token with logits; each chunk attends to the
@@ -951,21 +953,18 @@ void llama_context::decode(const smol_batch & b) {
     const int32_t n_used_before = kv.n_used;
     std::fill_n(batch_cells_.begin(), n, -1);
     try {
-        for (int32_t i0 = 0, out_base = 0, logit_base = 0, m = 0; i0 < n; i0 += m) {
+        for (int32_t i0 = 0, out_base = 0, m = 0; i0 < n; i0 += m) {
             if (params.abort_callback && params.abort_callback(params.abort_user_data)) {
                 throw error(SMOL_ERR_ABORTED,
                             "smol_decode: the abort callback stopped the batch after " +
                                 std::to_string(i0) + " of its " + std::to_string(n) +
                                 " tokens; the cache is left as it was before the call");
             }
-            int32_t outs = 0, logit_outs = 0;
-            for (m = 0; m < std::min(chunk_, n - i0) && outs < chunk_outputs; ++m) {
+            int32_t outs = 0;
+            for (m = 0; m < std::min(chunk_, n - i0) && outs < chunk_outputs; ++m)
                 outs += out_row_[size_t(i0 + m)] >= 0;
-                logit_outs += logit_row_[size_t(i0 + m)] >= 0;
-            }
-            run_chunk(b, i0, m, out_base, logit_base);
+            run_chunk(b, i0, m, out_base);
             out_base += outs;
-            logit_base += logit_outs;
         }
     } catch (...) {
         for (int32_t i = 0; i < n; ++i) {
@@ -991,13 +990,13 @@ void llama_context::decode(const smol_batch & b) {
     }
 }
 
-void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base,
-                              int32_t logit_base) {
+void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base) {
     // Sequences take cells in pages of their own (kv_cache::find_cell), so
     // attention on the GPU skips other sequences' pages whole. (A step of
     // several sequences then writes cells far apart: an offloaded group's
     // OFFLOAD copies the range between them.)
-    int32_t page_from = 0, cell_from = 0, n_out = 0, n_logits = 0;
+    int32_t page_from = 0, cell_from = 0, n_out = 0;
+    int32_t span0 = -1, span1 = -1; // the first and last of the chunk's outputs keeping logits
     if (win.on()) win.release_old(kv);
     for (int32_t j = 0; j < n; ++j) {
         const int32_t i = i0 + j;
@@ -1018,8 +1017,10 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         positions_[size_t(j)] = b.pos[i];
         seqs_[size_t(j)] = b.seq_id[i];
         if (out_row_[size_t(i)] < 0) continue;
-        // The rows keeping logits, by their place among the chunk's outputs.
-        if (logit_row_[size_t(i)] >= 0) logit_ids_[size_t(n_logits++)] = n_out;
+        if (out_logits_[size_t(i)]) {
+            if (span0 < 0) span0 = n_out;
+            span1 = n_out;
+        }
         out_ids_[size_t(n_out++)] = j;
     }
     // The host's attention reads the lists whatever the device's does.
@@ -1039,7 +1040,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
     // rebuilt for something else since.
     for (const auto & sp : stages_) {
         stage & st = *sp;
-        const step_shape shape = shape_of(st, n, n_out, tops_, n_logits);
+        const step_shape shape = shape_of(st, n, n_out, tops_);
         const bool again =
             st.be->reruns_graphs() && st.g.generation() == st.built_gen && shape == st.built;
         if (!again) {
@@ -1056,16 +1057,20 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         st.g.rerun = again;
     }
     float * dst = tops_ ? logits_ + out_base : logits_ + size_t(out_base) * size_t(out_width());
-    float * dst_logits = logits_ + tops_floats() + size_t(logit_base) * size_t(out_width());
-    // The stage that computes the outputs writes them to dst (and the rows
-    // keeping logits beside top tokens to dst_logits).
+    // The stage that computes the outputs writes them to dst; beside top
+    // tokens, the logits rows of the chunk's outputs from the first to the
+    // last that keeps them are copied to their rows after the tokens.
     auto run_outputs = [&](stage & st) {
-        const std::pair<tensor *, float *> outs[2] = {{st.out, dst}, {st.out_logits, dst_logits}};
-        for (const auto & [t, to] : outs)
-            if (t && st.be->where() == placement::host) t->data = to;
+        if (st.out && st.be->where() == placement::host) st.out->data = dst;
         st.be->run(st.g);
-        for (const auto & [t, to] : outs)
-            if (t && t->data != to) st.be->download(to, t->data, t->nbytes());
+        if (st.out && st.out->data != dst) st.be->download(dst, st.out->data, st.out->nbytes());
+        if (st.out_logits && span0 >= 0) {
+            const size_t row = st.out_logits->nb[1];
+            st.be->download(logits_ + tops_floats() +
+                                size_t(out_base + span0) * size_t(out_width()),
+                            static_cast<const uint8_t *>(st.out_logits->data) + size_t(span0) * row,
+                            size_t(span1 - span0 + 1) * row);
+        }
     };
     if (!by_heads_) {
         // Each device in turn over its layers, handing its hidden states to
@@ -1297,8 +1302,8 @@ size_t llama_context::tops_floats() const {
 
 const float * llama_context::logits(int32_t i) const {
     if (i < 0) i = last_out_;
-    if (i < 0 || i >= n_last_ || logit_row_[size_t(i)] < 0) return nullptr;
-    return logits_ + tops_floats() + size_t(logit_row_[size_t(i)]) * size_t(out_width());
+    if (i < 0 || i >= n_last_ || !out_logits_[size_t(i)]) return nullptr;
+    return logits_ + tops_floats() + size_t(out_row_[size_t(i)]) * size_t(out_width());
 }
 
 smol_token llama_context::top_token(int32_t i) const {
@@ -1306,8 +1311,7 @@ smol_token llama_context::top_token(int32_t i) const {
     if (params.embeddings || i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return -1;
     if (tops_) return reinterpret_cast<const int32_t *>(logits_)[out_row_[size_t(i)]];
     return smol_token(cpu::kernels_best().argmax(
-        logits_ + tops_floats() + size_t(logit_row_[size_t(i)]) * size_t(out_width()),
-        out_width()));
+        logits_ + size_t(out_row_[size_t(i)]) * size_t(out_width()), out_width()));
 }
 
 } // namespace smol

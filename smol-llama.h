@@ -186,17 +186,13 @@ class llama_context {
     // and its KV copies.
     struct step_shape {
         int32_t n = 0, n_out = 0;
-        // The outputs are the rows' top tokens, and n_logits rows (of
-        // logit_ids_) keep their logits beside them.
-        bool tokens = false;
-        int32_t n_logits = 0;
+        bool tokens = false; // the outputs are the rows' top tokens, picked from the logits
         kv_copies copies;
         bool operator==(const step_shape &) const = default;
     };
-    // Outputs as logits, or (tops) as top tokens with n_logits rows of
-    // logits beside them.
-    step_shape shape_of(const stage & st, int32_t n_tokens, int32_t n_outputs, bool tops = false,
-                        int32_t n_logits = 0) const;
+    // Outputs as logits, or (tops) as top tokens.
+    step_shape shape_of(const stage & st, int32_t n_tokens, int32_t n_outputs,
+                        bool tops = false) const;
     void build_graph(stage & st, const step_shape & s);
     stage & output_stage() const;
     void stage_weights(stage & st);
@@ -204,8 +200,7 @@ class llama_context {
     void plan_stage(stage & st, int32_t n_batch);
     void place_stage(stage & st);
     // Runs tokens [i0, i0 + n) of a checked batch whose cells are assigned.
-    void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base,
-                   int32_t logit_base);
+    void run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32_t out_base);
     void list_seq_cells(int32_t n_tokens, const kv_cache & table, std::vector<int32_t> & cells,
                         std::vector<int32_t> & begin);
     void set_local_batch(graph & g, bool lists);
@@ -224,9 +219,9 @@ class llama_context {
     std::vector<backend *> rank_backends() const;
     std::string device_list_; // as given
     int32_t chunk_ = 0;       // tokens per prefill chunk: the smallest of the stages' plans
-    std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_, logit_ids_;
+    std::vector<int32_t> tokens_, positions_, seqs_, cells_, out_ids_;
     std::vector<int32_t> out_row_;   // batch index -> output row, -1 if none
-    std::vector<int32_t> logit_row_; // batch index -> logits row, -1 if none
+    std::vector<int8_t> out_logits_; // batch index -> it kept its logits
     // Each sequence's newest position and cell, as of kv.version
     // seq_version_ (rescanned from the cells when the cache changed).
     std::vector<smol_pos> seq_max_;
@@ -246,7 +241,8 @@ class llama_context {
     // link's speed (into pageable memory the driver stages it and copies
     // twice). With tops_, an int32 top token per output row first (some
     // output kept only its token, and the graph picked every row's), then
-    // tops_floats() on, the rows that kept their logits.
+    // tops_floats() on, the logits rows, where only those of the outputs
+    // that kept their logits, and the rows between them, were copied.
     float * logits_ = nullptr;
     bool tops_ = false;
     int32_t n_out_ = 0;     // the last batch's output rows

@@ -476,6 +476,17 @@ TEST_CASE("a batch over two chunks keeps top tokens beside logits in each, on th
         CHECK(wrong_top == 0);
         CHECK(wrong_logits == 0);
         CHECK(wrong_none == 0);
+        if (std::string(device) != "sim") continue;
+        // No more device memory than the same batch keeping every logit
+        // (what a budget's plan sizes).
+        smol_memory_info mixed{}, all{};
+        smol_context_memory(c.get(), &mixed);
+        REQUIRE(smol_context_create(m.get(), &p, &raw) == SMOL_OK);
+        context_ptr plain(raw);
+        fill(true);
+        REQUIRE(smol_decode(plain.get(), &batch) == SMOL_OK);
+        smol_context_memory(plain.get(), &all);
+        CHECK(mixed.device_peak <= all.device_peak);
     }
     smol_batch_free(&batch);
     std::filesystem::remove(path);
