@@ -934,7 +934,7 @@ void llama_context::decode(const smol_batch & b) {
     last_out_ = -1;
     tops_ = n_logits < n_out;
     n_out_ = n_out;
-    reserve_logits(tops_floats() + (n_logits > 0 ? size_t(n_out) * size_t(out_width()) : 0));
+    reserve_logits(size_t(logits_row(n_logits > 0 ? n_out : 0) - logits_));
     n_last_ = n;
     for (int32_t i = n - 1; i >= 0 && last_out_ < 0; --i)
         if (out_row_[size_t(i)] >= 0) last_out_ = i;
@@ -1056,7 +1056,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         }
         st.g.rerun = again;
     }
-    float * dst = tops_ ? logits_ + out_base : logits_ + size_t(out_base) * size_t(out_width());
+    float * dst = tops_ ? logits_ + out_base : logits_row(out_base);
     // The stage that computes the outputs writes them to dst; beside top
     // tokens, the logits rows of the chunk's outputs from the first to the
     // last that keeps them are copied to their rows after the tokens.
@@ -1066,8 +1066,7 @@ void llama_context::run_chunk(const smol_batch & b, int32_t i0, int32_t n, int32
         if (st.out && st.out->data != dst) st.be->download(dst, st.out->data, st.out->nbytes());
         if (st.out_logits && span0 >= 0) {
             const size_t row = st.out_logits->nb[1];
-            st.be->download(logits_ + tops_floats() +
-                                size_t(out_base + span0) * size_t(out_width()),
+            st.be->download(logits_row(out_base + span0),
                             static_cast<const uint8_t *>(st.out_logits->data) + size_t(span0) * row,
                             size_t(span1 - span0 + 1) * row);
         }
@@ -1295,23 +1294,23 @@ void llama_context::list_seq_cells(int32_t n, const kv_cache & table, std::vecto
     }
 }
 
-size_t llama_context::tops_floats() const {
-    // The top tokens, up to a 64-byte boundary.
-    return tops_ ? (size_t(n_out_) + 15) / 16 * 16 : 0;
+float * llama_context::logits_row(int32_t row) const {
+    // After the top tokens, if any, up to a 64-byte boundary.
+    const size_t tops = tops_ ? (size_t(n_out_) + 15) / 16 * 16 : 0;
+    return logits_ + tops + size_t(row) * size_t(out_width());
 }
 
 const float * llama_context::logits(int32_t i) const {
     if (i < 0) i = last_out_;
     if (i < 0 || i >= n_last_ || !out_logits_[size_t(i)]) return nullptr;
-    return logits_ + tops_floats() + size_t(out_row_[size_t(i)]) * size_t(out_width());
+    return logits_row(out_row_[size_t(i)]);
 }
 
 smol_token llama_context::top_token(int32_t i) const {
     if (i < 0) i = last_out_;
     if (params.embeddings || i < 0 || i >= n_last_ || out_row_[size_t(i)] < 0) return -1;
     if (tops_) return reinterpret_cast<const int32_t *>(logits_)[out_row_[size_t(i)]];
-    return smol_token(cpu::kernels_best().argmax(
-        logits_ + size_t(out_row_[size_t(i)]) * size_t(out_width()), out_width()));
+    return smol_token(cpu::kernels_best().argmax(logits_row(out_row_[size_t(i)]), out_width()));
 }
 
 } // namespace smol

@@ -241,14 +241,14 @@ class llama_context {
     // link's speed (into pageable memory the driver stages it and copies
     // twice). With tops_, an int32 top token per output row first (some
     // output kept only its token, and the graph picked every row's), then
-    // tops_floats() on, the logits rows, where only those of the outputs
-    // that kept their logits, and the rows between them, were copied.
+    // the logits rows (logits_row), where only those of the outputs that
+    // kept their logits, and the rows between them, were copied.
     float * logits_ = nullptr;
     bool tops_ = false;
     int32_t n_out_ = 0;     // the last batch's output rows
     size_t logits_cap_ = 0; // floats
     void reserve_logits(size_t n);
-    size_t tops_floats() const;
+    float * logits_row(int32_t row) const; // output row's logits in logits_
 };
 
 } // namespace smol
