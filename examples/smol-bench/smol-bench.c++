@@ -108,6 +108,7 @@ struct options {
     std::vector<int> engine;   // --engine: requests generating together through the engine
     int engine_ctx = 8192;     // --engine-ctx: the engine's KV cells
     int event_logits = 0;      // --event-logits: requests with logits in events (-1: all)
+    bool prefix_cache = false; // --prefix-cache: the engine keeps finished requests' text
     bool autotune = false;     // --autotune: write the matmul kernel table and stop
     std::string autotune_file; // where (empty: the device's default file)
     bool lookup = false;       // --lookup: tg speculates by n-gram lookup
@@ -631,6 +632,7 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
     r.mode = n_logits == n_req ? " engine, logits"
              : n_logits > 0    ? " engine, logits of " + std::to_string(n_logits)
                                : " engine";
+    if (o.prefix_cache) r.mode += ", prefix cache";
     const std::string gbnf = o.sample ? schema_grammar(o) : "";
     if (o.sample) r.mode += sample_mode(o, !gbnf.empty());
 
@@ -641,7 +643,10 @@ result run_engine(smol_model * model, const smol_model_info & info, const std::s
     ep.context.n_threads = n_threads;
     if (std::string err; !o.devices.apply(ep.context, err)) throw bench_error(err);
     ep.context.attn = attn_kernel_of(o.attn);
-    ep.prefix_cache = false; // every prompt is new
+    // Every prompt is new, so the cache finds nothing; kept on, it holds
+    // the finished requests' text in cells beside the running ones', as
+    // smol-server's does.
+    ep.prefix_cache = o.prefix_cache;
     // The engine's line a request would fill the table's stream; warnings
     // and errors still show.
     smol_log_set(
@@ -1089,6 +1094,9 @@ int main(int argc, char ** argv) {
                  "so greedy steps copy logit rows back, not only the top tokens; "
                  "--event-logits=N: the first N requests' only")
         ->check(CLI::Range(-1, 1 << 20));
+    app.add_flag("--prefix-cache", o.prefix_cache,
+                 "--engine rows keep the prefix cache on (smol-server's default): each "
+                 "request's text stays in the cache beside those that follow");
     app.add_option("--batched-prompt", o.batched_prompt,
                    "prompt tokens of each sequence before a batched test")
         ->capture_default_str()
