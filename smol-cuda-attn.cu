@@ -294,10 +294,10 @@ namespace {
 // rounded to f16, as on the CPU) and the weights go to the second product
 // as f16, so the kernel is held to the flash kernel's bound against the CPU.
 // With S splits the last block of a (token, kv head) merges the partials.
-// Over a cache of several sequences (pages) the block first lists the tiles
-// of its split whose page its token's sequence holds, from the pages'
-// summaries, in windows of dec_list tiles, and the warps walk that list:
-// another sequence's page costs one summary read. When a batch's (token,
+// Over a cache of several sequences (pages) the block walks the pages its
+// token's sequence holds, listed with the batch, split as the cells of a
+// cache of that sequence alone would be, in windows of dec_list tiles:
+// another sequence's page costs nothing. When a batch's (token,
 // kv head) pairs are more blocks than the GPU holds at once, each warp of a
 // block serves a kv head of its own over the whole list (warp_pages, one
 // split): the token's list is made once for eight kv heads, and a short
@@ -321,14 +321,25 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     // began, so the splits a short history leaves without cells may leave
     // before the wait: their slots go to the kernels that follow.
     const int n_used = *p.n_used;
+    const int tok = blockIdx.x;
+    const int my_pos = p.pos[tok], my_seq = p.seq[tok];
+    // The cells walked: the cache's first n_used, or over pages the pages
+    // of the token's sequence one after another (listed with the batch):
+    // cell v of the walk is cell v % kv_page of page my_pages[v / kv_page].
+    const int32_t * my_pages = nullptr;
+    int n_walk = n_used;
+    if constexpr (Pages) {
+        const int l0 = p.seq_pages[my_seq], l1 = p.seq_pages[my_seq + 1];
+        my_pages = p.seq_pages + (kv_max_seqs + 1) + l0;
+        n_walk = (l1 - l0) * cell_tile_cells;
+    }
     // Whole warp tiles a split, the cells shared as evenly as that allows.
-    const int chunk = p.S == 1 ? n_used
-                               : max(dec_split_cells, ((n_used + p.S - 1) / p.S + dec_cells - 1) /
+    const int chunk = p.S == 1 ? n_walk
+                               : max(dec_split_cells, ((n_walk + p.S - 1) / p.S + dec_cells - 1) /
                                                           dec_cells * dec_cells);
-    const int n_split = p.S == 1 ? 1 : max(1, (n_used + chunk - 1) / chunk);
+    const int n_split = p.S == 1 ? 1 : max(1, (n_walk + chunk - 1) / chunk);
     if (int(blockIdx.z) >= n_split) return;
     const int warp = threadIdx.x / warp_size, lane = threadIdx.x % warp_size;
-    const int tok = blockIdx.x;
     const int n_sub = decode_subs(p.group);
     // The (kv head, part of its query heads) the block serves, or with
     // warp_pages this warp; a warp past the last has no tiles.
@@ -356,46 +367,29 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     cpos += warp * NS * dec_cells;
     cseq += warp * NS * dec_cells;
 
-    const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
-    const int my_pos = p.pos[tok], my_seq = p.seq[tok];
+    // The split's part of the walk, [c_begin, c_end), in windows [w0, w1).
+    const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_walk, c_begin + chunk);
     const uint64_t * my_words = seq_words(p, my_seq);
-    // The tiles of a window [w0, w1): every tile, or the listed ones; past
-    // the last, w1 (nothing to copy, no cell seen).
+    // The cells of the cache that exist for this walk: rows at or past edge
+    // are copied as zeros, of no sequence. Over pages that is n_used (a
+    // sequence's last page may end past it; only the walk's last tile can
+    // begin past it, so the loops below, which stop at the first tile at or
+    // past edge, miss nothing).
+    const int edge = Pages ? n_used : c_end;
+    // The first cells of a window's tiles: every tile's, or over pages the
+    // listed ones; past the last, edge (nothing to copy, no cell seen).
     __shared__ int listed[Pages ? dec_list : 1];
-    __shared__ int listed_n[dec_warps];
     int w0 = c_begin, w1 = Pages ? min(c_end, c_begin + dec_list * dec_cells) : c_end, n_wt = 0;
-    auto tile_at = [&](int i) { return i >= n_wt ? w1 : Pages ? listed[i] : w0 + i * dec_cells; };
-    // Lists the window's tiles whose page holds the token's sequence at or
-    // before its position, in cell order (a thread looks at consecutive
-    // tiles; their counts are scanned across the block).
+    auto tile_at = [&](int i) { return i >= n_wt ? edge : Pages ? listed[i] : w0 + i * dec_cells; };
+    // Lists the window's tiles: where each of its warp tiles lies in the
+    // cache.
     auto list_tiles = [&]() {
-        constexpr int per = dec_list / (dec_warps * warp_size);
-        const int n = (w1 - w0 + dec_cells - 1) / dec_cells, first = int(threadIdx.x) * per;
-        uint32_t keep = 0;
-#pragma unroll
-        for (int j = 0; j < per; ++j) {
-            if (first + j < n) {
-                const cell_tile & t = p.tiles[(w0 + (first + j) * dec_cells) / cell_tile_cells];
-                keep |= uint32_t(!tile_unseen(t, seq_mask::of(my_seq), my_pos)) << j;
-            }
+        n_wt = (w1 - w0) / dec_cells;
+        for (int j = int(threadIdx.x); j < n_wt; j += int(blockDim.x)) {
+            const int v = w0 + j * dec_cells;
+            listed[j] = my_pages[v / cell_tile_cells] * cell_tile_cells + v % cell_tile_cells;
         }
-        const int cnt = __popc(keep);
-        int incl = cnt;
-#pragma unroll
-        for (int o = 1; o < warp_size; o *= 2) {
-            const int v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (lane == warp_size - 1) listed_n[warp] = incl;
         __syncthreads();
-        int at = incl - cnt, total = 0;
-#pragma unroll
-        for (int w = 0; w < dec_warps; ++w) {
-            at += w < warp ? listed_n[w] : 0;
-            total += listed_n[w];
-        }
-        for (; keep; keep &= keep - 1) listed[at++] = w0 + (first + __ffs(keep) - 1) * dec_cells;
-        n_wt = total;
     };
     if constexpr (!Pages) n_wt = (c_end - c_begin + dec_cells - 1) / dec_cells;
     // The warp's tiles: first, first + stride, ... of the window's.
@@ -417,13 +411,13 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
 #pragma unroll
             for (int i = 0; i < dec_cells / rows_at_once; ++i) {
                 const int r = i * rows_at_once + lane / pieces;
-                const bool on = decltype(whole)::value || c + r < w1;
+                const bool on = decltype(whole)::value || c + r < edge;
                 const int at = piece_at(b, r, lane % pieces);
                 cp_async16(ks + at, on ? kg + i * rows_at_once * HD : K, on ? 16 : 0);
                 cp_async16(vs + at, on ? vg + i * rows_at_once * HD : V, on ? 16 : 0);
             }
         };
-        if (c + dec_cells <= w1) {
+        if (c + dec_cells <= edge) {
             rows(std::true_type{});
         } else {
             rows(std::false_type{});
@@ -434,7 +428,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
             const bool pos_part = lane < 8;
             const int size = pos_part ? 4 : 8, per = 16 / size;
             const int c0 = c + (pos_part ? lane : lane - 8) * per;
-            const int bytes = max(0, min(per, w1 - c0)) * size;
+            const int bytes = max(0, min(per, edge - c0)) * size;
             void * dst = pos_part ? static_cast<void *>(cpos + b * dec_cells + c0 - c)
                                   : static_cast<void *>(cseq + b * dec_cells + c0 - c);
             const void * from = bytes == 0 ? static_cast<const void *>(K)
@@ -450,7 +444,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
 #pragma unroll
         for (int s = 0; s < NS - 1; ++s) issue(tile_at(first + s * stride), s);
     };
-    // The positions, sequences and page summaries were staged before the
+    // The positions, sequences and page lists were staged before the
     // step began too: the list is made while the kernel before ends. Over
     // one sequence the first tiles are on their way by then: every cell but
     // those of this step's tokens was written by an earlier step, and those
@@ -470,7 +464,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
         for (int t0 = 0; t0 < p.n_tok; t0 += warp_size) {
             const int c = t0 == 0 ? first_cell : t0 + lane < p.n_tok ? p.cell[t0 + lane] : -1;
             for (uint32_t hit =
-                     __ballot_sync(0xffffffffu, c >= base && c < min(base + dec_cells, w1));
+                     __ballot_sync(0xffffffffu, c >= base && c < min(base + dec_cells, edge));
                  hit; hit &= hit - 1) {
                 const int cc = __shfl_sync(0xffffffffu, c, __ffs(hit) - 1), r = cc - base;
                 if (lane < 2 * pieces) {
@@ -518,7 +512,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
     for (int n = 0; n < n_dt; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (;;) {
         if constexpr (Pages) start();
-        for (int k = 0, ti = first, base = tile_at(ti); base < w1; ++k) {
+        for (int k = 0, ti = first, base = tile_at(ti); base < edge; ++k) {
             const int b = k % NS;
             // The tile NS - 1 ahead (past the last: an empty group), then this one.
             issue(tile_at(ti + (NS - 1) * stride), (k + NS - 1) % NS);
@@ -532,7 +526,7 @@ __global__ void __launch_bounds__(dec_warps * warp_size)
                                              cseq + b * dec_cells + lane, my_seq, my_pos));
             const uint16_t * kt = ks + b * dec_cells * HD;
             const uint16_t * vt = vs + b * dec_cells * HD;
-            if (const uint32_t unseen = __ballot_sync(0xffffffffu, base + lane < w1) & ~seen) {
+            if (const uint32_t unseen = __ballot_sync(0xffffffffu, base + lane < edge) & ~seen) {
                 // Rows the token does not see that were copied: zero V rows,
                 // since 0 times a NaN is NaN.
 #pragma unroll
@@ -951,6 +945,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.cell_seqs = local ? d_win_seqs_ : d_cell_seqs_;
     p.seq_plane = seq_plane_words(local ? b.local->kv->n_cells : kv.n_cells);
     p.tiles = local ? nullptr : d_cell_tiles_;
+    p.seq_pages = local ? nullptr : d_seq_pages_;
     p.n_used = local ? d_params_ + 2 : d_params_;
     const attn_choice a = choose_attention(t);
     p.S = a.S;

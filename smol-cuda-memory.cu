@@ -179,6 +179,29 @@ cell_tile tile_of(const kv_cache & kv, int64_t c0) {
 
 } // namespace
 
+// The pages (tiles of cell_tile_cells cells) each sequence of the batch
+// holds, in cell order: seq_pages_[s] and seq_pages_[s + 1] bound sequence
+// s's numbers, which follow the kv_max_seqs + 1 bounds (two passes over the
+// summaries of the pages in use: count, then place).
+void cuda_backend::list_seq_pages(const batch_info & b, const kv_cache & kv) {
+    seq_mask in_batch = seq_mask::none();
+    for (int32_t i = 0; b.seq && i < b.n_tokens; ++i) in_batch |= seq_mask::of(b.seq[i]);
+    const int32_t n_pages = (kv.n_used + cell_tile_cells - 1) / cell_tile_cells;
+    constexpr size_t head = size_t(kv_max_seqs) + 1;
+    seq_pages_.assign(head, 0);
+    for (int32_t pg = 0; pg < n_pages; ++pg) {
+        for (seq_mask m = tiles_[size_t(pg)].seq_or & in_batch; m; m = m.rest())
+            ++seq_pages_[size_t(m.first()) + 1];
+    }
+    for (size_t s = 0; s < size_t(kv_max_seqs); ++s) seq_pages_[s + 1] += seq_pages_[s];
+    seq_pages_.resize(head + size_t(seq_pages_[kv_max_seqs]));
+    fill_.assign(seq_pages_.begin(), seq_pages_.begin() + kv_max_seqs);
+    for (int32_t pg = 0; pg < n_pages; ++pg) {
+        for (seq_mask m = tiles_[size_t(pg)].seq_or & in_batch; m; m = m.rest())
+            seq_pages_[head + size_t(fill_[size_t(m.first())]++)] = pg;
+    }
+}
+
 // Copies what the graph reads from host memory into one device block: the
 // batch (positions, sequences, cells), n_used, and every leaf that lives in
 // host memory, whose data pointer is swapped for the copy's until run ends.
@@ -195,15 +218,6 @@ void cuda_backend::stage(graph & g) {
             }
         }
     }
-    const size_t tok_bytes = align_up(size_t(n_tok) * sizeof(int32_t), 256);
-    size_t off = 256 + 4 * tok_bytes;
-    std::vector<size_t> leaf_off(leaves.size());
-    for (size_t i = 0; i < leaves.size(); ++i) {
-        leaf_off[i] = off;
-        off = align_up(off + leaves[i]->nbytes(), 256);
-    }
-    const size_t dyn_bytes = off;
-
     // The cache cells [lo, hi) whose position or sequence changed: with the
     // cache's version unchanged, among the batch's own cells; else anywhere.
     const kv_cache * kv = b.kv;
@@ -214,6 +228,8 @@ void cuda_backend::stage(graph & g) {
             shadow_pos_.assign(size_t(kv->n_cells), INT32_MIN);
             shadow_seqs_.assign(size_t(kv->n_cells), seq_mask::all());
             shadow_version_ = ~uint64_t(0); // no version: compare every cell
+            tiles_.assign(size_t((kv->n_cells + cell_tile_cells - 1) / cell_tile_cells),
+                          cell_tile{seq_mask::none(), seq_mask::all(), INT32_MAX, -1, 0, 0});
             tiles_lo_ = INT32_MAX;
             tiles_hi_ = 0;
         }
@@ -251,8 +267,25 @@ void cuda_backend::stage(graph & g) {
                        cell_tile_cells);
         tiles_lo_ = INT32_MAX;
         tiles_hi_ = 0;
+        for (int32_t i = t_lo; i < t_hi; ++i)
+            tiles_[size_t(i)] = tile_of(*kv, int64_t(i) * cell_tile_cells);
     }
     const size_t tile_bytes = size_t(t_hi - t_lo) * sizeof(cell_tile);
+    // The decode kernel over pages walks each token's sequence's pages, from
+    // the summaries (exact once the changed ones are made above).
+    const bool lists = kv && decode_steps_ && pages_;
+    if (lists) list_seq_pages(b, *kv);
+
+    const size_t tok_bytes = align_up(size_t(n_tok) * sizeof(int32_t), 256);
+    size_t off = 256 + 4 * tok_bytes;
+    std::vector<size_t> leaf_off(leaves.size());
+    for (size_t i = 0; i < leaves.size(); ++i) {
+        leaf_off[i] = off;
+        off = align_up(off + leaves[i]->nbytes(), 256);
+    }
+    const size_t pages_off = off;
+    if (lists) off = align_up(off + seq_pages_.size() * sizeof(int32_t), 256);
+    const size_t dyn_bytes = off;
     // The window store's table, whole.
     const kv_cache * wk = b.local ? b.local->kv : nullptr;
     const size_t w_used = wk ? size_t(wk->n_used) : 0;
@@ -279,7 +312,9 @@ void cuda_backend::stage(graph & g) {
     for (size_t i = 0; i < leaves.size(); ++i) {
         std::memcpy(h + leaf_off[i], leaves[i]->data, leaves[i]->nbytes());
     }
+    if (lists) std::memcpy(h + pages_off, seq_pages_.data(), seq_pages_.size() * sizeof(int32_t));
     SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, dyn_bytes, cudaMemcpyHostToDevice, stream_));
+    d_seq_pages_ = lists ? reinterpret_cast<int32_t *>(d + pages_off) : nullptr;
     d_params_ = reinterpret_cast<int32_t *>(d);
     d_pos_ = reinterpret_cast<int32_t *>(d + 256);
     d_seq_ = reinterpret_cast<int32_t *>(d + 256 + tok_bytes);
@@ -314,8 +349,7 @@ void cuda_backend::stage(graph & g) {
         uint8_t * hm = hp + align_up(cell_bytes, 8);
         if (t_hi > t_lo) {
             cell_tile * ht = reinterpret_cast<cell_tile *>(hm + mask_bytes);
-            for (int32_t i = t_lo; i < t_hi; ++i)
-                ht[i - t_lo] = tile_of(*kv, int64_t(i) * cell_tile_cells);
+            std::copy(tiles_.begin() + t_lo, tiles_.begin() + t_hi, ht);
             SMOL_GPU_CHECK(cudaMemcpyAsync(d_cell_tiles_ + t_lo, ht, tile_bytes,
                                            cudaMemcpyHostToDevice, stream_));
         }

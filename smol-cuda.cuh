@@ -190,11 +190,14 @@ struct attn_params {
     size_t seq_plane;
     const int32_t * n_used;  // device scalar: graphs replayed later read the new value
     const cell_tile * tiles; // per 64 cells
-    int n_kv;                // kv heads of the view
-    int Q, W, S;             // queries per block, cell streams per query, splits over cells
-    float * part;            // S > 1: [token][head][split] of (max, sum, acc[hd])
-    int * done;              // S > 1: splits finished per (token, head); left at zero
-    rope_params rope;        // non-null pos: rotate q as it is loaded
+    // The decode kernel over pages: the pages each sequence of the batch
+    // holds (cuda_backend::list_seq_pages), staged with the batch.
+    const int32_t * seq_pages;
+    int n_kv;         // kv heads of the view
+    int Q, W, S;      // queries per block, cell streams per query, splits over cells
+    float * part;     // S > 1: [token][head][split] of (max, sum, acc[hd])
+    int * done;       // S > 1: splits finished per (token, head); left at zero
+    rope_params rope; // non-null pos: rotate q as it is loaded
 };
 
 // --- attention: tensor-core prefill ---------------------------------------------
@@ -480,6 +483,7 @@ class cuda_backend final : public backend {
     const std::vector<const tensor *> & extra_reads(); // per node, of steps_ (plan_arena)
     void prepare(graph & g);
     void stage(graph & g);
+    void list_seq_pages(const batch_info & b, const kv_cache & kv);
     void restore_leaves();
     void structure(const graph & g);
     void signature();
@@ -641,6 +645,7 @@ class cuda_backend final : public backend {
     int32_t * d_cell_pos_ = nullptr;
     uint64_t * d_cell_seqs_ = nullptr; // two planes of n_cells words (attn_params)
     cell_tile * d_cell_tiles_ = nullptr;
+    int32_t * d_seq_pages_ = nullptr; // list_seq_pages' lists, when staged
     // The window store's table (batch_info::local, kv_window) and each
     // token's slot: small, staged whole each step; the sliding-window
     // attention that reads it is the classic kernel's, which reads no tile
@@ -664,6 +669,8 @@ class cuda_backend final : public backend {
     // (flash_steps_, set with the steps), or the decode kernel's over a
     // cache of several sequences.
     int32_t tiles_lo_ = INT32_MAX, tiles_hi_ = 0;
+    std::vector<cell_tile> tiles_;          // the summaries as the device has them
+    std::vector<int32_t> seq_pages_, fill_; // list_seq_pages' lists and scratch
     bool flash_steps_ = false, decode_steps_ = false;
     // Every token of the batch is of a sequence of its own (set with the
     // steps): the decode kernel then walks only each token's pages, and may
