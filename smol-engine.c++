@@ -36,7 +36,7 @@ std::vector<radix_tree::node *> radix_tree::match(const smol_token * tokens, int
         const auto it = at->children.find(key);
         if (it == at->children.end()) break;
         at = it->second.get();
-        at->last_use = clock_;
+        use(at);
         path.push_back(at);
     }
     return path;
@@ -57,50 +57,64 @@ int32_t radix_tree::insert(const smol_token * tokens, const int32_t * cells, int
             child->parent = at;
             new_cells.insert(new_cells.end(), child->cells.begin(), child->cells.end());
             it = at->children.emplace(std::move(key), std::move(child)).first;
+            relist(at); // a leaf no more
             ++n_blocks_;
             ++added;
         }
         at = it->second.get();
-        at->last_use = clock_;
+        use(at);
     }
     return added;
 }
 
+void radix_tree::unlist(node * x) {
+    if (!x->listed) return;
+    leaves_.erase({x->last_use, x});
+    x->listed = false;
+}
+
+void radix_tree::relist(node * x) {
+    unlist(x);
+    if (!evictable(x)) return;
+    leaves_.emplace(x->last_use, x);
+    x->listed = true;
+}
+
+void radix_tree::use(node * x) {
+    unlist(x);
+    x->last_use = clock_;
+    relist(x);
+}
+
 void radix_tree::acquire(const std::vector<node *> & path) {
-    for (node * x : path) ++x->refs;
+    for (node * x : path) {
+        ++x->refs;
+        unlist(x);
+    }
 }
 
 void radix_tree::release(const std::vector<node *> & path) {
     for (node * x : path) {
         SMOL_ASSERT_MSG(x->refs > 0, "radix_tree: release without acquire");
         --x->refs;
+        relist(x);
     }
 }
 
 bool radix_tree::evict(std::vector<int32_t> & freed, bool chain) {
-    node * best = nullptr;
-    if (chain && chain_ && chain_->children.empty() && chain_->refs == 0) {
-        best = chain_;
-    } else {
-        // The tree holds at most n_ctx / block nodes: a walk is cheap next
-        // to a decode step.
-        std::vector<node *> stack{&root_};
-        while (!stack.empty()) {
-            node * x = stack.back();
-            stack.pop_back();
-            for (auto & kv : x->children) stack.push_back(kv.second.get());
-            if (x != &root_ && x->children.empty() && x->refs == 0 &&
-                (!best || x->last_use < best->last_use)) {
-                best = x;
-            }
-        }
-    }
+    node * best = chain && chain_ && chain_->listed ? chain_
+                  : leaves_.empty()                 ? nullptr
+                                                    : leaves_.begin()->second;
     chain_ = nullptr;
     if (!best) return false;
+    unlist(best);
     freed.insert(freed.end(), best->cells.begin(), best->cells.end());
     node * parent = best->parent;
     parent->children.erase(best->key);
-    if (parent != &root_) chain_ = parent;
+    if (parent != &root_) {
+        chain_ = parent;
+        relist(parent); // a leaf now, perhaps
+    }
     --n_blocks_;
     return true;
 }

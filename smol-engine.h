@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,7 @@ class radix_tree {
         std::map<std::vector<smol_token>, std::unique_ptr<node>> children;
         int32_t refs = 0;      // requests using it: not evicted meanwhile
         uint64_t last_use = 0; // for LRU eviction
+        bool listed = false;   // among the evictable leaves
     };
 
     explicit radix_tree(int32_t block_size);
@@ -68,13 +70,24 @@ class radix_tree {
     // request uses: one cached text is taken back from its end, so that
     // its pages empty one by one.
     bool evict(std::vector<int32_t> & freed, bool chain = false);
+    const node & root() const { return root_; }
 
   private:
+    // A leaf no request uses may go: such leaves are kept ordered by last
+    // use, so an eviction takes the first, whatever the tree holds.
+    bool evictable(const node * x) const {
+        return x != &root_ && x->children.empty() && x->refs == 0;
+    }
+    void unlist(node * x);
+    void relist(node * x); // listed again if evictable, at its last use
+    void use(node * x);    // marks x used now
+
     node * chain_ = nullptr; // what the last eviction left a leaf, if any
     int32_t block_;
     int32_t n_blocks_ = 0;
     uint64_t clock_ = 0;
     node root_;
+    std::set<std::pair<uint64_t, node *>> leaves_; // the evictable leaves by last use
 };
 
 // --- engine -------------------------------------------------------------------

@@ -303,6 +303,77 @@ TEST_CASE("the prefix tree matches whole blocks, counts users and evicts the lea
     CHECK_FALSE(tree.evict(freed));
 }
 
+// The leaves a walk over the whole tree finds evictable (no children, no
+// users) and the least recent use among them.
+void evictable_leaves(const smol::radix_tree::node & x, bool root,
+                      std::vector<const smol::radix_tree::node *> & out) {
+    if (!root && x.children.empty() && x.refs == 0) out.push_back(&x);
+    for (const auto & kv : x.children) evictable_leaves(*kv.second, false, out);
+}
+
+TEST_CASE("the prefix tree evicts what a walk over every leaf would choose, over random use") {
+    SMOL_TEST_DRAW_SEED(seed);
+    std::mt19937 rng(seed);
+    smol::radix_tree tree(2);
+    // Texts over a small alphabet share prefixes often; a text's cells are
+    // its number times 1000 plus the position.
+    std::vector<std::vector<smol_token>> texts;
+    std::vector<std::vector<smol::radix_tree::node *>> held;
+    int n_evicted = 0, n_chained = 0;
+    for (int op = 0; op < 3000; ++op) {
+        const uint32_t what = rng() % 8;
+        if (what < 3 || texts.empty()) {
+            std::vector<smol_token> t(size_t(1 + rng() % 12));
+            for (auto & x : t) x = smol_token(rng() % 3);
+            std::vector<int32_t> cells(t.size());
+            for (size_t i = 0; i < t.size(); ++i) cells[i] = int32_t(texts.size() * 1000 + i);
+            std::vector<int32_t> added;
+            tree.insert(t.data(), cells.data(), int32_t(t.size()), added);
+            texts.push_back(t);
+        } else if (what < 5) {
+            const auto & t = texts[rng() % texts.size()];
+            auto path = tree.match(t.data(), int32_t(t.size()), 64);
+            if (rng() % 2 == 0 && !path.empty()) {
+                tree.acquire(path);
+                held.push_back(path);
+            }
+        } else if (what == 5 && !held.empty()) {
+            const size_t i = rng() % held.size();
+            tree.release(held[i]);
+            held.erase(held.begin() + long(i));
+        } else {
+            std::vector<const smol::radix_tree::node *> leaves;
+            evictable_leaves(tree.root(), true, leaves);
+            uint64_t oldest = UINT64_MAX;
+            std::vector<std::pair<std::vector<int32_t>, uint64_t>> was; // cells, last use
+            for (const auto * x : leaves) {
+                oldest = std::min(oldest, x->last_use);
+                was.emplace_back(x->cells, x->last_use);
+            }
+            const bool chain = rng() % 2 == 0;
+            std::vector<int32_t> freed;
+            const int32_t before = tree.n_blocks();
+            const bool ok = tree.evict(freed, chain);
+            REQUIRE(ok == !leaves.empty());
+            if (!ok) continue;
+            CHECK(tree.n_blocks() == before - 1);
+            REQUIRE(freed.size() == 2);
+            // The freed cells are those of one of the evictable leaves: the
+            // least recent, unless the chain went on from the last one's parent.
+            const auto gone = std::find_if(was.begin(), was.end(),
+                                           [&](const auto & w) { return w.first == freed; });
+            REQUIRE(gone != was.end());
+            ++n_evicted;
+            if (gone->second != oldest) {
+                CHECK(chain);
+                ++n_chained;
+            }
+        }
+    }
+    MESSAGE(n_evicted << " evictions, " << n_chained << " of them along a chain");
+    CHECK(n_evicted > 100);
+}
+
 // --- the engine -----------------------------------------------------------------
 
 namespace {
