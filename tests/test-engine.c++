@@ -319,6 +319,9 @@ TEST_CASE("the prefix tree evicts what a walk over every leaf would choose, over
     // its number times 1000 plus the position.
     std::vector<std::vector<smol_token>> texts;
     std::vector<std::vector<smol::radix_tree::node *>> held;
+    // The parent of the last block evicted (none past the top): an eviction
+    // along the chain takes it while it is an evictable leaf.
+    const smol::radix_tree::node * chain_from = nullptr;
     int n_evicted = 0, n_chained = 0;
     for (int op = 0; op < 3000; ++op) {
         const uint32_t what = rng() % 8;
@@ -344,30 +347,42 @@ TEST_CASE("the prefix tree evicts what a walk over every leaf would choose, over
         } else {
             std::vector<const smol::radix_tree::node *> leaves;
             evictable_leaves(tree.root(), true, leaves);
+            struct leaf {
+                const smol::radix_tree::node *at, *parent;
+                std::vector<int32_t> cells;
+                uint64_t last_use;
+            };
             uint64_t oldest = UINT64_MAX;
-            std::vector<std::pair<std::vector<int32_t>, uint64_t>> was; // cells, last use
+            std::vector<leaf> was; // as they were before the eviction
             for (const auto * x : leaves) {
                 oldest = std::min(oldest, x->last_use);
-                was.emplace_back(x->cells, x->last_use);
+                was.push_back({x, x->parent, x->cells, x->last_use});
             }
             const bool chain = rng() % 2 == 0;
+            const bool along =
+                chain && std::find(leaves.begin(), leaves.end(), chain_from) != leaves.end();
             std::vector<int32_t> freed;
             const int32_t before = tree.n_blocks();
             const bool ok = tree.evict(freed, chain);
             REQUIRE(ok == !leaves.empty());
+            const smol::radix_tree::node * chain_was = chain_from;
+            chain_from = nullptr;
             if (!ok) continue;
             CHECK(tree.n_blocks() == before - 1);
             REQUIRE(freed.size() == 2);
             // The freed cells are those of one of the evictable leaves: the
-            // least recent, unless the chain went on from the last one's parent.
+            // last one's parent along a chain, else the least recent.
             const auto gone = std::find_if(was.begin(), was.end(),
-                                           [&](const auto & w) { return w.first == freed; });
+                                           [&](const leaf & w) { return w.cells == freed; });
             REQUIRE(gone != was.end());
             ++n_evicted;
-            if (gone->second != oldest) {
-                CHECK(chain);
+            if (along) {
+                CHECK(gone->at == chain_was);
                 ++n_chained;
+            } else {
+                CHECK(gone->last_use == oldest);
             }
+            if (gone->parent != &tree.root()) chain_from = gone->parent;
         }
     }
     MESSAGE(n_evicted << " evictions, " << n_chained << " of them along a chain");
