@@ -182,7 +182,10 @@ cell_tile tile_of(const kv_cache & kv, int64_t c0) {
 // The pages (tiles of cell_tile_cells cells) each sequence of the batch
 // holds, in cell order: seq_pages_[s] and seq_pages_[s + 1] bound sequence
 // s's numbers, which follow the kv_max_seqs + 1 bounds (two passes over the
-// summaries of the pages in use: count, then place).
+// summaries of the pages in use: count, then place). No page past the
+// one that holds cell n_used - 1 is listed: the decode kernel stops a
+// warp at the first tile that begins past n_used, which only the last
+// tile of a list can.
 void cuda_backend::list_seq_pages(const batch_info & b, const kv_cache & kv) {
     seq_mask in_batch = seq_mask::none();
     for (int32_t i = 0; b.seq && i < b.n_tokens; ++i) in_batch |= seq_mask::of(b.seq[i]);
