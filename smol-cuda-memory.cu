@@ -180,29 +180,17 @@ cell_tile tile_of(const kv_cache & kv, int64_t c0) {
 } // namespace
 
 // The pages (tiles of cell_tile_cells cells) each sequence of the batch
-// holds, in cell order: seq_pages_[s] and seq_pages_[s + 1] bound sequence
-// s's numbers, which follow the kv_max_seqs + 1 bounds (two passes over the
-// summaries of the pages in use: count, then place). No page past the
-// one that holds cell n_used - 1 is listed: the decode kernel stops a
-// warp at the first tile that begins past n_used, which only the last
-// tile of a list can.
+// holds, in cell order, from their summaries: pages_begin_ bounds each
+// sequence's page numbers in seq_pages_ (staged after the bounds). No page
+// past the one that holds cell n_used - 1 is listed: the decode kernel
+// stops a warp at the first tile that begins past n_used, which only the
+// last tile of a list can.
 void cuda_backend::list_seq_pages(const batch_info & b, const kv_cache & kv) {
     seq_mask in_batch = seq_mask::none();
     for (int32_t i = 0; b.seq && i < b.n_tokens; ++i) in_batch |= seq_mask::of(b.seq[i]);
-    const int32_t n_pages = (kv.n_used + cell_tile_cells - 1) / cell_tile_cells;
-    constexpr size_t head = size_t(kv_max_seqs) + 1;
-    seq_pages_.assign(head, 0);
-    for (int32_t pg = 0; pg < n_pages; ++pg) {
-        for (seq_mask m = tiles_[size_t(pg)].seq_or & in_batch; m; m = m.rest())
-            ++seq_pages_[size_t(m.first()) + 1];
-    }
-    for (size_t s = 0; s < size_t(kv_max_seqs); ++s) seq_pages_[s + 1] += seq_pages_[s];
-    seq_pages_.resize(head + size_t(seq_pages_[kv_max_seqs]));
-    fill_.assign(seq_pages_.begin(), seq_pages_.begin() + kv_max_seqs);
-    for (int32_t pg = 0; pg < n_pages; ++pg) {
-        for (seq_mask m = tiles_[size_t(pg)].seq_or & in_batch; m; m = m.rest())
-            seq_pages_[head + size_t(fill_[size_t(m.first())]++)] = pg;
-    }
+    group_by_seq((kv.n_used + cell_tile_cells - 1) / cell_tile_cells,
+                 [&](int32_t pg) { return tiles_[size_t(pg)].seq_or & in_batch; },
+                 [](int32_t pg) { return pg; }, pages_begin_, seq_pages_, fill_);
 }
 
 // Copies what the graph reads from host memory into one device block: the
@@ -287,7 +275,8 @@ void cuda_backend::stage(graph & g) {
         off = align_up(off + leaves[i]->nbytes(), 256);
     }
     const size_t pages_off = off;
-    if (lists) off = align_up(off + seq_pages_.size() * sizeof(int32_t), 256);
+    const size_t begin_bytes = pages_begin_.size() * sizeof(int32_t);
+    if (lists) off = align_up(off + begin_bytes + seq_pages_.size() * sizeof(int32_t), 256);
     const size_t dyn_bytes = off;
     // The window store's table, whole.
     const kv_cache * wk = b.local ? b.local->kv : nullptr;
@@ -315,7 +304,11 @@ void cuda_backend::stage(graph & g) {
     for (size_t i = 0; i < leaves.size(); ++i) {
         std::memcpy(h + leaf_off[i], leaves[i]->data, leaves[i]->nbytes());
     }
-    if (lists) std::memcpy(h + pages_off, seq_pages_.data(), seq_pages_.size() * sizeof(int32_t));
+    if (lists) {
+        std::memcpy(h + pages_off, pages_begin_.data(), begin_bytes);
+        std::memcpy(h + pages_off + begin_bytes, seq_pages_.data(),
+                    seq_pages_.size() * sizeof(int32_t));
+    }
     SMOL_GPU_CHECK(cudaMemcpyAsync(d, h, dyn_bytes, cudaMemcpyHostToDevice, stream_));
     d_seq_pages_ = lists ? reinterpret_cast<int32_t *>(d + pages_off) : nullptr;
     d_params_ = reinterpret_cast<int32_t *>(d);

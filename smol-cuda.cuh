@@ -669,8 +669,8 @@ class cuda_backend final : public backend {
     // (flash_steps_, set with the steps), or the decode kernel's over a
     // cache of several sequences.
     int32_t tiles_lo_ = INT32_MAX, tiles_hi_ = 0;
-    std::vector<cell_tile> tiles_;          // the summaries as the device has them
-    std::vector<int32_t> seq_pages_, fill_; // list_seq_pages' lists and scratch
+    std::vector<cell_tile> tiles_;                        // the summaries as the device has them
+    std::vector<int32_t> pages_begin_, seq_pages_, fill_; // list_seq_pages' lists, scratch
     bool flash_steps_ = false, decode_steps_ = false;
     // Every token of the batch is of a sequence of its own (set with the
     // steps): the decode kernel then walks only each token's pages, and may

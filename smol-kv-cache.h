@@ -111,6 +111,27 @@ struct seq_mask {
         return *this = *this & o;
     }
 };
+// Groups n items by sequence: item i belongs to each sequence of
+// mask_of(i). begin gets kv_max_seqs + 1 bounds, ids each sequence's items
+// (id_of(i)) in the order given, fill is scratch; two passes, count then
+// place, and no allocation once warm. The cells a batch's sequences hold
+// (CPU attention) and the pages (the GPU's decode kernel) are listed so.
+template <class MaskOf, class IdOf>
+void group_by_seq(int32_t n, MaskOf mask_of, IdOf id_of, std::vector<int32_t> & begin,
+                  std::vector<int32_t> & ids, std::vector<int32_t> & fill) {
+    begin.assign(size_t(kv_max_seqs) + 1, 0);
+    for (int32_t i = 0; i < n; ++i) {
+        for (seq_mask m = mask_of(i); m; m = m.rest()) ++begin[size_t(m.first()) + 1];
+    }
+    for (size_t s = 0; s < size_t(kv_max_seqs); ++s) begin[s + 1] += begin[s];
+    ids.resize(size_t(begin[size_t(kv_max_seqs)] > 0 ? begin[size_t(kv_max_seqs)] : 1));
+    fill.assign(begin.begin(), begin.end() - 1);
+    for (int32_t i = 0; i < n; ++i) {
+        for (seq_mask m = mask_of(i); m; m = m.rest())
+            ids[size_t(fill[size_t(m.first())]++)] = id_of(i);
+    }
+}
+
 // Cells a page of the cache: a sequence's history fills pages of its own,
 // so a GPU kernel can skip another sequence's pages by their summaries.
 constexpr int32_t kv_page = 64;

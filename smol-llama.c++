@@ -1271,17 +1271,9 @@ void llama_context::list_seq_cells(int32_t n, const kv_cache & table, std::vecto
     for (int32_t c = 0; c < table.n_used; ++c) {
         if (((held[c].w[0] & b0) | (held[c].w[1] & b1)) != 0) hits_.push_back(c);
     }
-    begin.assign(kv_max_seqs + 1, 0);
-    for (const int32_t c : hits_) {
-        for (seq_mask m = held[c] & in_batch; m; m = m.rest()) ++begin[size_t(m.first()) + 1];
-    }
-    for (int32_t s = 0; s < kv_max_seqs; ++s) begin[size_t(s) + 1] += begin[size_t(s)];
-    cells.resize(size_t(std::max(begin[kv_max_seqs], 1)));
-    fill_.assign(begin.begin(), begin.end() - 1);
-    for (const int32_t c : hits_) {
-        for (seq_mask m = held[c] & in_batch; m; m = m.rest())
-            cells[size_t(fill_[size_t(m.first())]++)] = c;
-    }
+    group_by_seq(
+        int32_t(hits_.size()), [&](int32_t i) { return held[hits_[size_t(i)]] & in_batch; },
+        [&](int32_t i) { return hits_[size_t(i)]; }, begin, cells, fill_);
     // A sequence takes cells in rising order, so a list is usually sorted
     // already (a page freed below its others breaks that).
     const auto by_pos = [&table](int32_t x, int32_t y) {
