@@ -717,10 +717,13 @@ int32_t engine::plan_batch() {
     }
     int32_t budget = batch_cap_;
     int32_t n = 0;
+    // Counted once: nothing below frees or takes a cell until the prompt
+    // chunks make room (a count scans the cache, and a full one is large).
+    const int32_t n_free = ctx_.kv.n_free();
     for (auto & r : running_) {
         r->nb = 0;
         r->ng = 0;
-        if (int32_t(r->tokens.size()) - r->n_past == 1 && budget > 0 && ctx_.kv.has_free(n + 1)) {
+        if (int32_t(r->tokens.size()) - r->n_past == 1 && budget > 0 && n < n_free) {
             r->b0 = n;
             r->nb = 1;
             ++n;
@@ -739,7 +742,7 @@ int32_t engine::plan_batch() {
             if (r->nb != 1 || r->draft_max == 0) continue;
             int32_t k =
                 std::min({r->k_next, r->max_tokens - r->n_generated - 1, budget - reserved});
-            while (k > 0 && !ctx_.kv.has_free(n + reserved + k)) --k;
+            k = std::min(k, n_free - n - reserved);
             if (k <= 0) continue;
             r->ng = k; // the most it may get
             reserved += k;
