@@ -1,20 +1,14 @@
-// smol-hip.cpp - the CUDA backend built for ROCm: the kernels and the backend
-// of smol-cuda*.cu, compiled by hipcc as one translation unit with smol-hip.h
-// mapping the CUDA names to HIP's. There is no second copy of any kernel.
-// Each file's kernels are in an anonymous namespace, which here is one, so no
-// two files may define the same name.
+// smol-hip.cpp - the CUDA backend built for ROCm: one of smol-cuda*.cu, the
+// one SMOL_HIP_SOURCE names, compiled by hipcc with smol-hip.h mapping the
+// CUDA names to HIP's. The build makes one object a source, as it does for
+// CUDA, so the sources compile side by side. There is no second copy of
+// any kernel.
 
 #define SMOL_HIP 1
 
 #include "smol-hip.h"
 
-#include "smol-cuda-attn.cu"
-#include "smol-cuda-autotune.cu"
-#include "smol-cuda-blas.cu"
-#include "smol-cuda-fattn.cu"
-#include "smol-cuda-gemv.cu"
-#include "smol-cuda-graphs.cu"
-#include "smol-cuda-memory.cu"
-#include "smol-cuda-ops.cu"
-#include "smol-cuda-steps.cu"
-#include "smol-cuda.cu"
+#ifndef SMOL_HIP_SOURCE
+#error "build smol-hip.cpp with -DSMOL_HIP_SOURCE=\"smol-cuda-<part>.cu\""
+#endif
+#include SMOL_HIP_SOURCE
