@@ -31,9 +31,12 @@ for kind in "${kinds[@]}"; do
             # Every test but the formatting and installation checks, which
             # run no smol code, the perplexity check, whose paths
             # (quantize, prefill) test-requant and test-model run already,
-            # and test-heads (two hundred prefills; test-window runs the
-            # streaming heads' code).
-            select=(-E '^(format|install-find-package|perplexity-matches-llama|test-heads)$')
+            # test-heads (two hundred prefills; test-window runs the
+            # streaming heads' code) and test-structured-output (hundreds
+            # of constrained requests, six minutes here; test-grammar runs
+            # the grammars and schemas, test-server a constrained request
+            # through the server, and fuzz.sh hostile grammars).
+            select=(-E '^(format|install-find-package|perplexity-matches-llama|test-heads|test-structured-output)$')
             export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
             export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
             ;;
