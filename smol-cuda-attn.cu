@@ -895,7 +895,14 @@ int cuda_backend::decode_blocks(const tensor * t) const {
 cuda_backend::attn_choice cuda_backend::choose_attention(const tensor * t) const {
     attn_choice c;
     if (kv_quant_) {
-        c.S = int(attn_splits(t, c.Q, c.W));
+        // Over a quantized cache the flash kernel takes what it can (heads
+        // of 64, no window), decode steps too: it turns each tile to f16 as
+        // it lands, with a tile's copies in flight while one is computed.
+        if ((c.S = flash_splits(t)) > 0) {
+            c.kind = attn_kernel::flash;
+        } else {
+            c.S = int(attn_splits(t, c.Q, c.W));
+        }
     } else if ((c.S = decode_splits(t)) > 0) {
         c.kind = attn_kernel::decode;
         c.warps = attn_ == attn_kernel::decode_warps || decode_blocks(t) > dec_slots_;
@@ -956,6 +963,14 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     p.done = static_cast<int *>(done_.p);
     p.rope = s.rope ? rope_for(s.rope) : rope_params{};
     const int n_q = (view.h1 - view.h0) * p.group;
+    // Over a quantized cache the output comes in V's turn: turned back.
+    auto turn_output = [&] {
+        if (kv.type == SMOL_TYPE_F16 || kv.rot_v <= 0) return;
+        rotate_heads_kernel<<<dim3(unsigned(p.n_tok), unsigned(n_q)), 64,
+                              size_t(p.hd) * sizeof(float), stream_>>>(p.out, p.ldo, p.h0 * p.group,
+                                                                       p.hd, kv.rot_v);
+        check_launch("attention output turn");
+    };
 #if defined(SMOL_FLASH_ATTENTION)
     if (a.kind == attn_kernel::decode) {
         const int units = p.n_kv * decode_subs(p.group);
@@ -978,8 +993,9 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
     }
     if (a.kind == attn_kernel::flash) {
         const dim3 fgrid(unsigned((p.n_tok + fa_rows - 1) / fa_rows), unsigned(n_q), unsigned(p.S));
-        launch_flash_attention(fgrid, stream_, pdl_now_, p);
+        launch_flash_attention(fgrid, stream_, pdl_now_, p, kv.type);
         check_launch("flash attention");
+        turn_output();
         return;
     }
 #endif
@@ -1006,12 +1022,7 @@ void cuda_backend::run_attention(const step & s, const batch_info & b) {
             quant(std::integral_constant<int, SMOL_TYPE_Q4_0>{});
         }
         check_launch("attention (quantized cache)");
-        if (kv.rot_v > 0) {
-            rotate_heads_kernel<<<dim3(unsigned(p.n_tok), unsigned(n_q)), 64,
-                                  size_t(p.hd) * sizeof(float), stream_>>>(
-                p.out, p.ldo, p.h0 * p.group, p.hd, kv.rot_v);
-            check_launch("attention output turn");
-        }
+        turn_output();
         return;
     }
     if (npl <= 1) {

@@ -146,6 +146,12 @@ __device__ __forceinline__ void cp_async16(void * smem, const void * gmem, int b
                  : "memory");
 }
 
+// 4 bytes from global to shared memory the same way (both 4-byte aligned).
+__device__ __forceinline__ void cp_async4(void * smem, const void * gmem) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(addr), "l"(gmem) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -1,7 +1,9 @@
 // smol-cuda-fattn.cu - the GPU backend's flash attention for prefill (and
 // any batch that does not take the decode kernel): a block 64 queries of a
 // head, tiles of 64 cells sorted by what the queries see, tensor-core
-// products and an online softmax. NVIDIA only (mma.sync, ldmatrix).
+// products and an online softmax, over an f16 cache or a quantized one
+// (q8_0, q4_0) whose tiles are turned to f16 as they land. NVIDIA only
+// (mma.sync, ldmatrix).
 
 #include "smol-cuda-attn.cuh"
 
@@ -26,19 +28,33 @@ namespace {
 // bound). A masked score weighs exactly zero, so a tile gives the same bits
 // masked or not when every query sees all of it.
 //
+//
+// Over a quantized cache (KT q8_0 or q4_0, blocks of 32 along a row as
+// ggml lays them out) the tile's rows come in as they are stored, in two
+// buffers, and each is turned to f16 in one more buffer before it is
+// computed; the queries take K's Walsh-Hadamard turn first, as the classic
+// kernel gives them, and the caller turns the output back from V's.
+//
 // Fragment layouts (m16n8k16, g = lane / 4, t = lane % 4): A holds rows g
 // and g + 8, columns 2t, 2t + 1 (+ 8); B holds rows 2t, 2t + 1 (+ 8) of
 // column g; C holds rows g and g + 8, columns 2t and 2t + 1.
-template <int HD>
+template <int HD, int KT>
 __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_params p) {
     static_assert(HD % 16 == 0, "head size a multiple of 16");
+    constexpr bool quant = KT != SMOL_TYPE_F16;
+    static_assert(!quant || HD == 64, "a quantized cache's queries turn by a warp a row");
     constexpr int LD = HD + 8; // f16 a row in shared memory: 16-byte rows, no bank conflicts
     constexpr int half = HD / 2, n_dt = HD / 8;
+    constexpr int block_bytes = KT == SMOL_TYPE_Q8_0 ? 34 : 18; // a block of 32 stored
+    constexpr int row_bytes = quant ? HD / 32 * block_bytes : 2 * HD;
     __shared__ __align__(16) uint16_t qs[fa_rows * LD];
     // K and V of a tile in two buffers: the next tile's copies are issued
-    // before this one is computed, so they arrive while it is.
-    __shared__ __align__(16) uint16_t ks[2][fa_cells * LD];
-    __shared__ __align__(16) uint16_t vs[2][fa_cells * LD];
+    // before this one is computed, so they arrive while it is. A quantized
+    // tile lands in raw (two buffers) and is turned into the one f16 buffer.
+    constexpr int n_buf = quant ? 1 : 2;
+    __shared__ __align__(16) uint16_t ks[n_buf][fa_cells * LD];
+    __shared__ __align__(16) uint16_t vs[n_buf][fa_cells * LD];
+    __shared__ __align__(16) uint8_t raw[2][2][quant ? fa_cells * row_bytes : 16]; // [buffer][K, V]
     __shared__ int c_pos[fa_cells], c_seen[fa_cells];
     __shared__ seq_mask c_seq[fa_cells];
     __shared__ int b_min_pos, b_max_pos;
@@ -68,12 +84,41 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         b_max_pos = -1;
         b_seqs[0] = b_seqs[1] = 0;
     }
-    for (int e = threadIdx.x; e < fa_rows * half; e += blockDim.x) {
-        const int qi = e / half, j = e % half;
-        float x0, x1;
-        load_query_pair(p, tok0 + qi, h, HD, j, x0, x1);
-        // The query meets the f16 cache as f16, as on the CPU.
-        *reinterpret_cast<uint32_t *>(qs + qi * LD + 2 * j) = pack_f16x2(x0, x1);
+    if constexpr (quant) {
+        // Warp w turns its own 16 rows, lane l holding elements 2l and
+        // 2l + 1: the query rounded to f16 as on the CPU, then K's turn in
+        // f32 (each stage's sums as block_rotate makes them), then f16 for
+        // the tensor cores.
+        for (int r = 0; r < 16; ++r) {
+            const int qi = warp * 16 + r;
+            float x0, x1;
+            load_query_pair(p, tok0 + qi, h, HD, lane, x0, x1);
+            x0 = f16_to_f32(f32_to_f16(x0));
+            x1 = f16_to_f32(f32_to_f16(x1));
+            if (p.rot_k > 1) {
+                const float a = x0;
+                x0 = a + x1;
+                x1 = a - x1;
+                for (int hs = 2; hs < p.rot_k; hs *= 2) {
+                    const float y0 = SMOL_SHFL_XOR(x0, hs / 2), y1 = SMOL_SHFL_XOR(x1, hs / 2);
+                    const bool upper = ((2 * lane) & hs) != 0; // the pair's second element
+                    x0 = upper ? y0 - x0 : x0 + y0;
+                    x1 = upper ? y1 - x1 : x1 + y1;
+                }
+                const float norm = 1.0f / sqrtf(float(p.rot_k));
+                x0 *= norm;
+                x1 *= norm;
+            }
+            *reinterpret_cast<uint32_t *>(qs + qi * LD + 2 * lane) = pack_f16x2(x0, x1);
+        }
+    } else {
+        for (int e = threadIdx.x; e < fa_rows * half; e += blockDim.x) {
+            const int qi = e / half, j = e % half;
+            float x0, x1;
+            load_query_pair(p, tok0 + qi, h, HD, j, x0, x1);
+            // The query meets the f16 cache as f16, as on the CPU.
+            *reinterpret_cast<uint32_t *>(qs + qi * LD + 2 * j) = pack_f16x2(x0, x1);
+        }
     }
     // This thread's two query rows; a row past the batch sees no cell.
     const int row0 = tok0 + warp * 16 + g, row1 = row0 + 8;
@@ -205,17 +250,72 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
     const int c_begin = int(blockIdx.z) * chunk, c_end = min(n_used, c_begin + chunk);
     const uint16_t * K = p.K + hk * p.head_stride;
     const uint16_t * V = p.V + hk * p.head_stride;
-    // Each thread copies the same 16-byte pieces of every tile, so its own
-    // waits order its copies and its stores.
+    // Each thread copies the same pieces of every tile, so its own waits
+    // order its copies and its stores. A quantized tile's rows are one run
+    // of bytes, copied in 16-byte pieces where K, V and the head stride
+    // allow (4-byte ones otherwise: a row is a whole number of words).
+    const bool wide =
+        ((reinterpret_cast<uintptr_t>(K) | reinterpret_cast<uintptr_t>(V) | p.head_stride * 2) &
+         15) == 0;
     auto issue = [&](int c, int b) {
-        for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
-            const int r = e / (HD / 8), ch = e % (HD / 8);
-            if (c + r >= c_end) continue;
-            const size_t at = size_t(c + r) * HD + ch * 8;
-            cp_async16(ks[b] + r * LD + ch * 8, K + at);
-            cp_async16(vs[b] + r * LD + ch * 8, V + at);
+        if constexpr (quant) {
+            const int bytes = min(fa_cells, c_end - c) * row_bytes;
+            const uint8_t * kg = reinterpret_cast<const uint8_t *>(K) + size_t(c) * row_bytes;
+            const uint8_t * vg = reinterpret_cast<const uint8_t *>(V) + size_t(c) * row_bytes;
+            const int piece = wide ? 16 : 4;
+            for (int e = threadIdx.x * piece; e < bytes; e += blockDim.x * piece) {
+                if (wide) {
+                    cp_async16(raw[b][0] + e, kg + e, min(16, bytes - e));
+                    cp_async16(raw[b][1] + e, vg + e, min(16, bytes - e));
+                } else {
+                    cp_async4(raw[b][0] + e, kg + e);
+                    cp_async4(raw[b][1] + e, vg + e);
+                }
+            }
+        } else {
+            for (int e = threadIdx.x; e < fa_cells * (HD / 8); e += blockDim.x) {
+                const int r = e / (HD / 8), ch = e % (HD / 8);
+                if (c + r >= c_end) continue;
+                const size_t at = size_t(c + r) * HD + ch * 8;
+                cp_async16(ks[b] + r * LD + ch * 8, K + at);
+                cp_async16(vs[b] + r * LD + ch * 8, V + at);
+            }
         }
         cp_async_commit();
+    };
+    // A quantized tile from raw buffer b into the f16 one: a thread a
+    // block of 32 at a time, each element its block's scale times its
+    // integer, as the CPU takes it, rounded to f16. Rows past the cells in
+    // use turn into whatever their bytes hold; no query sees them, and a
+    // masked tile zeroes them below.
+    auto turn = [&](int b) {
+        constexpr int n_blk = HD / 32;
+        for (int u = threadIdx.x; u < 2 * fa_cells * n_blk; u += blockDim.x) {
+            const int which = u / (fa_cells * n_blk), r = u / n_blk % fa_cells, j = u % n_blk;
+            const uint8_t * blk = raw[b][which] + r * row_bytes + j * block_bytes;
+            uint16_t * dst = (which ? vs[0] : ks[0]) + r * LD + 32 * j;
+            const float d = f16_to_f32(*reinterpret_cast<const uint16_t *>(blk));
+#pragma unroll
+            for (int i = 0; i < 32; i += 8) {
+                float x[8];
+#pragma unroll
+                for (int m = 0; m < 8; ++m) {
+                    const int e = i + m;
+                    int v;
+                    if constexpr (KT == SMOL_TYPE_Q8_0) {
+                        v = int8_t(blk[2 + e]);
+                    } else {
+                        const uint8_t by = blk[2 + e % 16];
+                        v = (e < 16 ? by & 0xF : by >> 4) - 8;
+                    }
+                    x[m] = d * float(v);
+                }
+                *reinterpret_cast<uint4 *>(dst + i) =
+                    make_uint4(pack_f16x2(x[0], x[1]), pack_f16x2(x[2], x[3]),
+                               pack_f16x2(x[4], x[5]), pack_f16x2(x[6], x[7]));
+            }
+        }
+        __syncthreads();
     };
     // The cells go by windows of up to 128 tiles: a thread a tile sorts them
     // from the table's tile summaries, then the block walks the tiles that
@@ -249,14 +349,19 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
         int i = next_tile(-1);
         if (i < n_t) issue(w0 + i * fa_cells, k & 1);
         for (; i < n_t; ++k) {
-            const int c0 = w0 + i * fa_cells, b = k & 1;
+            const int c0 = w0 + i * fa_cells, rb = k & 1;
             const bool whole = cls[i] == whole_tile;
             i = next_tile(i);
             cp_async_wait<0>();
             // Every copy of this tile landed, and every warp is done with the
-            // last tile, whose buffers the next copies fill.
+            // last tile, whose buffers the next copies (or the turn) fill.
             __syncthreads();
-            if (i < n_t) issue(w0 + i * fa_cells, b ^ 1);
+            if (i < n_t) issue(w0 + i * fa_cells, rb ^ 1);
+            int b = rb; // the f16 buffers this tile is computed from
+            if constexpr (quant) {
+                turn(rb);
+                b = 0;
+            }
             if (whole) {
                 if (warp_rows) tile(std::false_type{}, ~0u, ks[b], vs[b]);
                 continue;
@@ -363,8 +468,16 @@ __global__ void __launch_bounds__(128, 4) flash_attention_kernel(const attn_para
 
 } // namespace
 
-void launch_flash_attention(dim3 grid, cudaStream_t st, bool pdl, const attn_params & p) {
-    launch_kernel(flash_attention_kernel<64>, grid, dim3(4 * warp_size), st, pdl, p);
+void launch_flash_attention(dim3 grid, cudaStream_t st, bool pdl, const attn_params & p,
+                            smol_type kv_type) {
+    const dim3 block(4 * warp_size);
+    if (kv_type == SMOL_TYPE_Q8_0) {
+        launch_kernel(flash_attention_kernel<64, SMOL_TYPE_Q8_0>, grid, block, st, pdl, p);
+    } else if (kv_type == SMOL_TYPE_Q4_0) {
+        launch_kernel(flash_attention_kernel<64, SMOL_TYPE_Q4_0>, grid, block, st, pdl, p);
+    } else {
+        launch_kernel(flash_attention_kernel<64, SMOL_TYPE_F16>, grid, block, st, pdl, p);
+    }
 }
 
 } // namespace smol::gpu

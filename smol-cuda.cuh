@@ -391,7 +391,8 @@ int gemv_ptx_version();
 #endif
 #if defined(SMOL_FLASH_ATTENTION)
 // smol-cuda-fattn.cu: the flash attention kernel, a block 64 queries of a head.
-void launch_flash_attention(dim3 grid, cudaStream_t st, bool pdl, const attn_params & p);
+void launch_flash_attention(dim3 grid, cudaStream_t st, bool pdl, const attn_params & p,
+                            smol_type kv_type);
 // smol-cuda-attn.cu: the decode attention kernel's blocks the GPU holds at
 // once (its shared memory is set up on the way).
 int decode_block_slots(int n_sm);

@@ -86,8 +86,11 @@ context_ptr make_context(smol_model * m, const char * device, uint32_t n_ctx,
 } // namespace
 
 // A quantized cache (opt-in, approximate): K and V turned by the
-// Walsh-Hadamard matrix and rounded to blocks of 32 as the CPU does, the
-// classic kernel over them. Against the CPU with the same cache type the
+// Walsh-Hadamard matrix and rounded to blocks of 32 as the CPU does; the
+// flash kernel (tiles turned to f16 as they land) over them in chunks of
+// 16 or 48 and single tokens, and the classic kernel (which serves other
+// head sizes and windows) in chunks of 16. Against
+// the CPU with the same cache type the
 // GPU differs by its sums' order and the rare element rounded the other
 // way (k and v themselves differ in their last bits; a q4_0 step is an
 // eighth of its block's largest value); against an f16 cache both differ
@@ -104,14 +107,17 @@ TEST_CASE("a q8_0 or q4_0 KV cache on the GPU gives the CPU's logits, resident a
     tiny::write(path, s, seed);
     model_ptr m = load(path);
     std::mt19937 rng(seed);
-    const std::vector<int> ids = random_ids(rng, 80, s.n_vocab);
-    auto run = [&](const char * device, smol_type t, smol_kv_offload mode) {
+    const std::vector<int> ids = random_ids(rng, 160, s.n_vocab);
+    auto run = [&](const char * device, smol_type t, smol_kv_offload mode, int chunk = 16,
+                   smol_attn_kernel attn = SMOL_ATTN_AUTO) {
         smol_context_params p = smol_context_default_params();
         p.kv_type = t;
         p.kv_offload = mode;
-        context_ptr c = make_context(m.get(), device, 128, 16, 1, 4, p);
-        // Chunks of 16, then one token a call (replayed graphs).
-        return decode_all(c.get(), ids, s.n_vocab, 16, 48);
+        p.attn = attn;
+        context_ptr c = make_context(m.get(), device, 256, 64, 1, 4, p);
+        // Chunks, then one token a call (replayed graphs). The third chunk
+        // of 48 sees a tile of 64 cells whole, and two in part.
+        return decode_all(c.get(), ids, s.n_vocab, chunk, 144);
     };
     const auto f16 = run("cpu", SMOL_TYPE_F16, SMOL_KV_OFFLOAD_AUTO);
     for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
@@ -121,19 +127,24 @@ TEST_CASE("a q8_0 or q4_0 KV cache on the GPU gives the CPU's logits, resident a
         double off_f16 = 0;
         for (size_t i = 0; i < ids.size(); ++i)
             off_f16 = std::max(off_f16, rel_err(cpu_q[i], f16[i]));
-        for (const smol_kv_offload mode : {SMOL_KV_OFFLOAD_NONE, SMOL_KV_OFFLOAD_ALL}) {
-            CAPTURE(int(mode));
-            const auto gpu_q = run("cuda:0", t, mode);
-            REQUIRE(gpu_q.size() == ids.size());
-            double worst = 0;
-            for (size_t i = 0; i < ids.size(); ++i)
-                worst = std::max(worst, rel_err(gpu_q[i], cpu_q[i]));
-            MESSAGE(type << ", offload " << int(mode) << ": GPU from CPU " << worst
-                         << ", CPU from f16 KV " << off_f16 << " (ratio " << worst / off_f16
-                         << ")");
-            CHECK(worst < (t == SMOL_TYPE_Q8_0 ? 2e-3 : 1e-2));
-            CHECK(worst < off_f16 / 2);
-        }
+        for (const smol_kv_offload mode : {SMOL_KV_OFFLOAD_NONE, SMOL_KV_OFFLOAD_ALL})
+            for (const int chunk : {16, 48, 0}) {
+                CAPTURE(int(mode));
+                CAPTURE(chunk);
+                // 0: the classic kernel, chunks of 16.
+                const auto gpu_q = chunk ? run("cuda:0", t, mode, chunk)
+                                         : run("cuda:0", t, mode, 16, SMOL_ATTN_CLASSIC);
+                REQUIRE(gpu_q.size() == ids.size());
+                double worst = 0;
+                for (size_t i = 0; i < ids.size(); ++i)
+                    worst = std::max(worst, rel_err(gpu_q[i], cpu_q[i]));
+                MESSAGE(type << ", offload " << int(mode) << ", chunks of "
+                             << (chunk ? std::to_string(chunk) : "16, classic kernel")
+                             << ": GPU from CPU " << worst << ", CPU from f16 KV " << off_f16
+                             << " (ratio " << worst / off_f16 << ")");
+                CHECK(worst < (t == SMOL_TYPE_Q8_0 ? 2e-3 : 1e-2));
+                CHECK(worst < off_f16 / 2);
+            }
     }
     std::filesystem::remove(path);
 }
