@@ -29,14 +29,17 @@ for kind in "${kinds[@]}"; do
             build=build-asan
             targets=(all)
             # Every test but the formatting and installation checks, which
-            # run no smol code, the perplexity check, whose paths
-            # (quantize, prefill) test-requant and test-model run already,
-            # test-heads (two hundred prefills; test-window runs the
-            # streaming heads' code) and test-structured-output (hundreds
-            # of constrained requests, six minutes here; test-grammar runs
-            # the grammars and schemas, test-server a constrained request
-            # through the server, and fuzz.sh hostile grammars).
-            select=(-E '^(format|install-find-package|perplexity-matches-llama|test-heads|test-structured-output)$')
+            # run no smol code, the perplexity checks, whose paths
+            # (quantize, prefill, quantized KV caches) test-requant,
+            # test-model and test-offload run already, test-heads (two
+            # hundred prefills; test-window runs the streaming heads'
+            # code), test-structured-output (hundreds of constrained
+            # requests, six minutes here; test-grammar runs the grammars
+            # and schemas, test-server a constrained request through the
+            # server, and fuzz.sh hostile grammars) and test-replicas
+            # (nginx in front of two servers whose code test-server and
+            # test-server-load run).
+            select=(-E '^(format|install-find-package|perplexity-matches-llama|perplexity-kv-types|test-heads|test-structured-output|test-replicas)$')
             export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1
             export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
             ;;
