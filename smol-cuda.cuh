@@ -177,8 +177,9 @@ struct attn_params {
     float scale;
     int window = 0; // > 0: a query at p sees the cells at p - window + 1 .. p
     int sink = 0;   // with a window: and those at positions below sink
-    // A quantized cache (the classic kernel): a cell's row in 16-bit words,
-    // and K's Walsh-Hadamard turn, which the queries take too.
+    // A quantized cache: a cell's row in 16-bit words (the classic kernel;
+    // the flash kernel knows it from its type), and K's Walsh-Hadamard
+    // turn, which the queries take too.
     int row_words = 0, rot_k = 0;
     const int32_t * pos; // per token
     const int32_t * seq;
@@ -677,7 +678,7 @@ class cuda_backend final : public backend {
     // steps): the decode kernel then walks only each token's pages, and may
     // take more blocks than the GPU holds at once.
     bool seqs_apart_ = false;
-    bool kv_quant_ = false; // the planned graph's cache is quantized: the classic kernel
+    bool kv_quant_ = false; // the planned graph's cache is quantized: never the decode kernel
     // The cache holds cells of several sequences (set when staged): the
     // decode kernel's form that walks pages runs.
     bool pages_ = false;

@@ -89,11 +89,12 @@ context_ptr make_context(smol_model * m, const char * device, uint32_t n_ctx,
 // Walsh-Hadamard matrix and rounded to blocks of 32 as the CPU does; the
 // flash kernel (tiles turned to f16 as they land) over them in chunks of
 // 16 or 48 and single tokens, and the classic kernel (which serves other
-// head sizes and windows) in chunks of 16. Against
-// the CPU with the same cache type the
-// GPU differs by its sums' order and the rare element rounded the other
-// way (k and v themselves differ in their last bits; a q4_0 step is an
-// eighth of its block's largest value); against an f16 cache both differ
+// head sizes and windows) in chunks of 16. Against the CPU with the same
+// cache type the GPU differs by its sums' order, the rare element rounded
+// the other way (k and v themselves differ in their last bits; a q4_0 step
+// is an eighth of its block's largest value) and, in the flash kernel,
+// the turned query, the elements and the weights rounded to f16 for the
+// tensor cores; against an f16 cache both differ
 // by the whole cache's rounding. One element of a head's 64 rounded the
 // other way moves the logits by a good part of what all of them do, so
 // the GPU is held to half the CPU's distance from f16 KV: a cache rounded
