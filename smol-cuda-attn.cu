@@ -894,16 +894,10 @@ int cuda_backend::decode_blocks(const tensor * t) const {
 // always); whether the cache holds several is known when a graph is staged.
 cuda_backend::attn_choice cuda_backend::choose_attention(const tensor * t) const {
     attn_choice c;
-    if (kv_quant_) {
-        // Over a quantized cache the flash kernel takes what it can (heads
-        // of 64, no window), decode steps too: it turns each tile to f16 as
-        // it lands, with a tile's copies in flight while one is computed.
-        if ((c.S = flash_splits(t)) > 0) {
-            c.kind = attn_kernel::flash;
-        } else {
-            c.S = int(attn_splits(t, c.Q, c.W));
-        }
-    } else if ((c.S = decode_splits(t)) > 0) {
+    // The decode kernel reads f16 only: over a quantized cache the flash
+    // kernel, which turns each tile to f16 as it lands, takes decode steps
+    // too.
+    if (!kv_quant_ && (c.S = decode_splits(t)) > 0) {
         c.kind = attn_kernel::decode;
         c.warps = attn_ == attn_kernel::decode_warps || decode_blocks(t) > dec_slots_;
     } else if ((c.S = flash_splits(t)) > 0) {

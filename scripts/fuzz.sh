@@ -65,8 +65,9 @@ for t in "${targets[@]}"; do
     [ -d "tests/fuzz/corpus/${t#fuzz-}" ] && seeds=tests/fuzz/corpus/${t#fuzz-}
     mkdir -p "$corpus"
     if [ "$ci" = 1 ]; then
-        limit=(-seed=1 -runs=60000 -max_total_time=90)
-        [ "$t" = fuzz-grammar ] && limit=(-seed=1 -runs=40000 -max_total_time=90)
+        runs=60000
+        [ "$t" = fuzz-grammar ] && runs=40000
+        limit=(-seed=1 -runs=$runs -max_total_time=90)
     fi
     log=$build/$t.log
     echo "fuzz: $t (${limit[*]})"

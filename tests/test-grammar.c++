@@ -627,7 +627,8 @@ sampler_ptr make_sampler(const smol_sampler_params & p) {
 } // namespace
 
 // Steps a sampling case takes: under an emulator (the ARM cross build under
-// qemu, where this case took four minutes) a third of them, the same checks.
+// qemu, where test-grammar is the slowest test and this its slowest case) a
+// third of them, the same checks.
 #if defined(SMOL_TEST_EMULATED)
 constexpr int sampled_steps = 20;
 #else
