@@ -28,12 +28,12 @@ namespace {
 // bound). A masked score weighs exactly zero, so a tile gives the same bits
 // masked or not when every query sees all of it.
 //
-//
 // Over a quantized cache (KT q8_0 or q4_0, blocks of 32 along a row as
 // ggml lays them out) the tile's rows come in as they are stored, in two
-// buffers, and each is turned to f16 in one more buffer before it is
-// computed; the queries take K's Walsh-Hadamard turn first, as the classic
-// kernel gives them, and the caller turns the output back from V's.
+// buffers (16-byte copies where the rows' bases allow, else 4-byte ones),
+// and each is turned to f16 in one more buffer before it is computed;
+// the queries take K's Walsh-Hadamard turn first, as the classic kernel
+// gives them, and the caller turns the output back from V's.
 //
 // Fragment layouts (m16n8k16, g = lane / 4, t = lane % 4): A holds rows g
 // and g + 8, columns 2t, 2t + 1 (+ 8); B holds rows 2t, 2t + 1 (+ 8) of
