@@ -150,6 +150,59 @@ TEST_CASE("a q8_0 or q4_0 KV cache on the GPU gives the CPU's logits, resident a
     std::filesystem::remove(path);
 }
 
+// What the case above leaves out, under the same bounds: two sequences in
+// one cache (tiles sorted by sequence; decode steps that batch both), more
+// than 256 cells in use (decode splits the cells and merges the splits
+// before the output turns back from V's), and 302 cells, so that a head's
+// rows start off 16-byte bounds and the tiles come in by 4-byte copies.
+TEST_CASE("a quantized KV cache on the GPU: two sequences, split decode, unaligned rows") {
+    SMOL_TEST_DRAW_SEED(seed);
+    const std::string path = temp_path("kvq2.gguf");
+    tiny::shape s;
+    s.n_embd = 256;
+    s.n_layer = 3;
+    tiny::write(path, s, seed);
+    model_ptr m = load(path);
+    std::mt19937 rng(seed);
+    const std::vector<std::vector<int>> prompts = {random_ids(rng, 150, s.n_vocab),
+                                                   random_ids(rng, 130, s.n_vocab)};
+    const std::vector<int> steps = random_ids(rng, 9, s.n_vocab);
+    auto run = [&](const char * device, smol_type t, smol_kv_offload mode) {
+        smol_context_params p = smol_context_default_params();
+        p.kv_type = t;
+        p.kv_offload = mode;
+        context_ptr c = make_context(m.get(), device, 302, 64, 2, 4, p);
+        return test::run_workload(c.get(), s.n_vocab, prompts, steps);
+    };
+    // The largest error of a row, over the workload's rows.
+    auto worst_row = [&](const std::vector<float> & a, const std::vector<float> & b) {
+        REQUIRE(a.size() == b.size());
+        double worst = 0;
+        for (size_t i = 0; i < a.size(); i += size_t(s.n_vocab))
+            worst = std::max(worst,
+                             rel_err(std::vector<float>(a.begin() + i, a.begin() + i + s.n_vocab),
+                                     std::vector<float>(b.begin() + i, b.begin() + i + s.n_vocab)));
+        return worst;
+    };
+    const auto f16 = run("cpu", SMOL_TYPE_F16, SMOL_KV_OFFLOAD_AUTO);
+    for (smol_type t : {SMOL_TYPE_Q8_0, SMOL_TYPE_Q4_0}) {
+        const std::string type = smol_type_name(t);
+        CAPTURE(type);
+        const auto cpu_q = run("cpu", t, SMOL_KV_OFFLOAD_AUTO);
+        const double off_f16 = worst_row(cpu_q, f16);
+        for (const smol_kv_offload mode : {SMOL_KV_OFFLOAD_NONE, SMOL_KV_OFFLOAD_ALL}) {
+            CAPTURE(int(mode));
+            const double worst = worst_row(run("cuda:0", t, mode), cpu_q);
+            MESSAGE(type << ", offload " << int(mode)
+                         << ", two sequences in 302 cells: GPU from CPU " << worst
+                         << ", CPU from f16 KV " << off_f16);
+            CHECK(worst < (t == SMOL_TYPE_Q8_0 ? 2e-3 : 1e-2));
+            CHECK(worst < off_f16 / 2);
+        }
+    }
+    std::filesystem::remove(path);
+}
+
 TEST_CASE("random llamas of every weight type decode on the GPU to the float64 logits") {
     SMOL_TEST_DRAW_SEED(case_seed);
     uint32_t draws = 0; // the seeds of its runs, derived from case_seed
