@@ -18,12 +18,13 @@
 #   scripts/fuzz.sh               each target for 60 s, fresh random mutations
 #   scripts/fuzz.sh SECONDS       each target for SECONDS (an hour in all: 720)
 #   scripts/fuzz.sh --ci          each target for a fixed count of runs from a
-#                                 fixed seed, so that CI runs the same inputs
-#                                 in the same order every time: 60,000, and
+#                                 fixed seed, so that CI runs the same
+#                                 sequence of inputs every time: 60,000, and
 #                                 40,000 for fuzz-grammar, whose inputs grow
 #                                 slow as its corpus grows; a target stops
-#                                 early at 90 s (fuzz-grammar's 40,000 took
-#                                 45 to 197 s on 2-core machines)
+#                                 early at 90 s, part way along its sequence
+#                                 (fuzz-grammar's 40,000 took 45 to 197 s on
+#                                 2-core machines; the summary line counts)
 #   scripts/fuzz.sh ... TARGET..  only the targets named
 #
 # Corpora grow in build-fuzz/corpus/<target> across runs; a summary line per
