@@ -502,6 +502,8 @@ void grammar_matcher::reset() {
     }
     std::sort(heads_.begin(), heads_.end());
     heads_.erase(std::unique(heads_.begin(), heads_.end()), heads_.end());
+    overflowed_.clear();
+    kept_nodes_ = pool_.size();
 }
 
 int32_t grammar_matcher::make(const gelem * pos, int32_t parent) {
@@ -536,17 +538,41 @@ bool grammar_matcher::expand(int32_t s, std::vector<int32_t> & out, uint32_t dep
 
 bool grammar_matcher::step(const int32_t * in, size_t n, uint32_t cpt, std::vector<int32_t> & out) {
     out.clear();
-    dedup_from_ = pool_.size();
+    // The stacks whose top takes cpt: the step's result depends on them
+    // alone (nodes do not change once made).
+    std::vector<int32_t> & take = taking_;
+    take.clear();
+    bool kept = true; // every one of them stays in the pool until reset or compact
     for (size_t i = 0; i < n; ++i) {
-        if (in[i] < 0) continue;
-        const snode nd = pool_[size_t(in[i])];
-        if (!class_has(g_->classes[nd.pos->value], cpt)) continue;
-        const gelem * next = nd.pos + 1;
-        if (!expand(is_end(next) ? nd.parent : make(next, nd.parent), out, 0)) return false;
+        if (in[i] < 0 || !class_has(g_->classes[pool_[size_t(in[i])].pos->value], cpt)) continue;
+        take.push_back(in[i]);
+        kept &= size_t(in[i]) < kept_nodes_;
     }
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
-    return out.size() <= grammar_max_stacks;
+    // A step that overflowed from the same stacks overflows again: an
+    // ambiguous grammar pays for its expansion once, not once for every byte
+    // or token tried from the same state.
+    if (kept && std::find(overflowed_.begin(), overflowed_.end(), take) != overflowed_.end())
+        return false;
+    dedup_from_ = pool_.size();
+    bool ok = true;
+    for (const int32_t s : take) {
+        const snode nd = pool_[size_t(s)];
+        const gelem * next = nd.pos + 1;
+        if (!expand(is_end(next) ? nd.parent : make(next, nd.parent), out, 0)) {
+            ok = false;
+            break;
+        }
+    }
+    if (ok) {
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        ok = out.size() <= grammar_max_stacks;
+    }
+    if (!ok && kept) {
+        if (overflowed_.size() == max_overflows_kept) overflowed_.erase(overflowed_.begin());
+        overflowed_.push_back(take);
+    }
+    return ok;
 }
 
 bool grammar_matcher::may_start(const int32_t * in, size_t n, uint32_t lo, uint32_t hi) const {
@@ -638,6 +664,7 @@ bool grammar_matcher::advance(std::string_view bytes, bool commit) {
     heads_ = std::move(cur);
     partial_ = u;
     if (pool_.size() > 8 * 1024 && pool_.size() > 4 * heads_.size()) compact();
+    kept_nodes_ = pool_.size();
     return true;
 }
 
@@ -705,6 +732,8 @@ void grammar_matcher::compact() {
     }
     pool_ = std::move(kept);
     dedup_from_ = pool_.size();
+    overflowed_.clear(); // the nodes are numbered anew
+    kept_nodes_ = pool_.size();
 }
 
 void grammar_matcher::mask(const grammar_vocab & v, std::vector<uint8_t> & allowed) {

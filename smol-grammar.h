@@ -183,6 +183,13 @@ class grammar_matcher {
     std::shared_ptr<const grammar> g_;
     std::vector<snode> pool_;
     size_t dedup_from_ = 0; // nodes made since this index are shared when equal
+    // Nodes below this index stay until reset or compact: those of the
+    // committed state and before.
+    size_t kept_nodes_ = 0;
+    // The last sets of kept stacks whose step overflowed (step's order).
+    static constexpr size_t max_overflows_kept = 8;
+    std::vector<std::vector<int32_t>> overflowed_;
+    std::vector<int32_t> taking_; // step's buffer
     std::vector<int32_t> heads_;
     utf8 partial_;
     // The mask walk's buffers, kept between calls.

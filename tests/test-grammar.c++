@@ -169,6 +169,40 @@ TEST_CASE("an ambiguous grammar keeps its stacks few") {
     CHECK(m.complete());
 }
 
+TEST_CASE("a step past the stacks' limit is refused alike each time it is tried") {
+    // Each '+' on a '+' doubles the ways to read a character: a dozen
+    // characters in, a step takes the stacks past grammar_max_stacks and is
+    // refused. The matcher remembers such a step and refuses it again
+    // without expanding; a fresh matcher, which remembers nothing, must
+    // answer the same, and a refused byte leaves the state as it was.
+    const auto g = parse("root ::= \"{\" ( [^\"]{4} " + std::string(39, '+') + " )* \"}\"\n");
+    smol::grammar_matcher m(g);
+    std::string text = "{";
+    REQUIRE(m.accept(text));
+    int refused = 0;
+    for (int i = 0; i < 40; ++i) {
+        const std::string b(1, "ab}"[i % 3]);
+        CAPTURE(i);
+        smol::grammar_matcher fresh(g);
+        REQUIRE(fresh.accept(text));
+        const bool want = fresh.allows(b);
+        const bool complete = m.complete(), more = m.can_continue();
+        CHECK(m.allows(b) == want);
+        CHECK(m.accept(b) == want);
+        if (want) {
+            text += b;
+        } else {
+            ++refused;
+            CHECK(m.complete() == complete);
+            CHECK(m.can_continue() == more);
+        }
+    }
+    CHECK(refused > 0);
+    // Fed anew, the same text reads the same way.
+    m.reset();
+    CHECK(m.accept(text));
+}
+
 TEST_CASE("the matcher agrees with std::regex on random regular grammars") {
     SMOL_TEST_DRAW_SEED(seed);
     std::mt19937 rng(seed);
