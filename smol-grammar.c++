@@ -31,6 +31,10 @@ constexpr uint32_t max_repeat = 1 << 16;
 // recursion, and so the stack, on hostile input.
 constexpr uint32_t max_nesting = 256;
 constexpr uint32_t max_expansion = 1024;
+// Expansions a step (or the start) may take: with the two limits above
+// alone, a hostile grammar could take max_expansion of them for each of
+// 4 x grammar_max_stacks stacks, a fraction of a second for one byte.
+constexpr uint32_t max_step_expansions = 64 * grammar_max_stacks;
 
 bool is_end(const gelem * p) {
     return p->type == gtype::end || p->type == gtype::alt;
@@ -480,7 +484,8 @@ grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g) : g_(std::mov
         throw error(SMOL_ERR_INVALID_ARGUMENT,
                     "grammar: rule '" + g_->names[g_->root] + "' cannot start: it reaches over " +
                         std::to_string(max_expansion) + " rules before a character, or over " +
-                        std::to_string(grammar_max_stacks) + " ways to read one");
+                        std::to_string(grammar_max_stacks) + " ways to read one, or takes over " +
+                        std::to_string(max_step_expansions) + " expansions to list them");
 }
 
 void grammar_matcher::reset() {
@@ -489,11 +494,13 @@ void grammar_matcher::reset() {
     heads_.clear();
     partial_ = {};
     dedup_from_ = 0;
+    expansions_left_ = max_step_expansions;
     const std::vector<gelem> & root = g_->rules[g_->root];
     for (const gelem * p = root.data();;) {
         if (is_end(p)) {
             heads_.push_back(-1);
         } else if (!expand(make(p, -1), heads_, 0)) {
+            heads_.clear(); // past a limit: no start, rather than some of it
             break;
         }
         while (!is_end(p)) ++p;
@@ -518,7 +525,9 @@ int32_t grammar_matcher::make(const gelem * pos, int32_t parent) {
 }
 
 bool grammar_matcher::expand(int32_t s, std::vector<int32_t> & out, uint32_t depth) {
-    if (depth > max_expansion || out.size() > 4 * grammar_max_stacks) return false;
+    if (depth > max_expansion || out.size() > 4 * grammar_max_stacks || expansions_left_ == 0)
+        return false;
+    --expansions_left_;
     if (s < 0 || pool_[size_t(s)].pos->type == gtype::chars) {
         out.push_back(s);
         return true;
@@ -554,6 +563,7 @@ bool grammar_matcher::step(const int32_t * in, size_t n, uint32_t cpt, std::vect
     if (kept && std::find(overflowed_.begin(), overflowed_.end(), take) != overflowed_.end())
         return false;
     dedup_from_ = pool_.size();
+    expansions_left_ = max_step_expansions;
     bool ok = true;
     for (const int32_t s : take) {
         const snode nd = pool_[size_t(s)];

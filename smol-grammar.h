@@ -125,7 +125,7 @@ class grammar_matcher {
     explicit grammar_matcher(std::shared_ptr<const grammar> g);
 
     // Feeds bytes; false (and no change) if the grammar rejects them or the
-    // stacks grow past grammar_max_stacks.
+    // stacks grow past grammar_max_stacks (or take too long to list).
     bool accept(std::string_view bytes);
     // Whether accept(bytes) would succeed; changes nothing.
     bool allows(std::string_view bytes);
@@ -189,7 +189,8 @@ class grammar_matcher {
     // The last sets of kept stacks whose step overflowed (step's order).
     static constexpr size_t max_overflows_kept = 8;
     std::vector<std::vector<int32_t>> overflowed_;
-    std::vector<int32_t> taking_; // step's buffer
+    std::vector<int32_t> taking_;  // step's buffer
+    uint32_t expansions_left_ = 0; // in the step (or start) under way
     std::vector<int32_t> heads_;
     utf8 partial_;
     // The mask walk's buffers, kept between calls.

@@ -161,6 +161,25 @@ TEST_CASE("a chain of rules too long to expand is refused, not followed down") {
     CHECK(matches(parse("root ::= a \"2\"\na ::= b \"1\"\nb ::= \"0\"\n"), "012"));
 }
 
+TEST_CASE("a start or step that takes too many expansions is refused") {
+    // 300 ways to start, each down a chain of rules to "a": each way costs
+    // the chain's length in expansions. 100 rules deep the text is read;
+    // 1,000 deep (300,000 expansions, under the other limits) the grammar
+    // is refused.
+    auto chained = [](int depth) {
+        std::string text = "root ::= r0";
+        for (int i = 1; i < 300; ++i) text += " | r0";
+        text += "\n";
+        for (int i = 0; i < depth; ++i)
+            text += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+        return parse(text + "r" + std::to_string(depth) + " ::= \"a\"\n");
+    };
+    CHECK(matches(chained(100), "a"));
+    CHECK_THROWS_WITH_AS(smol::grammar_matcher{chained(1000)},
+                         doctest::Contains("or takes over 262144 expansions to list them"),
+                         smol::error);
+}
+
 TEST_CASE("an ambiguous grammar keeps its stacks few") {
     const auto g = parse("root ::= ( \"a\" | \"a\" | [a-b] )* \"c\"\n");
     smol::grammar_matcher m(g);
