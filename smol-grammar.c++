@@ -509,6 +509,7 @@ void grammar_matcher::reset() {
     }
     std::sort(heads_.begin(), heads_.end());
     heads_.erase(std::unique(heads_.begin(), heads_.end()), heads_.end());
+    if (heads_.size() > grammar_max_stacks) heads_.clear(); // as a step would refuse
     overflowed_.clear();
     kept_nodes_ = pool_.size();
 }

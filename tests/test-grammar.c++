@@ -166,8 +166,8 @@ TEST_CASE("a start or step that takes too many expansions is refused") {
     // the chain's length in expansions. 100 rules deep the text is read;
     // 1,000 deep (300,000 expansions, under the other limits) the grammar
     // is refused.
-    auto chained = [](int depth) {
-        std::string text = "root ::= r0";
+    auto chained = [](int depth, const char * first = "") {
+        std::string text = std::string("root ::= ") + first + " x\nx ::= r0";
         for (int i = 1; i < 300; ++i) text += " | r0";
         text += "\n";
         for (int i = 0; i < depth; ++i)
@@ -178,6 +178,16 @@ TEST_CASE("a start or step that takes too many expansions is refused") {
     CHECK_THROWS_WITH_AS(smol::grammar_matcher{chained(1000)},
                          doctest::Contains("or takes over 262144 expansions to list them"),
                          smol::error);
+    // The same after a first character: the step that reads it is refused.
+    CHECK(matches(chained(100, "\"b\""), "ba"));
+    smol::grammar_matcher m(chained(1000, "\"b\""));
+    CHECK_FALSE(m.accept("b"));
+    CHECK(m.can_continue());
+    // A start of over grammar_max_stacks ways is refused as a step would be.
+    std::string wide = "root ::= \"a\"";
+    for (size_t i = 0; i < smol::grammar_max_stacks; ++i) wide += " | \"a\"";
+    CHECK_THROWS_WITH_AS(smol::grammar_matcher{parse(wide + "\n")},
+                         doctest::Contains("over 4096 ways to read one"), smol::error);
 }
 
 TEST_CASE("an ambiguous grammar keeps its stacks few") {
