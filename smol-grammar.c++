@@ -743,8 +743,7 @@ void grammar_matcher::compact() {
     }
     pool_ = std::move(kept);
     dedup_from_ = pool_.size();
-    overflowed_.clear(); // the nodes are numbered anew
-    kept_nodes_ = pool_.size();
+    overflowed_.clear(); // the nodes are numbered anew (advance sets kept_nodes_)
 }
 
 void grammar_matcher::mask(const grammar_vocab & v, std::vector<uint8_t> & allowed) {
